@@ -1,0 +1,166 @@
+"""Errors spanmeter itself raises, each rendered in the caller's own API dialect.
+
+    ProxyError                    base: status, code, message (what, why, how to fix)
+    +-- ConfigError               invalid settings at start (names field, source, fix)
+    +-- RequestError              the request cannot be served as sent (4xx)
+    |   +-- Unauthorized          401 unknown or missing spanmeter key
+    |   +-- MalformedBody         400 body is not JSON / wrong types (with position)
+    |   +-- UnknownRoute          404 path not served (lists supported routes)
+    |   +-- BodyTooLarge          413 body over the configured limit
+    |   +-- SchemaViolation       422 repaired output still violates the schema
+    +-- Refusal                   a policy said no before anything was sent upstream
+    |   +-- CeilingReached        402 run calls / run cost / tenant budget
+    |   +-- LoopRefused           409 the same tool call again and again
+    +-- ServiceError              spanmeter or its upstream failed (5xx)
+        +-- StoreUnavailable      503 ledger unreachable (fail closed)
+        +-- UpstreamConnectError  502 upstream unreachable
+        +-- UpstreamTimeout       504 upstream did not answer in time
+        +-- UpstreamProtocolError 502 upstream broke the protocol
+
+Adapters turn any of these into their dialect's error body (`render_error`). Errors
+raised by the upstream are never wrapped: they pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "BodyTooLarge",
+    "CeilingReached",
+    "ConfigError",
+    "LoopRefused",
+    "MalformedBody",
+    "ProxyError",
+    "Refusal",
+    "RequestError",
+    "SchemaViolation",
+    "ServiceError",
+    "StoreUnavailable",
+    "Unauthorized",
+    "UnknownRoute",
+    "UpstreamConnectError",
+    "UpstreamProtocolError",
+    "UpstreamTimeout",
+]
+
+
+class ProxyError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "spanmeter_error"
+    # Dialect vocabularies: OpenAI error.type, Anthropic error.type, Google status.
+    openai_type: ClassVar[str] = "server_error"
+    anthropic_type: ClassVar[str] = "api_error"
+    google_status: ClassVar[str] = "INTERNAL"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    @property
+    def error_type(self) -> str:
+        """`error.type` on spans and metrics: stable and low-cardinality."""
+        return f"spanmeter.{self.code}"
+
+    def headers(self) -> dict[str, str]:
+        # Stainless SDKs (openai, anthropic) honour x-should-retry over the status code.
+        return {"x-should-retry": "true" if self.retryable else "false"}
+
+
+class ConfigError(ProxyError):
+    code = "config_error"
+
+
+class RequestError(ProxyError):
+    status = 400
+    code = "invalid_request"
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+    google_status = "INVALID_ARGUMENT"
+
+
+class Unauthorized(RequestError):
+    status = 401
+    code = "invalid_api_key"
+    anthropic_type = "authentication_error"
+    google_status = "UNAUTHENTICATED"
+
+
+class MalformedBody(RequestError):
+    code = "malformed_body"
+
+
+class UnknownRoute(RequestError):
+    status = 404
+    code = "unknown_route"
+    anthropic_type = "not_found_error"
+    google_status = "NOT_FOUND"
+
+
+class BodyTooLarge(RequestError):
+    status = 413
+    code = "body_too_large"
+    anthropic_type = "request_too_large"
+
+
+class SchemaViolation(RequestError):
+    status = 422
+    code = "schema_violation"
+
+
+class Refusal(ProxyError):
+    status = 402
+    code = "refused"
+    openai_type = "spanmeter_refusal"
+    anthropic_type = "billing_error"
+    google_status = "RESOURCE_EXHAUSTED"
+
+
+class CeilingReached(Refusal):
+    """A run or tenant ceiling would be crossed. 402: in no SDK's retry list."""
+
+    code = "budget_exceeded"
+    openai_type = "budget_exceeded"
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit  # which ceiling: run_calls, run_cost, tenant_day, tenant_month, ...
+
+
+class LoopRefused(Refusal):
+    status = 409
+    code = "loop_detected"
+    openai_type = "loop_detected"
+    anthropic_type = "invalid_request_error"
+    google_status = "ABORTED"
+
+
+class ServiceError(ProxyError):
+    status = 502
+    code = "upstream_error"
+    retryable = True
+
+
+class StoreUnavailable(ServiceError):
+    status = 503
+    code = "ledger_unavailable"
+    anthropic_type = "api_error"
+    google_status = "UNAVAILABLE"
+
+
+class UpstreamConnectError(ServiceError):
+    code = "upstream_unreachable"
+    google_status = "UNAVAILABLE"
+
+
+class UpstreamTimeout(ServiceError):
+    status = 504
+    code = "upstream_timeout"
+    anthropic_type = "timeout_error"
+    google_status = "DEADLINE_EXCEEDED"
+
+
+class UpstreamProtocolError(ServiceError):
+    code = "upstream_protocol_error"

@@ -1,0 +1,232 @@
+"""The observation model: what spanmeter knows about a call, in plain frozen dataclasses.
+
+Stdlib only. Every layer may import this module; it imports nothing of ours.
+Provider adapters translate wire bytes into these types, policy and tracing read them.
+
+`None` always means "the provider never said" and is never the same as zero
+(see `Usage`): unknown usage settles at the reservation, not at nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "Api",
+    "Call",
+    "Caller",
+    "Finish",
+    "MetaEvent",
+    "Outcome",
+    "OutputSpec",
+    "Repair",
+    "Rewrite",
+    "StreamError",
+    "StreamEvent",
+    "TextDelta",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolResult",
+    "ToolSpec",
+    "Usage",
+    "UsageEvent",
+]
+
+Api = Literal["chat", "responses", "messages", "gemini", "embeddings"]
+"""Which wire format a call speaks. One adapter per value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: resolved from the spanmeter key and the run headers."""
+
+    tenant: str
+    run_id: str
+    run_id_source: Literal["header", "traceparent", "generated"]
+    key_id: str | None = None  # short id of the spanmeter key, never the key itself
+    upstream_key: str | None = None  # open mode: the caller's own key, passed upstream
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool the request declares."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A tool result the client sends back in a request (the end of a tool span)."""
+
+    call_id: str
+    content: str  # the result as the client sent it, serialised to text if it was JSON
+    name: str | None = None
+    is_error: bool = False  # the dialect said so (Anthropic is_error); envelopes are judged later
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model made in a response (the start of a tool span)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as assembled from the response or its stream fragments
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpec:
+    """The structured output a request asked for; repair applies only when this is set."""
+
+    kind: Literal["json_schema", "json_object", "tool"]
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One model call as the request describes it. Built by `adapter.parse_request`."""
+
+    api: Api
+    operation: str  # gen_ai.operation.name: chat | generate_content | embeddings
+    model: str | None
+    stream: bool = False
+    max_output_tokens: int | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
+    output: OutputSpec | None = None
+    include_usage: bool = False  # chat: the client itself asked for stream usage
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: float | None = None
+    seed: int | None = None
+    choice_count: int | None = None
+    stop_sequences: tuple[str, ...] = ()
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    input_chars: int = 0  # text characters of the prompt: an input-token bound for pricing
+    body_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage in gen_ai terms: input includes cached; cache and reasoning are subsets.
+
+    `None` means the provider never reported the field: unknown is not zero.
+    """
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.input_tokens is not None or self.output_tokens is not None
+
+    def merge(self, newer: Usage) -> Usage:
+        """Fields the newer report sets replace ours; providers report cumulative totals."""
+        return Usage(
+            *(
+                n if n is not None else o
+                for o, n in (
+                    (self.input_tokens, newer.input_tokens),
+                    (self.output_tokens, newer.output_tokens),
+                    (self.cache_read_tokens, newer.cache_read_tokens),
+                    (self.cache_write_tokens, newer.cache_write_tokens),
+                    (self.reasoning_tokens, newer.reasoning_tokens),
+                )
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """A change spanmeter made to a request or response. Never silent."""
+
+    kind: str  # e.g. include_usage, usage_chunk_dropped, max_tokens_clamp, loop_reminder
+    detail: str = ""
+
+    def header_value(self) -> str:
+        return f"{self.kind}={self.detail}" if self.detail else self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """A change made to model output so that it parses: what was wrong and where."""
+
+    target: str  # "output" or "tool:<call id>"
+    actions: tuple[str, ...]  # fence, prose, trailing_comma, quotes, comment, truncation, ...
+    valid: bool | None = None  # schema verdict after repair; None when there was no schema
+    problems: tuple[str, ...] = ()
+
+
+# Stream events: what an adapter's parse_event extracts from one SSE event.
+
+
+@dataclass(frozen=True, slots=True)
+class MetaEvent:
+    response_id: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call: the first delta of an index carries id and name."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    complete: bool = False  # the dialect delivered the whole arguments at once (Gemini)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageEvent:
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: str
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """The upstream put an error into the stream."""
+
+    type: str
+    message: str = ""
+
+
+StreamEvent = MetaEvent | TextDelta | ToolCallDelta | UsageEvent | Finish | StreamError
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the response said, as far as it arrived."""
+
+    status: int = 0
+    response_id: str | None = None
+    response_model: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    finish_reasons: tuple[str, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    text: str = ""
+    error_type: str | None = None  # set when the call failed; low cardinality
+    error_message: str | None = None
+    complete: bool = True  # False when the stream was cut before its end
+    first_chunk_s: float | None = None
+    notes: tuple[str, ...] = ()  # observer notes (unparsed_event, ...)

@@ -1,0 +1,225 @@
+"""OpenAI Chat Completions: `POST /v1/chat/completions`, streaming and not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError
+from proxy.model import (
+    Call,
+    Finish,
+    MetaEvent,
+    OutputSpec,
+    Rewrite,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    UsageEvent,
+)
+from proxy.providers.base import SseEvent, number, text_of
+
+__all__ = ["CHAT", "ChatAdapter", "openai_error_body", "openai_stream_error"]
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _tools(raw: Any) -> tuple[ToolSpec, ...]:
+    out = []
+    for t in raw if isinstance(raw, list) else ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            params = fn.get("parameters")
+            out.append(ToolSpec(fn["name"], fn.get("description"), params if isinstance(params, dict) else None))
+    return tuple(out)
+
+
+def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | None:
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict):
+        if fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+            js = fmt["json_schema"]
+            schema = js.get("schema")
+            return OutputSpec("json_schema", schema if isinstance(schema, dict) else None,
+                              js.get("name"), bool(js.get("strict")))
+        if fmt.get("type") == "json_object":
+            return OutputSpec("json_object")
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        spec = next((t for t in tools if t.name == name), None)
+        if spec is not None:
+            return OutputSpec("tool", spec.parameters, spec.name)
+    return None
+
+
+def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
+    # Only the results after the last assistant turn are new in this request; the
+    # earlier ones were already seen in earlier requests of the run.
+    results: list[ToolResult] = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "assistant":
+            results = []
+        elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+            content = m.get("content")
+            text = content if isinstance(content, str) else text_of(content)
+            results.append(ToolResult(m["tool_call_id"], text, m.get("name")))
+    return tuple(results)
+
+
+def _prompt_chars(messages: list[Any], tools: Any) -> int:
+    n = 0
+    for m in messages:
+        if isinstance(m, dict):
+            c = m.get("content")
+            n += len(c) if isinstance(c, str) else len(orjson.dumps(c)) if c else 0
+            if m.get("tool_calls"):
+                n += len(orjson.dumps(m["tool_calls"]))
+    if tools:
+        n += len(orjson.dumps(tools))
+    return n
+
+
+def openai_usage(u: Any) -> Usage:
+    if not isinstance(u, dict):
+        return Usage()
+    pd = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
+    cd = u.get("completion_tokens_details") or u.get("output_tokens_details") or {}
+    return Usage(
+        input_tokens=_int(u.get("prompt_tokens", u.get("input_tokens"))),
+        output_tokens=_int(u.get("completion_tokens", u.get("output_tokens"))),
+        cache_read_tokens=_int(pd.get("cached_tokens")) if isinstance(pd, dict) else None,
+        reasoning_tokens=_int(cd.get("reasoning_tokens")) if isinstance(cd, dict) else None,
+    )
+
+
+def openai_error_body(error: ProxyError) -> bytes:
+    return orjson.dumps({"error": {"message": error.message, "type": error.openai_type,
+                                   "code": error.code, "param": error.param}})
+
+
+def openai_stream_error(error: ProxyError) -> bytes:
+    # A data line with a top-level "error" makes the openai SDK raise APIError(message).
+    return b"data: " + openai_error_body(error) + b"\n\n"
+
+
+class ChatAdapter:
+    api = "chat"
+    default_provider = "openai"
+    upstream_setting = "openai_base_url"
+
+    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+        messages = body.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        tools = _tools(body.get("tools"))
+        so = body.get("stream_options")
+        stop = body.get("stop")
+        model = body.get("model")
+        return Call(
+            api="chat",
+            operation="chat",
+            model=model if isinstance(model, str) else None,
+            stream=body.get("stream") is True,
+            max_output_tokens=_int(body.get("max_completion_tokens", body.get("max_tokens"))),
+            tools=tools,
+            tool_results=_tool_results(messages),
+            output=_output(body, tools),
+            include_usage=isinstance(so, dict) and so.get("include_usage") is True,
+            temperature=number(body.get("temperature")),
+            top_p=number(body.get("top_p")),
+            seed=_int(body.get("seed")),
+            choice_count=_int(body.get("n")),
+            stop_sequences=(stop,) if isinstance(stop, str) else tuple(s for s in stop or () if isinstance(s, str)),
+            frequency_penalty=number(body.get("frequency_penalty")),
+            presence_penalty=number(body.get("presence_penalty")),
+            input_chars=_prompt_chars(messages, body.get("tools")),
+        )
+
+    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+        if not call.stream or call.include_usage:
+            return []
+        # Without it a chat stream never reports usage, and unknown usage can only be
+        # settled at the reservation. The usage-only chunk is dropped on the way back.
+        so = body.get("stream_options")
+        body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
+        return [Rewrite("include_usage", "injected")]
+
+    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+        body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = value
+
+    def parse_response(self, body: Any) -> list[StreamEvent]:
+        if not isinstance(body, dict):
+            return []
+        events: list[StreamEvent] = [MetaEvent(body.get("id"), body.get("model"))]
+        for ch in body.get("choices") or ():
+            if not isinstance(ch, dict):
+                continue
+            idx = ch.get("index", 0) if isinstance(ch.get("index"), int) else 0
+            msg = ch.get("message") or {}
+            if isinstance(msg.get("content"), str) and idx == 0:
+                events.append(TextDelta(msg["content"], idx))
+            for i, tc in enumerate(msg.get("tool_calls") or ()):
+                fn = tc.get("function") or {}
+                events.append(ToolCallDelta(i, tc.get("id"), fn.get("name"), fn.get("arguments") or "", True))
+            if isinstance(ch.get("finish_reason"), str):
+                events.append(Finish(ch["finish_reason"], idx))
+        if "usage" in body:
+            events.append(UsageEvent(openai_usage(body["usage"])))
+        if isinstance(body.get("error"), dict):
+            events.append(StreamError(str(body["error"].get("type") or "error"), str(body["error"].get("message") or "")))
+        return events
+
+    def parse_event(self, event: SseEvent) -> list[StreamEvent]:
+        data = event.data
+        if not data or data == "[DONE]":
+            return []
+        chunk = orjson.loads(data)
+        if not isinstance(chunk, dict):
+            return []
+        events: list[StreamEvent] = []
+        if "id" in chunk or "model" in chunk:
+            events.append(MetaEvent(chunk.get("id"), chunk.get("model")))
+        for ch in chunk.get("choices") or ():
+            idx = ch.get("index", 0)
+            delta = ch.get("delta") or {}
+            content = delta.get("content")
+            if isinstance(content, str) and content and idx == 0:
+                events.append(TextDelta(content, idx))
+            for tc in delta.get("tool_calls") or ():
+                fn = tc.get("function") or {}
+                events.append(ToolCallDelta(tc.get("index", 0), tc.get("id"), fn.get("name"), fn.get("arguments") or ""))
+            if isinstance(ch.get("finish_reason"), str):
+                events.append(Finish(ch["finish_reason"], idx))
+        if chunk.get("usage"):
+            events.append(UsageEvent(openai_usage(chunk["usage"])))
+        err = chunk.get("error")
+        if isinstance(err, dict):
+            events.append(StreamError(str(err.get("type") or err.get("code") or "error"), str(err.get("message") or "")))
+        return events
+
+    @staticmethod
+    def is_usage_only_chunk(event: SseEvent) -> bool:
+        """The `choices: []` chunk that carries usage, which a client that did not ask must not see."""
+        d = event.data
+        return '"usage"' in d and '"choices":[]' in d.replace(" ", "")
+
+    def render_error(self, error: ProxyError, request_id: str) -> bytes:
+        return openai_error_body(error)
+
+    def render_stream_error(self, error: ProxyError) -> bytes:
+        return openai_stream_error(error)
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+CHAT = ChatAdapter()
