@@ -1,0 +1,285 @@
+"""Every span attribute and metric name spanmeter emits, once.
+
+`gen_ai.*`, `server.*` and `error.type` are OpenTelemetry semantic conventions v1.41.1
+(the last published GenAI release, see shared/reference/otel-genai.md section 0). Newer
+names from the semantic-conventions-genai repo appear only under
+`OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental` and are marked `LATEST_`.
+Our own names live under `spanmeter.` and never inside `gen_ai.*`.
+
+Metric names: we are a *client* of the model API (we call the upstream on the agent's
+behalf), so the `gen_ai.client.*` family applies, as envoyproxy/ai-gateway argues too.
+`gen_ai.server.*` is for model servers.
+
+`prometheus_series()` says which series the Prometheus exporter turns each metric into;
+dashboards are tested against it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final, Literal
+
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
+
+# --- gen_ai.* (semconv v1.41.1) -------------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_OUTPUT_TYPE: Final = "gen_ai.output.type"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
+GEN_AI_REQUEST_SEED: Final = "gen_ai.request.seed"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_REQUEST_FREQUENCY_PENALTY: Final = "gen_ai.request.frequency_penalty"
+GEN_AI_REQUEST_PRESENCE_PENALTY: Final = "gen_ai.request.presence_penalty"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_STOP_SEQUENCES: Final = "gen_ai.request.stop_sequences"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
+# genai repo main (#440), unreleased: only under the opt-in.
+LATEST_GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: Final = "gen_ai.usage.cache_write.input_tokens"
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+OPENAI_API_TYPE: Final = "openai.api.type"
+
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+
+# Well-known values.
+OPERATION_CHAT: Final = "chat"
+OPERATION_GENERATE_CONTENT: Final = "generate_content"
+OPERATION_EMBEDDINGS: Final = "embeddings"
+OPERATION_TEXT_COMPLETION: Final = "text_completion"
+OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+TOKEN_TYPE_INPUT: Final = "input"
+TOKEN_TYPE_OUTPUT: Final = "output"
+ERROR_OTHER: Final = "_OTHER"
+ERROR_TOOL: Final = "tool_error"
+ERROR_TOOL_RESULT_MISSING: Final = "tool_result_missing"
+
+# --- spanmeter.* (ours) ---------------------------------------------------------------
+SPANMETER_TENANT_ID: Final = "spanmeter.tenant.id"
+SPANMETER_RUN_ID: Final = "spanmeter.run.id"
+SPANMETER_RUN_ID_SOURCE: Final = "spanmeter.run.id_source"
+SPANMETER_COST_USD: Final = "spanmeter.cost.usd"
+SPANMETER_BUDGET_REMAINING_USD: Final = "spanmeter.budget.remaining_usd"
+SPANMETER_REWRITES: Final = "spanmeter.rewrites"
+SPANMETER_REPAIRS: Final = "spanmeter.repairs"
+SPANMETER_USAGE_SOURCE: Final = "spanmeter.usage.source"  # reported | estimate
+SPANMETER_REFUSAL_REASON: Final = "spanmeter.refusal.reason"
+SPANMETER_TOOL_TIMING: Final = "spanmeter.tool.timing"  # inferred
+SPANMETER_TOOL_ARGUMENTS_DIGEST: Final = "spanmeter.tool.call.arguments.digest"
+SPANMETER_TOOL_ARGUMENTS_SHA256: Final = "spanmeter.tool.call.arguments.sha256"
+SPANMETER_TOOL_ARGUMENTS_SIZE: Final = "spanmeter.tool.call.arguments.size"
+SPANMETER_TOOL_RESULT_DIGEST: Final = "spanmeter.tool.call.result.digest"
+SPANMETER_TOOL_RESULT_SHA256: Final = "spanmeter.tool.call.result.sha256"
+SPANMETER_TOOL_RESULT_SIZE: Final = "spanmeter.tool.call.result.size"
+SPANMETER_TOOL_RESULT_PREVIEW: Final = "spanmeter.tool.call.result.preview"
+SPANMETER_TOOL_OK: Final = "spanmeter.tool.ok"
+SPANMETER_GUARD_ACTION: Final = "spanmeter.guard.action"  # remind | refuse
+SPANMETER_GUARD_TOOL: Final = "spanmeter.guard.tool"
+SPANMETER_GUARD_REPEATS: Final = "spanmeter.guard.repeats"
+SPANMETER_RUN_STATUS: Final = "spanmeter.run.status"
+SPANMETER_RUN_MODEL_CALLS: Final = "spanmeter.run.model_calls"
+SPANMETER_RUN_TOOL_CALLS: Final = "spanmeter.run.tool_calls"
+SPANMETER_RUN_FAILURES: Final = "spanmeter.run.failures"
+SPANMETER_RUN_INPUT_TOKENS: Final = "spanmeter.run.input_tokens"
+SPANMETER_RUN_OUTPUT_TOKENS: Final = "spanmeter.run.output_tokens"
+SPANMETER_RUN_COST_USD: Final = "spanmeter.run.cost.usd"
+SPANMETER_RUN_REPAIRS: Final = "spanmeter.run.repairs"
+SPANMETER_RUN_CEILINGS_HIT: Final = "spanmeter.run.ceilings_hit"
+
+# Labels of our own metrics.
+SPANMETER_REASON: Final = "spanmeter.reason"  # limit.rejections: call_limit | cost_limit | ...
+SPANMETER_KIND: Final = "spanmeter.kind"  # repairs / rewrites: the kind of change
+SPANMETER_OUTCOME: Final = "spanmeter.outcome"  # tool.calls: ok | failed | missing
+SPANMETER_WINDOW: Final = "spanmeter.budget.window"  # day | month
+SPANMETER_SCOPE: Final = "spanmeter.scope"  # ledger.overshoot: run | day | month
+
+TOOL_TIMING_INFERRED: Final = "inferred"
+USAGE_REPORTED: Final = "reported"
+USAGE_ESTIMATE: Final = "estimate"
+
+# The span that carries a run's totals. Span names must be low-cardinality, so the run id
+# is an attribute, not part of the name; and the proxy does not fabricate `invoke_agent`
+# (it observes an agent, it is not one; reference section 1.6).
+RUN_SPAN_NAME: Final = "run"
+
+# --- metrics --------------------------------------------------------------------------
+GEN_AI_CLIENT_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
+# genai repo main (#521), unreleased: inference metrics renamed; only under the opt-in.
+LATEST_GEN_AI_CLIENT_INFERENCE_DURATION: Final = "gen_ai.client.inference.duration"
+LATEST_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.inference.time_to_first_chunk"
+LATEST_GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.inference.time_per_output_chunk"
+GEN_AI_EXECUTE_TOOL_DURATION: Final = "gen_ai.execute_tool.duration"
+SPANMETER_COST: Final = "spanmeter.cost"
+SPANMETER_LIMIT_REJECTIONS: Final = "spanmeter.limit.rejections"
+SPANMETER_REPAIRS_METRIC: Final = "spanmeter.repairs"
+SPANMETER_TOOL_CALLS: Final = "spanmeter.tool.calls"
+SPANMETER_GUARD_ACTIONS: Final = "spanmeter.guard.actions"
+SPANMETER_REWRITES_METRIC: Final = "spanmeter.rewrites"
+SPANMETER_LEDGER_OVERSHOOT: Final = "spanmeter.ledger.overshoot"
+SPANMETER_TELEMETRY_DROPPED_SPANS: Final = "spanmeter.telemetry.dropped_spans"
+SPANMETER_BUDGET_SPENT_USD: Final = "spanmeter.budget.spent_usd"
+SPANMETER_BUDGET_LIMIT_USD: Final = "spanmeter.budget.limit_usd"
+
+DURATION_BUCKETS: Final = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TOKEN_BUCKETS: Final = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+
+MetricKind = Literal["histogram", "counter", "gauge"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: MetricKind
+    unit: str
+    description: str
+
+
+# Money is counted in USD with the annotation unit `{USD}`: annotations in braces add no
+# suffix in the Prometheus translation, so `spanmeter.cost` becomes `spanmeter_cost_total`
+# (a plain `USD` unit would give `spanmeter_cost_USD_total`).
+METRICS: Final[tuple[MetricSpec, ...]] = (
+    MetricSpec(GEN_AI_CLIENT_OPERATION_DURATION, "histogram", "s", "GenAI operation duration."),
+    MetricSpec(
+        GEN_AI_CLIENT_TOKEN_USAGE, "histogram", "{token}", "Number of input and output tokens used."
+    ),
+    MetricSpec(
+        GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK,
+        "histogram",
+        "s",
+        "Time to receive the first chunk of a streamed response.",
+    ),
+    MetricSpec(
+        GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK,
+        "histogram",
+        "s",
+        "Time between consecutive chunks of a streamed response.",
+    ),
+    MetricSpec(
+        LATEST_GEN_AI_CLIENT_INFERENCE_DURATION, "histogram", "s", "GenAI inference duration."
+    ),
+    MetricSpec(
+        LATEST_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK,
+        "histogram",
+        "s",
+        "Time to receive the first chunk of a streamed response.",
+    ),
+    MetricSpec(
+        LATEST_GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK,
+        "histogram",
+        "s",
+        "Time between consecutive chunks of a streamed response.",
+    ),
+    MetricSpec(
+        GEN_AI_EXECUTE_TOOL_DURATION,
+        "histogram",
+        "s",
+        "Tool execution duration, as inferred from the run.",
+    ),
+    MetricSpec(SPANMETER_COST, "counter", "{USD}", "Cost of model calls in US dollars."),
+    MetricSpec(
+        SPANMETER_LIMIT_REJECTIONS,
+        "counter",
+        "{request}",
+        "Calls refused by a ceiling before reaching the upstream.",
+    ),
+    MetricSpec(
+        SPANMETER_REPAIRS_METRIC, "counter", "{repair}", "Repairs made to model output, by kind."
+    ),
+    MetricSpec(SPANMETER_TOOL_CALLS, "counter", "{call}", "Tool calls seen in runs, by outcome."),
+    MetricSpec(SPANMETER_GUARD_ACTIONS, "counter", "{action}", "Loop guard actions."),
+    MetricSpec(
+        SPANMETER_REWRITES_METRIC,
+        "counter",
+        "{rewrite}",
+        "Rewrites of requests or responses, by kind.",
+    ),
+    MetricSpec(
+        SPANMETER_LEDGER_OVERSHOOT,
+        "counter",
+        "{USD}",
+        "Settled cost above the reservation, in US dollars.",
+    ),
+    MetricSpec(
+        SPANMETER_TELEMETRY_DROPPED_SPANS,
+        "counter",
+        "{span}",
+        "Spans dropped instead of exported (queue full or export failed).",
+    ),
+    MetricSpec(
+        SPANMETER_BUDGET_SPENT_USD, "gauge", "{USD}", "Tenant spend in the current budget window."
+    ),
+    MetricSpec(SPANMETER_BUDGET_LIMIT_USD, "gauge", "{USD}", "Tenant budget limit for the window."),
+)
+
+METRICS_BY_NAME: Final[dict[str, MetricSpec]] = {m.name: m for m in METRICS}
+
+# The part of opentelemetry-exporter-prometheus' unit mapping our units need; the test
+# tests/tracing/test_prometheus_names.py checks these names against the real exporter.
+_UNIT_SUFFIX: Final[dict[str, str]] = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9:]+")
+
+
+def prometheus_base_name(metric: str) -> str:
+    """The Prometheus family name of an OTel metric we emit, e.g. `..._duration_seconds`."""
+    spec = METRICS_BY_NAME[metric]
+    base = _NOT_NAME.sub("_", spec.name)
+    suffix = _UNIT_SUFFIX.get(spec.unit, "")
+    if suffix and not base.endswith("_" + suffix):
+        base = f"{base}_{suffix}"
+    return base
+
+
+def prometheus_series(metric: str) -> tuple[str, ...]:
+    """Every series name the Prometheus exporter produces for the OTel metric `metric`.
+
+    Histograms give `_bucket`, `_sum` and `_count` (and `_created` in the
+    prometheus_client text format); counters give `_total` (and `_created`); gauges
+    give the base name. Raises KeyError for a metric spanmeter does not emit.
+    """
+    spec = METRICS_BY_NAME[metric]
+    base = prometheus_base_name(metric)
+    if spec.kind == "histogram":
+        return (f"{base}_bucket", f"{base}_sum", f"{base}_count", f"{base}_created")
+    if spec.kind == "counter":
+        return (f"{base}_total", f"{base}_created")
+    return (base,)
+
+
+def prometheus_label(attribute: str) -> str:
+    """The Prometheus label of a metric attribute: `gen_ai.token.type` -> `gen_ai_token_type`."""
+    return re.sub(r"[^a-zA-Z0-9]+", "_", attribute)
+
+
+def all_prometheus_series() -> frozenset[str]:
+    """Every series name spanmeter's own metrics can produce (for dashboard tests)."""
+    return frozenset(s for m in METRICS for s in prometheus_series(m.name))

@@ -1,0 +1,305 @@
+"""Human-readable digests of tool arguments and results, and canonical hashes.
+
+Pure: no I/O, no clock, no OpenTelemetry. Digests are always recorded because they
+are not content: a handful of identifying words and counts, never a whole payload.
+The preview of a result *is* content; spans record it only when capture allows.
+
+All cutting counts runes (Unicode code points, which is what a Python `str` indexes),
+never bytes, so a cut never splits a character. A cut is marked with `…`.
+
+    arguments_digest('{"city": "Paris", "days": 3}')       -> 'city: Paris, days: 3'
+    tool_arguments_digest('{"path": "a.py", "mode": "r"}')  -> 'a.py'
+    tool_result_digest('{"ok": false, "error": "denied"}') -> ResultDigest(False, 'denied', ...)
+    tool_result_digest('a\\nb\\nc')                         -> ResultDigest(True, '3 lines', ...)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "ARGUMENTS_LIMIT",
+    "PREVIEW_LIMIT",
+    "VALUE_LIMIT",
+    "ResultDigest",
+    "arguments_digest",
+    "canonical_json",
+    "canonical_sha256",
+    "capped_json",
+    "cut",
+    "tool_arguments_digest",
+    "tool_result_digest",
+    "value_digest",
+]
+
+ARGUMENTS_LIMIT: Final = 120
+VALUE_LIMIT: Final = 40
+PREVIEW_LIMIT: Final = 400
+ELLIPSIS: Final = "…"
+
+# Keys that name the thing a tool call is about, in order of preference.
+IDENTIFYING_KEYS: Final = (
+    "id", "name", "title", "path", "file", "file_path", "filename", "query", "q",
+    "url", "uri", "command", "cmd", "key", "location", "city",
+)  # fmt: skip
+# Where a successful result usually keeps its list of things.
+LIST_KEYS: Final = ("results", "items", "data", "hits", "documents", "files", "entries", "matches")
+# Where a successful result usually keeps its text.
+TEXT_KEYS: Final = ("output", "stdout", "content", "text", "result")
+EXIT_KEYS: Final = ("exit_code", "exitCode", "returncode", "exit_status")
+
+_MISSING: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ResultDigest:
+    ok: bool
+    digest: str
+    preview: str  # first PREVIEW_LIMIT runes of the result; content, record only if allowed
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` cut to `limit` runes, with `…` appended when something was cut."""
+    return text if len(text) <= limit else text[:limit] + ELLIPSIS
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, UTF-8 characters kept as they are."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_sha256(text: str) -> str:
+    """sha256 hex of the canonical form of a JSON text; of the text itself if not JSON.
+
+    Two argument strings that differ only in key order or whitespace hash the same,
+    which is what matching a call to its repeat (loop detection) needs.
+    """
+    value = _parse(text)
+    data = text if value is _MISSING else canonical_json(value)
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def value_digest(value: Any) -> str:
+    """A scalar as it is (cut at 40), an array as first title/name + count, an object elided."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, str):
+        return cut(value, VALUE_LIMIT)
+    if isinstance(value, int | float):
+        return cut(json.dumps(value), VALUE_LIMIT)
+    if isinstance(value, list):
+        return _array_digest(value)
+    return "{}" if not value else "{…}"
+
+
+def arguments_digest(text: str) -> str:
+    """`k: v, ...` for a JSON object; non-JSON text cut at 120 runes."""
+    value = _parse(text)
+    if value is _MISSING:
+        return cut(text.strip(), ARGUMENTS_LIMIT)
+    if isinstance(value, dict):
+        return cut(_pairs(value), ARGUMENTS_LIMIT)
+    return cut(value_digest(value), ARGUMENTS_LIMIT)
+
+
+def tool_arguments_digest(text: str) -> str:
+    """One field: its value; several: the identifying one, else the `k: v` form; empty: ''."""
+    value = _parse(text)
+    if value is _MISSING or not isinstance(value, dict):
+        return arguments_digest(text)
+    if len(value) == 1:
+        return cut(value_digest(next(iter(value.values()))), ARGUMENTS_LIMIT)
+    for key in IDENTIFYING_KEYS:
+        if _is_scalar(value.get(key)):
+            return value_digest(value[key])
+    return cut(_pairs(value), ARGUMENTS_LIMIT)
+
+
+def tool_result_digest(text: str, *, is_error: bool = False) -> ResultDigest:
+    """(ok, digest, preview) of a tool result as the client sent it back.
+
+    Failure: the dialect's error flag, an envelope such as `{"ok": false, "error": ...}`,
+    `{"error": ...}` or `{"isError": true}`, or a non-zero exit code; the digest is then
+    the error message. Success: a count (`"first title" and 4 more`) or a line count.
+    """
+    preview = text[:PREVIEW_LIMIT]
+    value = _unwrap_blocks(_parse(text))
+    failure = _failure(value)
+    if is_error or failure is not None:
+        message = failure if failure else _error_text(value, text)
+        return ResultDigest(False, cut(message, ARGUMENTS_LIMIT), preview)
+    return ResultDigest(True, _success_digest(value, text), preview)
+
+
+def capped_json(value: Any, cap: int) -> str:
+    """JSON of `value` no longer than `cap` bytes, with its structure kept valid.
+
+    The longest strings are halved (and marked `…`) until it fits; if even that is not
+    enough, trailing list items are dropped. Used for opt-in content attributes.
+    """
+    value = json.loads(json.dumps(value))  # a private copy: we cut it in place
+    data = json.dumps(value, ensure_ascii=False)
+    while len(data.encode()) > cap:
+        if not _halve_longest_string(value) and not _drop_last_item(value):
+            return "[]" if isinstance(value, list) else "{}"
+        data = json.dumps(value, ensure_ascii=False)
+    return data
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        return _MISSING
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) and value != ""
+
+
+def _pairs(obj: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {value_digest(v)}" for k, v in obj.items())
+
+
+def _label(item: Any) -> str | None:
+    """What to call an array by: its first item's title or name, or the item if scalar."""
+    if isinstance(item, dict):
+        for key in ("title", "name"):
+            if _is_scalar(item.get(key)):
+                return str(item[key])
+        return None
+    if _is_scalar(item):
+        return value_digest(item)
+    return None
+
+
+def _array_digest(items: list[Any]) -> str:
+    if not items:
+        return "[]"
+    label = _label(items[0])
+    if label is None:
+        return f"[{len(items)} item{'s' if len(items) != 1 else ''}]"
+    first = f'"{cut(label, VALUE_LIMIT)}"'
+    return first if len(items) == 1 else f"{first} and {len(items) - 1} more"
+
+
+def _unwrap_blocks(value: Any) -> Any:
+    """Content-block lists (Anthropic, MCP) hold text; judge the text they carry."""
+    blocks = value.get("content") if isinstance(value, dict) and "isError" in value else value
+    if isinstance(blocks, list) and blocks and all(_is_text_block(b) for b in blocks):
+        inner = "\n".join(b["text"] for b in blocks)
+        parsed = _parse(inner)
+        unwrapped = inner if parsed is _MISSING else parsed
+        if isinstance(value, dict) and value.get("isError") is True:
+            return {"isError": True, "error": inner}
+        return unwrapped
+    return value
+
+
+def _is_text_block(block: Any) -> bool:
+    if not isinstance(block, dict):
+        return False
+    return block.get("type") == "text" and isinstance(block.get("text"), str)
+
+
+def _failure(value: Any) -> str | None:
+    """The error message when `value` is a failure envelope, else None ('' = no message)."""
+    if not isinstance(value, dict):
+        return None
+    if value.get("ok") is False or value.get("success") is False or value.get("isError") is True:
+        return _message(value)
+    if value.get("error") not in (None, False, "", {}, []) and value.get("ok") is not True:
+        return _message(value)
+    for key in EXIT_KEYS:
+        code = value.get(key)
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            return _message(value) or f"exit code {code}"
+    return None
+
+
+def _message(envelope: dict[str, Any]) -> str:
+    error = envelope.get("error")
+    if isinstance(error, dict):
+        for key in ("message", "msg", "detail", "type", "code"):
+            if _is_scalar(error.get(key)):
+                return str(error[key])
+    elif _is_scalar(error) and error is not True:
+        return str(error)
+    for key in ("message", "msg", "detail", "stderr", "reason"):
+        if _is_scalar(envelope.get(key)):
+            return _first_line(str(envelope[key]))
+    return ""
+
+
+def _error_text(value: Any, text: str) -> str:
+    """Message of a result the dialect flagged as an error (no envelope to read)."""
+    if isinstance(value, dict):
+        return _message(value)
+    if isinstance(value, str):
+        return _first_line(value)
+    return _first_line(text) if value is _MISSING else ""
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _success_digest(value: Any, text: str) -> str:
+    if value is _MISSING:
+        return _lines(text)
+    if isinstance(value, list):
+        return _array_digest(value)
+    if isinstance(value, str):
+        return _lines(value)
+    if isinstance(value, dict):
+        for key in LIST_KEYS:
+            if isinstance(value.get(key), list):
+                return _array_digest(value[key])
+        for key in TEXT_KEYS:
+            if isinstance(value.get(key), str):
+                return _lines(value[key])
+    return ""
+
+
+def _lines(text: str) -> str:
+    n = len(text.rstrip("\n").splitlines()) if text.strip() else 0
+    return "" if n == 0 else f"{n} line{'s' if n != 1 else ''}"
+
+
+def _strings(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], str]]:
+    if isinstance(node, str):
+        return [(path, node)]
+    if isinstance(node, dict):
+        items: Any = node.items()
+    elif isinstance(node, list):
+        items = enumerate(node)
+    else:
+        return []
+    return [found for k, v in items for found in _strings(v, (*path, k))]
+
+
+def _halve_longest_string(value: Any) -> bool:
+    strings = _strings(value)
+    if not strings:
+        return False
+    path, longest = max(strings, key=lambda p: len(p[1]))
+    if len(longest) <= 16 or not path:
+        return False
+    parent = value
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = longest[: len(longest) // 2] + ELLIPSIS
+    return True
+
+
+def _drop_last_item(value: Any) -> bool:
+    if isinstance(value, list) and value:
+        value.pop()
+        return True
+    return False
