@@ -1,0 +1,81 @@
+"""Refusal messages: which limit, the numbers, and how to raise it. Pure string building.
+
+Every message ends by saying that nothing was forwarded or charged, because an agent
+(or the human reading its log) otherwise cannot tell a refusal from a failed call.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+__all__ = ["DEFAULT_ORIGINS", "call_ceiling", "cost_ceiling", "unknown_price", "usd"]
+
+# Where a limit comes from when the caller does not say (Limits.origin).
+DEFAULT_ORIGINS = {
+    "run_calls": "setting runs.max_llm_calls",
+    "run_cost": "setting runs.max_cost_usd",
+    "tenant_day": "setting budgets.daily_usd",
+    "tenant_month": "setting budgets.monthly_usd",
+}
+
+_NOT_SENT = "The call was not forwarded and nothing was charged."
+
+
+def usd(micros: int) -> str:
+    """Exact dollars: at least cents, more digits only when they are not zero."""
+    text = f"{Decimal(micros) / 1_000_000:.6f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"${whole}.{frac.ljust(2, '0')}"
+
+
+def call_ceiling(tenant: str, run_id: str, limit: int, origin: str | None = None) -> str:
+    where = origin or DEFAULT_ORIGINS["run_calls"]
+    return (
+        f"Run {run_id} of tenant {tenant} reached its ceiling of {limit} model calls ({where}). "
+        f"{_NOT_SENT} Raise the ceiling for this tenant or start a new run."
+    )
+
+
+def cost_ceiling(
+    scope: str,
+    *,
+    tenant: str,
+    run_id: str,
+    window: str | None,
+    tz: str,
+    limit: int,
+    spent: int,
+    reserved: int,
+    needed: int,
+    origin: str | None = None,
+) -> str:
+    """`scope` is run_cost, tenant_day or tenant_month; `needed` is the minimal reservation."""
+    where = origin or DEFAULT_ORIGINS.get(scope, scope)
+    left = max(0, limit - spent - reserved)
+    numbers = (
+        f"{usd(spent)} spent and {usd(reserved)} reserved by calls in flight leave {usd(left)}, "
+        f"and this call needs at least {usd(needed)} (its input plus a minimal answer)."
+    )
+    if scope == "run_cost":
+        return (
+            f"Run {run_id} of tenant {tenant} reached its cost ceiling of {usd(limit)} ({where}): "
+            f"{numbers} {_NOT_SENT} Raise the ceiling for this tenant, or start a new run."
+        )
+    period = "daily" if scope == "tenant_day" else "monthly"
+    rolls = "day" if scope == "tenant_day" else "month"
+    return (
+        f"Tenant {tenant} reached its {period} budget of {usd(limit)} for {window} ({tz}) "
+        f"({where}): "
+        f"{numbers} {_NOT_SENT} Raise the tenant's {period} budget (admin API or "
+        f"`spanmeter budget set`), or wait until the {rolls} ends in {tz}."
+    )
+
+
+def unknown_price(model: str | None, tenant: str) -> str:
+    name = model or "(no model named)"
+    return (
+        f"Model {name} has no known price, and tenant {tenant} has a cost ceiling in force, "
+        f"so spanmeter cannot bound what this call would cost. {_NOT_SENT} Add the model under "
+        f"pricing.overrides in the config (input, cached_input, cache_write and output in USD "
+        f"per million tokens), or use a priced model."
+    )

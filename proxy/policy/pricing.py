@@ -1,0 +1,271 @@
+"""Model prices and the cost of a call, in integer micro-USD. Pure: no I/O after load.
+
+Rates are kept as integer *micro-USD per million tokens* (USD/M x 10^6), so a cost is
+`sum(tokens x rate) / 10^6` micro-USD, computed exactly in integers and rounded up once:
+a charge may be at most 1 micro-USD high, never low.
+
+The input-token bound (`input_bound`)
+-------------------------------------
+Every tokenizer spanmeter prices (OpenAI o200k/cl100k byte-level BPE, Anthropic's BPE,
+Gemini's SentencePiece with byte fallback) emits tokens that each cover at least one
+byte of UTF-8 text. So the UTF-8 bytes of the prompt bound its text tokens. The request
+body in bytes contains all of that text plus JSON structure (quotes, keys, braces) that
+costs at least as many bytes as the chat template's per-message special tokens
+(`{"role":"user","content":""}` is 28 bytes; a message's template is a handful of
+tokens). Hence:
+
+    input_bound = body_bytes + PROVIDER_OVERHEAD_TOKENS
+
+where the overhead covers what providers add that is not in the body: Anthropic's
+tool-use system prompt (up to 346 tokens) and the fixed definitions of its built-in
+bash/text-editor/computer-use tools (up to ~1.2k tokens). When the body size is unknown
+the bound falls back to 4 x input_chars (a code point is at most 4 UTF-8 bytes) plus
+the overhead; that fallback misses per-message template tokens the adapter did not count.
+
+Where it is loose (over-reserves): JSON escaping, and inline base64 media (a base64
+image of 100 kB reserves ~133k tokens; the provider bills ~1-2k).
+Where it is NOT a bound (the call may overshoot; the overshoot is charged in full and
+counted): media referenced by URL or file id (an image URL costs up to ~1.6k tokens on
+Anthropic, ~1.5k on gpt-4o high detail, ~2.5k on gpt-4.1-mini; audio/video/PDF by file
+id are unbounded), server-side tools whose results are billed as input (web search,
+file search, code execution, Gemini grounding), and prompt caches created out of band
+(Gemini cachedContents) that the body only names.
+
+Output is bounded by max_output_tokens, which for every provider includes reasoning /
+thinking tokens (OpenAI max_completion_tokens, Anthropic max_tokens, Gemini
+maxOutputTokens). A request for n > 1 choices bills n outputs: multiply before calling.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from datetime import date
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from proxy.model import Call, Usage
+
+__all__ = [
+    "PROVIDER_OVERHEAD_TOKENS",
+    "LongContext",
+    "Price",
+    "PriceTable",
+    "affordable_output_tokens",
+    "cost",
+    "input_bound",
+    "reservation",
+    "settlement",
+]
+
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "prices.yaml"
+PROVIDER_OVERHEAD_TOKENS = 2048
+_SCALE = 1_000_000  # rates are micro-USD per million tokens
+_UNLIMITED = 2**31 - 1
+
+# A dated or versioned variant of a known model: -2024-08-06, -20250929, @20250929,
+# -001, -latest, -preview-05-20, -exp. Anything else ("gpt-5-pro", "gpt-4o-audio")
+# is a different model with a different price and must not inherit the base price.
+_VARIANT = re.compile(
+    r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3}|latest|preview|exp|v\d+(?::\d+)?))+$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LongContext:
+    """Rates billed for the whole request once its input exceeds `threshold_tokens`."""
+
+    threshold_tokens: int
+    input: int
+    cached_input: int
+    cache_write: int
+    output: int
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """One model's rates in micro-USD per million tokens (= USD per token x 10^12 / 10^6)."""
+
+    model: str
+    input: int
+    cached_input: int
+    cache_write: int
+    output: int
+    source: str
+    as_of: str
+    max_output_tokens: int | None = None
+    long_context: LongContext | None = None
+
+    def rates(self, input_tokens: int) -> tuple[int, int, int, int]:
+        """(input, cached_input, cache_write, output) for a request of this input size."""
+        lc = self.long_context
+        if lc is not None and input_tokens > lc.threshold_tokens:
+            return lc.input, lc.cached_input, lc.cache_write, lc.output
+        return self.input, self.cached_input, self.cache_write, self.output
+
+
+class PriceTable:
+    """Shipped prices plus config overrides; lookup by exact name or dated variant."""
+
+    def __init__(self, prices: dict[str, Price]) -> None:
+        self._prices = prices
+        # Longest names first, so "gpt-4o-mini-2024-07-18" finds gpt-4o-mini, not gpt-4o.
+        self._by_length = sorted(prices, key=len, reverse=True)
+
+    @classmethod
+    def load(
+        cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None
+    ) -> PriceTable:
+        raw = yaml.safe_load(Path(path or DEFAULT_PATH).read_text(encoding="utf-8")) or {}
+        prices = {name: _price(name, entry) for name, entry in (raw.get("models") or {}).items()}
+        for name, entry in (overrides or {}).items():
+            prices[name] = _override(prices.get(name), name, entry)
+        return cls(prices)
+
+    def __contains__(self, model: str) -> bool:
+        return self.price(model) is not None
+
+    def __len__(self) -> int:
+        return len(self._prices)
+
+    def models(self) -> list[str]:
+        return sorted(self._prices)
+
+    def price(self, model: str | None) -> Price | None:
+        if not model:
+            return None
+        name = model.removeprefix("models/")
+        found = self._prices.get(name)
+        if found is not None:
+            return found
+        for known in self._by_length:
+            if name.startswith(known) and _VARIANT.match(name[len(known) :]):
+                return self._prices[known]
+        return None
+
+
+def cost(price: Price, usage: Usage) -> int:
+    """Micro-USD for the usage a provider reported (gen_ai terms, see `Usage`).
+
+    input_tokens includes cache reads and writes, so those are taken out of it and
+    priced at their own rates; output_tokens already includes reasoning tokens.
+    Fields the provider never reported count as zero here: when usage is unknown or the
+    stream was cut, settle with `settlement` instead (unknown is not zero).
+    """
+    total_in = usage.input_tokens or 0
+    cached = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    uncached = max(0, total_in - cached - written)
+    r_in, r_cached, r_write, r_out = price.rates(max(total_in, cached + written))
+    micro = (
+        uncached * r_in + cached * r_cached + written * r_write + (usage.output_tokens or 0) * r_out
+    )
+    return _ceil_div(micro, _SCALE)
+
+
+def settlement(price: Price | None, usage: Usage, *, reserved: int, complete: bool) -> int:
+    """What to settle a call at: its cost when known, else the reservation.
+
+    A stream cut before its usage arrived (or a model with no price) settles at the
+    reservation; a cut stream whose partial usage already exceeds it settles higher.
+    """
+    if price is None or not usage.known:
+        return reserved
+    actual = cost(price, usage)
+    return actual if complete else max(actual, reserved)
+
+
+def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int) -> int:
+    """Worst-case micro-USD: every input token at the dearest input rate, full output."""
+    r_in, r_cached, r_write, r_out = price.rates(input_bound_tokens)
+    # A cache write (Anthropic 1.25x) can cost more than plain input.
+    worst_in = max(r_in, r_cached, r_write)
+    return _ceil_div(input_bound_tokens * worst_in + max_output_tokens * r_out, _SCALE)
+
+
+def affordable_output_tokens(price: Price, budget_micros: int, input_bound: int) -> int:
+    """The largest max_output_tokens whose `reservation` fits in `budget_micros` (>= 0)."""
+    r_in, r_cached, r_write, r_out = price.rates(input_bound)
+    room = budget_micros * _SCALE - input_bound * max(r_in, r_cached, r_write)
+    if room < 0:
+        return 0
+    if r_out == 0:
+        return _UNLIMITED
+    return min(room // r_out, _UNLIMITED)
+
+
+def input_bound(call: Call) -> int:
+    """Tokens that bound the call's billable input; see the module docstring for the rule."""
+    if call.body_bytes > 0:
+        return call.body_bytes + PROVIDER_OVERHEAD_TOKENS
+    return 4 * call.input_chars + PROVIDER_OVERHEAD_TOKENS
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rate(value: Any, where: str) -> int:
+    """USD per million tokens -> integer micro-USD per million tokens, exactly."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ValueError(f"{where}: expected a number of USD per million tokens, got {value!r}")
+    micros = Decimal(str(value)) * _SCALE
+    if micros < 0 or micros != micros.to_integral_value():
+        raise ValueError(
+            f"{where}: {value!r} is negative or finer than 1e-6 USD per million tokens"
+        )
+    return int(micros)
+
+
+def _price(name: str, entry: dict[str, Any]) -> Price:
+    where = f"price of {name}"
+    missing = [k for k in ("input", "output", "source", "as_of") if k not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    r_in = _rate(entry["input"], where)
+    lc = entry.get("long_context")
+    return Price(
+        model=name,
+        input=r_in,
+        cached_input=_rate(entry.get("cached_input", entry["input"]), where),
+        cache_write=_rate(entry.get("cache_write", entry["input"]), where),
+        output=_rate(entry["output"], where),
+        source=str(entry["source"]),
+        as_of=entry["as_of"].isoformat()
+        if isinstance(entry["as_of"], date)
+        else str(entry["as_of"]),
+        max_output_tokens=int(entry["max_output_tokens"])
+        if entry.get("max_output_tokens")
+        else None,
+        long_context=_long_context(lc, where) if lc else None,
+    )
+
+
+def _long_context(lc: dict[str, Any], where: str) -> LongContext:
+    return LongContext(
+        threshold_tokens=int(lc["threshold_tokens"]),
+        input=_rate(lc["input"], where),
+        cached_input=_rate(lc.get("cached_input", lc["input"]), where),
+        cache_write=_rate(lc.get("cache_write", lc["input"]), where),
+        output=_rate(lc["output"], where),
+    )
+
+
+def _override(base: Price | None, name: str, entry: dict[str, Any]) -> Price:
+    """Config wins field by field; a model new to the table needs input and output."""
+    if base is None:
+        return _price(name, {"source": "config pricing.overrides", "as_of": "config", **entry})
+    where = f"pricing.overrides.{name}"
+    changes: dict[str, Any] = {
+        "source": str(entry.get("source", "config pricing.overrides")),
+        "as_of": str(entry.get("as_of", "config")),
+    }
+    for key in ("input", "cached_input", "cache_write", "output"):
+        if key in entry:
+            changes[key] = _rate(entry[key], where)
+    if "max_output_tokens" in entry:
+        changes["max_output_tokens"] = int(entry["max_output_tokens"]) or None
+    return replace(base, **changes)

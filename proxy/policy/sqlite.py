@@ -1,0 +1,573 @@
+"""The embedded ledger: one SQLite file in WAL mode, written by one dedicated thread.
+
+Why one thread: sqlite3 calls block, so none may run on the event loop; and one writer
+makes every operation trivially atomic within the process. Operations queue up; the
+thread takes all that are waiting, runs each inside its own SAVEPOINT of one
+`BEGIN IMMEDIATE` transaction and commits once (group commit). Each operation stays
+atomic and isolated (they run one after the other), and with `synchronous=FULL` a
+result is handed back only after its commit reached the disk, so spend survives a
+kill -9 or a power cut, while many admissions share one fsync under load.
+
+`BEGIN IMMEDIATE` takes SQLite's write lock, so several processes (or several stores)
+on the same file also stay atomic with respect to each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import queue
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from proxy.errors import CeilingReached, StoreUnavailable
+from proxy.policy.store import (
+    Admission,
+    Limits,
+    Spend,
+    decide,
+    refusal,
+    release_if_cancelled,
+    run_record,
+    scope_of,
+    window_keys,
+)
+
+__all__ = ["SqliteStore"]
+
+T = TypeVar("T")
+Op = Callable[[sqlite3.Connection], Any]
+_Job = tuple[Op, asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+_BATCH = 256
+_EXPIRED_KEPT_S = 7 * 86400  # how long an expired reservation can still be corrected
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger (
+    tenant TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
+    settled INTEGER NOT NULL DEFAULT 0, reserved INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, scope, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reservations (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, run_id TEXT NOT NULL,
+    day_key TEXT NOT NULL, month_key TEXT NOT NULL, amount INTEGER NOT NULL,
+    expires_at REAL NOT NULL, expired INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS reservations_due ON reservations (expired, expires_at);
+CREATE TABLE IF NOT EXISTS runs (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, calls INTEGER NOT NULL DEFAULT 0,
+    trace TEXT, first_seen REAL, last_seen REAL, ended INTEGER NOT NULL DEFAULT 0,
+    ended_at REAL, sig TEXT, streak INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, run_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS runs_idle ON runs (ended, last_seen);
+CREATE INDEX IF NOT EXISTS runs_recent ON runs (last_seen);
+CREATE TABLE IF NOT EXISTS run_totals (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, name TEXT NOT NULL,
+    value INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, run_id, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tools (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL,
+    call TEXT NOT NULL,
+    PRIMARY KEY (tenant, run_id, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS budgets (tenant TEXT PRIMARY KEY, day INTEGER, month INTEGER);
+"""
+
+
+class SqliteStore:
+    """`Store` over one SQLite file. `path` may be ":memory:" (tests only: not durable)."""
+
+    def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
+        self.path = path
+        self._synchronous = synchronous
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="spanmeter-ledger", daemon=True)
+        self._thread.start()
+
+    # --- the writer thread -----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, timeout=30.0, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.executescript(_SCHEMA)
+        return conn
+
+    def _serve(self) -> None:
+        conn: sqlite3.Connection | None = None
+        failure: Exception | None = None
+        try:
+            conn = self._connect()
+        except (sqlite3.Error, OSError) as exc:
+            failure = exc
+        stop = False
+        while not stop:
+            job = self._jobs.get()
+            if job is None:
+                break
+            batch = [job]
+            while len(batch) < _BATCH:
+                try:
+                    more = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            if conn is None:
+                results: list[tuple[bool, Any]] = [(False, failure)] * len(batch)
+            else:
+                results = _run_batch(conn, [op for op, _, _ in batch])
+            for (_, loop, fut), (ok, value) in zip(batch, results, strict=True):
+                _resolve(loop, fut, ok, value, self.path)
+        if conn is not None:
+            conn.close()
+
+    async def _do(self, op: Op) -> Any:
+        if self._closed:
+            raise StoreUnavailable(f"The ledger {self.path} is closed.")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put((op, loop, fut))
+        return await fut
+
+    # --- ledger ----------------------------------------------------------------------
+
+    async def admit(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        min_reserve: int,
+        max_reserve: int,
+        limits: Limits,
+        now: datetime,
+        tz: str = "UTC",
+        ttl_s: int = 900,
+    ) -> Admission:
+        windows = window_keys(now, tz)
+        if not 0 <= min_reserve <= max_reserve:
+            raise ValueError(
+                f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})"
+            )
+
+        def op(conn: sqlite3.Connection) -> Admission | CeilingReached:
+            ts = now.timestamp()
+            _expire(conn, ts, 64)
+            calls = (
+                _one(conn, "SELECT calls FROM runs WHERE tenant=? AND run_id=?", tenant, run_id)
+                or 0
+            )
+            keys: dict[str, tuple[str, str]] = {
+                "run_cost": ("run", run_id),
+                "tenant_day": ("day", windows[0]),
+                "tenant_month": ("month", windows[1]),
+            }
+            ledger = {s: _spend(conn, tenant, *k) for s, k in keys.items()}
+            d = decide(calls, ledger, limits, min_reserve=min_reserve, max_reserve=max_reserve)
+            if d.refused:
+                return refusal(
+                    d,
+                    tenant=tenant,
+                    run_id=run_id,
+                    limits=limits,
+                    ledger=ledger,
+                    windows=windows,
+                    tz=tz,
+                    min_reserve=min_reserve,
+                )
+            for scope, key in (*keys.values(), ("total", "")):
+                _add(conn, tenant, scope, key, reserved=d.amount)
+            conn.execute(
+                "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen) "
+                "VALUES (?,?,1,?,?) "
+                "ON CONFLICT DO UPDATE SET calls = calls + 1, last_seen = excluded.last_seen",
+                (tenant, run_id, ts, ts),
+            )
+            rid = uuid.uuid4().hex
+            conn.execute(
+                "INSERT INTO reservations "
+                "(id, tenant, run_id, day_key, month_key, amount, expires_at) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (rid, tenant, run_id, *windows, d.amount, ts + ttl_s),
+            )
+            return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows)
+
+        async def admitting() -> Admission:
+            result = await self._do(op)
+            if isinstance(result, CeilingReached):
+                raise result
+            assert isinstance(result, Admission)
+            return result
+
+        return await release_if_cancelled(self, admitting)
+
+    async def settle(self, admission: Admission, actual: int) -> int:
+        if actual < 0:
+            raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
+
+        def op(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT tenant, run_id, day_key, month_key, amount, expired FROM reservations "
+                "WHERE id=?",
+                (admission.id,),
+            ).fetchone()
+            if row is None:
+                return 0  # settled before: idempotent
+            tenant, run_id, day, month, amount, expired = row
+            for scope, key in (("run", run_id), ("day", day), ("month", month), ("total", "")):
+                if expired:  # already charged at `amount`: correct it to the real cost
+                    _add(conn, tenant, scope, key, settled=actual - amount)
+                else:
+                    _add(conn, tenant, scope, key, settled=actual, reserved=-amount)
+            conn.execute("DELETE FROM reservations WHERE id=?", (admission.id,))
+            return max(0, actual - int(amount))
+
+        result: int = await self._do(op)
+        return result
+
+    async def release(self, admission: Admission) -> None:
+        await self.settle(admission, 0)
+
+    async def expire(self, now: datetime) -> int:
+        ts = now.timestamp()
+        result: int = await self._do(lambda conn: _expire(conn, ts, None))
+        return result
+
+    async def spend(
+        self,
+        tenant: str,
+        *,
+        run_id: str | None = None,
+        day: str | None = None,
+        month: str | None = None,
+    ) -> int:
+        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month)).total
+
+    async def spend_detail(
+        self,
+        tenant: str,
+        *,
+        run_id: str | None = None,
+        day: str | None = None,
+        month: str | None = None,
+    ) -> Spend:
+        scope, key = scope_of(run_id, day, month)
+        result: Spend = await self._do(lambda conn: _spend(conn, tenant, scope, key))
+        return result
+
+    async def run_calls(self, tenant: str, run_id: str) -> int:
+        sql = "SELECT calls FROM runs WHERE tenant=? AND run_id=?"
+        return int(await self._do(lambda conn: _one(conn, sql, tenant, run_id) or 0))
+
+    # --- run state -------------------------------------------------------------------
+
+    async def run_begin(
+        self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]
+    ) -> dict[str, Any]:
+        ts = now.timestamp()
+
+        def op(conn: sqlite3.Connection) -> dict[str, Any]:
+            stored = _one(
+                conn, "SELECT trace FROM runs WHERE tenant=? AND run_id=?", tenant, run_id
+            )
+            if stored:
+                return dict(json.loads(stored))
+            conn.execute(
+                "INSERT INTO runs (tenant, run_id, trace, first_seen, last_seen) "
+                "VALUES (?,?,?,?,?) "
+                "ON CONFLICT DO UPDATE SET trace = excluded.trace, last_seen = excluded.last_seen, "
+                "first_seen = COALESCE(first_seen, excluded.first_seen)",
+                (tenant, run_id, json.dumps(trace), ts, ts),
+            )
+            return trace
+
+        result: dict[str, Any] = await self._do(op)
+        return result
+
+    async def run_touch(self, tenant: str, run_id: str, now: datetime) -> None:
+        ts = now.timestamp()
+        await self._do(
+            lambda conn: conn.execute(
+                "INSERT INTO runs (tenant, run_id, first_seen, last_seen) VALUES (?,?,?,?) "
+                "ON CONFLICT DO UPDATE SET "
+                "last_seen = MAX(COALESCE(last_seen, 0), excluded.last_seen)",
+                (tenant, run_id, ts, ts),
+            )
+        )
+
+    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
+        rows = [(tenant, run_id, name, int(v)) for name, v in deltas.items()]
+        await self._do(
+            lambda conn: conn.executemany(
+                "INSERT INTO run_totals (tenant, run_id, name, value) VALUES (?,?,?,?) "
+                "ON CONFLICT DO UPDATE SET value = value + excluded.value",
+                rows,
+            )
+        )
+
+    async def run_totals(self, tenant: str, run_id: str) -> dict[str, int]:
+        result: dict[str, int] = await self._do(lambda conn: _totals(conn, tenant, run_id))
+        return result
+
+    async def run_end(self, tenant: str, run_id: str) -> dict[str, Any] | None:
+        def op(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            cur = conn.execute(
+                "UPDATE runs SET ended = 1 WHERE tenant=? AND run_id=? AND ended = 0",
+                (tenant, run_id),
+            )
+            if cur.rowcount == 0:
+                return None  # unknown, or another caller ended it first
+            return _record(conn, tenant, run_id)
+
+        result: dict[str, Any] | None = await self._do(op)
+        return result
+
+    async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:
+        ts = before.timestamp()
+        rows = await self._do(
+            lambda conn: conn.execute(
+                "SELECT tenant, run_id FROM runs WHERE ended = 0 AND last_seen < ? "
+                "ORDER BY last_seen",
+                (ts,),
+            ).fetchall()
+        )
+        return [(t, r) for t, r in rows]
+
+    async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
+        def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            if tenant is None:
+                rows = conn.execute(
+                    "SELECT tenant, run_id FROM runs ORDER BY last_seen DESC LIMIT ?", (limit,)
+                )
+            else:
+                rows = conn.execute(
+                    "SELECT tenant, run_id FROM runs WHERE tenant=? "
+                    "ORDER BY last_seen DESC LIMIT ?",
+                    (tenant, limit),
+                )
+            return [r for t, run in rows.fetchall() if (r := _record(conn, t, run)) is not None]
+
+        result: list[dict[str, Any]] = await self._do(op)
+        return result
+
+    # --- tool calls ------------------------------------------------------------------
+
+    async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            for call in calls:
+                conn.execute(
+                    "INSERT INTO tools (tenant, run_id, id, seq, call) VALUES (?,?,?,"
+                    "(SELECT COALESCE(MAX(seq), 0) + 1 FROM tools WHERE tenant=? AND run_id=?),?) "
+                    "ON CONFLICT DO UPDATE SET call = excluded.call",
+                    (tenant, run_id, str(call["id"]), tenant, run_id, json.dumps(call)),
+                )
+
+        await self._do(op)
+
+    async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]:
+        def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            taken = []
+            for call_id in dict.fromkeys(ids):
+                row = conn.execute(
+                    "DELETE FROM tools WHERE tenant=? AND run_id=? AND id=? RETURNING call",
+                    (tenant, run_id, call_id),
+                ).fetchone()
+                if row is not None:
+                    taken.append(json.loads(row[0]))
+            return taken
+
+        result: list[dict[str, Any]] = await self._do(op)
+        return result
+
+    async def tools_pending(self, tenant: str, run_id: str) -> list[dict[str, Any]]:
+        rows = await self._do(
+            lambda conn: conn.execute(
+                "SELECT call FROM tools WHERE tenant=? AND run_id=? ORDER BY seq", (tenant, run_id)
+            ).fetchall()
+        )
+        return [json.loads(r[0]) for r in rows]
+
+    # --- loop guard ------------------------------------------------------------------
+
+    async def streak(self, tenant: str, run_id: str, signature: str) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "INSERT INTO runs (tenant, run_id, sig, streak) VALUES (?,?,?,1) "
+                "ON CONFLICT DO UPDATE SET streak = CASE WHEN sig IS excluded.sig "
+                "THEN streak + 1 ELSE 1 END, sig = excluded.sig RETURNING streak",
+                (tenant, run_id, signature),
+            ).fetchone()
+            return int(row[0])
+
+        return int(await self._do(op))
+
+    async def failures(self, tenant: str, run_id: str, failed: bool) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "INSERT INTO runs (tenant, run_id, failures) VALUES (?,?,?) "
+                "ON CONFLICT DO UPDATE SET failures = CASE WHEN excluded.failures = 1 "
+                "THEN failures + 1 ELSE 0 END RETURNING failures",
+                (tenant, run_id, 1 if failed else 0),
+            ).fetchone()
+            return int(row[0])
+
+        return int(await self._do(op))
+
+    # --- admin -----------------------------------------------------------------------
+
+    async def budget_set(self, tenant: str, day: int | None, month: int | None) -> None:
+        await self._do(
+            lambda conn: conn.execute(
+                "INSERT INTO budgets (tenant, day, month) VALUES (?,?,?) "
+                "ON CONFLICT DO UPDATE SET day = excluded.day, month = excluded.month",
+                (tenant, day, month),
+            )
+        )
+
+    async def budget_get(self, tenant: str) -> tuple[int | None, int | None]:
+        row = await self._do(
+            lambda conn: conn.execute(
+                "SELECT day, month FROM budgets WHERE tenant=?", (tenant,)
+            ).fetchone()
+        )
+        return (row[0], row[1]) if row else (None, None)
+
+    async def ping(self) -> None:
+        await self._do(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._jobs.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+
+# --- helpers run on the writer thread ---------------------------------------------------
+
+
+def _run_batch(conn: sqlite3.Connection, ops: list[Op]) -> list[tuple[bool, Any]]:
+    results: list[tuple[bool, Any]] = []
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for op in ops:
+            conn.execute("SAVEPOINT op")
+            try:
+                results.append((True, op(conn)))
+                conn.execute("RELEASE op")
+            except Exception as exc:  # one failing op must not take its batch-mates down
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                results.append((False, exc))
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        return [(False, exc)] * len(ops)
+    return results
+
+
+def _resolve(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], ok: bool, value: Any, path: str
+) -> None:
+    if not ok and isinstance(value, sqlite3.Error | OSError):
+        error = StoreUnavailable(
+            f"The ledger {path} failed: {value}. Check the disk and its permissions."
+        )
+        error.__cause__ = value
+        value = error
+
+    def deliver() -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+        loop.call_soon_threadsafe(deliver)
+
+
+def _one(conn: sqlite3.Connection, sql: str, *args: Any) -> Any:
+    row = conn.execute(sql, args).fetchone()
+    return row[0] if row else None
+
+
+def _spend(conn: sqlite3.Connection, tenant: str, scope: str, key: str) -> Spend:
+    row = conn.execute(
+        "SELECT settled, reserved FROM ledger WHERE tenant=? AND scope=? AND key=?",
+        (tenant, scope, key),
+    ).fetchone()
+    return Spend(int(row[0]), int(row[1])) if row else Spend()
+
+
+def _add(
+    conn: sqlite3.Connection,
+    tenant: str,
+    scope: str,
+    key: str,
+    *,
+    settled: int = 0,
+    reserved: int = 0,
+) -> None:
+    conn.execute(
+        "INSERT INTO ledger (tenant, scope, key, settled, reserved) VALUES (?,?,?,?,?) "
+        "ON CONFLICT DO UPDATE SET settled = settled + excluded.settled, "
+        "reserved = reserved + excluded.reserved",
+        (tenant, scope, key, settled, reserved),
+    )
+
+
+def _expire(conn: sqlite3.Connection, now_ts: float, limit: int | None) -> int:
+    """Charge reservations past their ttl at their reserved amount (unknown is not zero)."""
+    rows = conn.execute(
+        "SELECT id, tenant, run_id, day_key, month_key, amount FROM reservations "
+        "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at LIMIT ?",
+        (now_ts, -1 if limit is None else limit),
+    ).fetchall()
+    for rid, tenant, run_id, day, month, amount in rows:
+        for scope, key in (("run", run_id), ("day", day), ("month", month), ("total", "")):
+            _add(conn, tenant, scope, key, settled=amount, reserved=-amount)
+        conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
+    conn.execute(
+        "DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,)
+    )
+    return len(rows)
+
+
+def _totals(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT name, value FROM run_totals WHERE tenant=? AND run_id=?", (tenant, run_id)
+    )
+    return {name: int(value) for name, value in rows.fetchall()}
+
+
+def _record(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        "SELECT calls, trace, first_seen, last_seen, ended FROM runs WHERE tenant=? AND run_id=?",
+        (tenant, run_id),
+    ).fetchone()
+    if row is None:
+        return None
+    calls, trace, first_seen, last_seen, ended = row
+    return run_record(
+        tenant,
+        run_id,
+        calls=int(calls),
+        spend=_spend(conn, tenant, "run", run_id),
+        first_seen=first_seen,
+        last_seen=last_seen,
+        ended=bool(ended),
+        trace=json.loads(trace) if trace else None,
+        totals=_totals(conn, tenant, run_id),
+    )
