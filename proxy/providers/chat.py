@@ -24,7 +24,7 @@ from proxy.model import (
 )
 from proxy.providers.base import SseEvent, number, text_of
 
-__all__ = ["CHAT", "ChatAdapter", "openai_error_body", "openai_stream_error"]
+__all__ = ["CHAT", "ChatAdapter", "openai_error_body", "openai_stream_error", "openai_usage"]
 
 
 def _int(value: Any) -> int | None:
@@ -37,7 +37,8 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
         fn = t.get("function") if isinstance(t, dict) else None
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
             params = fn.get("parameters")
-            out.append(ToolSpec(fn["name"], fn.get("description"), params if isinstance(params, dict) else None))
+            out.append(ToolSpec(fn["name"], fn.get("description"),
+                                params if isinstance(params, dict) else None))
     return tuple(out)
 
 
@@ -60,19 +61,33 @@ def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | N
     return None
 
 
+def _call_names(message: dict[str, Any]) -> dict[str, str]:
+    names = {}
+    for tc in message.get("tool_calls") or ():
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if isinstance(fn, dict) and isinstance(tc.get("id"), str):
+            names[tc["id"]] = str(fn.get("name") or "")
+    return names
+
+
 def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
     # Only the results after the last assistant turn are new in this request; the
-    # earlier ones were already seen in earlier requests of the run.
+    # earlier ones were already seen in earlier requests of the run. Tool messages
+    # rarely carry a name, so it comes from the assistant's tool call of that id.
     results: list[ToolResult] = []
+    names: dict[str, str] = {}
     for m in messages:
         if not isinstance(m, dict):
             continue
         if m.get("role") == "assistant":
             results = []
+            names = _call_names(m)
         elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
             content = m.get("content")
             text = content if isinstance(content, str) else text_of(content)
-            results.append(ToolResult(m["tool_call_id"], text, m.get("name")))
+            call_id = m["tool_call_id"]
+            name = m.get("name") if isinstance(m.get("name"), str) else None
+            results.append(ToolResult(call_id, text, name or names.get(call_id)))
     return tuple(results)
 
 
@@ -89,6 +104,17 @@ def _prompt_chars(messages: list[Any], tools: Any) -> int:
     return n
 
 
+def _stops(stop: Any) -> tuple[str, ...]:
+    if isinstance(stop, str):
+        return (stop,)
+    return tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
+
+
+def _error(err: dict[str, Any]) -> StreamError:
+    return StreamError(str(err.get("type") or err.get("code") or "error"),
+                       str(err.get("message") or ""))
+
+
 def openai_usage(u: Any) -> Usage:
     if not isinstance(u, dict):
         return Usage()
@@ -100,6 +126,36 @@ def openai_usage(u: Any) -> Usage:
         cache_read_tokens=_int(pd.get("cached_tokens")) if isinstance(pd, dict) else None,
         reasoning_tokens=_int(cd.get("reasoning_tokens")) if isinstance(cd, dict) else None,
     )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _choice_events(choice: dict[str, Any], message: Any, *, complete: bool) -> list[StreamEvent]:
+    """Text, tool calls and finish of one choice: a whole `message` or a stream `delta`.
+
+    Only choice 0's text and tool calls are kept (n > 1 is rare and would mix answers);
+    every choice's finish reason is.
+    """
+    idx = _int(choice.get("index")) or 0
+    msg = message if isinstance(message, dict) else {}
+    events: list[StreamEvent] = []
+    content = msg.get("content")
+    if idx == 0 and isinstance(content, str) and content:
+        events.append(TextDelta(content, idx))
+    calls = msg.get("tool_calls") if idx == 0 else None
+    for i, tc in enumerate(calls if isinstance(calls, list) else ()):
+        if not isinstance(tc, dict):
+            continue
+        fn: dict[str, Any] = tc["function"] if isinstance(tc.get("function"), dict) else {}
+        # Stream fragments name their slot by `index`; a whole message by position.
+        slot = i if complete else (_int(tc.get("index")) or 0)
+        events.append(ToolCallDelta(slot, _text(tc.get("id")), _text(fn.get("name")),
+                                    str(fn.get("arguments") or ""), complete))
+    if isinstance(choice.get("finish_reason"), str):
+        events.append(Finish(choice["finish_reason"], idx))
+    return events
 
 
 def openai_error_body(error: ProxyError) -> bytes:
@@ -138,7 +194,7 @@ class ChatAdapter:
             top_p=number(body.get("top_p")),
             seed=_int(body.get("seed")),
             choice_count=_int(body.get("n")),
-            stop_sequences=(stop,) if isinstance(stop, str) else tuple(s for s in stop or () if isinstance(s, str)),
+            stop_sequences=_stops(stop),
             frequency_penalty=number(body.get("frequency_penalty")),
             presence_penalty=number(body.get("presence_penalty")),
             input_chars=_prompt_chars(messages, body.get("tools")),
@@ -159,23 +215,14 @@ class ChatAdapter:
     def parse_response(self, body: Any) -> list[StreamEvent]:
         if not isinstance(body, dict):
             return []
-        events: list[StreamEvent] = [MetaEvent(body.get("id"), body.get("model"))]
+        events: list[StreamEvent] = [MetaEvent(_text(body.get("id")), _text(body.get("model")))]
         for ch in body.get("choices") or ():
-            if not isinstance(ch, dict):
-                continue
-            idx = ch.get("index", 0) if isinstance(ch.get("index"), int) else 0
-            msg = ch.get("message") or {}
-            if isinstance(msg.get("content"), str) and idx == 0:
-                events.append(TextDelta(msg["content"], idx))
-            for i, tc in enumerate(msg.get("tool_calls") or ()):
-                fn = tc.get("function") or {}
-                events.append(ToolCallDelta(i, tc.get("id"), fn.get("name"), fn.get("arguments") or "", True))
-            if isinstance(ch.get("finish_reason"), str):
-                events.append(Finish(ch["finish_reason"], idx))
+            if isinstance(ch, dict):
+                events += _choice_events(ch, ch.get("message"), complete=True)
         if "usage" in body:
             events.append(UsageEvent(openai_usage(body["usage"])))
         if isinstance(body.get("error"), dict):
-            events.append(StreamError(str(body["error"].get("type") or "error"), str(body["error"].get("message") or "")))
+            events.append(_error(body["error"]))
         return events
 
     def parse_event(self, event: SseEvent) -> list[StreamEvent]:
@@ -187,28 +234,19 @@ class ChatAdapter:
             return []
         events: list[StreamEvent] = []
         if "id" in chunk or "model" in chunk:
-            events.append(MetaEvent(chunk.get("id"), chunk.get("model")))
+            events.append(MetaEvent(_text(chunk.get("id")), _text(chunk.get("model"))))
         for ch in chunk.get("choices") or ():
-            idx = ch.get("index", 0)
-            delta = ch.get("delta") or {}
-            content = delta.get("content")
-            if isinstance(content, str) and content and idx == 0:
-                events.append(TextDelta(content, idx))
-            for tc in delta.get("tool_calls") or ():
-                fn = tc.get("function") or {}
-                events.append(ToolCallDelta(tc.get("index", 0), tc.get("id"), fn.get("name"), fn.get("arguments") or ""))
-            if isinstance(ch.get("finish_reason"), str):
-                events.append(Finish(ch["finish_reason"], idx))
+            if isinstance(ch, dict):
+                events += _choice_events(ch, ch.get("delta"), complete=False)
         if chunk.get("usage"):
             events.append(UsageEvent(openai_usage(chunk["usage"])))
-        err = chunk.get("error")
-        if isinstance(err, dict):
-            events.append(StreamError(str(err.get("type") or err.get("code") or "error"), str(err.get("message") or "")))
+        if isinstance(chunk.get("error"), dict):
+            events.append(_error(chunk["error"]))
         return events
 
     @staticmethod
     def is_usage_only_chunk(event: SseEvent) -> bool:
-        """The `choices: []` chunk that carries usage, which a client that did not ask must not see."""
+        """The `choices: []` chunk carrying usage, which a client that did not ask must not see."""
         d = event.data
         return '"usage"' in d and '"choices":[]' in d.replace(" ", "")
 

@@ -1,0 +1,276 @@
+"""Anthropic Messages: `POST /v1/messages` (also `?beta=true`), streaming and not.
+
+Usage: `message_start` carries the input side, `message_delta` the cumulative output
+(newer API versions repeat the input side there too). Anthropic's `input_tokens`
+excludes cached tokens, so gen_ai input = input + cache_read + cache_creation
+(semconv anthropic.md v1.41.1). Tool calls are `tool_use` content blocks whose input
+streams as `input_json_delta` fragments; results are `tool_result` blocks with `is_error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError
+from proxy.model import (
+    Call,
+    Finish,
+    MetaEvent,
+    OutputSpec,
+    Rewrite,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    UsageEvent,
+)
+from proxy.providers.base import SseEvent, number, text_of
+
+__all__ = ["ANTHROPIC", "AnthropicAdapter", "anthropic_error_body", "anthropic_usage"]
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def anthropic_usage(u: Any) -> Usage:
+    if not isinstance(u, dict):
+        return Usage()
+    raw_input = _int(u.get("input_tokens"))
+    read = _int(u.get("cache_read_input_tokens"))
+    created = _int(u.get("cache_creation_input_tokens"))
+    return Usage(
+        input_tokens=None if raw_input is None else raw_input + (read or 0) + (created or 0),
+        output_tokens=_int(u.get("output_tokens")),
+        cache_read_tokens=read,
+        cache_write_tokens=created,
+    )
+
+
+def _tools(raw: Any) -> tuple[ToolSpec, ...]:
+    out = []
+    for t in raw if isinstance(raw, list) else ():
+        if isinstance(t, dict) and isinstance(t.get("name"), str):
+            # Server tools (web_search, code_execution, ...) have a type and no input_schema.
+            schema = t.get("input_schema")
+            out.append(ToolSpec(t["name"], _str(t.get("description")),
+                                schema if isinstance(schema, dict) else None))
+    return tuple(out)
+
+
+def _format_spec(fmt: Any) -> OutputSpec | None:
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = fmt.get("schema")
+        # Anthropic structured outputs are constrained decoding: always strict.
+        return OutputSpec("json_schema", schema if isinstance(schema, dict) else None, strict=True)
+    return None
+
+
+def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | None:
+    config = body.get("output_config")
+    spec = _format_spec(config.get("format") if isinstance(config, dict) else None)
+    # `output_format` is the older beta form (anthropic-beta: structured-outputs-2025-11-13).
+    spec = spec or _format_spec(body.get("output_format"))
+    if spec:
+        return spec
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "tool":
+        tool = next((t for t in tools if t.name == choice.get("name")), None)
+        if tool is not None:
+            return OutputSpec("tool", tool.parameters, tool.name)
+    return None
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
+    # Only results after the last assistant turn are new; names come from that turn's
+    # tool_use blocks, since tool_result blocks carry only the id.
+    results: list[ToolResult] = []
+    names: dict[str, str] = {}
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "assistant":
+            results = []
+            names = {str(b.get("id")): str(b.get("name")) for b in _blocks(m.get("content"))
+                     if b.get("type") == "tool_use"}
+            continue
+        for b in _blocks(m.get("content")):
+            if b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str):
+                content = b.get("content")
+                text = content if isinstance(content, str) else text_of(content)
+                results.append(ToolResult(b["tool_use_id"], text, names.get(b["tool_use_id"]),
+                                          b.get("is_error") is True))
+    return tuple(results)
+
+
+def _block_chars(block: dict[str, Any]) -> int:
+    kind = block.get("type")
+    if kind == "text":
+        return len(str(block.get("text") or ""))
+    if kind == "tool_use":
+        return len(orjson.dumps(block.get("input")))
+    if kind == "tool_result":
+        content = block.get("content")
+        return len(content) if isinstance(content, str) else len(text_of(content))
+    return 0
+
+
+def _prompt_chars(body: dict[str, Any]) -> int:
+    system = body.get("system")
+    n = len(system) if isinstance(system, str) else len(text_of(system))
+    for m in body.get("messages") or ():
+        if isinstance(m, dict):
+            n += sum(_block_chars(b) for b in _blocks(m.get("content")))
+    if body.get("tools"):
+        n += len(orjson.dumps(body["tools"]))
+    return n
+
+
+def _content_events(content: Any) -> list[StreamEvent]:
+    events: list[StreamEvent] = []
+    for i, block in enumerate(_blocks(content)):
+        if block.get("type") == "text":
+            events.append(TextDelta(str(block.get("text") or "")))
+        elif block.get("type") == "tool_use":
+            args = orjson.dumps(block.get("input") or {}).decode()
+            events.append(ToolCallDelta(i, _str(block.get("id")), _str(block.get("name")), args,
+                                        complete=True))
+    return events
+
+
+def _error(err: Any) -> StreamError:
+    err = err if isinstance(err, dict) else {}
+    return StreamError(str(err.get("type") or "error"), str(err.get("message") or ""))
+
+
+def _block_start(index: int, block: Any) -> list[StreamEvent]:
+    if not isinstance(block, dict):
+        return []
+    if block.get("type") == "tool_use":
+        # The input streams as input_json_delta; a non-empty input here is complete.
+        given = block.get("input")
+        args = orjson.dumps(given).decode() if given else ""
+        return [ToolCallDelta(index, _str(block.get("id")), _str(block.get("name")), args)]
+    if block.get("type") == "text" and block.get("text"):
+        return [TextDelta(str(block["text"]))]
+    return []
+
+
+def _block_delta(index: int, delta: Any) -> list[StreamEvent]:
+    if not isinstance(delta, dict):
+        return []
+    if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+        return [TextDelta(delta["text"])]
+    if delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+        return [ToolCallDelta(index, arguments=delta["partial_json"])]
+    return []
+
+
+def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
+    return orjson.dumps({"type": "error",
+                         "error": {"type": error.anthropic_type, "message": error.message},
+                         "request_id": request_id})
+
+
+class AnthropicAdapter:
+    api = "messages"
+    default_provider = "anthropic"
+    upstream_setting = "anthropic_base_url"
+
+    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+        tools = _tools(body.get("tools"))
+        messages = body.get("messages")
+        stop = body.get("stop_sequences")
+        return Call(
+            api="messages",
+            operation="chat",
+            model=_str(body.get("model")),
+            stream=body.get("stream") is True,
+            max_output_tokens=_int(body.get("max_tokens")),
+            tools=tools,
+            tool_results=_tool_results(messages) if isinstance(messages, list) else (),
+            output=_output(body, tools),
+            temperature=number(body.get("temperature")),
+            top_p=number(body.get("top_p")),
+            top_k=number(body.get("top_k")),
+            stop_sequences=tuple(s for s in stop if isinstance(s, str))
+            if isinstance(stop, list) else (),
+            input_chars=_prompt_chars(body),
+        )
+
+    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+        return []  # usage always streams in message_start / message_delta
+
+    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+        body["max_tokens"] = value
+
+    def parse_response(self, body: Any) -> list[StreamEvent]:
+        if not isinstance(body, dict):
+            return []
+        if body.get("type") == "error":
+            return [_error(body.get("error"))]
+        events: list[StreamEvent] = [MetaEvent(_str(body.get("id")), _str(body.get("model")))]
+        events += _content_events(body.get("content"))
+        if isinstance(body.get("stop_reason"), str):
+            events.append(Finish(body["stop_reason"]))
+        if isinstance(body.get("usage"), dict):
+            events.append(UsageEvent(anthropic_usage(body["usage"])))
+        return events
+
+    def parse_event(self, event: SseEvent) -> list[StreamEvent]:
+        if not event.data:
+            return []
+        data = orjson.loads(event.data)
+        if not isinstance(data, dict):
+            return []
+        kind = data.get("type") or event.event
+        index = _int(data.get("index")) or 0
+        if kind == "message_start" and isinstance(data.get("message"), dict):
+            msg = data["message"]
+            return [MetaEvent(_str(msg.get("id")), _str(msg.get("model"))),
+                    UsageEvent(anthropic_usage(msg.get("usage")))]
+        if kind == "content_block_start":
+            return _block_start(index, data.get("content_block"))
+        if kind == "content_block_delta":
+            return _block_delta(index, data.get("delta"))
+        if kind == "message_delta":
+            events: list[StreamEvent] = []
+            delta = data.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                events.append(Finish(delta["stop_reason"]))
+            if isinstance(data.get("usage"), dict):
+                events.append(UsageEvent(anthropic_usage(data["usage"])))
+            return events
+        if kind == "error":
+            return [_error(data.get("error"))]
+        return []  # ping, content_block_stop, message_stop, and what we do not know
+
+    def render_error(self, error: ProxyError, request_id: str) -> bytes:
+        return anthropic_error_body(error, request_id)
+
+    def render_stream_error(self, error: ProxyError) -> bytes:
+        # The SDK skips events without an event name: the `event:` line is required.
+        payload = {"type": "error",
+                   "error": {"type": error.anthropic_type, "message": error.message}}
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"x-api-key": key}
+
+
+ANTHROPIC = AnthropicAdapter()

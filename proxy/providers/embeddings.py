@@ -1,0 +1,86 @@
+"""OpenAI Embeddings: `POST /v1/embeddings`, a metered call with input tokens only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError
+from proxy.model import Call, MetaEvent, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
+from proxy.providers.base import SseEvent
+from proxy.providers.chat import openai_error_body, openai_stream_error
+
+__all__ = ["EMBEDDINGS", "EmbeddingsAdapter"]
+
+# Inputs given as token ids have no text; a token is about four characters, and the
+# character count is only an input bound for pricing.
+_CHARS_PER_TOKEN = 4
+
+
+def _input_chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _CHARS_PER_TOKEN
+    if isinstance(value, list):
+        return sum(_input_chars(v) for v in value)
+    return 0
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class EmbeddingsAdapter:
+    api = "embeddings"
+    default_provider = "openai"
+    upstream_setting = "openai_base_url"
+
+    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+        model = body.get("model")
+        return Call(
+            api="embeddings",
+            operation="embeddings",
+            model=model if isinstance(model, str) else None,
+            input_chars=_input_chars(body.get("input")),
+        )
+
+    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+        return []
+
+    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+        """Embeddings produce no tokens: nothing to clamp."""
+
+    def parse_response(self, body: Any) -> list[StreamEvent]:
+        if not isinstance(body, dict):
+            return []
+        if isinstance(body.get("error"), dict):
+            err = body["error"]
+            return [StreamError(str(err.get("type") or "error"), str(err.get("message") or ""))]
+        events: list[StreamEvent] = [MetaEvent(None, body.get("model") if isinstance(
+            body.get("model"), str) else None)]
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            # Output stays None: an embedding has no output tokens to report (semconv
+            # sets only input_tokens on embeddings spans).
+            events.append(UsageEvent(Usage(
+                input_tokens=_int(usage.get("prompt_tokens", usage.get("input_tokens"))))))
+        return events
+
+    def parse_event(self, event: SseEvent) -> list[StreamEvent]:
+        if not event.data:
+            return []
+        return self.parse_response(orjson.loads(event.data))  # embeddings do not stream
+
+    def render_error(self, error: ProxyError, request_id: str) -> bytes:
+        return openai_error_body(error)
+
+    def render_stream_error(self, error: ProxyError) -> bytes:
+        return openai_stream_error(error)
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+EMBEDDINGS = EmbeddingsAdapter()

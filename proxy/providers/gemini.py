@@ -1,0 +1,320 @@
+"""Gemini: `POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent`.
+
+The model and the stream flag live in the path, not the body. google-genai writes
+some keys in snake_case (`parameters_json_schema`), the REST docs use camelCase:
+every key is looked up in both spellings.
+
+Function calls arrive whole (`functionCall.args` is an object), so each becomes one
+complete `ToolCallDelta`. Call ids: a `functionCall` / `functionResponse` carries an
+`id` only on some models; without one the id is name-based: the function name for the
+first call of that name in a turn, `name#2`, `name#3`, ... for repeats, counted in
+part order. A model turn's calls and the next user turn's responses use the same
+rule, so a call and its result match.
+
+Usage (`usageMetadata`, repeated on stream chunks with running totals):
+- input = promptTokenCount (+ toolUsePromptTokenCount, tokens of tool results the
+  API fed back itself, billed as input); promptTokenCount already includes the cached
+  content, which matches gen_ai's "input includes cached".
+- output = candidatesTokenCount + thoughtsTokenCount. candidatesTokenCount does NOT
+  include thoughts: the API reports them beside it (totalTokenCount = prompt +
+  candidates + thoughts + toolUsePrompt), and Google's pricing bills output "including
+  thinking tokens". gen_ai output must include reasoning, so the two are added.
+- reasoning = thoughtsTokenCount; cache_read = cachedContentTokenCount.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError
+from proxy.model import (
+    Call,
+    Finish,
+    MetaEvent,
+    OutputSpec,
+    Rewrite,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    UsageEvent,
+)
+from proxy.providers.base import SseEvent, number
+
+__all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
+
+_PATH = re.compile(r"/models/(?P<model>[^/:]+):(?P<action>[A-Za-z]+)")
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def _get(d: Any, camel: str) -> Any:
+    """d[camel], or d[snake_case of camel]: google-genai sends either."""
+    if not isinstance(d, dict):
+        return None
+    if camel in d:
+        return d[camel]
+    return d.get(_SNAKE.sub("_", camel).lower())
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def gemini_usage(u: Any) -> Usage:
+    if not isinstance(u, dict):
+        return Usage()
+    prompt = _int(_get(u, "promptTokenCount"))
+    tool_prompt = _int(_get(u, "toolUsePromptTokenCount"))
+    candidates = _int(_get(u, "candidatesTokenCount"))
+    thoughts = _int(_get(u, "thoughtsTokenCount"))
+    return Usage(
+        input_tokens=None if prompt is None else prompt + (tool_prompt or 0),
+        output_tokens=None if candidates is None and thoughts is None
+        else (candidates or 0) + (thoughts or 0),
+        cache_read_tokens=_int(_get(u, "cachedContentTokenCount")),
+        reasoning_tokens=thoughts,
+    )
+
+
+# OpenAPI-subset schema (responseSchema, `parameters`) -> JSON Schema, so that repair
+# can validate against it: upper-case types, `nullable`, `propertyOrdering`.
+def json_schema_of(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [json_schema_of(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("propertyOrdering", "property_ordering", "nullable"):
+            continue
+        if key == "type" and isinstance(value, str):
+            out["type"] = value.lower()
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {k: json_schema_of(v) for k, v in value.items()}
+        elif key in ("items", "anyOf", "oneOf", "allOf", "not", "additionalProperties"):
+            out[key] = json_schema_of(value)
+        elif key == "any_of":
+            out["anyOf"] = json_schema_of(value)
+        else:
+            out[key] = value
+    if schema.get("nullable") is True and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _declarations(tools: Any) -> list[dict[str, Any]]:
+    return [d for t in _list(tools) for d in _list(_get(t, "functionDeclarations"))
+            if isinstance(d, dict) and isinstance(d.get("name"), str)]
+
+
+def _tool_spec(decl: dict[str, Any]) -> ToolSpec:
+    schema = _get(decl, "parametersJsonSchema")
+    if not isinstance(schema, dict):
+        params = decl.get("parameters")
+        schema = json_schema_of(params) if isinstance(params, dict) else None
+    return ToolSpec(decl["name"], _str(decl.get("description")), schema)
+
+
+def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | None:
+    config = _get(body, "generationConfig")
+    if _get(config, "responseMimeType") == "application/json":
+        plain = _get(config, "responseJsonSchema")
+        if isinstance(plain, dict):
+            return OutputSpec("json_schema", plain)
+        openapi = _get(config, "responseSchema")
+        if isinstance(openapi, dict):
+            return OutputSpec("json_schema", json_schema_of(openapi))
+        return OutputSpec("json_object")
+    fcc = _get(_get(body, "toolConfig"), "functionCallingConfig")
+    if _get(fcc, "mode") == "ANY":
+        allowed = [n for n in _list(_get(fcc, "allowedFunctionNames")) if isinstance(n, str)]
+        names = allowed or [t.name for t in tools]
+        if len(names) == 1:
+            tool = next((t for t in tools if t.name == names[0]), None)
+            if tool is not None:
+                return OutputSpec("tool", tool.parameters, tool.name)
+    return None
+
+
+def _name_ids(parts: list[Any], key: str) -> list[tuple[dict[str, Any], str]]:
+    """(call-or-response, id) for each `key` part, ids per the module docstring."""
+    seen: dict[str, int] = {}
+    out = []
+    for part in parts:
+        item = _get(part, key)
+        if not isinstance(item, dict):
+            continue
+        name = str(item.get("name") or "")
+        seen[name] = seen.get(name, 0) + 1
+        given = item.get("id")
+        out.append((item, given if isinstance(given, str) and given else
+                    name if seen[name] == 1 else f"{name}#{seen[name]}"))
+    return out
+
+
+def _tool_results(contents: list[Any]) -> tuple[ToolResult, ...]:
+    results: list[ToolResult] = []
+    for content in contents:
+        if not isinstance(content, dict):
+            continue
+        if content.get("role") == "model":
+            results = []
+            continue
+        for resp, call_id in _name_ids(_list(content.get("parts")), "functionResponse"):
+            payload = resp.get("response")
+            text = orjson.dumps(payload).decode() if payload is not None else ""
+            results.append(ToolResult(call_id, text, _str(resp.get("name"))))
+    return tuple(results)
+
+
+def _part_chars(part: Any) -> int:
+    if not isinstance(part, dict):
+        return 0
+    if isinstance(part.get("text"), str):
+        return len(part["text"])
+    for key in ("functionCall", "functionResponse"):
+        item = _get(part, key)
+        if item is not None:
+            return len(orjson.dumps(item))
+    return 0
+
+
+def _prompt_chars(body: dict[str, Any]) -> int:
+    system = _get(body, "systemInstruction")
+    n = sum(_part_chars(p) for p in _list(_get(system, "parts")))
+    for content in _list(body.get("contents")):
+        n += sum(_part_chars(p) for p in _list(_get(content, "parts")))
+    if body.get("tools"):
+        n += len(orjson.dumps(body["tools"]))
+    return n
+
+
+def _stops(config: Any) -> tuple[str, ...]:
+    return tuple(s for s in _list(_get(config, "stopSequences")) if isinstance(s, str))
+
+
+def _is_answer_text(part: Any) -> bool:
+    return isinstance(part, dict) and isinstance(part.get("text"), str) and not part.get("thought")
+
+
+def _candidate_events(index: int, candidate: dict[str, Any]) -> list[StreamEvent]:
+    events: list[StreamEvent] = []
+    parts = _list(_get(candidate.get("content"), "parts"))
+    # Thought summaries are not the answer; only candidate 0's text and calls are kept,
+    # as in chat.
+    if index == 0:
+        events += [TextDelta(p["text"]) for p in parts if _is_answer_text(p)]
+        for i, (call, call_id) in enumerate(_name_ids(parts, "functionCall")):
+            args = orjson.dumps(call.get("args") or {}).decode()
+            events.append(ToolCallDelta(i, call_id, _str(call.get("name")), args, complete=True))
+    reason = _get(candidate, "finishReason")
+    if isinstance(reason, str):
+        events.append(Finish(reason, index))
+    return events
+
+
+def _chunk_events(chunk: Any) -> list[StreamEvent]:
+    if not isinstance(chunk, dict):
+        return []
+    if isinstance(chunk.get("error"), dict):
+        err = chunk["error"]
+        return [StreamError(str(err.get("status") or err.get("code") or "error"),
+                            str(err.get("message") or ""))]
+    events: list[StreamEvent] = []
+    rid, version = _str(_get(chunk, "responseId")), _str(_get(chunk, "modelVersion"))
+    if rid or version:
+        events.append(MetaEvent(rid, version))
+    for i, cand in enumerate(_list(chunk.get("candidates"))):
+        if isinstance(cand, dict):
+            events += _candidate_events(_int(cand.get("index")) or i, cand)
+    usage = _get(chunk, "usageMetadata")
+    if isinstance(usage, dict):
+        events.append(UsageEvent(gemini_usage(usage)))
+    return events
+
+
+def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
+    info = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": error.code.upper(),
+            "domain": "spanmeter", "metadata": {"request_id": request_id}}
+    return orjson.dumps({"error": {"code": error.status, "message": error.message,
+                                   "status": error.google_status, "details": [info]}})
+
+
+class GeminiAdapter:
+    api = "gemini"
+    default_provider = "gcp.gemini"
+    upstream_setting = "gemini_base_url"
+
+    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+        m = _PATH.search(path)
+        tools = tuple(_tool_spec(d) for d in _declarations(body.get("tools")))
+        config = _get(body, "generationConfig")
+        return Call(
+            api="gemini",
+            operation="generate_content",
+            model=m["model"] if m else None,
+            stream=m is not None and m["action"] == "streamGenerateContent",
+            max_output_tokens=_int(_get(config, "maxOutputTokens")),
+            tools=tools,
+            tool_results=_tool_results(_list(body.get("contents"))),
+            output=_output(body, tools),
+            temperature=number(_get(config, "temperature")),
+            top_p=number(_get(config, "topP")),
+            top_k=number(_get(config, "topK")),
+            seed=_int(_get(config, "seed")),
+            choice_count=_int(_get(config, "candidateCount")),
+            stop_sequences=_stops(config),
+            frequency_penalty=number(_get(config, "frequencyPenalty")),
+            presence_penalty=number(_get(config, "presencePenalty")),
+            input_chars=_prompt_chars(body),
+        )
+
+    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+        return []  # usageMetadata is always sent
+
+    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+        key = "generation_config" if "generation_config" in body else "generationConfig"
+        config = body.get(key)
+        if not isinstance(config, dict):
+            config = body[key] = {}
+        config.pop("max_output_tokens", None)
+        config["maxOutputTokens"] = value
+
+    def parse_response(self, body: Any) -> list[StreamEvent]:
+        # Without ?alt=sse, streamGenerateContent answers with a JSON array of chunks.
+        chunks = body if isinstance(body, list) else [body]
+        return [e for chunk in chunks for e in _chunk_events(chunk)]
+
+    def parse_event(self, event: SseEvent) -> list[StreamEvent]:
+        if not event.data:
+            return []
+        return _chunk_events(orjson.loads(event.data))
+
+    def render_error(self, error: ProxyError, request_id: str) -> bytes:
+        return gemini_error_body(error, request_id)
+
+    def render_stream_error(self, error: ProxyError) -> bytes:
+        # google-genai's stream parser wants exactly `data: `; CRLF framing as the real API.
+        payload = {"error": {"code": error.status, "message": error.message,
+                             "status": error.google_status}}
+        return b"data: " + orjson.dumps(payload) + b"\r\n\r\n"
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"x-goog-api-key": key}
+
+
+GEMINI = GeminiAdapter()

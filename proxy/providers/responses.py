@@ -1,0 +1,263 @@
+"""OpenAI Responses: `POST /v1/responses`, streaming (typed events) and not.
+
+Tool calls are `function_call` output items; their results come back as
+`function_call_output` input items. Usage arrives once, in `response.completed`
+(or `response.incomplete` / `response.failed`), with the whole response.
+
+Finish reasons: the Responses API has no per-choice finish reason, so the raw
+`status` is reported ("completed", "failed", ...), or the `incomplete_details.reason`
+when the response is incomplete ("max_output_tokens", "content_filter").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError
+from proxy.model import (
+    Call,
+    Finish,
+    MetaEvent,
+    OutputSpec,
+    Rewrite,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolResult,
+    ToolSpec,
+    UsageEvent,
+)
+from proxy.providers.base import SseEvent, number, text_of
+from proxy.providers.chat import openai_error_body, openai_usage
+
+__all__ = ["RESPONSES", "ResponsesAdapter"]
+
+# Items the model produced: a new run of them after a tool result starts a new turn.
+_MODEL_ITEMS = frozenset({"function_call", "reasoning", "custom_tool_call"})
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _tools(raw: Any) -> tuple[ToolSpec, ...]:
+    out = []
+    for t in raw if isinstance(raw, list) else ():
+        if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str):
+            params = t.get("parameters")
+            out.append(ToolSpec(t["name"], _str(t.get("description")),
+                                params if isinstance(params, dict) else None))
+    return tuple(out)
+
+
+def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | None:
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict):
+        # Flat, unlike chat's response_format.json_schema nesting.
+        if fmt.get("type") == "json_schema":
+            schema = fmt.get("schema")
+            return OutputSpec("json_schema", schema if isinstance(schema, dict) else None,
+                              _str(fmt.get("name")), fmt.get("strict") is True)
+        if fmt.get("type") == "json_object":
+            return OutputSpec("json_object")
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        spec = next((t for t in tools if t.name == choice.get("name")), None)
+        if spec is not None:
+            return OutputSpec("tool", spec.parameters, spec.name)
+    return None
+
+
+def _is_model_item(item: dict[str, Any]) -> bool:
+    return item.get("type") in _MODEL_ITEMS or item.get("role") == "assistant"
+
+
+def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
+    # Results after the model's last turn are new in this request. A turn is a run of
+    # model items (echoed function_call, reasoning, assistant message); a model item
+    # that follows anything else starts the next turn. Call ids map back to names.
+    results: list[ToolResult] = []
+    names: dict[str, str] = {}
+    previous_was_model = False
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        if _is_model_item(item):
+            if not previous_was_model:
+                results = []
+            previous_was_model = True
+            if item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
+                names[item["call_id"]] = str(item.get("name") or "")
+            continue
+        previous_was_model = False
+        if item.get("type") == "function_call_output" and isinstance(item.get("call_id"), str):
+            out = item.get("output")
+            text = out if isinstance(out, str) else text_of(out)
+            results.append(ToolResult(item["call_id"], text, names.get(item["call_id"]) or None))
+    return tuple(results)
+
+
+def _item_chars(item: Any) -> int:
+    if isinstance(item, str):
+        return len(item)
+    if not isinstance(item, dict):
+        return 0
+    n = 0
+    content = item.get("content")
+    if isinstance(content, str):
+        n += len(content)
+    elif isinstance(content, list):
+        n += len(text_of(content))
+    for key in ("arguments", "output"):
+        value = item.get(key)
+        if isinstance(value, str):
+            n += len(value)
+        elif value is not None:
+            n += len(orjson.dumps(value))
+    return n
+
+
+def _prompt_chars(body: dict[str, Any]) -> int:
+    n = len(body["instructions"]) if isinstance(body.get("instructions"), str) else 0
+    items = body.get("input")
+    n += len(items) if isinstance(items, str) else sum(
+        _item_chars(i) for i in (items if isinstance(items, list) else ()))
+    if body.get("tools"):
+        n += len(orjson.dumps(body["tools"]))
+    return n
+
+
+def _finish_reason(response: dict[str, Any]) -> str | None:
+    details = response.get("incomplete_details")
+    if isinstance(details, dict) and isinstance(details.get("reason"), str):
+        return str(details["reason"])
+    return _str(response.get("status"))
+
+
+def _summary(response: dict[str, Any]) -> list[StreamEvent]:
+    """Meta, usage, finish and error of a whole response object (not its output)."""
+    events: list[StreamEvent] = [MetaEvent(_str(response.get("id")), _str(response.get("model")))]
+    if isinstance(response.get("usage"), dict):
+        events.append(UsageEvent(openai_usage(response["usage"])))
+    reason = _finish_reason(response)
+    if reason:
+        events.append(Finish(reason))
+    err = response.get("error")
+    if isinstance(err, dict):
+        events.append(StreamError(str(err.get("code") or "error"), str(err.get("message") or "")))
+    return events
+
+
+def _output_events(output: Any) -> list[StreamEvent]:
+    events: list[StreamEvent] = []
+    for i, item in enumerate(output if isinstance(output, list) else ()):
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "message":
+            for part in item.get("content") or ():
+                if isinstance(part, dict) and part.get("type") == "output_text":
+                    events.append(TextDelta(str(part.get("text") or "")))
+        elif item.get("type") == "function_call":
+            events.append(ToolCallDelta(i, _str(item.get("call_id")), _str(item.get("name")),
+                                        str(item.get("arguments") or ""), True))
+    return events
+
+
+def _stream_item(index: int, item: Any) -> list[StreamEvent]:
+    if isinstance(item, dict) and item.get("type") == "function_call":
+        return [ToolCallDelta(index, _str(item.get("call_id")), _str(item.get("name")),
+                              str(item.get("arguments") or ""))]
+    return []
+
+
+class ResponsesAdapter:
+    api = "responses"
+    default_provider = "openai"
+    upstream_setting = "openai_base_url"
+
+    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+        tools = _tools(body.get("tools"))
+        items = body.get("input")
+        return Call(
+            api="responses",
+            operation="chat",
+            model=_str(body.get("model")),
+            stream=body.get("stream") is True,
+            max_output_tokens=_int(body.get("max_output_tokens")),
+            tools=tools,
+            tool_results=_tool_results(items) if isinstance(items, list) else (),
+            output=_output(body, tools),
+            temperature=number(body.get("temperature")),
+            top_p=number(body.get("top_p")),
+            input_chars=_prompt_chars(body),
+        )
+
+    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+        return []  # usage always arrives in response.completed
+
+    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+        body["max_output_tokens"] = value
+
+    def parse_response(self, body: Any) -> list[StreamEvent]:
+        if not isinstance(body, dict):
+            return []
+        if isinstance(body.get("error"), dict) and "output" not in body:
+            err = body["error"]
+            return [StreamError(str(err.get("type") or err.get("code") or "error"),
+                                str(err.get("message") or ""))]
+        summary = _summary(body)
+        return [summary[0], *_output_events(body.get("output")), *summary[1:]]
+
+    def parse_event(self, event: SseEvent) -> list[StreamEvent]:
+        if not event.data:
+            return []
+        data = orjson.loads(event.data)
+        if not isinstance(data, dict):
+            return []
+        # The SDK dispatches on data.type; the `event:` line is optional.
+        kind = data.get("type")
+        response = data.get("response")
+        if kind in ("response.created", "response.in_progress") and isinstance(response, dict):
+            return [MetaEvent(_str(response.get("id")), _str(response.get("model")))]
+        if kind in ("response.completed", "response.incomplete", "response.failed") and isinstance(
+            response, dict
+        ):
+            return _summary(response)
+        if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
+            return [TextDelta(data["delta"])]
+        index = _int(data.get("output_index")) or 0
+        if kind == "response.output_item.added":
+            return _stream_item(index, data.get("item"))
+        if kind == "response.function_call_arguments.delta" and isinstance(data.get("delta"), str):
+            return [ToolCallDelta(index, arguments=data["delta"])]
+        done = kind == "response.function_call_arguments.done"
+        if done and isinstance(data.get("arguments"), str):
+            # The whole arguments again: replaces the fragments, so a lost delta heals.
+            return [ToolCallDelta(index, arguments=data["arguments"], complete=True)]
+        if kind == "error":
+            return [StreamError(str(data.get("code") or "error"), str(data.get("message") or ""))]
+        return []
+
+    def render_error(self, error: ProxyError, request_id: str) -> bytes:
+        return openai_error_body(error)
+
+    def render_stream_error(self, error: ProxyError) -> bytes:
+        # No sequence_number: we cannot know the stream's next one, and a wrong one could
+        # make a consumer drop the event as a duplicate.
+        payload = {"type": "error", "code": error.code, "message": error.message,
+                   "param": error.param}
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+RESPONSES = ResponsesAdapter()

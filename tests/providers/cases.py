@@ -1,0 +1,90 @@
+"""Loads the recorded fixtures of tests/data/<dialect>/ as test cases.
+
+- `<stem>.request.json` ({path, body}, recorded from the real SDK by record_requests.py)
+  + `<stem>.call.json` ({name, call}): parse_request gives that Call.
+- `<stem>.response.json` ({name, body, outcome}): parse_response folded gives that Outcome.
+- `<stem>.sse` (raw bytes, real framing) + `<stem>.outcome.json` ({name, outcome}).
+
+Expected objects list only the fields that differ from the dataclass defaults; every
+other field must still equal its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proxy.model import Call, Outcome
+from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.base import ProviderAdapter
+from proxy.providers.chat import CHAT
+from proxy.providers.embeddings import EMBEDDINGS
+from proxy.providers.gemini import GEMINI
+from proxy.providers.responses import RESPONSES
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+ADAPTERS: dict[str, ProviderAdapter] = {
+    "chat": CHAT, "responses": RESPONSES, "anthropic": ANTHROPIC, "gemini": GEMINI,
+    "embeddings": EMBEDDINGS,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    dialect: str
+    name: str
+    input: Any  # request {path, body} | response body | SSE bytes
+    expected: dict[str, Any]
+
+    @property
+    def adapter(self) -> ProviderAdapter:
+        return ADAPTERS[self.dialect]
+
+    def __str__(self) -> str:
+        return f"{self.dialect}: {self.name}"
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def request_cases() -> list[Case]:
+    out = []
+    for dialect in ADAPTERS:
+        for f in sorted((DATA / dialect).glob("*.call.json")):
+            spec = _load(f)
+            recorded = _load(f.with_name(f.name.replace(".call.json", ".request.json")))
+            out.append(Case(dialect, spec["name"], recorded, spec["call"]))
+    return out
+
+
+def response_cases() -> list[Case]:
+    return [Case(d, (s := _load(f))["name"], s["body"], s["outcome"])
+            for d in ADAPTERS for f in sorted((DATA / d).glob("*.response.json"))]
+
+
+def stream_cases() -> list[Case]:
+    out = []
+    for dialect in ADAPTERS:
+        for f in sorted((DATA / dialect).glob("*.sse")):
+            spec = _load(f.with_suffix(".outcome.json"))
+            out.append(Case(dialect, spec["name"], f.read_bytes(), spec["outcome"]))
+    return out
+
+
+def normalised(obj: Any) -> Any:
+    """A dataclass as plain JSON values (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(obj)))
+
+
+def expected_call(fields: dict[str, Any]) -> Any:
+    base = normalised(Call(api=fields["api"], operation=fields["operation"], model=None))
+    return {**base, **fields}
+
+
+def expected_outcome(fields: dict[str, Any]) -> Any:
+    return {**normalised(Outcome()), **fields}
