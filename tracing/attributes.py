@@ -115,6 +115,7 @@ SPANMETER_KIND: Final = "spanmeter.kind"  # repairs / rewrites: the kind of chan
 SPANMETER_OUTCOME: Final = "spanmeter.outcome"  # tool.calls: ok | failed | missing
 SPANMETER_WINDOW: Final = "spanmeter.budget.window"  # day | month
 SPANMETER_SCOPE: Final = "spanmeter.scope"  # ledger.overshoot: run | day | month
+SPANMETER_EXPORTER: Final = "spanmeter.exporter"  # telemetry.dropped_spans: otlp | local
 
 TOOL_TIMING_INFERRED: Final = "inferred"
 USAGE_REPORTED: Final = "reported"

@@ -1,0 +1,355 @@
+"""Telemetry providers for one proxy process (or one test): traces, metrics, exporters.
+
+`setup_telemetry(cfg)` builds its *own* TracerProvider and MeterProvider and never
+touches the global ones, so tests can create several side by side.
+
+Traces go through a bounded BatchSpanProcessor to
+- OTLP over HTTP/protobuf when an endpoint is configured (`otlp_endpoint`, or the
+  standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, which
+  the exporter itself honours), and/or
+- a local JSON-lines file (tracing/local.py) that `spanmeter runs` reads, when
+  `local_dir` is set or when no OTLP endpoint is configured at all.
+
+Ending a span only appends it to an in-memory queue; export runs on the processor's
+thread. When the queue is full or an export fails the spans are dropped and counted in
+`spanmeter.telemetry.dropped_spans`, which `/metrics` shows even when the collector is the
+thing that is down. Metrics are read by a Prometheus reader on a private
+CollectorRegistry (`metrics_text()`), and pushed over OTLP when an endpoint is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal
+
+from opentelemetry.context import Context
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import Counter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import Tracer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from tracing import attributes as A
+from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
+from tracing.metrics import Instruments
+
+__all__ = [
+    "METRICS_CONTENT_TYPE",
+    "CaptureMode",
+    "Telemetry",
+    "TelemetryConfig",
+    "setup_telemetry",
+]
+
+log = logging.getLogger(__name__)
+
+CaptureMode = Literal["NO_CONTENT", "SPAN_ONLY"]
+METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+SCOPE: Final = "spanmeter"
+
+ENV_CAPTURE: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+ENV_SEMCONV: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
+ENV_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_METRICS_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    service_name: str = "spanmeter"
+    otlp_endpoint: str | None = None  # base URL (`http://collector:4318`); paths are added
+    local_dir: str | None = None  # JSONL spans for `spanmeter runs`; default when no OTLP
+    capture_content: CaptureMode = "NO_CONTENT"
+    semconv_latest: bool = False  # OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental
+    max_queue: int = 16384
+    max_export_batch: int = 512
+    schedule_delay_ms: int = 1000
+    export_timeout: float = 5.0  # seconds, per OTLP export including retries
+    compression: Literal["gzip", "none"] = "gzip"
+    metric_export_interval_ms: int = 60_000  # OTLP metric push; Prometheus is pull
+    content_cap_bytes: int = 16 * 1024  # per content attribute
+    local_max_bytes: int = 32 << 20
+    resource_attributes: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> TelemetryConfig:
+        """Defaults read from the standard OTel variables; keyword arguments win."""
+        env = os.environ if environ is None else environ
+        opt_in = {v.strip() for v in env.get(ENV_SEMCONV, "").split(",")}
+        base = cls(
+            service_name=env.get("OTEL_SERVICE_NAME") or "spanmeter",
+            capture_content=capture_mode(env.get(ENV_CAPTURE)),
+            semconv_latest="gen_ai_latest_experimental" in opt_in,
+        )
+        return replace(base, **overrides)
+
+    def otlp_traces(self, environ: Mapping[str, str]) -> bool:
+        return bool(
+            self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_TRACES_ENDPOINT)
+        )
+
+    def otlp_metrics(self, environ: Mapping[str, str]) -> bool:
+        return bool(
+            self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_METRICS_ENDPOINT)
+        )
+
+
+def capture_mode(value: str | None) -> CaptureMode:
+    """The capture mode from the env var's value; spanmeter has no events pipeline, so the
+    event modes count only for what they put on spans. Older releases used true/false."""
+    v = (value or "").strip().upper()
+    return "SPAN_ONLY" if v in ("SPAN_ONLY", "SPAN_AND_EVENT", "TRUE") else "NO_CONTENT"
+
+
+class RunIdGenerator(IdGenerator):
+    """Random ids, except inside `fixed()`: a run's root span is emitted when the run ends
+    with the trace and span ids chosen when it started (children already point at them)."""
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+        self._fixed = threading.local()
+
+    @contextlib.contextmanager
+    def fixed(self, trace_id: int, span_id: int) -> Iterator[None]:
+        # Thread-local and used around one synchronous start_span: nothing else can see it.
+        self._fixed.ids = (trace_id, span_id)
+        try:
+            yield
+        finally:
+            self._fixed.ids = None
+
+    def generate_span_id(self) -> int:
+        ids = getattr(self._fixed, "ids", None)
+        return ids[1] if ids else self._random.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        ids = getattr(self._fixed, "ids", None)
+        return ids[0] if ids else self._random.generate_trace_id()
+
+
+class _CountingExporter(SpanExporter):
+    """Tells the processor how many spans left its queue and how many failed to export."""
+
+    def __init__(self, inner: SpanExporter, processor: DropCountingProcessor) -> None:
+        self._inner = inner
+        self._processor = processor
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self._processor.taken(len(spans))
+        try:
+            result = self._inner.export(spans)
+        except Exception:
+            log.warning("span exporter raised", exc_info=True)
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self._processor.dropped(len(spans), "export_failed")
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class DropCountingProcessor(SpanProcessor):
+    """A BatchSpanProcessor that counts what it drops.
+
+    The SDK's processor drops the oldest queued span when its bounded queue is full, and
+    only logs it (its own counter needs an env switch and the global meter). We keep a
+    count of queued spans beside it: a span ended while the count is at capacity is one
+    span lost. The count can briefly lag the worker taking a batch, so it may over-count
+    by a few under extreme load; it never misses a lost span.
+    """
+
+    def __init__(self, exporter: SpanExporter, cfg: TelemetryConfig, counter: Counter, name: str):
+        self._capacity = cfg.max_queue
+        self._queued = 0
+        self._lock = threading.Lock()
+        self._counter = counter
+        self._name = name
+        self._batch = BatchSpanProcessor(
+            _CountingExporter(exporter, self),
+            max_queue_size=cfg.max_queue,
+            schedule_delay_millis=cfg.schedule_delay_ms,
+            max_export_batch_size=min(cfg.max_export_batch, cfg.max_queue),
+        )
+
+    def taken(self, n: int) -> None:
+        with self._lock:
+            self._queued = max(0, self._queued - n)
+
+    def dropped(self, n: int, reason: str) -> None:
+        self._counter.add(n, {A.ERROR_TYPE: reason, A.SPANMETER_EXPORTER: self._name})
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not (span.context and span.context.trace_flags.sampled):
+            return
+        with self._lock:
+            full = self._queued >= self._capacity
+            if not full:
+                self._queued += 1
+        if full:
+            self.dropped(1, "queue_full")
+        self._batch.on_end(span)
+
+    def shutdown(self) -> None:
+        self._batch.shutdown()  # type: ignore[no-untyped-call]
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._batch.force_flush(timeout_millis)
+
+
+class Telemetry:
+    """Providers, instruments and exporters of one spanmeter process."""
+
+    def __init__(
+        self,
+        config: TelemetryConfig,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+        instruments: Instruments,
+        registry: CollectorRegistry,
+        ids: RunIdGenerator,
+    ) -> None:
+        self.config = config
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.instruments = instruments
+        self.registry = registry
+        self.ids = ids
+        self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
+        self._closed = False
+
+    def metrics_text(self) -> bytes:
+        """The Prometheus text exposition for the proxy's `/metrics` (content type
+        `METRICS_CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
+
+    def set_budget(
+        self, tenant: str, window: str, spent_micros: int, limit_micros: int | None
+    ) -> None:
+        """Latest spend and limit of a tenant for `window` (day | month), for the gauges."""
+        self.instruments.budgets.set(tenant, window, spent_micros, limit_micros)
+
+    def force_flush(self, timeout_millis: int = 10_000) -> bool:
+        """Export what is queued. Blocks: call it from a thread, never on the event loop."""
+        spans = self.tracer_provider.force_flush(timeout_millis)
+        return self.meter_provider.force_flush(timeout_millis) and spans
+
+    def shutdown(self) -> None:
+        """Flush and stop. Blocks up to the export timeout; run it in an executor."""
+        if self._closed:
+            return
+        self._closed = True
+        for stop in (self.tracer_provider.shutdown, self.meter_provider.shutdown):
+            try:
+                stop()
+            except Exception:
+                log.warning("telemetry shutdown failed", exc_info=True)
+
+
+def setup_telemetry(
+    cfg: TelemetryConfig,
+    *,
+    extra_exporters: tuple[SpanExporter, ...] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Telemetry:
+    """Build the providers for `cfg`. `extra_exporters` get every span synchronously
+    (tests pass an InMemorySpanExporter)."""
+    env = os.environ if environ is None else environ
+    resource = Resource.create(
+        {
+            "service.name": cfg.service_name,
+            "service.instance.id": uuid.uuid4().hex,
+            **cfg.resource_attributes,
+        }
+    )
+    registry = CollectorRegistry(auto_describe=True)
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=_metric_readers(cfg, env, registry)
+    )
+    meter = meter_provider.get_meter(SCOPE, schema_url=A.SCHEMA_URL)
+    instruments = Instruments.create(meter, semconv_latest=cfg.semconv_latest)
+    ids = RunIdGenerator()
+    tracer_provider = TracerProvider(resource=resource, id_generator=ids)
+    for name, exporter in _span_exporters(cfg, env):
+        tracer_provider.add_span_processor(
+            DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name)
+        )
+    for exporter in extra_exporters:
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Telemetry(cfg, tracer_provider, meter_provider, instruments, registry, ids)
+
+
+def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[str, SpanExporter]]:
+    exporters: list[tuple[str, SpanExporter]] = []
+    if cfg.otlp_traces(env):
+        exporters.append(("otlp", _otlp_span_exporter(cfg)))
+    if cfg.local_dir is not None or not exporters:
+        local = JsonlSpanExporter(cfg.local_dir or DEFAULT_LOCAL_DIR, max_bytes=cfg.local_max_bytes)
+        exporters.append(("local", local))
+    return exporters
+
+
+def _signal_url(base: str, signal: str) -> str:
+    """`http://c:4318` -> `http://c:4318/v1/traces`, like OTEL_EXPORTER_OTLP_ENDPOINT."""
+    base = base.rstrip("/")
+    return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
+
+
+def _compression(cfg: TelemetryConfig) -> Any:
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
+    return Compression.Gzip if cfg.compression == "gzip" else Compression.NoCompression
+
+
+def _otlp_span_exporter(cfg: TelemetryConfig) -> SpanExporter:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    endpoint = _signal_url(cfg.otlp_endpoint, "traces") if cfg.otlp_endpoint else None
+    return OTLPSpanExporter(
+        endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg)
+    )
+
+
+def _metric_readers(
+    cfg: TelemetryConfig, env: Mapping[str, str], registry: CollectorRegistry
+) -> list[MetricReader]:
+    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
+    if cfg.otlp_metrics(env):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        endpoint = _signal_url(cfg.otlp_endpoint, "metrics") if cfg.otlp_endpoint else None
+        exporter = OTLPMetricExporter(
+            endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg)
+        )
+        readers.append(
+            PeriodicExportingMetricReader(
+                exporter,
+                export_interval_millis=cfg.metric_export_interval_ms,
+                export_timeout_millis=cfg.export_timeout * 1000,
+            )
+        )
+    return readers

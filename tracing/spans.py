@@ -1,0 +1,711 @@
+"""Spans and metrics for model calls, tool executions and runs: the API the handler calls.
+
+Every public function here catches its own failures and logs them: telemetry never
+fails or slows a request (ending a span only queues it; see tracing/setup.py).
+
+Parenting. A request with a W3C `traceparent` joins the agent's trace: its spans are
+children of the agent's span. Otherwise every span of a run is a child of the run's
+root span, whose ids are chosen when the run starts (`new_run_trace()`, stored by the
+proxy in run state so every replica agrees) and which is emitted only when the run ends
+(`end_run()`), carrying the run's totals.
+
+    cs = start_call(tel, caller, call, provider="openai", server_address="api.openai.com",
+                    server_port=443, parent=None, run_trace=run_trace)
+    ... relay ...
+    end_call(tel, cs, call, outcome, cost_micros=1200, usage_source="reported",
+             budget_remaining_micros=None, rewrites=[], repairs=[], capture=None)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
+from opentelemetry.util.types import AttributeValue
+
+from proxy.model import Call, Caller, Outcome, Repair, Rewrite
+from tracing import attributes as A
+from tracing import digests
+from tracing.setup import Telemetry
+
+__all__ = [
+    "CallSpan",
+    "RunTrace",
+    "SpanRef",
+    "TraceParent",
+    "end_call",
+    "end_run",
+    "new_run_trace",
+    "parse_traceparent",
+    "record_guard_action",
+    "record_ledger_overshoot",
+    "record_refusal",
+    "start_call",
+    "tool_span",
+]
+
+log = logging.getLogger(__name__)
+
+Attrs = dict[str, AttributeValue]
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+# Things that look like API keys, in case an upstream error message echoes one.
+_KEYLIKE = re.compile(r"\b(?:sk|sm|gsk|xai)[-_][A-Za-z0-9_\-*.]{8,}|\bAIza[0-9A-Za-z_\-]{20,}")
+_STATUS_LIMIT: Final = 200
+_API_TYPE: Final = {"chat": "chat_completions", "responses": "responses"}
+_CAPTURE_KEYS: Final = {
+    "input_messages": A.GEN_AI_INPUT_MESSAGES,
+    "output_messages": A.GEN_AI_OUTPUT_MESSAGES,
+    "system_instructions": A.GEN_AI_SYSTEM_INSTRUCTIONS,
+}
+_RUN_TOTALS: Final = {
+    "model_calls": A.SPANMETER_RUN_MODEL_CALLS,
+    "tool_calls": A.SPANMETER_RUN_TOOL_CALLS,
+    "failures": A.SPANMETER_RUN_FAILURES,
+    "input_tokens": A.SPANMETER_RUN_INPUT_TOKENS,
+    "output_tokens": A.SPANMETER_RUN_OUTPUT_TOKENS,
+    "repairs": A.SPANMETER_RUN_REPAIRS,
+    "ceilings_hit": A.SPANMETER_RUN_CEILINGS_HIT,
+}
+_FAILED_RUN: Final = frozenset({"error", "failed"})
+
+
+# --- ids -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceParent:
+    """An incoming W3C trace context."""
+
+    trace_id: int
+    span_id: int
+    sampled: bool = True
+    tracestate: str | None = None
+
+
+def parse_traceparent(header: str | None, tracestate: str | None = None) -> TraceParent | None:
+    """The W3C `traceparent` header, or None when absent or invalid (then it is ignored)."""
+    m = _TRACEPARENT.match((header or "").strip().lower())
+    if m is None or m.group(1) == "ff":
+        return None
+    trace_id, span_id = int(m.group(2), 16), int(m.group(3), 16)
+    if trace_id == 0 or span_id == 0 or (m.group(1) == "00" and m.group(5)):
+        return None
+    return TraceParent(trace_id, span_id, bool(int(m.group(4), 16) & 1), tracestate)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTrace:
+    """The ids of a run's root span, fixed when the run starts. `encode()` to store it."""
+
+    trace_id: int
+    span_id: int
+    start_ns: int
+    parent_span_id: int | None = None  # the agent's span when the run began in its trace
+    sampled: bool = True
+
+    def encode(self) -> str:
+        parent = f"{self.parent_span_id:016x}" if self.parent_span_id else ""
+        flag = "1" if self.sampled else "0"
+        return f"{self.trace_id:032x}-{self.span_id:016x}-{self.start_ns}-{parent}-{flag}"
+
+    @classmethod
+    def decode(cls, text: str) -> RunTrace:
+        trace_id, span_id, start, parent, flag = text.split("-")
+        return cls(
+            int(trace_id, 16),
+            int(span_id, 16),
+            int(start),
+            int(parent, 16) if parent else None,
+            flag == "1",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRef:
+    """Where a span is, e.g. the chat span that emitted a tool call (kept in run state)."""
+
+    trace_id: int
+    span_id: int
+
+
+def new_run_trace(parent: TraceParent | None = None, *, start_ns: int | None = None) -> RunTrace:
+    """Ids for a new run's root span: a new trace, or the agent's trace when it sent one."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    ids = RandomIdGenerator()
+    return RunTrace(
+        trace_id=parent.trace_id if parent else ids.generate_trace_id(),
+        span_id=ids.generate_span_id(),
+        start_ns=time.time_ns() if start_ns is None else start_ns,
+        parent_span_id=parent.span_id if parent else None,
+        sampled=parent.sampled if parent else True,
+    )
+
+
+def _parent_context(parent: TraceParent | None, run_trace: RunTrace | None) -> Context:
+    """Explicit, never the ambient context: a server span of the proxy is not our parent."""
+    if parent is not None:
+        ctx = SpanContext(
+            parent.trace_id,
+            parent.span_id,
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED if parent.sampled else TraceFlags.DEFAULT),
+            trace_state=TraceState.from_header([parent.tracestate]) if parent.tracestate else None,
+        )
+    elif run_trace is not None:
+        ctx = SpanContext(
+            run_trace.trace_id,
+            run_trace.span_id,
+            is_remote=False,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED if run_trace.sampled else TraceFlags.DEFAULT),
+        )
+    else:
+        return Context()
+    return trace.set_span_in_context(NonRecordingSpan(ctx), Context())
+
+
+# --- model calls -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CallSpan:
+    """An open model-call span and what end_call needs to finish it."""
+
+    span: trace.Span
+    start_ns: int
+    caller: Caller
+    provider: str
+    server_address: str
+    server_port: int
+    context: Context = field(default_factory=Context)
+
+    @property
+    def ref(self) -> SpanRef | None:
+        ctx = self.span.get_span_context()
+        return SpanRef(ctx.trace_id, ctx.span_id) if ctx.is_valid else None
+
+
+def call_span_name(call: Call) -> str:
+    return f"{call.operation} {call.model}" if call.model else call.operation
+
+
+def start_call(
+    tel: Telemetry,
+    caller: Caller,
+    call: Call,
+    *,
+    provider: str,
+    server_address: str,
+    server_port: int,
+    parent: TraceParent | None = None,
+    run_trace: RunTrace | None = None,
+    start_ns: int | None = None,
+) -> CallSpan:
+    """Open the CLIENT span of a model call; sampling-relevant attributes are set at start."""
+    start = time.time_ns() if start_ns is None else start_ns
+    cs = CallSpan(INVALID_SPAN, start, caller, provider, server_address, server_port)
+    try:
+        cs.span = tel.tracer.start_span(
+            call_span_name(call),
+            context=_parent_context(parent, run_trace),
+            kind=SpanKind.CLIENT,
+            attributes=_request_attrs(caller, call, provider, server_address, server_port),
+            start_time=start,
+        )
+        cs.context = trace.set_span_in_context(cs.span, Context())
+    except Exception:
+        log.exception("start_call failed")
+    return cs
+
+
+def end_call(
+    tel: Telemetry,
+    cs: CallSpan,
+    call: Call,
+    outcome: Outcome,
+    *,
+    cost_micros: int | None,
+    usage_source: str,
+    budget_remaining_micros: int | None,
+    rewrites: Sequence[Rewrite],
+    repairs: Sequence[Repair],
+    refusal: str | None = None,
+    capture: Mapping[str, Any] | None = None,
+    end_ns: int | None = None,
+    chunk_gaps_s: Sequence[float] = (),
+) -> None:
+    """Finish a model-call span with the outcome and record the call's metrics.
+
+    `capture` is plain data (`input_messages`, `output_messages`, `system_instructions`
+    in the semconv JSON shapes); it is recorded only when the process runs with
+    SPAN_ONLY. Pass None when the tenant lowered capture.
+    `chunk_gaps_s`: for streams, the time between consecutive chunks after the first.
+    """
+    try:
+        end = time.time_ns() if end_ns is None else end_ns
+        attrs = _response_attrs(tel, call, outcome)
+        attrs.update(
+            _spanmeter_attrs(
+                cost_micros, usage_source, budget_remaining_micros, rewrites, repairs, refusal
+            )
+        )
+        attrs.update(_content_attrs(tel, capture))
+        cs.span.set_attributes(attrs)
+        if outcome.error_type:
+            cs.span.set_status(
+                Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller))
+            )
+        _record_call_metrics(
+            tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s
+        )
+        cs.span.end(end_time=end)
+    except Exception:
+        log.exception("end_call failed")
+
+
+def record_refusal(
+    tel: Telemetry,
+    caller: Caller,
+    call: Call,
+    error_type: str,
+    message: str,
+    *,
+    provider: str = "",
+    server_address: str = "",
+    server_port: int = 0,
+    parent: TraceParent | None = None,
+    run_trace: RunTrace | None = None,
+    reason: str | None = None,
+    start_ns: int | None = None,
+) -> SpanRef | None:
+    """A span for a call refused before reaching the upstream, saying why; no usage.
+
+    `error_type` e.g. `spanmeter.budget_exceeded`; `reason` is the metric label
+    (call_limit | cost_limit | tenant_budget | loop_guard ...), by default `error_type`
+    without its `spanmeter.` prefix.
+    """
+    try:
+        where = {"server_address": server_address, "server_port": server_port}
+        cs = start_call(tel, caller, call, provider=provider, **where, parent=parent,
+                        run_trace=run_trace, start_ns=start_ns)  # fmt: skip
+        cs.span.set_attributes(
+            {A.ERROR_TYPE: error_type, A.SPANMETER_REFUSAL_REASON: _redact(message, caller)}
+        )
+        cs.span.set_status(Status(StatusCode.ERROR, _status_text(message, caller)))
+        label = reason or error_type.removeprefix("spanmeter.")
+        labels = {A.SPANMETER_REASON: label, **_tenant(caller), **_model_labels(call, provider)}
+        tel.instruments.limit_rejections.add(1, labels, context=cs.context)
+        cs.span.end()
+        return cs.ref
+    except Exception:
+        log.exception("record_refusal failed")
+        return None
+
+
+def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port: int) -> Attrs:
+    attrs: dict[str, AttributeValue | None] = {
+        A.GEN_AI_OPERATION_NAME: call.operation,
+        A.GEN_AI_PROVIDER_NAME: provider,
+        A.GEN_AI_REQUEST_MODEL: call.model,
+        A.SERVER_ADDRESS: address or None,
+        A.SERVER_PORT: port or None,
+        A.GEN_AI_REQUEST_STREAM: True if call.stream else None,
+        A.GEN_AI_REQUEST_MAX_TOKENS: call.max_output_tokens,
+        A.GEN_AI_REQUEST_TEMPERATURE: call.temperature,
+        A.GEN_AI_REQUEST_TOP_P: call.top_p,
+        A.GEN_AI_REQUEST_TOP_K: _int_if_whole(call.top_k),
+        A.GEN_AI_REQUEST_SEED: call.seed,
+        A.GEN_AI_REQUEST_CHOICE_COUNT: call.choice_count if call.choice_count != 1 else None,
+        A.GEN_AI_REQUEST_STOP_SEQUENCES: list(call.stop_sequences) or None,
+        A.GEN_AI_REQUEST_FREQUENCY_PENALTY: call.frequency_penalty,
+        A.GEN_AI_REQUEST_PRESENCE_PENALTY: call.presence_penalty,
+        A.GEN_AI_OUTPUT_TYPE: "json" if call.output and call.output.kind != "tool" else None,
+        A.OPENAI_API_TYPE: _API_TYPE.get(call.api) if provider == "openai" else None,
+        A.SPANMETER_TENANT_ID: caller.tenant,
+        A.SPANMETER_RUN_ID: caller.run_id,
+        A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
+    }
+    return _present(attrs)
+
+
+def _response_attrs(tel: Telemetry, call: Call, outcome: Outcome) -> Attrs:
+    usage = outcome.usage
+    cache_write = (
+        A.LATEST_GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
+        if tel.config.semconv_latest
+        else A.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+    )
+    return _present(
+        {
+            A.GEN_AI_RESPONSE_ID: outcome.response_id,
+            A.GEN_AI_RESPONSE_MODEL: outcome.response_model,
+            A.GEN_AI_RESPONSE_FINISH_REASONS: list(outcome.finish_reasons) or None,
+            A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: outcome.first_chunk_s if call.stream else None,
+            A.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
+            A.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+            A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_tokens,
+            cache_write: usage.cache_write_tokens,
+            A.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: usage.reasoning_tokens,
+            A.ERROR_TYPE: outcome.error_type,
+        }
+    )
+
+
+def _spanmeter_attrs(
+    cost_micros: int | None,
+    usage_source: str,
+    budget_remaining_micros: int | None,
+    rewrites: Sequence[Rewrite],
+    repairs: Sequence[Repair],
+    refusal: str | None,
+) -> Attrs:
+    return _present(
+        {
+            A.SPANMETER_COST_USD: _usd(cost_micros),
+            A.SPANMETER_USAGE_SOURCE: usage_source or None,
+            A.SPANMETER_BUDGET_REMAINING_USD: _usd(budget_remaining_micros),
+            A.SPANMETER_REWRITES: [r.header_value() for r in rewrites] or None,
+            A.SPANMETER_REPAIRS: [repair_text(r) for r in repairs] or None,
+            A.SPANMETER_REFUSAL_REASON: refusal,
+        }
+    )
+
+
+def repair_text(repair: Repair) -> str:
+    """`output: fence, trailing_comma` plus the schema verdict when there was one."""
+    text = f"{repair.target}: {', '.join(repair.actions)}"
+    if repair.valid is False:
+        text += f" (invalid: {'; '.join(repair.problems)})" if repair.problems else " (invalid)"
+    return text
+
+
+def _content_attrs(tel: Telemetry, capture: Mapping[str, Any] | None) -> Attrs:
+    if tel.config.capture_content != "SPAN_ONLY" or not capture:
+        return {}
+    cap = tel.config.content_cap_bytes
+    return {
+        attr: digests.capped_json(capture[key], cap)
+        for key, attr in _CAPTURE_KEYS.items()
+        if capture.get(key) is not None
+    }
+
+
+def _record_call_metrics(
+    tel: Telemetry,
+    cs: CallSpan,
+    call: Call,
+    outcome: Outcome,
+    end_ns: int,
+    cost_micros: int | None,
+    rewrites: Sequence[Rewrite],
+    repairs: Sequence[Repair],
+    chunk_gaps_s: Sequence[float],
+) -> None:
+    """Recorded with the call span as context so histogram points carry exemplars."""
+    m, ctx = tel.instruments, cs.context
+    labels = _model_labels(
+        call, cs.provider, outcome.response_model, cs.server_address, cs.server_port
+    )
+    labels.update(_tenant(cs.caller))
+    failed = {**labels, A.ERROR_TYPE: outcome.error_type} if outcome.error_type else labels
+    m.operation_duration.record(max(0, end_ns - cs.start_ns) / 1e9, failed, context=ctx)
+    usage = outcome.usage
+    tokens = ((A.TOKEN_TYPE_INPUT, usage.input_tokens), (A.TOKEN_TYPE_OUTPUT, usage.output_tokens))
+    for kind, count in tokens:
+        if count is not None:
+            m.token_usage.record(count, {**labels, A.GEN_AI_TOKEN_TYPE: kind}, context=ctx)
+    if call.stream and outcome.first_chunk_s is not None:
+        m.time_to_first_chunk.record(outcome.first_chunk_s, labels, context=ctx)
+    for gap in chunk_gaps_s:
+        m.time_per_output_chunk.record(gap, labels, context=ctx)
+    money = {
+        k: v for k, v in labels.items() if k in (A.GEN_AI_PROVIDER_NAME, A.GEN_AI_REQUEST_MODEL)
+    }
+    money.update(_tenant(cs.caller))
+    if cost_micros:
+        m.cost.add(cost_micros / 1e6, money, context=ctx)
+    for rewrite in rewrites:
+        m.rewrites.add(1, {A.SPANMETER_KIND: rewrite.kind, **_tenant(cs.caller)}, context=ctx)
+    for repair in repairs:
+        for action in repair.actions:
+            m.repairs.add(1, {A.SPANMETER_KIND: action, **_tenant(cs.caller)}, context=ctx)
+
+
+def _model_labels(
+    call: Call,
+    provider: str,
+    response_model: str | None = None,
+    address: str = "",
+    port: int = 0,
+) -> Attrs:
+    return _present(
+        {
+            A.GEN_AI_OPERATION_NAME: call.operation,
+            A.GEN_AI_PROVIDER_NAME: provider or None,
+            A.GEN_AI_REQUEST_MODEL: call.model,
+            A.GEN_AI_RESPONSE_MODEL: response_model,
+            A.SERVER_ADDRESS: address or None,
+            A.SERVER_PORT: port or None,
+        }
+    )
+
+
+# --- tools -------------------------------------------------------------------------------
+
+
+def tool_span(
+    tel: Telemetry,
+    caller: Caller,
+    *,
+    name: str,
+    call_id: str,
+    arguments: str,
+    result: str | None,
+    is_error: bool,
+    start_ns: int,
+    end_ns: int,
+    parent: TraceParent | None = None,
+    run_trace: RunTrace | None = None,
+    link: SpanRef | None = None,
+    description: str | None = None,
+    tool_type: str = "function",
+    capture: bool = True,
+) -> SpanRef | None:
+    """Emit `execute_tool {name}` for a tool call observed across two requests.
+
+    Runs from the delivery of the response that carried the call (`start_ns`) to the
+    arrival of the request that carried its result (`end_ns`). `result=None`: the run
+    ended without an answer (`error.type=tool_result_missing`). `link`: the chat span
+    that made the call. `capture=False` when the tenant lowered content capture.
+    """
+    try:
+        verdict = (
+            digests.tool_result_digest(result, is_error=is_error) if result is not None else None
+        )
+        error_type = (
+            A.ERROR_TOOL_RESULT_MISSING if verdict is None else None if verdict.ok else A.ERROR_TOOL
+        )
+        content = capture and tel.config.capture_content == "SPAN_ONLY"
+        attrs = _tool_attrs(
+            caller, name, call_id, arguments, result, verdict, content, description, tool_type
+        )
+        links = [Link(SpanContext(link.trace_id, link.span_id, is_remote=False))] if link else None
+        span = tel.tracer.start_span(
+            f"{A.OPERATION_EXECUTE_TOOL} {name}",
+            context=_parent_context(parent, run_trace),
+            kind=SpanKind.INTERNAL,
+            attributes={**attrs, **_present({A.ERROR_TYPE: error_type})},
+            links=links,
+            start_time=start_ns,
+        )
+        if error_type:
+            why = "no result before the run ended" if verdict is None else verdict.digest
+            span.set_status(Status(StatusCode.ERROR, _status_text(why, caller)))
+        ctx = trace.set_span_in_context(span, Context())
+        _record_tool_metrics(tel, caller, name, error_type, verdict, (end_ns - start_ns) / 1e9, ctx)
+        span.end(end_time=end_ns)
+        ref = span.get_span_context()
+        return SpanRef(ref.trace_id, ref.span_id) if ref.is_valid else None
+    except Exception:
+        log.exception("tool_span failed")
+        return None
+
+
+def _tool_attrs(
+    caller: Caller,
+    name: str,
+    call_id: str,
+    arguments: str,
+    result: str | None,
+    verdict: digests.ResultDigest | None,
+    content: bool,
+    description: str | None,
+    tool_type: str,
+) -> Attrs:
+    attrs: dict[str, AttributeValue | None] = {
+        A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL,
+        A.GEN_AI_TOOL_NAME: name,
+        A.GEN_AI_TOOL_CALL_ID: call_id,
+        A.GEN_AI_TOOL_TYPE: tool_type,
+        A.GEN_AI_TOOL_DESCRIPTION: description,
+        A.SPANMETER_TENANT_ID: caller.tenant,
+        A.SPANMETER_RUN_ID: caller.run_id,
+        A.SPANMETER_TOOL_TIMING: A.TOOL_TIMING_INFERRED,
+        A.SPANMETER_TOOL_ARGUMENTS_DIGEST: _redact(
+            digests.tool_arguments_digest(arguments), caller
+        ),
+        A.SPANMETER_TOOL_ARGUMENTS_SHA256: digests.canonical_sha256(arguments),
+        A.SPANMETER_TOOL_ARGUMENTS_SIZE: len(arguments.encode()),
+        A.SPANMETER_TOOL_OK: verdict.ok if verdict else False,
+    }
+    if content:
+        attrs[A.GEN_AI_TOOL_CALL_ARGUMENTS] = _redact(arguments, caller)
+    if result is not None and verdict is not None:
+        attrs[A.SPANMETER_TOOL_RESULT_DIGEST] = _redact(verdict.digest, caller)
+        attrs[A.SPANMETER_TOOL_RESULT_SHA256] = digests.canonical_sha256(result)
+        attrs[A.SPANMETER_TOOL_RESULT_SIZE] = len(result.encode())
+        if content:
+            attrs[A.SPANMETER_TOOL_RESULT_PREVIEW] = _redact(verdict.preview, caller)
+            if verdict.ok:  # semconv: the result only if execution succeeded
+                attrs[A.GEN_AI_TOOL_CALL_RESULT] = _redact(result, caller)
+    return _present(attrs)
+
+
+def _record_tool_metrics(
+    tel: Telemetry,
+    caller: Caller,
+    name: str,
+    error_type: str | None,
+    verdict: digests.ResultDigest | None,
+    seconds: float,
+    ctx: Context,
+) -> None:
+    labels: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL, A.GEN_AI_TOOL_NAME: name}
+    labels.update(_tenant(caller))
+    timed = {**labels, A.ERROR_TYPE: error_type} if error_type else labels
+    tel.instruments.execute_tool_duration.record(max(0.0, seconds), timed, context=ctx)
+    outcome = "missing" if verdict is None else "ok" if verdict.ok else "failed"
+    tel.instruments.tool_calls.add(1, {**labels, A.SPANMETER_OUTCOME: outcome}, context=ctx)
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+def end_run(
+    tel: Telemetry,
+    caller: Caller,
+    run_trace: RunTrace,
+    totals: Mapping[str, int],
+    status: str,
+    *,
+    end_ns: int | None = None,
+) -> None:
+    """Emit the run's root span (INTERNAL, named `run`) with the ids fixed at its start.
+
+    `totals` keys: model_calls, tool_calls, failures, input_tokens, output_tokens,
+    cost_micros, repairs, ceilings_hit (others become `spanmeter.run.<key>`).
+    `status`: e.g. ok | error | ceiling | idle_timeout; error/failed mark the span ERROR.
+    """
+    try:
+        parent = (
+            TraceParent(run_trace.trace_id, run_trace.parent_span_id, run_trace.sampled)
+            if run_trace.parent_span_id
+            else None
+        )
+        attrs: Attrs = {
+            A.SPANMETER_TENANT_ID: caller.tenant,
+            A.SPANMETER_RUN_ID: caller.run_id,
+            A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
+            A.SPANMETER_RUN_STATUS: status,
+            **_run_totals(totals),
+        }
+        with tel.ids.fixed(run_trace.trace_id, run_trace.span_id):
+            span = tel.tracer.start_span(
+                A.RUN_SPAN_NAME,
+                context=_parent_context(parent, None),
+                kind=SpanKind.INTERNAL,
+                attributes=attrs,
+                start_time=run_trace.start_ns,
+            )
+        if status in _FAILED_RUN:
+            span.set_status(Status(StatusCode.ERROR, status))
+        span.end(end_time=time.time_ns() if end_ns is None else end_ns)
+    except Exception:
+        log.exception("end_run failed")
+
+
+def _run_totals(totals: Mapping[str, int]) -> Attrs:
+    out: Attrs = {}
+    for key, value in totals.items():
+        if key == "cost_micros":
+            out[A.SPANMETER_RUN_COST_USD] = value / 1e6
+        else:
+            out[_RUN_TOTALS.get(key, f"spanmeter.run.{key}")] = value
+    return out
+
+
+# --- guard and ledger --------------------------------------------------------------------
+
+
+def record_guard_action(
+    tel: Telemetry,
+    caller: Caller,
+    action: str,
+    *,
+    tool_name: str,
+    repeats: int,
+    cs: CallSpan | None = None,
+) -> None:
+    """The loop guard reminded (`remind`) or refused (`refuse`); on the call span if given."""
+    try:
+        if cs is not None:
+            guard: Attrs = {A.SPANMETER_GUARD_ACTION: action, A.SPANMETER_GUARD_TOOL: tool_name}
+            cs.span.set_attributes({**guard, A.SPANMETER_GUARD_REPEATS: repeats})
+        labels = {
+            A.SPANMETER_GUARD_ACTION: action,
+            A.GEN_AI_TOOL_NAME: tool_name,
+            **_tenant(caller),
+        }
+        tel.instruments.guard_actions.add(1, labels, context=cs.context if cs else None)
+    except Exception:
+        log.exception("record_guard_action failed")
+
+
+def record_ledger_overshoot(
+    tel: Telemetry, caller: Caller, overshoot_micros: int, *, scope: str = "run"
+) -> None:
+    """Settled cost above what was reserved (the estimate was too low)."""
+    try:
+        if overshoot_micros > 0:
+            labels = {A.SPANMETER_SCOPE: scope, **_tenant(caller)}
+            tel.instruments.ledger_overshoot.add(overshoot_micros / 1e6, labels)
+    except Exception:
+        log.exception("record_ledger_overshoot failed")
+
+
+# --- small helpers -----------------------------------------------------------------------
+
+
+def _present(attrs: Mapping[str, AttributeValue | None]) -> Attrs:
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+def _tenant(caller: Caller) -> Attrs:
+    return {A.SPANMETER_TENANT_ID: caller.tenant}
+
+
+def _usd(micros: int | None) -> float | None:
+    return None if micros is None else micros / 1e6
+
+
+def _int_if_whole(value: float | None) -> float | int | None:
+    return int(value) if value is not None and float(value).is_integer() else value
+
+
+def _redact(text: str, caller: Caller) -> str:
+    """Upstream keys never reach telemetry, even when an error message echoes one."""
+    if caller.upstream_key and len(caller.upstream_key) >= 8:
+        text = text.replace(caller.upstream_key, "[redacted]")
+    return _KEYLIKE.sub("[redacted]", text)
+
+
+def _status_text(message: str | None, caller: Caller) -> str:
+    return digests.cut(_redact(message or "", caller), _STATUS_LIMIT)
