@@ -1,0 +1,52 @@
+# Two commands do everything: `make serve` (set up + run the proxy on embedded
+# defaults) and `make test` (set up + pass the tests). Both create .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: serve test demo simulate bench lint system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Stamps re-run the install only when pyproject.toml changes.
+$(VENV)/.serve: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[demo,redis]'
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[demo,redis,test,dev]'
+	touch $@
+
+serve: $(VENV)/.serve
+	$(BIN)/spanmeter serve
+
+demo: $(VENV)/.serve
+	$(BIN)/spanmeter demo
+
+simulate: $(VENV)/.serve
+	$(BIN)/spanmeter simulate
+
+# The suite starts a real redis-server and a real Prometheus on ephemeral ports.
+system-deps:
+	@if ! command -v redis-server >/dev/null || ! command -v prometheus >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server prometheus; \
+	  else \
+	    echo "Install redis-server and prometheus (e.g. sudo apt-get install redis-server prometheus); the tests that need them are skipped without them."; \
+	  fi; \
+	fi
+
+test: $(VENV)/.test system-deps
+	$(BIN)/pytest -q
+
+bench: $(VENV)/.test
+	$(BIN)/python bench/run.py
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check proxy tracing tests bench
+	$(BIN)/mypy proxy tracing
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,166 @@
+"""create_app(settings): wiring only. Resources live in cleanup contexts under AppKeys."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy import admin
+from proxy.appkeys import BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.config import Settings
+from proxy.errors import ProxyError, UnknownRoute
+from proxy.handler import handle_call
+from proxy.policy.pricing import PriceTable
+from proxy.policy.store import Store, open_store
+from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.base import ProviderAdapter
+from proxy.providers.chat import CHAT
+from proxy.providers.gemini import GEMINI
+from proxy.routes import adapter_for, unknown_route
+from proxy.runs import Runs
+from proxy.tenants import KeyIndex
+from proxy.upstream import Upstream
+from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("spanmeter")
+ADAPTER = "spanmeter.adapter"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(settings: Settings, *, store: Store | None = None, telemetry: Telemetry | None = None) -> web.Application:
+    """The proxy application. Tests inject a store or telemetry instead of patching."""
+    app = web.Application(middlewares=[_errors], client_max_size=settings.max_body_bytes + 1)
+    app[SETTINGS] = settings
+    app[KEYS] = KeyIndex(settings)
+    app[BUDGET_CACHE] = {}
+    app[PRICES] = PriceTable.load(overrides=settings.prices)
+    app.cleanup_ctx.append(_store_ctx(store))
+    app.cleanup_ctx.append(_telemetry_ctx(telemetry))
+    app.cleanup_ctx.append(_upstream_ctx)
+    app.cleanup_ctx.append(_runs_ctx)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_post("/runs/{run_id}/end", admin.end_run)
+    admin.add_routes(app)
+    app.router.add_route("*", "/{tail:.*}", _dispatch)
+    return app
+
+
+async def _dispatch(request: web.Request) -> web.StreamResponse:
+    path, upstream_name = request.path, None
+    if path.startswith("/upstreams/"):
+        _, _, rest = path.partition("/upstreams/")
+        upstream_name, _, tail = rest.partition("/")
+        path = "/" + tail
+        request.match_info["tail"] = tail
+    adapter = adapter_for(path)
+    request[ADAPTER] = adapter or _guess_dialect(request)
+    if adapter is not None and request.method == "POST":
+        return await handle_call(request, adapter, upstream_name)
+    if request.method == "GET" and path == "/v1/models" or request.app[SETTINGS].allow_passthrough:
+        return await admin.passthrough(request, request[ADAPTER], upstream_name)
+    raise unknown_route(request.method, request.path)
+
+
+def _guess_dialect(request: web.Request) -> ProviderAdapter:
+    h = request.headers
+    if "anthropic-version" in h or request.path.startswith("/v1/messages"):
+        return ANTHROPIC
+    if "x-goog-api-key" in h or request.path.startswith("/v1beta"):
+        return GEMINI
+    return CHAT
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ProxyError as exc:
+        return render(request, exc)
+    except web.HTTPException as exc:
+        if exc.status == 404:
+            return render(request, unknown_route(request.method, request.path))
+        raise
+    except Exception:
+        log.exception("unexpected failure serving %s %s", request.method, request.path)
+        return render(request, ProxyError(
+            "spanmeter failed unexpectedly while serving this call; the failure is in its log. "
+            "Nothing was charged for a call that was not forwarded."))
+
+
+def render(request: web.Request, exc: ProxyError) -> web.Response:
+    adapter: ProviderAdapter = request.get(ADAPTER) or _guess_dialect(request)
+    request_id = "req_" + uuid.uuid4().hex[:24]
+    headers = {**exc.headers(), "x-request-id": request_id}
+    return web.Response(body=adapter.render_error(exc, request_id), status=exc.status,
+                        content_type="application/json", headers=headers)
+
+
+def _store_ctx(injected: Store | None) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        settings = app[SETTINGS]
+        if injected is None and settings.ledger.startswith("sqlite:///"):
+            Path(settings.ledger.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        app[STORE] = store = injected or open_store(settings.ledger)
+        yield
+        if injected is None:
+            await store.aclose()
+
+    return ctx
+
+
+def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        s = app[SETTINGS]
+        app[TEL] = tel = injected or setup_telemetry(TelemetryConfig(
+            service_name=s.service_name, otlp_endpoint=s.otlp_endpoint,
+            local_dir=str(Path(s.data_dir) / "traces") if s.local_traces else None,
+            enabled=s.tracing))
+        yield
+        if injected is None:
+            tel.shutdown()
+
+    return ctx
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    s = app[SETTINGS]
+    app[UPSTREAM] = up = Upstream(connect_timeout_s=s.connect_timeout_s, read_timeout_s=s.read_timeout_s,
+                                  max_connections=s.max_connections)
+    await up.start()
+    yield
+    await up.aclose()
+
+
+async def _runs_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[RUNS] = runs = Runs(app[STORE], app[TEL], app[SETTINGS].run_idle_timeout_s)
+    runs.start_sweeper()
+    yield
+    await runs.stop_sweeper()
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    try:
+        await request.app[STORE].ping()
+    except ProxyError as exc:
+        return web.json_response({"status": "unavailable", "ledger": exc.message}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[TEL].metrics_text(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+__all__ += ["UnknownRoute"]

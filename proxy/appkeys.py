@@ -1,0 +1,22 @@
+"""Typed application state: one AppKey per resource, set up in app.py's cleanup contexts."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.policy.pricing import PriceTable
+from proxy.policy.store import Store
+from proxy.runs import Runs
+from proxy.tenants import KeyIndex
+from proxy.upstream import Upstream
+from tracing.setup import Telemetry
+
+SETTINGS = web.AppKey("settings", Settings)
+KEYS = web.AppKey("keys", KeyIndex)
+STORE = web.AppKey("store", Store)
+PRICES = web.AppKey("prices", PriceTable)
+UPSTREAM = web.AppKey("upstream", Upstream)
+TEL = web.AppKey("telemetry", Telemetry)
+RUNS = web.AppKey("runs", Runs)
+BUDGET_CACHE = web.AppKey("budget_cache", dict)

@@ -1,0 +1,133 @@
+"""Admission: turn policy, prices and the request into one atomic reservation.
+
+The worst case is reserved before anything is sent upstream, on every scope the call
+touches (run, tenant day, tenant month), so concurrent calls can never overshoot. A
+request without a max-token field is clamped to what the remaining budget affords.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from proxy.config import Policy
+from proxy.errors import CeilingReached, RequestError
+from proxy.model import Call, Caller, Rewrite, Usage
+from proxy.policy.pricing import (
+    Price,
+    PriceTable,
+    affordable_output_tokens,
+    cost,
+    input_bound,
+    reservation,
+)
+from proxy.policy.store import Admission, Limits, Store
+
+__all__ = ["Admitted", "admit", "limits_for", "settle_amount"]
+
+MIN_ANSWER_TOKENS = 16  # below this an answer is not worth sending: refuse instead
+DEFAULT_MAX_OUTPUT = 32_768  # when neither the request nor the price table bounds output
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    admission: Admission
+    price: Price | None
+    rewrites: tuple[Rewrite, ...]
+    clamp_to: int | None  # max output tokens to write into the request, if clamped
+
+
+def _micros(usd: float | None) -> int | None:
+    return None if usd is None else round(usd * 1_000_000)
+
+
+def limits_for(policy: Policy, headers: Mapping[str, str], day: float | None, month: float | None) -> Limits:
+    """Policy limits, tightened (never loosened) by X-Run-Max-Calls / X-Run-Max-Cost-Usd."""
+    calls = policy.runs.max_llm_calls
+    run_cost = _micros(policy.runs.max_cost_usd)
+    origin = {"run_calls": "tenant setting runs.max_llm_calls", "run_cost": "tenant setting runs.max_cost_usd",
+              "tenant_day": "tenant setting budgets.daily_usd", "tenant_month": "tenant setting budgets.monthly_usd"}
+    if (h := headers.get("x-run-max-calls")) is not None:
+        asked = _header_int(h, "X-Run-Max-Calls")
+        if calls is None or asked < calls:
+            calls, origin["run_calls"] = asked, "request header X-Run-Max-Calls"
+    if (h := headers.get("x-run-max-cost-usd")) is not None:
+        asked = _header_usd(h, "X-Run-Max-Cost-Usd")
+        if run_cost is None or asked < run_cost:
+            run_cost, origin["run_cost"] = asked, "request header X-Run-Max-Cost-Usd"
+    return Limits(calls, run_cost, _micros(day), _micros(month), origin)
+
+
+def _header_int(value: str, name: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise RequestError(f"{name} must be a whole number of at least 1, got {value[:20]!r}.", param=name)
+    return n
+
+
+def _header_usd(value: str, name: str) -> int:
+    try:
+        usd = float(value.strip())
+    except ValueError:
+        usd = -1.0
+    if not usd > 0 or usd != usd or usd == float("inf"):
+        raise RequestError(f"{name} must be a positive amount of US dollars, got {value[:20]!r}.", param=name)
+    return round(usd * 1_000_000)
+
+
+async def admit(
+    store: Store, prices: PriceTable, caller: Caller, call: Call, limits: Limits, *, tz: str,
+    now: datetime | None = None,
+) -> Admitted:
+    price = prices.price(call.model) if call.model else None
+    costed = limits.run_max_cost is not None or limits.day_budget is not None or limits.month_budget is not None
+    if price is None and costed:
+        raise CeilingReached(
+            f"Model {call.model!r} has no known price, and tenant {caller.tenant!r} has a cost ceiling, "
+            "so spanmeter cannot bound what this call would cost. The call was not forwarded and "
+            "nothing was charged. Add the model's prices under `prices:` in the config file "
+            "(input, cached_input, cache_write, output in USD per million tokens).",
+            limit="unknown_price",
+        )
+    bound = input_bound(call)
+    if price is None:
+        lo = hi = 0
+    elif call.max_output_tokens is not None or call.api == "embeddings":
+        lo = hi = reservation(price, bound, call.max_output_tokens or 0)
+    else:
+        lo = reservation(price, bound, MIN_ANSWER_TOKENS)
+        hi = reservation(price, bound, price.max_output_tokens or DEFAULT_MAX_OUTPUT)
+    adm = await store.admit(caller.tenant, caller.run_id, min_reserve=lo, max_reserve=hi,
+                            limits=limits, now=now or datetime.now(UTC), tz=tz)
+    clamp = None
+    rewrites: tuple[Rewrite, ...] = ()
+    if price is not None and costed and call.max_output_tokens is None and call.api != "embeddings":
+        clamp = max(MIN_ANSWER_TOKENS, affordable_output_tokens(price, adm.reserved, bound))
+        rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
+    return Admitted(adm, price, rewrites, clamp)
+
+
+def settle_amount(
+    admitted: Admitted, usage: Usage, *, complete: bool, failed_before_output: bool, embeddings: bool = False
+) -> tuple[int, str]:
+    """What to charge and how we know: reported usage, the reservation, or nothing."""
+    if admitted.price is None:
+        return 0, "unpriced"  # no cost ceiling applies (else admission refused it)
+    # Output counts are final only at the end (Anthropic's message_delta is cumulative).
+    final = usage.output_tokens is not None or (embeddings and usage.input_tokens is not None)
+    if final:
+        return cost(admitted.price, usage), "reported"
+    if failed_before_output:
+        return 0, "none"  # the provider refused or never answered: nothing was generated
+    # The stream was cut or usage never came: unknown is not zero.
+    return admitted.admission.reserved, "estimate"
+
+
+def body_max_tokens(adapter: Any, body: dict[str, Any], clamp: int | None) -> None:
+    if clamp is not None:
+        adapter.set_max_tokens(body, clamp)

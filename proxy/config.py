@@ -1,0 +1,241 @@
+"""Settings: defaults < YAML file (SPANMETER_CONFIG) < environment (SPANMETER_*).
+
+Policy is layered once more: global `policy` < the tenant's `policy` < request headers
+(which may only tighten). Every field has an environment variable: nested fields use
+`__`, e.g. `SPANMETER_POLICY__RUNS__MAX_LLM_CALLS=8`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from proxy.errors import ConfigError
+
+__all__ = [
+    "GuardPolicy",
+    "Policy",
+    "RepairPolicy",
+    "RunPolicy",
+    "Settings",
+    "TenantConfig",
+    "Upstream",
+    "hash_key",
+    "load_settings",
+]
+
+ENV_PREFIX = "SPANMETER_"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunPolicy(_Strict):
+    max_llm_calls: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+
+
+class BudgetPolicy(_Strict):
+    daily_usd: float | None = Field(None, gt=0)
+    monthly_usd: float | None = Field(None, gt=0)
+
+
+class RepairPolicy(_Strict):
+    mode: Literal["repair", "report", "off"] | None = None
+    on_invalid: Literal["pass", "error", "retry"] | None = None
+    close_truncated: bool | None = None
+
+
+class GuardPolicy(_Strict):
+    action: Literal["remind", "refuse", "off"] | None = None
+    threshold: int | None = Field(None, ge=2)
+    max_consecutive_failures: int | None = Field(None, ge=1)
+
+
+class Policy(_Strict):
+    """Policy knobs; `None` means "inherit from the layer below"."""
+
+    runs: RunPolicy = RunPolicy()
+    budgets: BudgetPolicy = BudgetPolicy()
+    repair: RepairPolicy = RepairPolicy()
+    guard: GuardPolicy = GuardPolicy()
+    capture_content: Literal["NO_CONTENT", "SPAN_ONLY"] | None = None
+
+    def over(self, base: Policy) -> Policy:
+        """This policy layered over `base`: fields set here win."""
+        merged: dict[str, Any] = {}
+        for section in ("runs", "budgets", "repair", "guard"):
+            mine = getattr(self, section).model_dump(exclude_none=True)
+            merged[section] = {**getattr(base, section).model_dump(), **mine}
+        merged["capture_content"] = self.capture_content or base.capture_content
+        return Policy.model_validate(merged)
+
+
+DEFAULT_POLICY = Policy(
+    repair=RepairPolicy(mode="repair", on_invalid="pass", close_truncated=False),
+    guard=GuardPolicy(action="remind", threshold=3),
+)
+
+
+class Upstream(_Strict):
+    """A named extra upstream of one dialect (e.g. a local OpenAI-compatible server)."""
+
+    dialect: Literal["openai", "anthropic", "gemini"]
+    base_url: str
+    key_env: str | None = None  # env var holding the upstream key
+    provider_name: str | None = None  # gen_ai.provider.name; default derived from host
+
+
+class TenantConfig(_Strict):
+    keys: list[str] = []  # sha256 hex of each spanmeter key; `spanmeter keys create` prints one
+    upstream_keys: dict[str, str] = {}  # dialect -> env var name of the upstream key
+    upstream: str | None = None  # name of an extra upstream all this tenant's calls go to
+    policy: Policy = Policy()
+
+    @field_validator("keys")
+    @classmethod
+    def _hashes(cls, v: list[str]) -> list[str]:
+        for k in v:
+            if len(k) != 64 or any(c not in "0123456789abcdef" for c in k):
+                raise ValueError(
+                    "tenant keys are stored as sha256 hex digests, never in clear; "
+                    "create one with `spanmeter keys create --tenant NAME`"
+                )
+        return v
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    config: str | None = None  # YAML file; read through SPANMETER_CONFIG
+
+    openai_base_url: str = "https://api.openai.com"
+    anthropic_base_url: str = "https://api.anthropic.com"
+    gemini_base_url: str = "https://generativelanguage.googleapis.com"
+    upstreams: dict[str, Upstream] = {}
+    # Env vars holding upstream keys, per dialect, used in tenant mode when a tenant names none.
+    upstream_keys: dict[str, str] = {
+        "openai": "OPENAI_API_KEY",
+        "anthropic": "ANTHROPIC_API_KEY",
+        "gemini": "GEMINI_API_KEY",
+    }
+    connect_timeout_s: float = Field(10.0, gt=0)
+    read_timeout_s: float = Field(600.0, gt=0)  # between bytes; long generations stream slowly
+    max_connections: int = Field(100, ge=1)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    allow_passthrough: bool = False  # unmetered forwarding of unknown paths
+
+    data_dir: str = ".spanmeter"
+    ledger_url: str | None = None  # default sqlite:///{data_dir}/ledger.db
+    fail_open: bool = False  # Redis down: refuse (default) or forward unmetered, loudly
+    timezone: str = "UTC"
+    run_idle_timeout_s: float = Field(600.0, gt=0)
+    admin_token: str | None = None
+
+    tenants: dict[str, TenantConfig] = {}
+    policy: Policy = Policy()
+    prices: dict[str, dict[str, float]] = {}  # model -> {input, cached_input, cache_write, output}
+
+    tracing: bool = True
+    otlp_endpoint: str | None = None  # else OTEL_EXPORTER_OTLP_ENDPOINT
+    service_name: str = "spanmeter"
+    local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = os.environ.get(f"{ENV_PREFIX}CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    @property
+    def open_mode(self) -> bool:
+        """No tenants configured: one tenant `default`, the caller's own key goes upstream."""
+        return not self.tenants
+
+    @property
+    def ledger(self) -> str:
+        return self.ledger_url or f"sqlite:///{Path(self.data_dir) / 'ledger.db'}"
+
+    def policy_for(self, tenant: str) -> Policy:
+        t = self.tenants.get(tenant)
+        base = self.policy.over(DEFAULT_POLICY)
+        return t.policy.over(base) if t else base
+
+    def check(self) -> Settings:
+        """Cross-field rules pydantic cannot express; raises ConfigError with the fix."""
+        if self.open_mode and not _is_loopback(self.host):
+            raise ConfigError(
+                f"Refusing to start in open mode on {self.host}: with no tenants configured, "
+                "anyone who can reach the port could spend through it. Listen on 127.0.0.1, or "
+                "configure tenants (`spanmeter keys create --tenant NAME`, then add the printed "
+                "hash under tenants.NAME.keys in the file named by SPANMETER_CONFIG)."
+            )
+        for name, t in self.tenants.items():
+            if t.upstream and t.upstream not in self.upstreams:
+                raise ConfigError(
+                    f"Tenant {name!r} names upstream {t.upstream!r}, which is not defined. "
+                    f"Defined upstreams: {sorted(self.upstreams) or 'none'}. Add it under `upstreams:`."
+                )
+        return self
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from file and env, or a ConfigError naming field, source and fix."""
+    try:
+        return Settings(**overrides).check()
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc)) from None
+
+
+def _explain(exc: ValidationError) -> str:
+    path = os.environ.get(f"{ENV_PREFIX}CONFIG")
+    lines = ["Invalid spanmeter configuration:"]
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        env = ENV_PREFIX + "__".join(loc).upper()
+        source = f"environment variable {env}" if env in os.environ else (
+            f"config file {path}" if path else "defaults")
+        if err["type"] == "extra_forbidden":
+            fix = "remove it, or check its spelling against the configuration reference in README.md"
+        else:
+            fix = f"expected {err['msg'].lower()}"
+        lines.append(f"- {'.'.join(loc)} (from {source}): got {err.get('input')!r}; {fix}.")
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""Moves the upstream response to the client, feeding the observer on the way.
+
+Bytes go to the client before the observer sees them only in the sense that
+observation never delays or fails the write: a parse failure becomes an observer
+note, never an exception into the stream. Streams are forwarded event by event,
+as soon as each event is complete; everything read in one upstream chunk goes
+out in one write.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.errors import ProxyError
+from proxy.model import Outcome, Repair, Rewrite, StreamError, StreamEvent
+from proxy.observer import Observer
+from proxy.providers.base import Framer, ProviderAdapter, SseEvent
+from proxy.upstream import UpstreamResponse, response_headers
+
+__all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "relay"]
+
+EventHook = Callable[[SseEvent, list[StreamEvent]], bytes | None]
+"""Returns replacement bytes for an event (b"" drops it) or None to forward it unchanged."""
+
+BodyHook = Callable[[object], bytes | None]
+"""Given the parsed JSON body, returns a replacement body or None."""
+
+
+@dataclass
+class Flow:
+    """What the relay learnt so far; owned by the handler so a cancelled relay loses nothing."""
+
+    observer: Observer = field(default_factory=Observer)
+    status: int = 0
+    complete: bool = False
+    first_chunk_s: float | None = None
+    delivered_ns: int = 0
+
+    def outcome(self) -> Outcome:
+        return self.observer.finish(self.status, complete=self.complete, first_chunk_s=self.first_chunk_s)
+
+
+@dataclass
+class Hooks:
+    """Per-call response rewriting, chosen by the handler; every change is recorded."""
+
+    on_event: list[EventHook] = field(default_factory=list)
+    on_body: list[BodyHook] = field(default_factory=list)
+    rewrites: list[Rewrite] = field(default_factory=list)
+    repairs: list[Repair] = field(default_factory=list)
+
+
+async def relay(
+    request: web.Request,
+    upstream: UpstreamResponse,
+    adapter: ProviderAdapter,
+    extra_headers: dict[str, str],
+    hooks: Hooks,
+    flow: Flow,
+    started: float,
+) -> web.StreamResponse:
+    headers = response_headers(upstream.headers)
+    headers.update(extra_headers)
+    flow.status = upstream.status
+    if upstream.is_sse and upstream.status < 300:
+        return await _stream(request, upstream, adapter, headers, hooks, flow, started)
+    return await _whole(upstream, adapter, headers, hooks, flow)
+
+
+async def _whole(
+    upstream: UpstreamResponse, adapter: ProviderAdapter, headers: CIMultiDict[str], hooks: Hooks, flow: Flow,
+) -> web.StreamResponse:
+    raw = await upstream.read()
+    observer = flow.observer
+    if upstream.status < 300:
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            observer.note("unparsed_body")
+        else:
+            observer.feed(_safe(adapter.parse_response, parsed, observer))
+            for hook in hooks.on_body:
+                replaced = hook(parsed)
+                if replaced is not None:
+                    raw = replaced
+    _stamp(headers, hooks)
+    flow.complete = True
+    return web.Response(body=raw, status=upstream.status, headers=headers)
+
+
+async def _stream(
+    request: web.Request, upstream: UpstreamResponse, adapter: ProviderAdapter,
+    headers: CIMultiDict[str], hooks: Hooks, flow: Flow, started: float,
+) -> web.StreamResponse:
+    # Headers leave before the body, so rewrites decided up front are all that can be
+    # listed here; stream repairs are recorded on the span.
+    _stamp(headers, hooks)
+    resp = web.StreamResponse(status=upstream.status, headers=headers)
+    await resp.prepare(request)
+    observer, framer = flow.observer, Framer()
+    try:
+        async for chunk in upstream.chunks():
+            if flow.first_chunk_s is None:
+                flow.first_chunk_s = time.perf_counter() - started
+            out = _events(framer.feed(chunk), adapter, observer, hooks)
+            if out:
+                await resp.write(out)
+        tail = framer.flush()
+        if tail is not None:
+            out = _events([tail], adapter, observer, hooks)
+            if out:
+                await resp.write(out)
+        flow.complete = True
+    except ProxyError as exc:
+        # The status line is gone already: end the stream with the dialect's error event.
+        observer.feed([_stream_error(exc)])
+        await _try_write(resp, adapter.render_stream_error(exc))
+    await _try_eof(resp)
+    return resp
+
+
+def _events(events: list[SseEvent], adapter: ProviderAdapter, observer: Observer, hooks: Hooks) -> bytes:
+    parts = []
+    for event in events:
+        parsed = _safe(adapter.parse_event, event, observer)
+        observer.feed(parsed)
+        out: bytes | None = None
+        for hook in hooks.on_event:
+            out = hook(event, parsed)
+            if out is not None:
+                break
+        parts.append(event.raw if out is None else out)
+    return b"".join(parts)
+
+
+def _safe(fn: Callable[[object], list[StreamEvent]], arg: object, observer: Observer) -> list[StreamEvent]:
+    try:
+        return fn(arg)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+        observer.note("unparsed_event")
+        return []
+
+
+def _stream_error(exc: ProxyError) -> StreamEvent:
+    return StreamError(exc.error_type, exc.message)
+
+
+def _stamp(headers: CIMultiDict[str], hooks: Hooks) -> None:
+    if hooks.rewrites:
+        headers["x-spanmeter-rewrites"] = ", ".join(r.header_value() for r in hooks.rewrites)
+
+
+async def _try_write(resp: web.StreamResponse, data: bytes) -> None:
+    try:
+        await resp.write(data)
+    except (ConnectionError, RuntimeError):
+        pass
+
+
+async def _try_eof(resp: web.StreamResponse) -> None:
+    try:
+        await resp.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass

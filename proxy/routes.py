@@ -1,0 +1,116 @@
+"""Paths -> adapters, and where each call goes upstream with which credentials. No I/O."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from proxy.config import Settings
+from proxy.errors import ConfigError, UnknownRoute
+from proxy.model import Caller
+from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.base import ProviderAdapter
+from proxy.providers.chat import CHAT
+from proxy.providers.embeddings import EMBEDDINGS
+from proxy.providers.gemini import GEMINI
+from proxy.providers.responses import RESPONSES
+from proxy.upstream import host_port
+
+__all__ = ["SUPPORTED", "Target", "adapter_for", "dialect_of", "target_for"]
+
+SUPPORTED = (
+    "POST /v1/chat/completions",
+    "POST /v1/responses",
+    "POST /v1/messages",
+    "POST /v1/embeddings",
+    "POST /v1beta/models/{model}:generateContent",
+    "POST /v1beta/models/{model}:streamGenerateContent?alt=sse",
+    "GET /v1/models",
+    "(any of these under /upstreams/{name}/ to pick a configured upstream)",
+)
+
+_FIXED: dict[str, ProviderAdapter] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/responses": RESPONSES,
+    "/v1/messages": ANTHROPIC,
+    "/v1/embeddings": EMBEDDINGS,
+}
+
+
+def adapter_for(path: str) -> ProviderAdapter | None:
+    """The adapter for a metered path (already stripped of any /upstreams/{name} prefix)."""
+    found = _FIXED.get(path)
+    if found is not None:
+        return found
+    if path.startswith(("/v1beta/models/", "/v1/models/")) and path.endswith(
+        (":generateContent", ":streamGenerateContent")
+    ):
+        return GEMINI
+    return None
+
+
+def unknown_route(method: str, path: str) -> UnknownRoute:
+    return UnknownRoute(
+        f"spanmeter does not serve {method} {path}. Supported routes: {'; '.join(SUPPORTED)}. "
+        "Unmetered pass-through of other paths is off because it would let calls bypass "
+        "budgets; an operator can allow it with SPANMETER_ALLOW_PASSTHROUGH=true."
+    )
+
+
+def dialect_of(adapter: ProviderAdapter) -> str:
+    return {"messages": "anthropic", "gemini": "gemini"}.get(adapter.api, "openai")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    base_url: str
+    auth: dict[str, str]
+    provider: str  # gen_ai.provider.name
+    server_address: str
+    server_port: int
+
+
+_KNOWN_PROVIDERS = {
+    "api.openai.com": "openai",
+    "api.anthropic.com": "anthropic",
+    "generativelanguage.googleapis.com": "gcp.gemini",
+    "aiplatform.googleapis.com": "gcp.vertex_ai",
+}
+
+
+def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
+    dialect = dialect_of(adapter)
+    tenant = settings.tenants.get(caller.tenant)
+    name = upstream_name or (tenant.upstream if tenant else None)
+    key_env: str | None
+    if name is not None:
+        up = settings.upstreams.get(name)
+        if up is None or up.dialect != dialect:
+            raise UnknownRoute(
+                f"No upstream named {name!r} for the {dialect} dialect. Configured: "
+                f"{sorted(k for k, u in settings.upstreams.items() if u.dialect == dialect) or 'none'}."
+            )
+        base, key_env, provider = up.base_url, up.key_env, up.provider_name
+    else:
+        base = getattr(settings, adapter.upstream_setting)
+        key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
+        provider = None
+    host, port = host_port(base)
+    # Semconv: the value names the API actually called; an unknown OpenAI-compatible
+    # server is not "openai".
+    provider = provider or _KNOWN_PROVIDERS.get(host) or (name or host.replace(".", "_").replace("-", "_"))
+    return Target(base.rstrip("/"), _auth(settings, adapter, caller, key_env), provider, host, port)
+
+
+def _auth(settings: Settings, adapter: ProviderAdapter, caller: Caller, key_env: str | None) -> dict[str, str]:
+    if settings.open_mode:
+        return adapter.auth_headers(caller.upstream_key) if caller.upstream_key else {}
+    if not key_env:
+        return {}
+    key = os.environ.get(key_env)
+    if key is None:
+        raise ConfigError(
+            f"The upstream key for tenant {caller.tenant!r} is read from the environment variable "
+            f"{key_env}, which is not set in the proxy's environment. Set it and restart spanmeter."
+        )
+    return adapter.auth_headers(key) if key else {}

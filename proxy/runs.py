@@ -1,0 +1,110 @@
+"""Run bookkeeping: one trace per run, tool spans rebuilt across calls, run ends.
+
+A tool call seen in response N is kept in run state (the shared store, so any replica
+can close it); the request that carries its result closes it with an `execute_tool`
+span timed from the delivery of N to the arrival of that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from proxy.model import Call, Caller, Outcome
+from proxy.policy.store import Store
+from tracing import spans
+from tracing.setup import Telemetry
+
+__all__ = ["Runs"]
+
+log = logging.getLogger("spanmeter.runs")
+
+
+class Runs:
+    def __init__(self, store: Store, tel: Telemetry | None, idle_timeout_s: float) -> None:
+        self._store = store
+        self._tel = tel
+        self._idle = idle_timeout_s
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def begin(self, caller: Caller) -> spans.RunTrace:
+        """The run's trace ids, fixed by whichever replica saw the run first."""
+        fresh = spans.new_run_trace()
+        rec = await self._store.run_begin(caller.tenant, caller.run_id, datetime.now(UTC), fresh.as_dict())
+        return spans.RunTrace.from_dict(rec)
+
+    async def close_tools(
+        self, caller: Caller, call: Call, run: spans.RunTrace, parent: spans.TraceParent | None
+    ) -> list[tuple[dict[str, Any], bool]]:
+        """Emit a tool span for each result this request carries; returns (call, ok) pairs."""
+        if not call.tool_results:
+            return []
+        arrived = time.time_ns()
+        pending = await self._store.tools_take(caller.tenant, caller.run_id, [r.call_id for r in call.tool_results])
+        by_id = {p["id"]: p for p in pending}
+        closed = []
+        for result in call.tool_results:
+            p = by_id.get(result.call_id)
+            if p is None:
+                continue  # a result for a call this proxy never delivered (or already closed)
+            ok = True
+            if self._tel is not None:
+                ok = spans.tool_span(
+                    self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
+                    result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
+                    end_ns=arrived, parent=parent, run_trace=run)
+            closed.append((p, ok))
+        return closed
+
+    async def remember(self, caller: Caller, outcome: Outcome, delivered_ns: int) -> None:
+        if outcome.tool_calls:
+            await self._store.tools_put(caller.tenant, caller.run_id, [
+                {"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns}
+                for tc in outcome.tool_calls])
+
+    async def end(self, tenant: str, run_id: str, status: str = "ok") -> bool:
+        rec = await self._store.run_end(tenant, run_id)
+        if rec is None:
+            return False  # already ended, by us or another replica
+        pending = await self._store.tools_take(tenant, run_id, [
+            p["id"] for p in await self._store.tools_pending(tenant, run_id)])
+        totals = await self._store.run_totals(tenant, run_id)
+        if self._tel is not None:
+            caller = Caller(tenant, run_id, "header")
+            run = spans.RunTrace.from_dict(rec)
+            now = time.time_ns()
+            for p in pending:
+                spans.tool_span(self._tel, caller, name=p["name"], call_id=p["id"], arguments=p["arguments"],
+                                result=None, is_error=True, start_ns=p["delivered_ns"], end_ns=now,
+                                parent=None, run_trace=run)
+            totals = {**totals, "tool_results_missing": totals.get("tool_results_missing", 0) + len(pending)}
+            spans.end_run(self._tel, caller, run, totals, status)
+        return True
+
+    def start_sweeper(self, every_s: float = 15.0) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep(every_s))
+
+    async def stop_sweeper(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+    async def sweep_once(self) -> int:
+        before = datetime.now(UTC) - timedelta(seconds=self._idle)
+        ended = 0
+        for tenant, run_id in await self._store.idle_runs(before):
+            ended += await self.end(tenant, run_id, status="idle")
+        return ended
+
+    async def _sweep(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.sweep_once()
+            except Exception:  # noqa: BLE001 - the sweeper must outlive a store hiccup
+                log.warning("run sweeper failed; will retry", exc_info=True)

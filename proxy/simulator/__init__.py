@@ -1,0 +1,105 @@
+"""A scripted model API in the providers' exact wire formats, for the demo, tests and load.
+
+It fakes the outside world only: nothing here imports spanmeter's proxy code. The
+last user message picks the scenario (see `script.SCENARIOS`), so any SDK pointed at
+it gets deterministic answers. Requests it received are kept (bounded) under
+`RECEIVED` so tests can check what reached the "provider" byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import deque
+from types import ModuleType
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.simulator import chat
+from proxy.simulator.script import script_for
+
+__all__ = ["RECEIVED", "STREAMS", "Received", "create_simulator"]
+
+
+class Received:
+    __slots__ = ("body", "headers", "path", "query")
+
+    def __init__(self, path: str, query: str, headers: dict[str, str], body: bytes) -> None:
+        self.path, self.query, self.headers, self.body = path, query, headers, body
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+RECEIVED = web.AppKey("received", deque)
+STREAMS = web.AppKey("streams", dict)  # response id -> "done" | "client_gone", for cancellation tests
+
+# (path, dialect module). Gemini paths carry the model: `{model}` is matched by aiohttp.
+ROUTES: list[tuple[str, ModuleType]] = [
+    ("/v1/chat/completions", chat),
+]
+
+
+def _handler(dialect: ModuleType) -> Any:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        request.app[RECEIVED].append(Received(request.path, request.query_string, dict(request.headers), raw))
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return web.json_response(dialect.error(400, "simulator: body is not JSON"), status=400)
+        req = dialect.parse(body, request.path)
+        script = script_for(req)
+        # Ids derive from the request, so the same request gets the same bytes back
+        # directly and through the proxy.
+        rid = hashlib.sha256(raw).hexdigest()[:20]
+        if script.stall_s:
+            await asyncio.sleep(script.stall_s)
+        if script.error_status:
+            return web.Response(body=orjson.dumps(dialect.error(script.error_status, "simulated upstream failure")),
+                                status=script.error_status, content_type="application/json",
+                                headers={"retry-after": "0"} if script.error_status == 429 else None)
+        if not req.stream:
+            return web.Response(body=orjson.dumps(dialect.body(script, req, rid)), content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        streams = request.app[STREAMS]
+        streams[rid] = "streaming"
+        try:
+            for i, event in enumerate(dialect.events(script, req, rid, body)):
+                if script.reset_after is not None and i >= script.reset_after:
+                    assert request.transport is not None
+                    request.transport.abort()  # a connection reset mid-stream, as providers do under load
+                    streams[rid] = "reset"
+                    return resp
+                if script.delay_s and i:
+                    await asyncio.sleep(script.delay_s)
+                    if request.transport is None or request.transport.is_closing():
+                        raise ConnectionResetError
+                await resp.write(event)
+            await resp.write_eof()
+            streams[rid] = "done"
+        except (ConnectionResetError, asyncio.CancelledError):
+            streams[rid] = "client_gone"
+            raise
+        return resp
+
+    return handle
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [
+        {"id": m, "object": "model", "created": 1764460800, "owned_by": "spanmeter-sim"}
+        for m in ("sim-small", "sim-large")]})
+
+
+def create_simulator(max_received: int = 1000) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[RECEIVED] = deque(maxlen=max_received)
+    app[STREAMS] = {}
+    for path, dialect in ROUTES:
+        app.router.add_post(path, _handler(dialect))
+    app.router.add_get("/v1/models", _models)
+    return app

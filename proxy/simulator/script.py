@@ -1,0 +1,114 @@
+"""What the simulated model says, chosen by the last user message. Dialect-neutral.
+
+A scenario is named in the last user message as `SCENARIO:<name>[:<arg>]`. Renderers
+(one module per dialect) turn a `Script` into that dialect's exact wire format.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["SCENARIOS", "Request", "Script", "script_for"]
+
+_SCENARIO = re.compile(r"SCENARIO:([a-z_]+)(?::([0-9.]+))?")
+
+GREETING = "Hello! I am the spanmeter simulator. Everything you see here is made up."
+FENCED_JSON = 'Sure! Here is the JSON you asked for:\n```json\n{"name": "Ada Lovelace", "born": 1815, "tags": [\'math\', "poetry",],}\n```\nLet me know if you need more.'
+CLEAN_JSON = '{"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poetry"]}'
+TRUNCATED_JSON = '{"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poe'
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a renderer extracted from the request."""
+
+    model: str
+    stream: bool
+    last_user: str
+    tool_result: str | None  # the result of the previous tool call, if this request carries one
+    tools: tuple[str, ...]
+    input_chars: int
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    chunks: tuple[str, ...] = ()  # text, split as it will stream
+    tool: tuple[str, str] | None = None  # (name, arguments JSON text)
+    finish: str = "stop"  # stop | length | tool
+    delay_s: float = 0.0  # between stream events
+    error_status: int | None = None
+    reset_after: int | None = None  # stream events before the connection is cut
+    stall_s: float = 0.0  # before the status line: a slow or hung upstream
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _words(text: str) -> tuple[str, ...]:
+    parts = re.findall(r"\S+\s*|\s+", text)
+    return tuple(parts) or ("",)
+
+
+def _pieces(text: str, size: int = 6) -> tuple[str, ...]:
+    return tuple(text[i : i + size] for i in range(0, len(text), size)) or ("",)
+
+
+def _tool_call(req: Request, args: str) -> Script:
+    name = req.tools[0] if req.tools else "get_weather"
+    return Script(tool=(name, args), finish="tool")
+
+
+def script_for(req: Request) -> Script:
+    m = _SCENARIO.search(req.last_user)
+    name, arg = (m.group(1), m.group(2)) if m else ("text", None)
+    build = SCENARIOS.get(name, SCENARIOS["text"])
+    s = build(req, arg)
+    out_tokens = s.output_tokens or max(1, sum(len(c) for c in s.chunks) // 4) + (8 if s.tool else 0)
+    return Script(s.chunks, s.tool, s.finish, s.delay_s, s.error_status, s.reset_after, s.stall_s,
+                  max(1, req.input_chars // 4), out_tokens, s.cached_tokens, s.extra)
+
+
+def _text(req: Request, arg: str | None) -> Script:
+    return Script(_words(GREETING))
+
+
+def _tool(req: Request, arg: str | None) -> Script:
+    if req.tool_result is None:
+        return _tool_call(req, '{"city": "Paris", "unit": "celsius"}')
+    return Script(_words(f"The tool answered: {req.tool_result[:200]}. Done."))
+
+
+def _loop(req: Request, arg: str | None) -> Script:
+    # A model stuck on one call: the same tool, the same arguments, whatever it is told.
+    return _tool_call(req, '{"path": "/etc/config.yaml"}')
+
+
+def _bad_args(req: Request, arg: str | None) -> Script:
+    if req.tool_result is None:
+        return _tool_call(req, "{'city': 'Paris', unit: \"celsius\",}")
+    return Script(_words("Thanks, that worked."))
+
+
+def _long(req: Request, arg: str | None) -> Script:
+    n = int(float(arg)) if arg else 50
+    return Script(tuple(f"tok{i} " for i in range(n)))
+
+
+SCENARIOS = {
+    "text": _text,
+    "tool": _tool,
+    "loop": _loop,
+    "bad_args": _bad_args,
+    "json": lambda r, a: Script(_pieces(CLEAN_JSON)),
+    "json_fenced": lambda r, a: Script(_pieces(FENCED_JSON)),
+    "truncated": lambda r, a: Script(_pieces(TRUNCATED_JSON), finish="length"),
+    "braces": lambda r, a: Script(_words('Use the format {"name": "value"} as you were told.')),
+    "slow": lambda r, a: Script(_words(GREETING), delay_s=float(a) if a else 0.05),
+    "error": lambda r, a: Script(error_status=int(float(a)) if a else 500),
+    "reset": lambda r, a: Script(_words(GREETING), reset_after=int(float(a)) if a else 3),
+    "long": _long,
+    "stall": lambda r, a: Script(_words(GREETING), stall_s=float(a) if a else 5.0),
+    "cached": lambda r, a: Script(_words(GREETING), cached_tokens=8),
+}

@@ -1,0 +1,154 @@
+"""The named steps of handler.handle_call that are more than one line."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.appkeys import BUDGET_CACHE, RUNS, STORE, TEL
+from proxy.ceilings import Admitted, settle_amount
+from proxy.config import Policy
+from proxy.errors import BodyTooLarge, CeilingReached, MalformedBody, ProxyError
+from proxy.model import Call, Caller, Outcome, Rewrite, StreamError, StreamEvent
+from proxy.providers.base import ProviderAdapter, SseEvent
+from proxy.relay import Flow, Hooks
+from proxy.routes import Target
+from tracing import spans
+
+__all__ = ["budgets", "finish", "read_call", "refused", "response_hooks", "stream_error", "upstream_url"]
+
+log = logging.getLogger("spanmeter.handler")
+BUDGET_TTL_S = 5.0  # admin budget changes reach every replica within this
+
+
+async def read_call(request: web.Request, adapter: ProviderAdapter, limit: int) -> tuple[bytes, dict[str, Any], Call]:
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(request.content_length, limit)
+    raw = await request.content.read(limit + 1)
+    if len(raw) > limit:
+        raise _too_large(None, limit)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBody(
+            f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            f"(byte {exc.pos}). Send a JSON object as the {adapter.api} API expects.") from None
+    if not isinstance(body, dict):
+        raise MalformedBody(f"The request body must be a JSON object, not {type(body).__name__}.")
+    try:
+        call = adapter.parse_request(body, request.path)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise MalformedBody(f"The request body has a field of the wrong type ({exc}).") from None
+    return raw, body, _sized(call, len(raw))
+
+
+def _sized(call: Call, n: int) -> Call:
+    return replace(call, body_bytes=n)
+
+
+def _too_large(size: int | None, limit: int) -> BodyTooLarge:
+    got = f"{size} bytes" if size is not None else "more than that"
+    return BodyTooLarge(
+        f"The request body is {got}, over spanmeter's limit of {limit} bytes. Send less context, "
+        "or raise SPANMETER_MAX_BODY_BYTES.")
+
+
+def upstream_url(target: Target, request: web.Request) -> str:
+    path = request.match_info.get("tail")
+    path = "/" + path if path is not None else request.path
+    # ?key= is the caller's spanmeter key (curl users); the upstream key goes in a header.
+    query = "&".join(p for p in request.query_string.split("&") if p and not p.startswith("key="))
+    return f"{target.base_url}{path}" + (f"?{query}" if query else "")
+
+
+async def budgets(app: web.Application, tenant: str, policy: Policy) -> tuple[float | None, float | None]:
+    """Tenant day/month budgets in USD: admin overrides (cached briefly) over config."""
+    cache = app[BUDGET_CACHE]
+    hit = cache.get(tenant)
+    now = time.monotonic()
+    if hit is None or hit[0] < now:
+        day, month = await app[STORE].budget_get(tenant)
+        hit = cache[tenant] = (now + BUDGET_TTL_S, day, month)
+    day = hit[1] / 1e6 if hit[1] is not None else policy.budgets.daily_usd
+    month = hit[2] / 1e6 if hit[2] is not None else policy.budgets.monthly_usd
+    return day, month
+
+
+def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks) -> None:
+    if call.api == "chat" and call.stream and not call.include_usage:
+        hooks.on_event.append(_drop_usage_chunk)
+        hooks.rewrites.append(_USAGE_DROPPED)
+
+
+_USAGE_DROPPED = Rewrite("usage_chunk", "dropped")
+
+
+def _drop_usage_chunk(event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
+    # The client did not ask for usage: user code often indexes chunk.choices[0].
+    d = event.data
+    return b"" if d.startswith("{") and '"choices":[]' in d else None
+
+
+def stream_error(exc: ProxyError) -> StreamEvent:
+    return StreamError(exc.error_type, exc.message)
+
+
+async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
+    spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="none",
+                   budget_remaining_micros=None, rewrites=[], repairs=[], refusal=exc.error_type)
+    if isinstance(exc, CeilingReached):
+        try:
+            await app[STORE].run_add(caller.tenant, caller.run_id, {"ceilings_hit": 1})
+        except ProxyError:
+            log.warning("could not record a ceiling hit for run %s", caller.run_id)
+
+
+def _refusal_outcome(exc: ProxyError) -> Outcome:
+    return Outcome(status=exc.status, error_type=exc.error_type, error_message=exc.message, complete=False)
+
+
+async def finish(app: web.Application, caller: Caller, call: Call, admitted: Admitted, cs: Any, flow: Flow,
+                 hooks: Hooks, headers: Mapping[str, str]) -> None:
+    outcome = flow.outcome()
+    failed = outcome.status >= 400 or (outcome.status == 0)
+    amount, source = settle_amount(admitted, outcome.usage, complete=outcome.complete,
+                                   failed_before_output=failed and not flow.observer.text()
+                                   and not outcome.tool_calls, embeddings=call.api == "embeddings")
+    remaining = None
+    try:
+        overshoot = await app[STORE].settle(admitted.admission, amount)
+        if overshoot:
+            app[TEL].count_overshoot(caller.tenant, overshoot)
+        rem = [v for v in admitted.admission.remaining.values() if v is not None]
+        remaining = min(rem) + admitted.admission.reserved - amount if rem else None
+        await app[RUNS].remember(caller, outcome, flow.delivered_ns)
+        await app[STORE].run_add(caller.tenant, caller.run_id, _totals(outcome, amount, hooks))
+    except ProxyError:
+        # The reservation stays and expires at its full amount: unknown is not zero.
+        log.error("could not settle call of run %s; its reservation stands", caller.run_id)
+    spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
+                   budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs)
+    if headers.get("x-run-end", "").lower() == "true":
+        try:
+            await app[RUNS].end(caller.tenant, caller.run_id)
+        except ProxyError:
+            log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+
+
+def _totals(outcome: Outcome, amount: int, hooks: Hooks) -> dict[str, int]:
+    u = outcome.usage
+    return {
+        "model_calls": 1,
+        "tool_calls": len(outcome.tool_calls),
+        "failures": 1 if outcome.error_type else 0,
+        "input_tokens": u.input_tokens or 0,
+        "output_tokens": u.output_tokens or 0,
+        "cost_micros": amount,
+        "repairs": len(hooks.repairs),
+    }

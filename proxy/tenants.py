@@ -1,0 +1,87 @@
+"""Who is calling: spanmeter key -> tenant, and which run the call belongs to."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+from collections.abc import Mapping
+
+from proxy.config import Settings, hash_key
+from proxy.errors import RequestError, Unauthorized
+from proxy.model import Caller
+
+__all__ = ["KeyIndex", "TRACEPARENT", "identify", "new_key", "presented_key"]
+
+OPEN_TENANT = "default"
+KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
+TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+
+class KeyIndex:
+    """sha256(key) -> tenant, built once from settings. Keys are never held in clear."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._by_hash = {h: name for name, t in settings.tenants.items() for h in t.keys}
+
+    def tenant_of(self, key: str) -> str | None:
+        # The lookup is by sha256 of the presented key: timing can reveal at most how
+        # a hash the caller cannot steer compares, never a prefix of a stored key.
+        return self._by_hash.get(hash_key(key))
+
+
+def new_key() -> str:
+    return "sm-" + secrets.token_urlsafe(32)
+
+
+def presented_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The key in the SDK's native auth header (case-insensitive), or `?key=` for curl."""
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else auth.strip()
+    return headers.get("x-api-key") or headers.get("x-goog-api-key") or query.get("key")
+
+
+def identify(
+    headers: Mapping[str, str], query: Mapping[str, str], settings: Settings, keys: KeyIndex
+) -> Caller:
+    key = presented_key(headers, query)
+    if settings.open_mode:
+        tenant, upstream_key, key_id = OPEN_TENANT, key, None
+    else:
+        if not key:
+            raise Unauthorized(
+                "No spanmeter key was sent. Send your spanmeter key as the SDK's API key "
+                "(Authorization: Bearer, x-api-key or x-goog-api-key). Create one with "
+                "`spanmeter keys create --tenant NAME`."
+            )
+        found = keys.tenant_of(key)
+        if found is None:
+            raise Unauthorized(
+                "The API key is not a spanmeter key of any tenant. Use the key printed by "
+                "`spanmeter keys create --tenant NAME` (spanmeter injects the provider key itself)."
+            )
+        tenant, upstream_key, key_id = found, None, hash_key(key)[:8]
+    run_id, source = _run(headers)
+    return Caller(tenant, run_id, source, key_id, upstream_key)
+
+
+def _run(headers: Mapping[str, str]) -> tuple[str, str]:
+    rid = headers.get("x-run-id")
+    if rid is not None:
+        rid = rid.strip()
+        if not _RUN_ID.match(rid):
+            raise RequestError(
+                f"X-Run-Id {rid[:40]!r} is not a valid run id: use 1 to 128 characters of "
+                "letters, digits and . _ : @ / + = -",
+                param="X-Run-Id",
+            )
+        return rid, "header"
+    tp = headers.get("traceparent")
+    if tp:
+        m = TRACEPARENT.match(tp.strip().lower())
+        if m:
+            return m.group(1), "traceparent"
+    return "run-" + uuid.uuid4().hex[:16], "generated"
