@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,7 +13,7 @@ from aiohttp import web
 from proxy import admin
 from proxy.appkeys import BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.config import Settings
-from proxy.errors import ProxyError, UnknownRoute
+from proxy.errors import ProxyError
 from proxy.handler import handle_call
 from proxy.policy.pricing import PriceTable
 from proxy.policy.store import Store, open_store
@@ -29,7 +30,7 @@ from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanmeter")
-ADAPTER = "spanmeter.adapter"
+ADAPTER = web.RequestKey("adapter", ProviderAdapter)  # type: ignore[type-abstract]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -119,13 +120,13 @@ def _store_ctx(injected: Store | None) -> Callable[[web.Application], AsyncItera
 def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         s = app[SETTINGS]
-        app[TEL] = tel = injected or setup_telemetry(TelemetryConfig(
-            service_name=s.service_name, otlp_endpoint=s.otlp_endpoint,
-            local_dir=str(Path(s.data_dir) / "traces") if s.local_traces else None,
-            enabled=s.tracing))
+        app[TEL] = tel = injected or setup_telemetry(TelemetryConfig.from_env(
+            otlp_endpoint=s.otlp_endpoint,
+            local_dir=str(Path(s.data_dir) / "traces") if s.local_traces else None))
         yield
         if injected is None:
-            tel.shutdown()
+            # Shutdown flushes exporters and may block up to their timeout: not on the loop.
+            await asyncio.get_running_loop().run_in_executor(None, tel.shutdown)
 
     return ctx
 
@@ -162,5 +163,3 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[TEL].metrics_text(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-
-__all__ += ["UnknownRoute"]

@@ -152,9 +152,7 @@ class Settings(BaseSettings):
     policy: Policy = Policy()
     prices: dict[str, dict[str, float]] = {}  # model -> {input, cached_input, cache_write, output}
 
-    tracing: bool = True
-    otlp_endpoint: str | None = None  # else OTEL_EXPORTER_OTLP_ENDPOINT
-    service_name: str = "spanmeter"
+    otlp_endpoint: str | None = None  # else the standard OTEL_EXPORTER_OTLP_ENDPOINT
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
 
     @classmethod

@@ -16,6 +16,7 @@ from proxy.model import Call, Caller, Rewrite
 from proxy.policy.store import Store
 from proxy.relay import Hooks
 from tracing.digests import canonical_sha256
+from tracing import spans
 from tracing.setup import Telemetry
 
 __all__ = ["guard", "prefix_tool_result", "reminder"]
@@ -31,7 +32,7 @@ def reminder(tool: str, count: int) -> str:
 
 async def guard(
     store: Store, tel: Telemetry, caller: Caller, call: Call, policy: GuardPolicy,
-    closed: list[tuple[dict[str, Any], bool]], body: dict[str, Any], hooks: Hooks,
+    closed: list[tuple[dict[str, Any], bool]], body: dict[str, Any], hooks: Hooks, cs: spans.CallSpan,
 ) -> None:
     if policy.action == "off" or not closed:
         return
@@ -42,7 +43,7 @@ async def guard(
         failures = await store.failures(caller.tenant, caller.run_id, not ok)
         limit = policy.max_consecutive_failures
         if limit is not None and failures >= limit:
-            tel.count_guard(caller.tenant, "refuse")
+            spans.record_guard_action(tel, caller, "refuse", tool_name=name, repeats=failures, cs=cs)
             raise LoopRefused(
                 f"Run {caller.run_id} of tenant {caller.tenant} had {failures} tool failures in a row "
                 f"(last: `{name}`), reaching the ceiling of {limit} (setting guard.max_consecutive_failures). "
@@ -50,14 +51,14 @@ async def guard(
         if streak < threshold:
             continue
         if policy.action == "refuse":
-            tel.count_guard(caller.tenant, "refuse")
+            spans.record_guard_action(tel, caller, "refuse", tool_name=name, repeats=streak, cs=cs)
             raise LoopRefused(
                 f"Run {caller.run_id} of tenant {caller.tenant} called the tool `{name}` {streak} times in a row "
                 f"with identical arguments (threshold {threshold}, setting guard.threshold). The call was not "
                 "forwarded: the model is looping. Change the arguments, or set guard.action to `remind` or "
                 "`off` for this tenant.")
         if prefix_tool_result(call.api, body, pending["id"], reminder(name, streak)):
-            tel.count_guard(caller.tenant, "remind")
+            spans.record_guard_action(tel, caller, "remind", tool_name=name, repeats=streak, cs=cs)
             hooks.rewrites.append(Rewrite("loop_reminder", f"{name}x{streak}"))
 
 

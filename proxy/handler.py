@@ -30,13 +30,13 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     target = target_for(settings, adapter, caller, upstream_name)
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
-    run = await app[RUNS].begin(caller)
+    run = await app[RUNS].begin(caller, parent)
     closed = await app[RUNS].close_tools(caller, call, run, parent)
     hooks = Hooks()
     cs = spans.start_call(app[TEL], caller, call, provider=target.provider, server_address=target.server_address,
                           server_port=target.server_port, parent=parent, run_trace=run)
     try:
-        await guard(app[STORE], app[TEL], caller, call, policy.guard, closed, body, hooks)
+        await guard(app[STORE], app[TEL], caller, call, policy.guard, closed, body, hooks, cs)
         limits = limits_for(policy, request.headers, *await steps.budgets(app, caller.tenant, policy))
         admitted = await admit(app[STORE], app[PRICES], caller, call, limits, tz=settings.timezone)
     except ProxyError as exc:

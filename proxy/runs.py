@@ -17,6 +17,7 @@ from typing import Any
 from proxy.model import Call, Caller, Outcome
 from proxy.policy.store import Store
 from tracing import spans
+from tracing.digests import tool_result_digest
 from tracing.setup import Telemetry
 
 __all__ = ["Runs"]
@@ -31,11 +32,12 @@ class Runs:
         self._idle = idle_timeout_s
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def begin(self, caller: Caller) -> spans.RunTrace:
+    async def begin(self, caller: Caller, parent: spans.TraceParent | None) -> spans.RunTrace:
         """The run's trace ids, fixed by whichever replica saw the run first."""
-        fresh = spans.new_run_trace()
-        rec = await self._store.run_begin(caller.tenant, caller.run_id, datetime.now(UTC), fresh.as_dict())
-        return spans.RunTrace.from_dict(rec)
+        fresh = spans.new_run_trace(parent)
+        rec = await self._store.run_begin(caller.tenant, caller.run_id, datetime.now(UTC),
+                                          {"trace": fresh.encode()})
+        return spans.RunTrace.decode(rec["trace"])
 
     async def close_tools(
         self, caller: Caller, call: Call, run: spans.RunTrace, parent: spans.TraceParent | None
@@ -51,9 +53,9 @@ class Runs:
             p = by_id.get(result.call_id)
             if p is None:
                 continue  # a result for a call this proxy never delivered (or already closed)
-            ok = True
+            ok = tool_result_digest(result.content, is_error=result.is_error).ok
             if self._tel is not None:
-                ok = spans.tool_span(
+                spans.tool_span(
                     self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
                     result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
                     end_ns=arrived, parent=parent, run_trace=run)
@@ -75,7 +77,7 @@ class Runs:
         totals = await self._store.run_totals(tenant, run_id)
         if self._tel is not None:
             caller = Caller(tenant, run_id, "header")
-            run = spans.RunTrace.from_dict(rec)
+            run = spans.RunTrace.decode(rec["trace"])
             now = time.time_ns()
             for p in pending:
                 spans.tool_span(self._tel, caller, name=p["name"], call_id=p["id"], arguments=p["arguments"],

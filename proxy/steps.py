@@ -123,8 +123,7 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
     remaining = None
     try:
         overshoot = await app[STORE].settle(admitted.admission, amount)
-        if overshoot:
-            app[TEL].count_overshoot(caller.tenant, overshoot)
+        spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         rem = [v for v in admitted.admission.remaining.values() if v is not None]
         remaining = min(rem) + admitted.admission.reserved - amount if rem else None
         await app[RUNS].remember(caller, outcome, flow.delivered_ns)

@@ -22,7 +22,7 @@ async def _raw(url: str, body: dict, headers: dict | None = None) -> tuple[int, 
     async with aiohttp.ClientSession() as s, s.post(
         f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-x", **(headers or {})}
     ) as r:
-        return r.status, dict(r.headers), await r.read()
+        return r.status, r.headers.copy(), await r.read()
 
 
 async def test_non_stream_body_reaches_the_client_byte_for_byte(sim, proxy):

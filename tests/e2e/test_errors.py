@@ -26,7 +26,7 @@ async def _post(url: str, path: str, data: bytes, headers: dict | None = None) -
     async with aiohttp.ClientSession() as s, s.post(
         url + path, data=data, headers={"Authorization": "Bearer k", "Content-Type": "application/json",
                                         **(headers or {})}) as r:
-        return r.status, dict(r.headers), await r.json(content_type=None)
+        return r.status, r.headers.copy(), await r.json(content_type=None)
 
 
 async def test_unknown_key_is_401_in_openai_shape(make_proxy):
