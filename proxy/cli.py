@@ -129,13 +129,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> None:
-    from tracing.viewer import render_run_tree, render_runs_table
+    from tracing.viewer import load_runs, render_run_tree, render_runs_table
 
-    traces = str(Path(args.data_dir) / "traces")
+    traces = Path(args.data_dir) / "traces"
     if args.run_id:
-        print(render_run_tree(traces, args.run_id, tenant=args.tenant))
+        print(render_run_tree(args.run_id, traces))
     else:
-        print(render_runs_table(traces, tenant=args.tenant))
+        runs = [r for r in load_runs(traces) if args.tenant in (None, r.tenant)]
+        print(render_runs_table(runs))
 
 
 def _keys_create(args: argparse.Namespace) -> None:

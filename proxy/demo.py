@@ -59,7 +59,7 @@ async def run_demo() -> int:
         from tracing.viewer import render_run_tree
 
         print("\n`spanmeter runs " + run_id + "` draws the run from the local trace file:\n")
-        print(render_run_tree(str(Path(tmp) / "traces"), run_id))
+        print(render_run_tree(run_id, Path(tmp) / "traces"))
     return 0
 
 
@@ -82,14 +82,14 @@ async def _agent_loop(client: Any) -> None:
 
 async def _stream(client: Any) -> None:
     print("2. A streamed answer (spanmeter injects include_usage upstream and hides the usage chunk)")
-    async with client.chat.completions.with_streaming_response.create(
-            model="sim-small", messages=[{"role": "user", "content": "Say hello"}], stream=True) as resp:
-        text = ""
-        async for chunk in resp.parse():
-            if chunk.choices and chunk.choices[0].delta.content:
-                text += chunk.choices[0].delta.content
-        print(f"   streamed: {text!r}")
-        print(f"   rewrites: {resp.headers.get('x-spanmeter-rewrites')}\n")
+    raw = await client.chat.completions.with_raw_response.create(
+        model="sim-small", messages=[{"role": "user", "content": "Say hello"}], stream=True)
+    text = ""
+    async for chunk in raw.parse():
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    print(f"   streamed: {text!r}")
+    print(f"   rewrites: {raw.headers.get('x-spanmeter-rewrites')}\n")
 
 
 async def _structured(client: Any, run_id: str) -> None:

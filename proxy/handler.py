@@ -60,4 +60,4 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     finally:
         flow.delivered_ns = time.time_ns()
         # Shielded: a client that disconnects cancels the relay, never the settlement.
-        await asyncio.shield(steps.finish(app, caller, call, admitted, cs, flow, hooks, request.headers))
+        await asyncio.shield(steps.finish_safely(app, caller, call, admitted, cs, flow, hooks, request.headers))

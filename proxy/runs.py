@@ -36,8 +36,8 @@ class Runs:
         """The run's trace ids, fixed by whichever replica saw the run first."""
         fresh = spans.new_run_trace(parent)
         rec = await self._store.run_begin(caller.tenant, caller.run_id, datetime.now(UTC),
-                                          {"trace": fresh.encode()})
-        return spans.RunTrace.decode(rec["trace"])
+                                          {"ids": fresh.encode()})
+        return spans.RunTrace.decode(rec["ids"])
 
     async def close_tools(
         self, caller: Caller, call: Call, run: spans.RunTrace, parent: spans.TraceParent | None
@@ -77,7 +77,7 @@ class Runs:
         totals = await self._store.run_totals(tenant, run_id)
         if self._tel is not None:
             caller = Caller(tenant, run_id, "header")
-            run = spans.RunTrace.decode(rec["trace"])
+            run = spans.RunTrace.decode(rec["trace"]["ids"])
             now = time.time_ns()
             for p in pending:
                 spans.tool_span(self._tel, caller, name=p["name"], call_id=p["id"], arguments=p["arguments"],

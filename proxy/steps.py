@@ -113,6 +113,14 @@ def _refusal_outcome(exc: ProxyError) -> Outcome:
     return Outcome(status=exc.status, error_type=exc.error_type, error_message=exc.message, complete=False)
 
 
+async def finish_safely(*args: Any) -> None:
+    """`finish`, which must never turn a delivered answer into an error."""
+    try:
+        await finish(*args)
+    except Exception:
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+
+
 async def finish(app: web.Application, caller: Caller, call: Call, admitted: Admitted, cs: Any, flow: Flow,
                  hooks: Hooks, headers: Mapping[str, str]) -> None:
     outcome = flow.outcome()

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.simulator import chat
+from proxy.simulator import anthropic, chat, gemini, responses
 from proxy.simulator.script import script_for
 
 __all__ = ["RECEIVED", "STREAMS", "Received", "create_simulator"]
@@ -39,6 +39,9 @@ STREAMS = web.AppKey("streams", dict)  # response id -> "done" | "client_gone", 
 # (path, dialect module). Gemini paths carry the model: `{model}` is matched by aiohttp.
 ROUTES: list[tuple[str, ModuleType]] = [
     ("/v1/chat/completions", chat),
+    ("/v1/responses", responses),
+    ("/v1/messages", anthropic),
+    ("/{version:v1beta|v1}/models/{model}:{action:generateContent|streamGenerateContent}", gemini),
 ]
 
 

@@ -1,0 +1,413 @@
+"""The shared ledger for several replicas: Redis, every multi-key step one Lua script.
+
+Scripts live in lua/*.lua and run with EVALSHA; redis-py loads them (SCRIPT LOAD) on
+first use and again after a NOSCRIPT reply, so a restarted Redis needs no new store.
+
+Every redis error becomes StoreUnavailable here and nowhere else (fail closed: the
+handler answers 503 unless the operator chose fail-open). redis-py's own retries are
+off, because re-sending a script whose reply was lost could apply it twice; instead
+operations that are safe to repeat are retried once here: reads, settle (the
+reservation is deleted on first apply), and admit (its reservation id is chosen
+before sending; the script answers a repeat with the first result).
+
+Keys are `sm:<kind>:<tenant>:<...>` with each part percent-encoded, so no tenant or
+run id can reach into another's keys. Scripts touch keys that other keys name (the
+expiry sweep), so this targets one Redis (or a primary with replicas), not Cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from proxy.errors import CeilingReached, StoreUnavailable
+from proxy.policy.store import (
+    Admission,
+    Decision,
+    Limits,
+    Spend,
+    refusal,
+    release_if_cancelled,
+    run_record,
+    scope_of,
+    window_keys,
+)
+
+__all__ = ["RedisStore"]
+
+T = TypeVar("T")
+_LUA = Path(__file__).with_name("lua")
+_WINDOW_TTL_S = 400 * 86400  # day/month windows outlive any report that reads them
+_EXPIRED_KEPT_S = 7 * 86400
+_EXP, _RUNS, _ACTIVE = "sm:exp", "sm:runs", "sm:active"
+
+
+def _k(*parts: str) -> str:
+    return ":".join(quote(p, safe="") for p in parts)
+
+
+def _member(tenant: str, run_id: str) -> str:
+    return json.dumps([tenant, run_id])
+
+
+def _limit(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+class RedisStore:
+    """`Store` over Redis. `url`: redis://host:port/db (query: max_connections, timeout)."""
+
+    def __init__(self, url: str, *, max_connections: int = 64, timeout_s: float = 2.0) -> None:
+        self.url = url
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            decode_responses=True,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._scripts = {
+            p.stem: self._redis.register_script(p.read_text(encoding="utf-8"))
+            for p in _LUA.glob("*.lua")
+        }
+
+    async def _call(self, make: Callable[[], Awaitable[T]], *, repeatable: bool) -> T:
+        """Run one redis operation; translate its errors once, here (fail closed)."""
+        for attempt in (1, 2):
+            try:
+                return await make()
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                if repeatable and attempt == 1:
+                    continue  # a pooled connection died with the old server: try a fresh one
+                raise self._unavailable(exc) from exc
+            except RedisError as exc:
+                raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"The shared ledger at {_redact(self.url)} is unreachable ({type(exc).__name__}: "
+            f"{exc}). No call is forwarded while spend cannot be recorded. Check that Redis "
+            f"is up, or set the store to fail open (not recommended)."
+        )
+
+    async def _script(self, name: str, keys: list[str], args: list[Any], *, repeatable: bool) -> Any:
+        script = self._scripts[name]
+        return await self._call(lambda: script(keys=keys, args=args), repeatable=repeatable)
+
+    # --- ledger ----------------------------------------------------------------------
+
+    async def admit(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        min_reserve: int,
+        max_reserve: int,
+        limits: Limits,
+        now: datetime,
+        tz: str = "UTC",
+        ttl_s: int = 900,
+    ) -> Admission:
+        windows = window_keys(now, tz)
+        if not 0 <= min_reserve <= max_reserve:
+            raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
+        rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
+        keys = self._scope_keys(tenant, run_id, *windows)
+        ts = now.timestamp()
+
+        async def admitting() -> Admission:
+            reply = await self._script(
+                "admit",
+                [*keys, _k("sm", "res", rid), _EXP, _RUNS, _k("sm", "runs", tenant), _ACTIVE],
+                [
+                    _limit(limits.run_max_calls),
+                    _limit(limits.run_max_cost),
+                    _limit(limits.day_budget),
+                    _limit(limits.month_budget),
+                    min_reserve,
+                    max_reserve,
+                    repr(ts),
+                    repr(ts + ttl_s),
+                    _member(tenant, run_id),
+                    run_id,
+                    _WINDOW_TTL_S,
+                ],
+                repeatable=True,
+            )
+            return self._admission(reply, rid, tenant, run_id, limits, windows, tz, min_reserve)
+
+        return await release_if_cancelled(self, admitting)
+
+    def _admission(
+        self,
+        reply: list[Any],
+        rid: str,
+        tenant: str,
+        run_id: str,
+        limits: Limits,
+        windows: tuple[str, str],
+        tz: str,
+        min_reserve: int,
+    ) -> Admission:
+        kind = reply[0]
+        if kind == "refused":
+            scope, settled, reserved = reply[1], int(reply[2]), int(reply[3])
+            ledger = {s: Spend() for s in ("run_cost", "tenant_day", "tenant_month")}
+            ledger[scope] = Spend(settled, reserved)
+            error: CeilingReached = refusal(
+                Decision(refused=scope),
+                tenant=tenant,
+                run_id=run_id,
+                limits=limits,
+                ledger=ledger,
+                windows=windows,
+                tz=tz,
+                min_reserve=min_reserve,
+            )
+            raise error
+        if kind == "dup":
+            remaining: dict[str, int | None] = dict.fromkeys(("run_cost", "tenant_day", "tenant_month"))
+            return Admission(rid, tenant, run_id, int(reply[1]), int(reply[2]), remaining, *windows)
+        left = [None if v == "none" else int(v) for v in reply[3:6]]
+        remaining = dict(zip(("run_cost", "tenant_day", "tenant_month"), left, strict=True))
+        return Admission(rid, tenant, run_id, int(reply[1]), int(reply[2]), remaining, *windows)
+
+    def _scope_keys(self, tenant: str, run_id: str, day: str, month: str) -> list[str]:
+        return [
+            _k("sm", "run", tenant, run_id),
+            _k("sm", "day", tenant, day),
+            _k("sm", "month", tenant, month),
+            _k("sm", "total", tenant),
+        ]
+
+    async def settle(self, admission: Admission, actual: int) -> int:
+        if actual < 0:
+            raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
+        found, amount = await self._script(
+            "settle", [_k("sm", "res", admission.id), _EXP], [actual], repeatable=True
+        )
+        return max(0, actual - int(amount)) if int(found) else 0
+
+    async def release(self, admission: Admission) -> None:
+        await self.settle(admission, 0)
+
+    async def expire(self, now: datetime) -> int:
+        total = 0
+        while True:
+            n = int(
+                await self._script(
+                    "expire", [_EXP], [repr(now.timestamp()), 500, _EXPIRED_KEPT_S], repeatable=True
+                )
+            )
+            total += n
+            if n < 500:
+                return total
+
+    async def spend(
+        self,
+        tenant: str,
+        *,
+        run_id: str | None = None,
+        day: str | None = None,
+        month: str | None = None,
+    ) -> int:
+        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month)).total
+
+    async def spend_detail(
+        self,
+        tenant: str,
+        *,
+        run_id: str | None = None,
+        day: str | None = None,
+        month: str | None = None,
+    ) -> Spend:
+        scope, key = scope_of(run_id, day, month)
+        name = _k("sm", "total", tenant) if scope == "total" else _k("sm", scope, tenant, key)
+        return await self._spend(name)
+
+    async def _spend(self, name: str) -> Spend:
+        v = await self._call(lambda: self._redis.hmget(name, ["settled", "reserved"]), repeatable=True)
+        return Spend(int(v[0] or 0), int(v[1] or 0))
+
+    async def run_calls(self, tenant: str, run_id: str) -> int:
+        run = _k("sm", "run", tenant, run_id)
+        v = await self._call(lambda: self._redis.hget(run, "calls"), repeatable=True)
+        return int(v or 0)
+
+    # --- run state -------------------------------------------------------------------
+
+    def _index_keys(self, tenant: str, run_id: str) -> list[str]:
+        return [_k("sm", "run", tenant, run_id), _RUNS, _k("sm", "runs", tenant), _ACTIVE]
+
+    async def run_begin(
+        self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]
+    ) -> dict[str, Any]:
+        stored = await self._script(
+            "run_begin",
+            self._index_keys(tenant, run_id),
+            [json.dumps(trace), repr(now.timestamp()), _member(tenant, run_id), run_id],
+            repeatable=True,
+        )
+        return dict(json.loads(stored))
+
+    async def run_touch(self, tenant: str, run_id: str, now: datetime) -> None:
+        await self._script(
+            "run_touch",
+            self._index_keys(tenant, run_id),
+            [repr(now.timestamp()), _member(tenant, run_id), run_id],
+            repeatable=True,
+        )
+
+    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
+        name = _k("sm", "totals", tenant, run_id)
+
+        async def add() -> None:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for field, value in deltas.items():
+                    pipe.hincrby(name, field, int(value))
+                await pipe.execute()
+
+        await self._call(add, repeatable=False)  # a repeat would count twice
+
+    async def run_totals(self, tenant: str, run_id: str) -> dict[str, int]:
+        name = _k("sm", "totals", tenant, run_id)
+        raw = await self._call(lambda: self._redis.hgetall(name), repeatable=True)
+        return {k: int(v) for k, v in raw.items()}
+
+    async def run_end(self, tenant: str, run_id: str) -> dict[str, Any] | None:
+        first = await self._script(
+            "run_end",
+            [_k("sm", "run", tenant, run_id), _ACTIVE],
+            [repr(time.time()), _member(tenant, run_id)],
+            repeatable=False,
+        )
+        return await self._record(tenant, run_id) if int(first) else None
+
+    async def _record(self, tenant: str, run_id: str) -> dict[str, Any] | None:
+        run = _k("sm", "run", tenant, run_id)
+        raw = await self._call(lambda: self._redis.hgetall(run), repeatable=True)
+        if not raw:
+            return None
+        return run_record(
+            tenant,
+            run_id,
+            calls=int(raw.get("calls", 0)),
+            spend=Spend(int(raw.get("settled", 0)), int(raw.get("reserved", 0))),
+            first_seen=float(raw["first_seen"]) if "first_seen" in raw else None,
+            last_seen=float(raw["last_seen"]) if "last_seen" in raw else None,
+            ended=raw.get("ended") == "1",
+            trace=json.loads(raw["trace"]) if raw.get("trace") else None,
+            totals=await self.run_totals(tenant, run_id),
+        )
+
+    async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:
+        ts = before.timestamp()
+        members = await self._call(
+            lambda: self._redis.zrangebyscore(_ACTIVE, "-inf", f"({ts!r}"), repeatable=True
+        )
+        return [(t, r) for t, r in map(json.loads, members)]
+
+    async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
+        if tenant is None:
+            members = await self._call(
+                lambda: self._redis.zrevrange(_RUNS, 0, limit - 1), repeatable=True
+            )
+            pairs = [(t, r) for t, r in map(json.loads, members)]
+        else:
+            index = _k("sm", "runs", tenant)
+            ids = await self._call(lambda: self._redis.zrevrange(index, 0, limit - 1), repeatable=True)
+            pairs = [(tenant, r) for r in ids]
+        records = [await self._record(t, r) for t, r in pairs]
+        return [r for r in records if r is not None]
+
+    # --- tool calls ------------------------------------------------------------------
+
+    async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None:
+        if not calls:
+            return
+        args: list[str] = []
+        for call in calls:
+            args += [str(call["id"]), json.dumps(call)]
+        await self._script(
+            "tools_put",
+            [_k("sm", "tools", tenant, run_id), _k("sm", "toolseq", tenant, run_id)],
+            args,
+            repeatable=True,
+        )
+
+    async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        taken = await self._script(
+            "tools_take", [_k("sm", "tools", tenant, run_id)], list(dict.fromkeys(ids)),
+            repeatable=False,
+        )
+        return [json.loads(v.split("\t", 1)[1]) for v in taken]
+
+    async def tools_pending(self, tenant: str, run_id: str) -> list[dict[str, Any]]:
+        name = _k("sm", "tools", tenant, run_id)
+        raw = await self._call(lambda: self._redis.hvals(name), repeatable=True)
+        split = sorted((int(s), body) for s, body in (v.split("\t", 1) for v in raw))
+        return [json.loads(body) for _, body in split]
+
+    # --- loop guard ------------------------------------------------------------------
+
+    async def streak(self, tenant: str, run_id: str, signature: str) -> int:
+        run = _k("sm", "run", tenant, run_id)
+        return int(await self._script("streak", [run], [signature], repeatable=False))
+
+    async def failures(self, tenant: str, run_id: str, failed: bool) -> int:
+        run = _k("sm", "run", tenant, run_id)
+        return int(await self._script("failures", [run], ["1" if failed else "0"], repeatable=False))
+
+    # --- admin -----------------------------------------------------------------------
+
+    async def budget_set(self, tenant: str, day: int | None, month: int | None) -> None:
+        name = _k("sm", "budget", tenant)
+
+        async def put() -> None:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.delete(name)
+                values = {k: v for k, v in (("day", day), ("month", month)) if v is not None}
+                if values:
+                    pipe.hset(name, mapping=values)
+                await pipe.execute()
+
+        await self._call(put, repeatable=True)
+
+    async def budget_get(self, tenant: str) -> tuple[int | None, int | None]:
+        name = _k("sm", "budget", tenant)
+        day, month = await self._call(lambda: self._redis.hmget(name, ["day", "month"]), repeatable=True)
+        return (int(day) if day else None, int(month) if month else None)
+
+    async def ping(self) -> None:
+        await self._call(self._redis.ping, repeatable=True)
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+        await self._redis.connection_pool.disconnect()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
