@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 import redis.asyncio as aioredis
@@ -48,7 +48,6 @@ from proxy.policy.store import (
 
 __all__ = ["RedisStore"]
 
-T = TypeVar("T")
 _LUA = Path(__file__).with_name("lua")
 _WINDOW_TTL_S = 400 * 86400  # day/month windows outlive any report that reads them
 _EXPIRED_KEPT_S = 7 * 86400
@@ -87,7 +86,7 @@ class RedisStore:
             for p in _LUA.glob("*.lua")
         }
 
-    async def _call(self, make: Callable[[], Awaitable[T]], *, repeatable: bool) -> T:
+    async def _call(self, make: Callable[[], Awaitable[Any]], *, repeatable: bool) -> Any:
         """Run one redis operation; translate its errors once, here (fail closed)."""
         for attempt in (1, 2):
             try:
@@ -107,7 +106,9 @@ class RedisStore:
             f"is up, or set the store to fail open (not recommended)."
         )
 
-    async def _script(self, name: str, keys: list[str], args: list[Any], *, repeatable: bool) -> Any:
+    async def _script(
+        self, name: str, keys: list[str], args: list[Any], *, repeatable: bool
+    ) -> Any:
         script = self._scripts[name]
         return await self._call(lambda: script(keys=keys, args=args), repeatable=repeatable)
 
@@ -127,7 +128,9 @@ class RedisStore:
     ) -> Admission:
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
-            raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
+            raise ValueError(
+                f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})"
+            )
         rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
         keys = self._scope_keys(tenant, run_id, *windows)
         ts = now.timestamp()
@@ -183,7 +186,9 @@ class RedisStore:
             )
             raise error
         if kind == "dup":
-            remaining: dict[str, int | None] = dict.fromkeys(("run_cost", "tenant_day", "tenant_month"))
+            remaining: dict[str, int | None] = dict.fromkeys(
+                ("run_cost", "tenant_day", "tenant_month")
+            )
             return Admission(rid, tenant, run_id, int(reply[1]), int(reply[2]), remaining, *windows)
         left = [None if v == "none" else int(v) for v in reply[3:6]]
         remaining = dict(zip(("run_cost", "tenant_day", "tenant_month"), left, strict=True))
@@ -243,7 +248,9 @@ class RedisStore:
         return await self._spend(name)
 
     async def _spend(self, name: str) -> Spend:
-        v = await self._call(lambda: self._redis.hmget(name, ["settled", "reserved"]), repeatable=True)
+        v = await self._call(
+            lambda: self._redis.hmget(name, ["settled", "reserved"]), repeatable=True
+        )
         return Spend(int(v[0] or 0), int(v[1] or 0))
 
     async def run_calls(self, tenant: str, run_id: str) -> int:
@@ -332,7 +339,9 @@ class RedisStore:
             pairs = [(t, r) for t, r in map(json.loads, members)]
         else:
             index = _k("sm", "runs", tenant)
-            ids = await self._call(lambda: self._redis.zrevrange(index, 0, limit - 1), repeatable=True)
+            ids = await self._call(
+                lambda: self._redis.zrevrange(index, 0, limit - 1), repeatable=True
+            )
             pairs = [(tenant, r) for r in ids]
         records = [await self._record(t, r) for t, r in pairs]
         return [r for r in records if r is not None]
@@ -356,7 +365,9 @@ class RedisStore:
         if not ids:
             return []
         taken = await self._script(
-            "tools_take", [_k("sm", "tools", tenant, run_id)], list(dict.fromkeys(ids)),
+            "tools_take",
+            [_k("sm", "tools", tenant, run_id)],
+            list(dict.fromkeys(ids)),
             repeatable=False,
         )
         return [json.loads(v.split("\t", 1)[1]) for v in taken]
@@ -375,7 +386,9 @@ class RedisStore:
 
     async def failures(self, tenant: str, run_id: str, failed: bool) -> int:
         run = _k("sm", "run", tenant, run_id)
-        return int(await self._script("failures", [run], ["1" if failed else "0"], repeatable=False))
+        return int(
+            await self._script("failures", [run], ["1" if failed else "0"], repeatable=False)
+        )
 
     # --- admin -----------------------------------------------------------------------
 
@@ -387,14 +400,16 @@ class RedisStore:
                 pipe.delete(name)
                 values = {k: v for k, v in (("day", day), ("month", month)) if v is not None}
                 if values:
-                    pipe.hset(name, mapping=values)
+                    pipe.hset(name, mapping=values)  # type: ignore[arg-type]
                 await pipe.execute()
 
         await self._call(put, repeatable=True)
 
     async def budget_get(self, tenant: str) -> tuple[int | None, int | None]:
         name = _k("sm", "budget", tenant)
-        day, month = await self._call(lambda: self._redis.hmget(name, ["day", "month"]), repeatable=True)
+        day, month = await self._call(
+            lambda: self._redis.hmget(name, ["day", "month"]), repeatable=True
+        )
         return (int(day) if day else None, int(month) if month else None)
 
     async def ping(self) -> None:

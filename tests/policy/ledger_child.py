@@ -1,0 +1,38 @@
+"""Child process for the kill -9 test: admits and settles in a loop until killed.
+
+Prints one line per finished operation, after the store returned (so after commit):
+"settled <micros>" or "inflight <micros>" (admitted, deliberately never settled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import UTC, datetime
+
+from proxy.policy.store import Limits, open_store
+
+
+async def main(path: str) -> None:
+    store = open_store(f"sqlite:///{path}")
+    i = 0
+    while True:
+        admission = await store.admit(
+            "crash",
+            f"r{i % 5}",
+            min_reserve=1,
+            max_reserve=100,
+            limits=Limits(),
+            now=datetime.now(UTC),
+            ttl_s=86400,
+        )
+        if i % 3 == 0:
+            print(f"inflight {admission.reserved}", flush=True)
+        else:
+            await store.settle(admission, 70)
+            print("settled 70", flush=True)
+        i += 1
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))
