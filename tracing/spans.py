@@ -303,9 +303,17 @@ def record_refusal(
     without its `spanmeter.` prefix.
     """
     try:
-        where = {"server_address": server_address, "server_port": server_port}
-        cs = start_call(tel, caller, call, provider=provider, **where, parent=parent,
-                        run_trace=run_trace, start_ns=start_ns)  # fmt: skip
+        cs = start_call(
+            tel,
+            caller,
+            call,
+            provider=provider,
+            server_address=server_address,
+            server_port=server_port,
+            parent=parent,
+            run_trace=run_trace,
+            start_ns=start_ns,
+        )
         cs.span.set_attributes(
             {A.ERROR_TYPE: error_type, A.SPANMETER_REFUSAL_REASON: _redact(message, caller)}
         )

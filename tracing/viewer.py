@@ -1,0 +1,244 @@
+"""`spanmeter runs` and `spanmeter runs RUN_ID`: runs read back from the local span files.
+
+Everything here is plain text in, plain text out; the CLI prints what it returns.
+
+    RUN                 TENANT  STARTED              CALLS  TOKENS  COST       STATUS
+    run_01J8            acme    2026-11-29 20:14:37      3   2,130  $0.0123    ok
+
+    run run_01J8 (acme)  4.20s  3 calls  2,130 tokens  $0.0123  ok
+    ├─ chat gpt-4o  1.20s  1,830→96 tok  $0.0036
+    ├─ execute_tool get_weather  0.74s  Paris  ✓ 12 lines
+    └─ chat gpt-4o  ERROR 429  0.31s
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracing import attributes as A
+from tracing.local import DEFAULT_LOCAL_DIR, read_spans
+
+__all__ = ["RunSummary", "load_runs", "render_run_tree", "render_runs_table"]
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run_id: str
+    tenant: str
+    start_ns: int
+    end_ns: int
+    calls: int
+    tool_calls: int
+    tokens: int
+    cost_usd: float
+    failures: int
+    status: str  # the run span's status, or `open` while the run has not ended
+
+
+def load_runs(local_dir: str | Path = DEFAULT_LOCAL_DIR, *, limit: int = 50) -> list[RunSummary]:
+    """The most recent runs in `local_dir`, newest first."""
+    by_run = _group(read_spans(local_dir))
+    runs = [_summary(run_id, spans) for run_id, spans in by_run.items()]
+    runs.sort(key=lambda r: r.start_ns, reverse=True)
+    return runs[:limit]
+
+
+def render_runs_table(runs: list[RunSummary]) -> str:
+    if not runs:
+        return "No runs recorded yet (spans are written under the local directory)."
+    header = ("RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "COST", "STATUS")
+    rows = [
+        (
+            r.run_id,
+            r.tenant,
+            _clock(r.start_ns),
+            str(r.calls),
+            f"{r.tokens:,}",
+            _money(r.cost_usd),
+            r.status,
+        )
+        for r in runs
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    right = {3, 4, 5}
+    lines = [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in [header, *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def render_run_tree(run_id: str, local_dir: str | Path = DEFAULT_LOCAL_DIR) -> str:
+    """The run as a tree: model calls and tool spans with durations, tokens, cost,
+    digests, repairs and failures."""
+    spans = _group(read_spans(local_dir)).get(run_id)
+    if not spans:
+        return f"No run {run_id!r} in {local_dir}."
+    summary = _summary(run_id, spans)
+    ids = {s["span_id"] for s in spans}
+    children: dict[str | None, list[Record]] = defaultdict(list)
+    for s in spans:
+        if s["name"] == A.RUN_SPAN_NAME:
+            continue
+        parent = s.get("parent_span_id")
+        children[parent if parent in ids else None].append(s)
+    run_span = next((s for s in spans if s["name"] == A.RUN_SPAN_NAME), None)
+    top = children.pop(run_span["span_id"], []) if run_span else []
+    top += children.pop(None, [])
+    lines = [_run_line(summary)]
+    _draw(sorted(top, key=_start), children, "", lines)
+    return "\n".join(lines)
+
+
+# --- internals ---------------------------------------------------------------------------
+
+
+def _group(records: Iterable[Record]) -> dict[str, list[Record]]:
+    by_run: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        run_id = (r.get("attributes") or {}).get(A.SPANMETER_RUN_ID)
+        if isinstance(run_id, str):
+            by_run[run_id].append(r)
+    return by_run
+
+
+def _is_call(s: Record) -> bool:
+    return s["kind"] == "CLIENT"
+
+
+def _is_tool(s: Record) -> bool:
+    return s["attributes"].get(A.GEN_AI_OPERATION_NAME) == A.OPERATION_EXECUTE_TOOL
+
+
+def _summary(run_id: str, spans: list[Record]) -> RunSummary:
+    run_span = next((s for s in spans if s["name"] == A.RUN_SPAN_NAME), None)
+    calls = [s for s in spans if _is_call(s)]
+    failures = sum(1 for s in spans if s["status"] == "ERROR" and s is not run_span)
+    tokens = sum(
+        int(s["attributes"].get(k) or 0)
+        for s in calls
+        for k in (A.GEN_AI_USAGE_INPUT_TOKENS, A.GEN_AI_USAGE_OUTPUT_TOKENS)
+    )
+    cost = sum(float(s["attributes"].get(A.SPANMETER_COST_USD) or 0.0) for s in calls)
+    status = "open"
+    if run_span is not None:
+        status = str(run_span["attributes"].get(A.SPANMETER_RUN_STATUS, run_span["status"]))
+    elif failures:
+        status = "open, failures"
+    return RunSummary(
+        run_id=run_id,
+        tenant=str(spans[0]["attributes"].get(A.SPANMETER_TENANT_ID, "")),
+        start_ns=min(_start(s) for s in spans),
+        end_ns=max(int(s.get("end_ns") or 0) for s in spans),
+        calls=len(calls),
+        tool_calls=sum(1 for s in spans if _is_tool(s)),
+        tokens=tokens,
+        cost_usd=cost,
+        failures=failures,
+        status=status,
+    )
+
+
+def _start(s: Record) -> int:
+    return int(s.get("start_ns") or 0)
+
+
+def _draw(
+    spans: list[Record], children: dict[str | None, list[Record]], prefix: str, lines: list[str]
+) -> None:
+    for i, s in enumerate(spans):
+        last = i == len(spans) - 1
+        lines.append(f"{prefix}{'└─' if last else '├─'} {_span_line(s)}")
+        for extra in _detail_lines(s):
+            lines.append(f"{prefix}{'   ' if last else '│  '}   {extra}")
+        kids = sorted(children.get(s["span_id"], []), key=_start)
+        _draw(kids, children, prefix + ("   " if last else "│  "), lines)
+
+
+def _run_line(r: RunSummary) -> str:
+    seconds = max(0, r.end_ns - r.start_ns) / 1e9
+    parts = [
+        f"run {r.run_id} ({r.tenant})",
+        f"{seconds:.2f}s",
+        f"{r.calls} call{'s' if r.calls != 1 else ''}",
+        f"{r.tool_calls} tool call{'s' if r.tool_calls != 1 else ''}",
+        f"{r.tokens:,} tokens",
+        _money(r.cost_usd),
+        r.status,
+    ]
+    if r.failures:
+        parts.append(f"{r.failures} failed")
+    return "  ".join(parts)
+
+
+def _span_line(s: Record) -> str:
+    a = s["attributes"]
+    parts = [s["name"]]
+    if s["status"] == "ERROR":
+        parts.append(f"ERROR {a.get(A.ERROR_TYPE, '')}".rstrip())
+    parts.append(f"{max(0, int(s['end_ns'] or 0) - _start(s)) / 1e9:.2f}s")
+    if _is_tool(s):
+        parts += _tool_parts(a)
+    else:
+        parts += _call_parts(a)
+    return "  ".join(p for p in parts if p)
+
+
+def _call_parts(a: Record) -> list[str]:
+    parts = []
+    inp, out = a.get(A.GEN_AI_USAGE_INPUT_TOKENS), a.get(A.GEN_AI_USAGE_OUTPUT_TOKENS)
+    if inp is not None or out is not None:
+        estimate = " (estimate)" if a.get(A.SPANMETER_USAGE_SOURCE) == A.USAGE_ESTIMATE else ""
+        parts.append(f"{_count(inp)}→{_count(out)} tok{estimate}")
+    if a.get(A.SPANMETER_COST_USD) is not None:
+        parts.append(_money(float(a[A.SPANMETER_COST_USD])))
+    if a.get(A.GEN_AI_RESPONSE_FINISH_REASONS):
+        parts.append("finish: " + ",".join(a[A.GEN_AI_RESPONSE_FINISH_REASONS]))
+    return parts
+
+
+def _tool_parts(a: Record) -> list[str]:
+    parts = [str(a.get(A.SPANMETER_TOOL_ARGUMENTS_DIGEST) or "")]
+    if a.get(A.ERROR_TYPE) == A.ERROR_TOOL_RESULT_MISSING:
+        parts.append("✗ no result")
+    else:
+        mark = "✓" if a.get(A.SPANMETER_TOOL_OK) else "✗"
+        parts.append(f"{mark} {a.get(A.SPANMETER_TOOL_RESULT_DIGEST) or ''}".rstrip())
+    return parts
+
+
+def _detail_lines(s: Record) -> list[str]:
+    a = s["attributes"]
+    lines = [f"repair {r}" for r in a.get(A.SPANMETER_REPAIRS) or []]
+    lines += [f"rewrite {r}" for r in a.get(A.SPANMETER_REWRITES) or []]
+    if a.get(A.SPANMETER_REFUSAL_REASON):
+        lines.append(f"refused: {a[A.SPANMETER_REFUSAL_REASON]}")
+    elif s["status"] == "ERROR" and s.get("status_description") and not _is_tool(s):
+        lines.append(f"error: {s['status_description']}")
+    if a.get(A.SPANMETER_GUARD_ACTION):
+        lines.append(
+            f"loop guard: {a[A.SPANMETER_GUARD_ACTION]} ({a.get(A.SPANMETER_GUARD_TOOL, '')})"
+        )
+    return lines
+
+
+def _count(n: Any) -> str:
+    return "?" if n is None else f"{int(n):,}"
+
+
+def _money(usd: float) -> str:
+    return f"${usd:.4f}"
+
+
+def _clock(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
