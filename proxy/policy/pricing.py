@@ -212,7 +212,12 @@ def _rate(value: Any, where: str) -> int:
     """USD per million tokens -> integer micro-USD per million tokens, exactly."""
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
         raise ValueError(f"{where}: expected a number of USD per million tokens, got {value!r}")
-    micros = Decimal(str(value)) * _SCALE
+    try:
+        micros = Decimal(str(value)) * _SCALE
+    except ArithmeticError:  # decimal.InvalidOperation for text that is no number
+        raise ValueError(
+            f"{where}: expected a number of USD per million tokens, got {value!r}"
+        ) from None
     if micros < 0 or micros != micros.to_integral_value():
         raise ValueError(
             f"{where}: {value!r} is negative or finer than 1e-6 USD per million tokens"

@@ -1,0 +1,145 @@
+"""Pricing: table-driven over tests/data/policy/pricing_cases.yaml, plus the file's own rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.model import Call, Usage
+from proxy.policy.pricing import (
+    PROVIDER_OVERHEAD_TOKENS,
+    PriceTable,
+    affordable_output_tokens,
+    cost,
+    input_bound,
+    reservation,
+    settlement,
+)
+
+CASES = yaml.safe_load(
+    (Path(__file__).parents[1] / "data" / "policy" / "pricing_cases.yaml").read_text()
+)
+TABLE = PriceTable.load()
+
+
+def cases(section: str) -> Any:
+    return pytest.mark.parametrize("case", CASES[section], ids=lambda c: c["name"])
+
+
+def price(model: str) -> Any:
+    p = TABLE.price(model)
+    assert p is not None, model
+    return p
+
+
+@cases("lookup")
+def test_lookup(case: dict[str, Any]) -> None:
+    found = TABLE.price(case["model"])
+    assert (found.model if found else None) == case["want"]
+
+
+@cases("cost")
+def test_cost(case: dict[str, Any]) -> None:
+    assert cost(price(case["model"]), Usage(**case["usage"])) == case["want"]
+
+
+@cases("reservation")
+def test_reservation(case: dict[str, Any]) -> None:
+    got = reservation(price(case["model"]), case["input_bound"], case["max_output_tokens"])
+    assert got == case["want"]
+
+
+@cases("affordable")
+def test_affordable_output_tokens(case: dict[str, Any]) -> None:
+    p = price(case["model"])
+    n = affordable_output_tokens(p, case["budget"], case["input_bound"])
+    assert n == case["want"]
+    if n:  # the answer is the largest that fits
+        assert reservation(p, case["input_bound"], n) <= case["budget"]
+        assert reservation(p, case["input_bound"], n + 1) > case["budget"]
+
+
+def test_every_shipped_price_has_a_source_and_a_date() -> None:
+    raw = yaml.safe_load(Path("proxy/data/prices.yaml").read_text())["models"]
+    assert len(TABLE) == len(raw) > 30
+    for name in TABLE.models():
+        p = price(name)
+        assert p.source and p.as_of[:2] == "20", name
+        assert p.cached_input <= p.input <= p.cache_write, name
+    for family in ("gpt-5", "claude-sonnet-4-5", "gemini-2.5-pro", "sim-small", "sim-large"):
+        assert family in TABLE
+
+
+def test_money_is_integer_micro_usd() -> None:
+    p = price("gpt-5-nano")
+    assert (p.input, p.cached_input, p.output) == (50_000, 5_000, 400_000)
+    assert isinstance(cost(p, Usage(input_tokens=3, output_tokens=3)), int)
+
+
+def test_overrides_change_fields_and_add_models() -> None:
+    table = PriceTable.load(
+        overrides={
+            "gpt-4o": {"output": 12.5},
+            "my-model": {"input": 1, "output": 4},
+        }
+    )
+    gpt = table.price("gpt-4o-2024-08-06")
+    assert gpt is not None and (gpt.input, gpt.output, gpt.source) == (
+        2_500_000,
+        12_500_000,
+        "config pricing.overrides",
+    )
+    mine = table.price("my-model")
+    assert mine is not None and (mine.cached_input, mine.cache_write) == (1_000_000, 1_000_000)
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"output": 1}, "missing input"),
+        ({"input": -1, "output": 1}, "negative"),
+        ({"input": 0.0000001, "output": 1}, "finer than"),
+        ({"input": "x1", "output": 1}, "expected a number"),
+    ],
+    ids=["no input", "negative", "too fine", "not a number"],
+)
+def test_bad_overrides_are_refused(entry: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        PriceTable.load(overrides={"new-model": entry})
+
+
+@pytest.mark.parametrize(
+    ("call", "want"),
+    [
+        (Call("chat", "chat", "gpt-4o", body_bytes=1_000, input_chars=900), 1_000),
+        (Call("chat", "chat", "gpt-4o", input_chars=250), 1_000),
+        (Call("chat", "chat", "gpt-4o"), 0),
+    ],
+    ids=["body size bounds the text", "chars x 4 when the size is unknown", "empty"],
+)
+def test_input_bound(call: Call, want: int) -> None:
+    assert input_bound(call) == want + PROVIDER_OVERHEAD_TOKENS
+
+
+@pytest.mark.parametrize("text", ["plain ascii words", "é" * 50, "漢字" * 40, "🙂" * 30])
+def test_the_byte_bound_holds_for_a_byte_level_tokenizer(text: str) -> None:
+    # Byte-level BPE: no token is shorter than one byte, so tokens <= UTF-8 bytes.
+    # The worst case is one token per byte; code points never beat that.
+    worst_case_tokens = len(text.encode())
+    body = ('{"messages":[{"role":"user","content":"' + text + '"}]}').encode()
+    call = Call("chat", "chat", "gpt-4o", body_bytes=len(body), input_chars=len(text))
+    assert input_bound(call) >= worst_case_tokens
+
+
+def test_settlement_never_trusts_unknown_usage() -> None:
+    p = price("sim-small")
+    full = Usage(input_tokens=100, output_tokens=100)
+    assert settlement(p, full, reserved=5_000, complete=True) == 300
+    assert settlement(p, Usage(), reserved=5_000, complete=True) == 5_000
+    assert settlement(p, Usage(input_tokens=100), reserved=5_000, complete=False) == 5_000
+    big = Usage(input_tokens=10_000, output_tokens=10_000)
+    assert settlement(p, big, reserved=5_000, complete=False) == 30_000
+    assert settlement(None, full, reserved=5_000, complete=True) == 5_000
