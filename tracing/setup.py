@@ -232,6 +232,7 @@ class Telemetry:
         instruments: Instruments,
         registry: CollectorRegistry,
         ids: RunIdGenerator,
+        pushed_metrics: list[MetricReader],
     ) -> None:
         self.config = config
         self.tracer_provider = tracer_provider
@@ -239,6 +240,7 @@ class Telemetry:
         self.instruments = instruments
         self.registry = registry
         self.ids = ids
+        self._pushed_metrics = pushed_metrics
         self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
         self._closed = False
 
@@ -255,8 +257,12 @@ class Telemetry:
 
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
         """Export what is queued. Blocks: call it from a thread, never on the event loop."""
-        spans = self.tracer_provider.force_flush(timeout_millis)
-        return self.meter_provider.force_flush(timeout_millis) and spans
+        ok = self.tracer_provider.force_flush(timeout_millis)
+        # Only the push readers: collecting the Prometheus reader outside a scrape queues
+        # a second batch that its collector then writes out twice.
+        for reader in self._pushed_metrics:
+            ok = reader.force_flush(timeout_millis) and ok
+        return ok
 
     def shutdown(self) -> None:
         """Flush and stop. Blocks up to the export timeout; run it in an executor."""
@@ -287,9 +293,9 @@ def setup_telemetry(
         }
     )
     registry = CollectorRegistry(auto_describe=True)
-    meter_provider = MeterProvider(
-        resource=resource, metric_readers=_metric_readers(cfg, env, registry)
-    )
+    pushed = _push_readers(cfg, env)
+    readers = [PrometheusMetricReader(registry=registry), *pushed]
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     meter = meter_provider.get_meter(SCOPE, schema_url=A.SCHEMA_URL)
     instruments = Instruments.create(meter, semconv_latest=cfg.semconv_latest)
     ids = RunIdGenerator()
@@ -300,7 +306,7 @@ def setup_telemetry(
         )
     for exporter in extra_exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return Telemetry(cfg, tracer_provider, meter_provider, instruments, registry, ids)
+    return Telemetry(cfg, tracer_provider, meter_provider, instruments, registry, ids, pushed)
 
 
 def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[str, SpanExporter]]:
@@ -334,10 +340,8 @@ def _otlp_span_exporter(cfg: TelemetryConfig) -> SpanExporter:
     )
 
 
-def _metric_readers(
-    cfg: TelemetryConfig, env: Mapping[str, str], registry: CollectorRegistry
-) -> list[MetricReader]:
-    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
+def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricReader]:
+    readers: list[MetricReader] = []
     if cfg.otlp_metrics(env):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 

@@ -113,11 +113,11 @@ def _group(records: Iterable[Record]) -> dict[str, list[Record]]:
 
 
 def _is_call(s: Record) -> bool:
-    return s["kind"] == "CLIENT"
+    return bool(s["kind"] == "CLIENT")
 
 
 def _is_tool(s: Record) -> bool:
-    return s["attributes"].get(A.GEN_AI_OPERATION_NAME) == A.OPERATION_EXECUTE_TOOL
+    return bool(s["attributes"].get(A.GEN_AI_OPERATION_NAME) == A.OPERATION_EXECUTE_TOOL)
 
 
 def _summary(run_id: str, spans: list[Record]) -> RunSummary:

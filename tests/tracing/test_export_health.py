@@ -1,0 +1,90 @@
+"""A collector that is down or hangs never blocks or fails a call; lost spans are counted."""
+
+from __future__ import annotations
+
+import re
+
+from proxy.model import Call, Caller, Outcome, Usage
+from tests.fixtures.otlp import OtlpReceiver, closed_endpoint
+from tracing import spans
+from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
+
+CALLER = Caller("acme", "run_down", "header")
+CALL = Call(api="chat", operation="chat", model="gpt-4o")
+
+
+def one_call(tel: Telemetry) -> None:
+    cs = spans.start_call(
+        tel,
+        CALLER,
+        CALL,
+        provider="openai",
+        server_address="api.openai.com",
+        server_port=443,
+        parent=None,
+        run_trace=None,
+    )
+    spans.end_call(
+        tel,
+        cs,
+        CALL,
+        Outcome(status=200, usage=Usage(3, 4)),
+        cost_micros=10,
+        usage_source="reported",
+        budget_remaining_micros=None,
+        rewrites=[],
+        repairs=[],
+    )
+
+
+def dropped(tel: Telemetry, reason: str) -> float:
+    text = tel.metrics_text().decode()
+    pattern = (
+        rf'^spanmeter_telemetry_dropped_spans_total\{{[^}}]*error_type="{reason}"[^}}]*\}} (\S+)$'
+    )
+    return sum(float(m) for m in re.findall(pattern, text, re.MULTILINE))
+
+
+def test_a_hanging_collector_never_holds_up_calls_and_drops_are_counted(
+    otlp_receiver: OtlpReceiver,
+) -> None:
+    otlp_receiver.hold()
+    cfg = TelemetryConfig(
+        otlp_endpoint=otlp_receiver.endpoint,
+        max_queue=4,
+        max_export_batch=1,
+        schedule_delay_ms=10,
+        export_timeout=60,  # the exporter would wait a minute: calls must not
+        metric_export_interval_ms=3_600_000,
+    )
+    tel = setup_telemetry(cfg, environ={})
+    try:
+        one_call(tel)
+        assert otlp_receiver.arrived.wait(10), "the exporter never reached the collector"
+        # The export thread is now stuck inside a request the collector does not answer.
+        for _ in range(50):
+            one_call(tel)
+        assert otlp_receiver.requests == 1  # all 50 calls returned while that export hung
+        assert dropped(tel, "queue_full") == 50 - cfg.max_queue
+    finally:
+        otlp_receiver.release()
+        tel.shutdown()
+    assert len(otlp_receiver.spans()) == 1 + cfg.max_queue
+
+
+def test_a_collector_that_is_down_fails_exports_and_counts_them() -> None:
+    cfg = TelemetryConfig(
+        otlp_endpoint=closed_endpoint(),
+        export_timeout=0.5,
+        schedule_delay_ms=3_600_000,  # export only when flushed, so the count is exact
+        metric_export_interval_ms=3_600_000,
+    )
+    tel = setup_telemetry(cfg, environ={})
+    try:
+        for _ in range(5):
+            one_call(tel)
+        tel.force_flush()
+        assert dropped(tel, "export_failed") == 5
+        assert dropped(tel, "queue_full") == 0
+    finally:
+        tel.shutdown()
