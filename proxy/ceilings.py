@@ -37,6 +37,7 @@ class Admitted:
     price: Price | None
     rewrites: tuple[Rewrite, ...]
     clamp_to: int | None  # max output tokens to write into the request, if clamped
+    limits: Limits
 
 
 def _micros(usd: float | None) -> int | None:
@@ -109,7 +110,7 @@ async def admit(
     if price is not None and costed and call.max_output_tokens is None and call.api != "embeddings":
         clamp = max(MIN_ANSWER_TOKENS, affordable_output_tokens(price, adm.reserved, bound))
         rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
-    return Admitted(adm, price, rewrites, clamp)
+    return Admitted(adm, price, rewrites, clamp, limits)
 
 
 def settle_amount(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -132,8 +132,7 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
     try:
         overshoot = await app[STORE].settle(admitted.admission, amount)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
-        rem = [v for v in admitted.admission.remaining.values() if v is not None]
-        remaining = min(rem) + admitted.admission.reserved - amount if rem else None
+        remaining = _report_budgets(app, caller, admitted, amount)
         await app[RUNS].remember(caller, outcome, flow.delivered_ns)
         await app[STORE].run_add(caller.tenant, caller.run_id, _totals(outcome, amount, hooks))
     except ProxyError:
@@ -146,6 +145,23 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
             await app[RUNS].end(caller.tenant, caller.run_id)
         except ProxyError:
             log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+
+
+def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, amount: int) -> int | None:
+    """Budget gauges per tenant window, and the smallest headroom left after this call."""
+    adm, limits = admitted.admission, admitted.limits
+    left: list[int] = []
+    for scope, window, limit in (("run_cost", None, limits.run_max_cost),
+                                 ("tenant_day", "day", limits.day_budget),
+                                 ("tenant_month", "month", limits.month_budget)):
+        rem = adm.remaining.get(scope)
+        if rem is None or limit is None:
+            continue
+        rem += adm.reserved - amount  # the reservation was replaced by the real cost
+        left.append(rem)
+        if window is not None:
+            app[TEL].set_budget(caller.tenant, window, limit - rem, limit)
+    return min(left) if left else None
 
 
 def _totals(outcome: Outcome, amount: int, hooks: Hooks) -> dict[str, int]:
