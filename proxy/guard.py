@@ -15,8 +15,8 @@ from proxy.errors import LoopRefused
 from proxy.model import Call, Caller, Rewrite
 from proxy.policy.store import Store
 from proxy.relay import Hooks
-from tracing.digests import canonical_sha256
 from tracing import spans
+from tracing.digests import canonical_sha256
 from tracing.setup import Telemetry
 
 __all__ = ["guard", "prefix_tool_result", "reminder"]
@@ -34,7 +34,7 @@ async def guard(
     store: Store, tel: Telemetry, caller: Caller, call: Call, policy: GuardPolicy,
     closed: list[tuple[dict[str, Any], bool]], body: dict[str, Any], hooks: Hooks, cs: spans.CallSpan,
 ) -> None:
-    if policy.action == "off" or not closed:
+    if not closed or (policy.action == "off" and policy.max_consecutive_failures is None):
         return
     threshold = policy.threshold or 3
     for pending, ok in closed:
@@ -48,7 +48,7 @@ async def guard(
                 f"Run {caller.run_id} of tenant {caller.tenant} had {failures} tool failures in a row "
                 f"(last: `{name}`), reaching the ceiling of {limit} (setting guard.max_consecutive_failures). "
                 "The call was not forwarded. Fix the tool, or raise or remove the ceiling for this tenant.")
-        if streak < threshold:
+        if streak < threshold or policy.action == "off":
             continue
         if policy.action == "refuse":
             spans.record_guard_action(tel, caller, "refuse", tool_name=name, repeats=streak, cs=cs)

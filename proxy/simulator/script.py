@@ -6,6 +6,7 @@ A scenario is named in the last user message as `SCENARIO:<name>[:<arg>]`. Rende
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -81,8 +82,10 @@ def _tool(req: Request, arg: str | None) -> Script:
 
 
 def _loop(req: Request, arg: str | None) -> Script:
-    # A model stuck on one call: the same tool, the same arguments, whatever it is told.
-    return _tool_call(req, '{"path": "/etc/config.yaml"}')
+    # A model stuck on one call: the same tool, the same arguments, whatever it is told
+    # (`PATH=/x` in the last user message changes the argument).
+    m = re.search(r"PATH=(\S+)", req.last_user)
+    return _tool_call(req, json.dumps({"path": m.group(1) if m else "/etc/config.yaml"}))
 
 
 def _bad_args(req: Request, arg: str | None) -> Script:
