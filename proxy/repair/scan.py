@@ -49,7 +49,7 @@ _TOKEN = re.compile(r"[\w$.+\-]*")
 _LITERALS = {"true": "true", "false": "false", "null": "null"}
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
 _SPECIAL = {"Infinity": "Infinity", "NaN": "NaN"}
-_SIMPLE_ESC = {'"': '\\"', "\\": "\\\\", "/": "/", "b": "\\b", "f": "\\f", "n": "\\n"}
+_SIMPLE_ESC = {'"': '\\"', "\\": "\\\\", "/": "\\/", "b": "\\b", "f": "\\f", "n": "\\n"}
 _SIMPLE_ESC |= {"r": "\\r", "t": "\\t", "'": "'", "v": "\\u000b", "0": "\\u0000"}
 _CONTROL = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 
@@ -80,15 +80,28 @@ class Scanner:
         self.tail = ""  # unconsumed input: an unfinished token
         self.base = 0  # input position of the current buffer's first character
         self.pos = 0  # input position just after what was consumed
+        self._rest = ("", 0)
         self.started = False
         self.done_at = -1
         self.error: tuple[int, str] | None = None
         self.string_start = -1
+        self.sent = 0  # index in `out` up to which `drain()` handed pieces out
         self.item_start = -1  # index in `out` where the current depth-1 array item starts
         # set to a list to collect depth-1 array items as (json text, is a run of several)
         self.items: list[tuple[str, bool]] | None = None
 
     # ---------------------------------------------------------------- feeding
+
+    def drain(self) -> list[str]:
+        """Take the output written since the last drain (keeps a collected item's text)."""
+        pieces = self.out[self.sent :]
+        if self.item_start < 0:
+            self.out, self.sent = [], 0
+        else:
+            self.out = self.out[self.item_start :]
+            self.sent = len(self.out)
+            self.item_start = 0
+        return pieces
 
     def feed(self, text: str) -> None:
         """Consume more input; stops at the end of the value or at an error."""
@@ -107,6 +120,13 @@ class Scanner:
         i = self.run(buf, i, final=False)
         self.tail = buf[i:] if self.state != DONE and not self.error else ""
         self.pos = base + i
+        self._rest = (buf, i)
+
+    @property
+    def rest(self) -> str:
+        """Unconsumed input of the last buffer: the text from an error on."""
+        buf, i = self._rest
+        return buf[i:]
 
     def finish(self) -> None:
         """The input ended: consume the unfinished token if it is a whole one, else keep
@@ -120,6 +140,7 @@ class Scanner:
             self.error = None  # the cut token itself is bad: it is dropped, not fatal
         self.tail = buf[i:] if self.state != DONE and not self.error else ""
         self.pos = self.base + i
+        self._rest = (buf, i)
 
     @property
     def consumed(self) -> int:
