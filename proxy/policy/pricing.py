@@ -69,9 +69,7 @@ _UNLIMITED = 2**31 - 1
 # A dated or versioned variant of a known model: -2024-08-06, -20250929, @20250929,
 # -001, -latest, -preview-05-20, -exp. Anything else ("gpt-5-pro", "gpt-4o-audio")
 # is a different model with a different price and must not inherit the base price.
-_VARIANT = re.compile(
-    r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3}|latest|preview|exp|v\d+(?::\d+)?))+$"
-)
+_VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3}|latest|preview|exp|v\d+(?::\d+)?))+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +114,7 @@ class PriceTable:
         self._by_length = sorted(prices, key=len, reverse=True)
 
     @classmethod
-    def load(
-        cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None
-    ) -> PriceTable:
+    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PriceTable:
         raw = yaml.safe_load(Path(path or DEFAULT_PATH).read_text(encoding="utf-8")) or {}
         prices = {name: _price(name, entry) for name, entry in (raw.get("models") or {}).items()}
         for name, entry in (overrides or {}).items():
@@ -160,9 +156,7 @@ def cost(price: Price, usage: Usage) -> int:
     written = usage.cache_write_tokens or 0
     uncached = max(0, total_in - cached - written)
     r_in, r_cached, r_write, r_out = price.rates(max(total_in, cached + written))
-    micro = (
-        uncached * r_in + cached * r_cached + written * r_write + (usage.output_tokens or 0) * r_out
-    )
+    micro = uncached * r_in + cached * r_cached + written * r_write + (usage.output_tokens or 0) * r_out
     return _ceil_div(micro, _SCALE)
 
 
@@ -215,13 +209,9 @@ def _rate(value: Any, where: str) -> int:
     try:
         micros = Decimal(str(value)) * _SCALE
     except ArithmeticError:  # decimal.InvalidOperation for text that is no number
-        raise ValueError(
-            f"{where}: expected a number of USD per million tokens, got {value!r}"
-        ) from None
+        raise ValueError(f"{where}: expected a number of USD per million tokens, got {value!r}") from None
     if micros < 0 or micros != micros.to_integral_value():
-        raise ValueError(
-            f"{where}: {value!r} is negative or finer than 1e-6 USD per million tokens"
-        )
+        raise ValueError(f"{where}: {value!r} is negative or finer than 1e-6 USD per million tokens")
     return int(micros)
 
 
@@ -239,12 +229,8 @@ def _price(name: str, entry: dict[str, Any]) -> Price:
         cache_write=_rate(entry.get("cache_write", entry["input"]), where),
         output=_rate(entry["output"], where),
         source=str(entry["source"]),
-        as_of=entry["as_of"].isoformat()
-        if isinstance(entry["as_of"], date)
-        else str(entry["as_of"]),
-        max_output_tokens=int(entry["max_output_tokens"])
-        if entry.get("max_output_tokens")
-        else None,
+        as_of=entry["as_of"].isoformat() if isinstance(entry["as_of"], date) else str(entry["as_of"]),
+        max_output_tokens=int(entry["max_output_tokens"]) if entry.get("max_output_tokens") else None,
         long_context=_long_context(lc, where) if lc else None,
     )
 

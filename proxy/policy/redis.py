@@ -81,10 +81,7 @@ class RedisStore:
             retry=Retry(NoBackoff(), 0),
         )
         self._redis = aioredis.Redis(connection_pool=pool)
-        self._scripts = {
-            p.stem: self._redis.register_script(p.read_text(encoding="utf-8"))
-            for p in _LUA.glob("*.lua")
-        }
+        self._scripts = {p.stem: self._redis.register_script(p.read_text(encoding="utf-8")) for p in _LUA.glob("*.lua")}
 
     async def _call(self, make: Callable[[], Awaitable[Any]], *, repeatable: bool) -> Any:
         """Run one redis operation; translate its errors once, here (fail closed)."""
@@ -106,9 +103,7 @@ class RedisStore:
             f"is up, or set the store to fail open (not recommended)."
         )
 
-    async def _script(
-        self, name: str, keys: list[str], args: list[Any], *, repeatable: bool
-    ) -> Any:
+    async def _script(self, name: str, keys: list[str], args: list[Any], *, repeatable: bool) -> Any:
         script = self._scripts[name]
         return await self._call(lambda: script(keys=keys, args=args), repeatable=repeatable)
 
@@ -128,9 +123,7 @@ class RedisStore:
     ) -> Admission:
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
-            raise ValueError(
-                f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})"
-            )
+            raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
         rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
         keys = self._scope_keys(tenant, run_id, *windows)
         ts = now.timestamp()
@@ -186,9 +179,7 @@ class RedisStore:
             )
             raise error
         if kind == "dup":
-            remaining: dict[str, int | None] = dict.fromkeys(
-                ("run_cost", "tenant_day", "tenant_month")
-            )
+            remaining: dict[str, int | None] = dict.fromkeys(("run_cost", "tenant_day", "tenant_month"))
             return Admission(rid, tenant, run_id, int(reply[1]), int(reply[2]), remaining, *windows)
         left = [None if v == "none" else int(v) for v in reply[3:6]]
         remaining = dict(zip(("run_cost", "tenant_day", "tenant_month"), left, strict=True))
@@ -205,9 +196,7 @@ class RedisStore:
     async def settle(self, admission: Admission, actual: int) -> int:
         if actual < 0:
             raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
-        found, amount = await self._script(
-            "settle", [_k("sm", "res", admission.id), _EXP], [actual], repeatable=True
-        )
+        found, amount = await self._script("settle", [_k("sm", "res", admission.id), _EXP], [actual], repeatable=True)
         return max(0, actual - int(amount)) if int(found) else 0
 
     async def release(self, admission: Admission) -> None:
@@ -217,9 +206,7 @@ class RedisStore:
         total = 0
         while True:
             n = int(
-                await self._script(
-                    "expire", [_EXP], [repr(now.timestamp()), 500, _EXPIRED_KEPT_S], repeatable=True
-                )
+                await self._script("expire", [_EXP], [repr(now.timestamp()), 500, _EXPIRED_KEPT_S], repeatable=True)
             )
             total += n
             if n < 500:
@@ -248,9 +235,7 @@ class RedisStore:
         return await self._spend(name)
 
     async def _spend(self, name: str) -> Spend:
-        v = await self._call(
-            lambda: self._redis.hmget(name, ["settled", "reserved"]), repeatable=True
-        )
+        v = await self._call(lambda: self._redis.hmget(name, ["settled", "reserved"]), repeatable=True)
         return Spend(int(v[0] or 0), int(v[1] or 0))
 
     async def run_calls(self, tenant: str, run_id: str) -> int:
@@ -263,9 +248,7 @@ class RedisStore:
     def _index_keys(self, tenant: str, run_id: str) -> list[str]:
         return [_k("sm", "run", tenant, run_id), _RUNS, _k("sm", "runs", tenant), _ACTIVE]
 
-    async def run_begin(
-        self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def run_begin(self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]) -> dict[str, Any]:
         stored = await self._script(
             "run_begin",
             self._index_keys(tenant, run_id),
@@ -326,22 +309,16 @@ class RedisStore:
 
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:
         ts = before.timestamp()
-        members = await self._call(
-            lambda: self._redis.zrangebyscore(_ACTIVE, "-inf", f"({ts!r}"), repeatable=True
-        )
+        members = await self._call(lambda: self._redis.zrangebyscore(_ACTIVE, "-inf", f"({ts!r}"), repeatable=True)
         return [(t, r) for t, r in map(json.loads, members)]
 
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
         if tenant is None:
-            members = await self._call(
-                lambda: self._redis.zrevrange(_RUNS, 0, limit - 1), repeatable=True
-            )
+            members = await self._call(lambda: self._redis.zrevrange(_RUNS, 0, limit - 1), repeatable=True)
             pairs = [(t, r) for t, r in map(json.loads, members)]
         else:
             index = _k("sm", "runs", tenant)
-            ids = await self._call(
-                lambda: self._redis.zrevrange(index, 0, limit - 1), repeatable=True
-            )
+            ids = await self._call(lambda: self._redis.zrevrange(index, 0, limit - 1), repeatable=True)
             pairs = [(tenant, r) for r in ids]
         records = [await self._record(t, r) for t, r in pairs]
         return [r for r in records if r is not None]
@@ -386,9 +363,7 @@ class RedisStore:
 
     async def failures(self, tenant: str, run_id: str, failed: bool) -> int:
         run = _k("sm", "run", tenant, run_id)
-        return int(
-            await self._script("failures", [run], ["1" if failed else "0"], repeatable=False)
-        )
+        return int(await self._script("failures", [run], ["1" if failed else "0"], repeatable=False))
 
     # --- admin -----------------------------------------------------------------------
 
@@ -407,9 +382,7 @@ class RedisStore:
 
     async def budget_get(self, tenant: str) -> tuple[int | None, int | None]:
         name = _k("sm", "budget", tenant)
-        day, month = await self._call(
-            lambda: self._redis.hmget(name, ["day", "month"]), repeatable=True
-        )
+        day, month = await self._call(lambda: self._redis.hmget(name, ["day", "month"]), repeatable=True)
         return (int(day) if day else None, int(month) if month else None)
 
     async def ping(self) -> None:

@@ -91,9 +91,7 @@ class SqliteStore:
     # --- the writer thread -----------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, isolation_level=None, timeout=30.0, check_same_thread=False
-        )
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA busy_timeout=30000")
@@ -155,17 +153,12 @@ class SqliteStore:
     ) -> Admission:
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
-            raise ValueError(
-                f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})"
-            )
+            raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
 
         def op(conn: sqlite3.Connection) -> Admission | CeilingReached:
             ts = now.timestamp()
             _expire(conn, ts, 64)
-            calls = (
-                _one(conn, "SELECT calls FROM runs WHERE tenant=? AND run_id=?", tenant, run_id)
-                or 0
-            )
+            calls = _one(conn, "SELECT calls FROM runs WHERE tenant=? AND run_id=?", tenant, run_id) or 0
             keys: dict[str, tuple[str, str]] = {
                 "run_cost": ("run", run_id),
                 "tenant_day": ("day", windows[0]),
@@ -216,8 +209,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(
-                "SELECT tenant, run_id, day_key, month_key, amount, expired FROM reservations "
-                "WHERE id=?",
+                "SELECT tenant, run_id, day_key, month_key, amount, expired FROM reservations WHERE id=?",
                 (admission.id,),
             ).fetchone()
             if row is None:
@@ -270,15 +262,11 @@ class SqliteStore:
 
     # --- run state -------------------------------------------------------------------
 
-    async def run_begin(
-        self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def run_begin(self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]) -> dict[str, Any]:
         ts = now.timestamp()
 
         def op(conn: sqlite3.Connection) -> dict[str, Any]:
-            stored = _one(
-                conn, "SELECT trace FROM runs WHERE tenant=? AND run_id=?", tenant, run_id
-            )
+            stored = _one(conn, "SELECT trace FROM runs WHERE tenant=? AND run_id=?", tenant, run_id)
             if stored:
                 return dict(json.loads(stored))
             conn.execute(
@@ -335,8 +323,7 @@ class SqliteStore:
         ts = before.timestamp()
         rows = await self._do(
             lambda conn: conn.execute(
-                "SELECT tenant, run_id FROM runs WHERE ended = 0 AND last_seen < ? "
-                "ORDER BY last_seen",
+                "SELECT tenant, run_id FROM runs WHERE ended = 0 AND last_seen < ? ORDER BY last_seen",
                 (ts,),
             ).fetchall()
         )
@@ -345,13 +332,10 @@ class SqliteStore:
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
         def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             if tenant is None:
-                rows = conn.execute(
-                    "SELECT tenant, run_id FROM runs ORDER BY last_seen DESC LIMIT ?", (limit,)
-                )
+                rows = conn.execute("SELECT tenant, run_id FROM runs ORDER BY last_seen DESC LIMIT ?", (limit,))
             else:
                 rows = conn.execute(
-                    "SELECT tenant, run_id FROM runs WHERE tenant=? "
-                    "ORDER BY last_seen DESC LIMIT ?",
+                    "SELECT tenant, run_id FROM runs WHERE tenant=? ORDER BY last_seen DESC LIMIT ?",
                     (tenant, limit),
                 )
             return [r for t, run in rows.fetchall() if (r := _record(conn, t, run)) is not None]
@@ -435,9 +419,7 @@ class SqliteStore:
 
     async def budget_get(self, tenant: str) -> tuple[int | None, int | None]:
         row = await self._do(
-            lambda conn: conn.execute(
-                "SELECT day, month FROM budgets WHERE tenant=?", (tenant,)
-            ).fetchone()
+            lambda conn: conn.execute("SELECT day, month FROM budgets WHERE tenant=?", (tenant,)).fetchone()
         )
         return (row[0], row[1]) if row else (None, None)
 
@@ -476,13 +458,9 @@ def _run_batch(conn: sqlite3.Connection, ops: list[Op]) -> list[tuple[bool, Any]
     return results
 
 
-def _resolve(
-    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], ok: bool, value: Any, path: str
-) -> None:
+def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], ok: bool, value: Any, path: str) -> None:
     if not ok and isinstance(value, sqlite3.Error | OSError):
-        error = StoreUnavailable(
-            f"The ledger {path} failed: {value}. Check the disk and its permissions."
-        )
+        error = StoreUnavailable(f"The ledger {path} failed: {value}. Check the disk and its permissions.")
         error.__cause__ = value
         value = error
 
@@ -539,16 +517,12 @@ def _expire(conn: sqlite3.Connection, now_ts: float, limit: int | None) -> int:
         for scope, key in (("run", run_id), ("day", day), ("month", month), ("total", "")):
             _add(conn, tenant, scope, key, settled=amount, reserved=-amount)
         conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
-    conn.execute(
-        "DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,)
-    )
+    conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))
     return len(rows)
 
 
 def _totals(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, int]:
-    rows = conn.execute(
-        "SELECT name, value FROM run_totals WHERE tenant=? AND run_id=?", (tenant, run_id)
-    )
+    rows = conn.execute("SELECT name, value FROM run_totals WHERE tenant=? AND run_id=?", (tenant, run_id))
     return {name: int(value) for name, value in rows.fetchall()}
 
 

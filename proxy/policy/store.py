@@ -31,6 +31,7 @@ from proxy.errors import CeilingReached, ConfigError
 from proxy.policy import messages
 
 __all__ = [
+    "MAX_MICROS",
     "SCOPES",
     "Admission",
     "Decision",
@@ -46,6 +47,7 @@ __all__ = [
 
 Scope = Literal["run_cost", "tenant_day", "tenant_month"]
 SCOPES: tuple[Scope, ...] = ("run_cost", "tenant_day", "tenant_month")
+MAX_MICROS = 2**53
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,13 @@ class Limits:
     day_budget: int | None = None
     month_budget: int | None = None
     origin: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        # Redis Lua numbers are doubles: integers stay exact only below 2^53 (~$9e9).
+        for name in ("run_max_calls", "run_max_cost", "day_budget", "month_budget"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < MAX_MICROS:
+                raise ValueError(f"{name}={value} must be between 0 and 2^53 micro-USD")
 
     def cost_limit(self, scope: str) -> int | None:
         return {
@@ -158,9 +167,7 @@ def refusal(
         text = messages.call_ceiling(tenant, run_id, limits.run_max_calls or 0, origin)
         return CeilingReached(text, limit=scope)
     spend = ledger[scope]
-    window = (
-        windows[0] if scope == "tenant_day" else windows[1] if scope == "tenant_month" else None
-    )
+    window = windows[0] if scope == "tenant_day" else windows[1] if scope == "tenant_month" else None
     text = messages.cost_ceiling(
         scope,
         tenant=tenant,
@@ -176,9 +183,7 @@ def refusal(
     return CeilingReached(text, limit=scope)
 
 
-async def release_if_cancelled(
-    store: Store, admitting: Callable[[], Awaitable[Admission]]
-) -> Admission:
+async def release_if_cancelled(store: Store, admitting: Callable[[], Awaitable[Admission]]) -> Admission:
     """Run an admission so that a caller cancelled mid-way does not leak it.
 
     The store operation runs to completion in its own task; if our caller is cancelled
@@ -257,9 +262,7 @@ class Store(Protocol):
 
     async def run_calls(self, tenant: str, run_id: str) -> int: ...
 
-    async def run_begin(
-        self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def run_begin(self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]) -> dict[str, Any]:
         """Store `trace` if the run has none yet; return the stored one (shared by replicas)."""
         ...
 
@@ -274,9 +277,7 @@ class Store(Protocol):
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]: ...
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]: ...
     async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None: ...
-    async def tools_take(
-        self, tenant: str, run_id: str, ids: list[str]
-    ) -> list[dict[str, Any]]: ...
+    async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]: ...
     async def tools_pending(self, tenant: str, run_id: str) -> list[dict[str, Any]]: ...
     async def streak(self, tenant: str, run_id: str, signature: str) -> int: ...
     async def failures(self, tenant: str, run_id: str, failed: bool) -> int: ...

@@ -19,9 +19,7 @@ from proxy.policy.pricing import (
     settlement,
 )
 
-CASES = yaml.safe_load(
-    (Path(__file__).parents[1] / "data" / "policy" / "pricing_cases.yaml").read_text()
-)
+CASES = yaml.safe_load((Path(__file__).parents[1] / "data" / "policy" / "pricing_cases.yaml").read_text())
 TABLE = PriceTable.load()
 
 

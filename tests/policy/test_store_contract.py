@@ -64,18 +64,14 @@ async def outcomes(coros: list[Any]) -> tuple[list[Admission], list[CeilingReach
     results = await asyncio.gather(*coros, return_exceptions=True)
     ok = [r for r in results if isinstance(r, Admission)]
     refused = [r for r in results if isinstance(r, CeilingReached)]
-    assert len(ok) + len(refused) == len(results), [
-        r for r in results if not isinstance(r, Admission | CeilingReached)
-    ]
+    assert len(ok) + len(refused) == len(results), [r for r in results if not isinstance(r, Admission | CeilingReached)]
     return ok, refused
 
 
 # --- reserve, settle, release -------------------------------------------------------
 
 
-async def test_admission_reserves_on_every_scope_and_counts_the_call(
-    store: Store, tenant: str
-) -> None:
+async def test_admission_reserves_on_every_scope_and_counts_the_call(store: Store, tenant: str) -> None:
     a = await admit(store, tenant, limits=Limits(run_max_cost=1000, day_budget=5000))
     assert (a.reserved, a.calls, a.day_key, a.month_key) == (100, 1, "2026-05-14", "2026-05")
     assert a.remaining == {"run_cost": 900, "tenant_day": 4900, "tenant_month": None}
@@ -85,9 +81,7 @@ async def test_admission_reserves_on_every_scope_and_counts_the_call(
     assert await store.run_calls(tenant, "r-1") == 1
 
 
-async def test_settle_replaces_the_reservation_by_the_actual_cost(
-    store: Store, tenant: str
-) -> None:
+async def test_settle_replaces_the_reservation_by_the_actual_cost(store: Store, tenant: str) -> None:
     a = await admit(store, tenant)
     assert await store.settle(a, 40) == 0
     for scope in ({"run_id": "r-1"}, {"day": "2026-05-14"}, {"month": "2026-05"}, {}):
@@ -126,6 +120,17 @@ async def test_the_last_reservation_is_cut_to_the_headroom_left(store: Store, te
     assert sizes == [100, 100, 50]
     with pytest.raises(CeilingReached):
         await admit(store, tenant, limits=limits)
+
+
+async def test_large_budgets_stay_exact_integers(store: Store, tenant: str) -> None:
+    # A billion dollars in micro-USD; Lua must not print it as 1e+15.
+    big = 10**15
+    a = await admit(store, tenant, max_reserve=123, limits=Limits(run_max_cost=big, day_budget=big))
+    assert a.remaining == {"run_cost": big - 123, "tenant_day": big - 123, "tenant_month": None}
+    await store.settle(a, 2**40 + 1)
+    assert await store.spend(tenant, run_id="r-1") == 2**40 + 1
+    with pytest.raises(ValueError, match="2\\^53"):
+        Limits(day_budget=2**53)
 
 
 # --- refusals -------------------------------------------------------------------------
@@ -192,9 +197,7 @@ async def test_day_and_month_windows_roll_over_without_a_reset(store: Store, ten
 
 async def test_windows_follow_the_configured_time_zone(store: Store, tenant: str) -> None:
     # 03:00 UTC on 1 March is still 28 February, 22:00 in New York.
-    a = await admit(
-        store, tenant, now=datetime(2026, 3, 1, 3, 0, tzinfo=UTC), tz="America/New_York"
-    )
+    a = await admit(store, tenant, now=datetime(2026, 3, 1, 3, 0, tzinfo=UTC), tz="America/New_York")
     assert (a.day_key, a.month_key) == ("2026-02-28", "2026-02")
     b = await admit(store, tenant, now=datetime(2026, 3, 1, 3, 0, tzinfo=UTC), tz="Asia/Tokyo")
     assert (b.day_key, b.month_key) == ("2026-03-01", "2026-03")
@@ -208,9 +211,7 @@ async def test_a_naive_time_is_refused(store: Store, tenant: str) -> None:
 # --- concurrency ----------------------------------------------------------------------
 
 
-async def test_500_concurrent_admissions_never_cross_a_cost_ceiling(
-    store: Store, tenant: str
-) -> None:
+async def test_500_concurrent_admissions_never_cross_a_cost_ceiling(store: Store, tenant: str) -> None:
     limits = Limits(run_max_cost=10_000)
     ok, refused = await outcomes(
         [admit(store, tenant, min_reserve=20, max_reserve=30, limits=limits) for _ in range(500)]
@@ -234,9 +235,7 @@ async def test_two_stores_on_one_ledger_share_a_tenant_budget(url: str, tenant: 
         )
         assert (len(ok), len(refused)) == (5_000 // 13, 500 - 5_000 // 13)
         assert await first.spend(tenant, day="2026-05-14") == 13 * (5_000 // 13)
-        await asyncio.gather(
-            *(s.settle(a, 5) for s, a in zip([first, second] * 250, ok, strict=False))
-        )
+        await asyncio.gather(*(s.settle(a, 5) for s, a in zip([first, second] * 250, ok, strict=False)))
         assert await second.spend(tenant, day="2026-05-14") == 5 * len(ok)
     finally:
         await first.aclose()
@@ -244,9 +243,7 @@ async def test_two_stores_on_one_ledger_share_a_tenant_budget(url: str, tenant: 
 
 
 async def test_the_call_ceiling_is_exact_under_concurrency(store: Store, tenant: str) -> None:
-    ok, refused = await outcomes(
-        [admit(store, tenant, "r-9", limits=Limits(run_max_calls=8)) for _ in range(500)]
-    )
+    ok, refused = await outcomes([admit(store, tenant, "r-9", limits=Limits(run_max_calls=8)) for _ in range(500)])
     assert (len(ok), len(refused)) == (8, 492)
     assert {r.limit for r in refused} == {"run_calls"}
     assert await store.run_calls(tenant, "r-9") == 8

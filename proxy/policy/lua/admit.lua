@@ -61,6 +61,7 @@ end
 
 local left = {}
 for i = 1, 3 do
-  if head[i] == nil then left[i] = 'none' else left[i] = tostring(head[i] - amount) end
+  -- %d, not tostring: tostring prints large numbers as 1e+15
+  if head[i] == nil then left[i] = 'none' else left[i] = string.format('%d', head[i] - amount) end
 end
 return {'ok', amount, calls, left[1], left[2], left[3]}
