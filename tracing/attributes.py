@@ -170,9 +170,7 @@ class MetricSpec:
 # (a plain `USD` unit would give `spanmeter_cost_USD_total`).
 METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(GEN_AI_CLIENT_OPERATION_DURATION, "histogram", "s", "GenAI operation duration."),
-    MetricSpec(
-        GEN_AI_CLIENT_TOKEN_USAGE, "histogram", "{token}", "Number of input and output tokens used."
-    ),
+    MetricSpec(GEN_AI_CLIENT_TOKEN_USAGE, "histogram", "{token}", "Number of input and output tokens used."),
     MetricSpec(
         GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK,
         "histogram",
@@ -185,9 +183,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "s",
         "Time between consecutive chunks of a streamed response.",
     ),
-    MetricSpec(
-        LATEST_GEN_AI_CLIENT_INFERENCE_DURATION, "histogram", "s", "GenAI inference duration."
-    ),
+    MetricSpec(LATEST_GEN_AI_CLIENT_INFERENCE_DURATION, "histogram", "s", "GenAI inference duration."),
     MetricSpec(
         LATEST_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK,
         "histogram",
@@ -213,9 +209,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "{request}",
         "Calls refused by a ceiling before reaching the upstream.",
     ),
-    MetricSpec(
-        SPANMETER_REPAIRS_METRIC, "counter", "{repair}", "Repairs made to model output, by kind."
-    ),
+    MetricSpec(SPANMETER_REPAIRS_METRIC, "counter", "{repair}", "Repairs made to model output, by kind."),
     MetricSpec(SPANMETER_TOOL_CALLS, "counter", "{call}", "Tool calls seen in runs, by outcome."),
     MetricSpec(SPANMETER_GUARD_ACTIONS, "counter", "{action}", "Loop guard actions."),
     MetricSpec(
@@ -236,9 +230,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "{span}",
         "Spans dropped instead of exported (queue full or export failed).",
     ),
-    MetricSpec(
-        SPANMETER_BUDGET_SPENT_USD, "gauge", "{USD}", "Tenant spend in the current budget window."
-    ),
+    MetricSpec(SPANMETER_BUDGET_SPENT_USD, "gauge", "{USD}", "Tenant spend in the current budget window."),
     MetricSpec(SPANMETER_BUDGET_LIMIT_USD, "gauge", "{USD}", "Tenant budget limit for the window."),
 )
 
@@ -263,16 +255,17 @@ def prometheus_base_name(metric: str) -> str:
 def prometheus_series(metric: str) -> tuple[str, ...]:
     """Every series name the Prometheus exporter produces for the OTel metric `metric`.
 
-    Histograms give `_bucket`, `_sum` and `_count` (and `_created` in the
-    prometheus_client text format); counters give `_total` (and `_created`); gauges
-    give the base name. Raises KeyError for a metric spanmeter does not emit.
+    Histograms give `_bucket`, `_sum` and `_count`, counters `_total`, gauges the base
+    name (the exporter writes no `_created` series). Raises KeyError for a metric
+    spanmeter does not emit. Labels are the attribute names with dots as underscores,
+    plus `otel_scope_name|version|schema_url`; resource attributes go to `target_info`.
     """
     spec = METRICS_BY_NAME[metric]
     base = prometheus_base_name(metric)
     if spec.kind == "histogram":
-        return (f"{base}_bucket", f"{base}_sum", f"{base}_count", f"{base}_created")
+        return (f"{base}_bucket", f"{base}_sum", f"{base}_count")
     if spec.kind == "counter":
-        return (f"{base}_total", f"{base}_created")
+        return (f"{base}_total",)
     return (base,)
 
 

@@ -82,9 +82,7 @@ class Instruments:
             token_usage=_histogram(meter, A.GEN_AI_CLIENT_TOKEN_USAGE, A.TOKEN_BUCKETS),
             time_to_first_chunk=_histogram(meter, ttfc, A.DURATION_BUCKETS),
             time_per_output_chunk=_histogram(meter, tpoc, A.DURATION_BUCKETS),
-            execute_tool_duration=_histogram(
-                meter, A.GEN_AI_EXECUTE_TOOL_DURATION, A.DURATION_BUCKETS
-            ),
+            execute_tool_duration=_histogram(meter, A.GEN_AI_EXECUTE_TOOL_DURATION, A.DURATION_BUCKETS),
             cost=_counter(meter, A.SPANMETER_COST),
             limit_rejections=_counter(meter, A.SPANMETER_LIMIT_REJECTIONS),
             repairs=_counter(meter, A.SPANMETER_REPAIRS_METRIC),
@@ -117,20 +115,14 @@ def _budget_gauges(meter: Meter, budgets: BudgetValues) -> None:
         return [Observation(s / 1e6, _budget_labels(t, w)) for t, w, s, _ in budgets.snapshot()]
 
     def limit(_options: CallbackOptions) -> Iterable[Observation]:
-        return [
-            Observation(lim / 1e6, _budget_labels(t, w))
-            for t, w, _, lim in budgets.snapshot()
-            if lim is not None
-        ]
+        return [Observation(lim / 1e6, _budget_labels(t, w)) for t, w, _, lim in budgets.snapshot() if lim is not None]
 
     for name, callback in (
         (A.SPANMETER_BUDGET_SPENT_USD, spent),
         (A.SPANMETER_BUDGET_LIMIT_USD, limit),
     ):
         spec = A.METRICS_BY_NAME[name]
-        meter.create_observable_gauge(
-            name, callbacks=[callback], unit=spec.unit, description=spec.description
-        )
+        meter.create_observable_gauge(name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
 
 def _budget_labels(tenant: str, window: str) -> Labels:

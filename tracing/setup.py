@@ -88,9 +88,7 @@ class TelemetryConfig:
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> TelemetryConfig:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
         """Defaults read from the standard OTel variables; keyword arguments win."""
         env = os.environ if environ is None else environ
         opt_in = {v.strip() for v in env.get(ENV_SEMCONV, "").split(",")}
@@ -102,14 +100,10 @@ class TelemetryConfig:
         return replace(base, **overrides)
 
     def otlp_traces(self, environ: Mapping[str, str]) -> bool:
-        return bool(
-            self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_TRACES_ENDPOINT)
-        )
+        return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_TRACES_ENDPOINT))
 
     def otlp_metrics(self, environ: Mapping[str, str]) -> bool:
-        return bool(
-            self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_METRICS_ENDPOINT)
-        )
+        return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_METRICS_ENDPOINT))
 
 
 def capture_mode(value: str | None) -> CaptureMode:
@@ -249,9 +243,7 @@ class Telemetry:
         `METRICS_CONTENT_TYPE`)."""
         return generate_latest(self.registry)
 
-    def set_budget(
-        self, tenant: str, window: str, spent_micros: int, limit_micros: int | None
-    ) -> None:
+    def set_budget(self, tenant: str, window: str, spent_micros: int, limit_micros: int | None) -> None:
         """Latest spend and limit of a tenant for `window` (day | month), for the gauges."""
         self.instruments.budgets.set(tenant, window, spent_micros, limit_micros)
 
@@ -301,9 +293,7 @@ def setup_telemetry(
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
     for name, exporter in _span_exporters(cfg, env):
-        tracer_provider.add_span_processor(
-            DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name)
-        )
+        tracer_provider.add_span_processor(DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
     for exporter in extra_exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     return Telemetry(cfg, tracer_provider, meter_provider, instruments, registry, ids, pushed)
@@ -335,9 +325,7 @@ def _otlp_span_exporter(cfg: TelemetryConfig) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     endpoint = _signal_url(cfg.otlp_endpoint, "traces") if cfg.otlp_endpoint else None
-    return OTLPSpanExporter(
-        endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg)
-    )
+    return OTLPSpanExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg))
 
 
 def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricReader]:
@@ -346,9 +334,7 @@ def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricRe
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         endpoint = _signal_url(cfg.otlp_endpoint, "metrics") if cfg.otlp_endpoint else None
-        exporter = OTLPMetricExporter(
-            endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg)
-        )
+        exporter = OTLPMetricExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg))
         readers.append(
             PeriodicExportingMetricReader(
                 exporter,

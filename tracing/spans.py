@@ -258,24 +258,20 @@ def end_call(
     in the semconv JSON shapes); it is recorded only when the process runs with
     SPAN_ONLY. Pass None when the tenant lowered capture.
     `chunk_gaps_s`: for streams, the time between consecutive chunks after the first.
+    `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
+    `spanmeter.limit.rejections`.
     """
     try:
         end = time.time_ns() if end_ns is None else end_ns
         attrs = _response_attrs(tel, call, outcome)
-        attrs.update(
-            _spanmeter_attrs(
-                cost_micros, usage_source, budget_remaining_micros, rewrites, repairs, refusal
-            )
-        )
+        attrs.update(_spanmeter_attrs(cost_micros, usage_source, budget_remaining_micros, rewrites, repairs, refusal))
         attrs.update(_content_attrs(tel, capture))
         cs.span.set_attributes(attrs)
         if outcome.error_type:
-            cs.span.set_status(
-                Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller))
-            )
-        _record_call_metrics(
-            tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s
-        )
+            cs.span.set_status(Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller)))
+        _record_call_metrics(tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s)
+        if refusal:
+            _count_refusal(tel, cs.caller, call, cs.provider, refusal, cs.context)
         cs.span.end(end_time=end)
     except Exception:
         log.exception("end_call failed")
@@ -314,18 +310,20 @@ def record_refusal(
             run_trace=run_trace,
             start_ns=start_ns,
         )
-        cs.span.set_attributes(
-            {A.ERROR_TYPE: error_type, A.SPANMETER_REFUSAL_REASON: _redact(message, caller)}
-        )
+        cs.span.set_attributes({A.ERROR_TYPE: error_type, A.SPANMETER_REFUSAL_REASON: _redact(message, caller)})
         cs.span.set_status(Status(StatusCode.ERROR, _status_text(message, caller)))
-        label = reason or error_type.removeprefix("spanmeter.")
-        labels = {A.SPANMETER_REASON: label, **_tenant(caller), **_model_labels(call, provider)}
-        tel.instruments.limit_rejections.add(1, labels, context=cs.context)
+        _count_refusal(tel, caller, call, provider, reason or error_type, cs.context)
         cs.span.end()
         return cs.ref
     except Exception:
         log.exception("record_refusal failed")
         return None
+
+
+def _count_refusal(tel: Telemetry, caller: Caller, call: Call, provider: str, reason: str, ctx: Context) -> None:
+    labels = {A.SPANMETER_REASON: reason.removeprefix("spanmeter."), **_tenant(caller)}
+    labels.update(_model_labels(call, provider))
+    tel.instruments.limit_rejections.add(1, labels, context=ctx)
 
 
 def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port: int) -> Attrs:
@@ -429,9 +427,7 @@ def _record_call_metrics(
 ) -> None:
     """Recorded with the call span as context so histogram points carry exemplars."""
     m, ctx = tel.instruments, cs.context
-    labels = _model_labels(
-        call, cs.provider, outcome.response_model, cs.server_address, cs.server_port
-    )
+    labels = _model_labels(call, cs.provider, outcome.response_model, cs.server_address, cs.server_port)
     labels.update(_tenant(cs.caller))
     failed = {**labels, A.ERROR_TYPE: outcome.error_type} if outcome.error_type else labels
     m.operation_duration.record(max(0, end_ns - cs.start_ns) / 1e9, failed, context=ctx)
@@ -444,9 +440,7 @@ def _record_call_metrics(
         m.time_to_first_chunk.record(outcome.first_chunk_s, labels, context=ctx)
     for gap in chunk_gaps_s:
         m.time_per_output_chunk.record(gap, labels, context=ctx)
-    money = {
-        k: v for k, v in labels.items() if k in (A.GEN_AI_PROVIDER_NAME, A.GEN_AI_REQUEST_MODEL)
-    }
+    money = {k: v for k, v in labels.items() if k in (A.GEN_AI_PROVIDER_NAME, A.GEN_AI_REQUEST_MODEL)}
     money.update(_tenant(cs.caller))
     if cost_micros:
         m.cost.add(cost_micros / 1e6, money, context=ctx)
@@ -505,16 +499,10 @@ def tool_span(
     that made the call. `capture=False` when the tenant lowered content capture.
     """
     try:
-        verdict = (
-            digests.tool_result_digest(result, is_error=is_error) if result is not None else None
-        )
-        error_type = (
-            A.ERROR_TOOL_RESULT_MISSING if verdict is None else None if verdict.ok else A.ERROR_TOOL
-        )
+        verdict = digests.tool_result_digest(result, is_error=is_error) if result is not None else None
+        error_type = A.ERROR_TOOL_RESULT_MISSING if verdict is None else None if verdict.ok else A.ERROR_TOOL
         content = capture and tel.config.capture_content == "SPAN_ONLY"
-        attrs = _tool_attrs(
-            caller, name, call_id, arguments, result, verdict, content, description, tool_type
-        )
+        attrs = _tool_attrs(caller, name, call_id, arguments, result, verdict, content, description, tool_type)
         links = [Link(SpanContext(link.trace_id, link.span_id, is_remote=False))] if link else None
         span = tel.tracer.start_span(
             f"{A.OPERATION_EXECUTE_TOOL} {name}",
@@ -557,9 +545,7 @@ def _tool_attrs(
         A.SPANMETER_TENANT_ID: caller.tenant,
         A.SPANMETER_RUN_ID: caller.run_id,
         A.SPANMETER_TOOL_TIMING: A.TOOL_TIMING_INFERRED,
-        A.SPANMETER_TOOL_ARGUMENTS_DIGEST: _redact(
-            digests.tool_arguments_digest(arguments), caller
-        ),
+        A.SPANMETER_TOOL_ARGUMENTS_DIGEST: _redact(digests.tool_arguments_digest(arguments), caller),
         A.SPANMETER_TOOL_ARGUMENTS_SHA256: digests.canonical_sha256(arguments),
         A.SPANMETER_TOOL_ARGUMENTS_SIZE: len(arguments.encode()),
         A.SPANMETER_TOOL_OK: verdict.ok if verdict else False,
@@ -677,9 +663,7 @@ def record_guard_action(
         log.exception("record_guard_action failed")
 
 
-def record_ledger_overshoot(
-    tel: Telemetry, caller: Caller, overshoot_micros: int, *, scope: str = "run"
-) -> None:
+def record_ledger_overshoot(tel: Telemetry, caller: Caller, overshoot_micros: int, *, scope: str = "run") -> None:
     """Settled cost above what was reserved (the estimate was too low)."""
     try:
         if overshoot_micros > 0:

@@ -69,10 +69,7 @@ def render_runs_table(runs: list[RunSummary]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     right = {3, 4, 5}
     lines = [
-        "  ".join(
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
+        "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         for row in [header, *rows]
     ]
     return "\n".join(line.rstrip() for line in lines)
@@ -153,9 +150,7 @@ def _start(s: Record) -> int:
     return int(s.get("start_ns") or 0)
 
 
-def _draw(
-    spans: list[Record], children: dict[str | None, list[Record]], prefix: str, lines: list[str]
-) -> None:
+def _draw(spans: list[Record], children: dict[str | None, list[Record]], prefix: str, lines: list[str]) -> None:
     for i, s in enumerate(spans):
         last = i == len(spans) - 1
         lines.append(f"{prefix}{'└─' if last else '├─'} {_span_line(s)}")
@@ -226,9 +221,7 @@ def _detail_lines(s: Record) -> list[str]:
     elif s["status"] == "ERROR" and s.get("status_description") and not _is_tool(s):
         lines.append(f"error: {s['status_description']}")
     if a.get(A.SPANMETER_GUARD_ACTION):
-        lines.append(
-            f"loop guard: {a[A.SPANMETER_GUARD_ACTION]} ({a.get(A.SPANMETER_GUARD_TOOL, '')})"
-        )
+        lines.append(f"loop guard: {a[A.SPANMETER_GUARD_ACTION]} ({a.get(A.SPANMETER_GUARD_TOOL, '')})")
     return lines
 
 

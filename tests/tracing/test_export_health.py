@@ -39,9 +39,7 @@ def one_call(tel: Telemetry) -> None:
 
 def dropped(tel: Telemetry, reason: str) -> float:
     text = tel.metrics_text().decode()
-    pattern = (
-        rf'^spanmeter_telemetry_dropped_spans_total\{{[^}}]*error_type="{reason}"[^}}]*\}} (\S+)$'
-    )
+    pattern = rf'^spanmeter_telemetry_dropped_spans_total\{{[^}}]*error_type="{reason}"[^}}]*\}} (\S+)$'
     return sum(float(m) for m in re.findall(pattern, text, re.MULTILINE))
 
 

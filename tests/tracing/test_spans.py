@@ -24,9 +24,7 @@ def make_tel(otlp_receiver: OtlpReceiver) -> Iterator[Any]:
     made: list[Telemetry] = []
 
     def make(**overrides: Any) -> Telemetry:
-        cfg = TelemetryConfig(
-            otlp_endpoint=otlp_receiver.endpoint, schedule_delay_ms=50, **overrides
-        )
+        cfg = TelemetryConfig(otlp_endpoint=otlp_receiver.endpoint, schedule_delay_ms=50, **overrides)
         tel = setup_telemetry(cfg, environ={})
         made.append(tel)
         return tel
@@ -145,9 +143,7 @@ def test_model_call_span_for_each_dialect(
         status=200,
         response_id="resp_1",
         response_model="m-2026",
-        usage=Usage(
-            input_tokens=1830, output_tokens=96, cache_read_tokens=1024, reasoning_tokens=10
-        ),
+        usage=Usage(input_tokens=1830, output_tokens=96, cache_read_tokens=1024, reasoning_tokens=10),
         finish_reasons=("stop",),
         first_chunk_s=0.41,
     )
@@ -198,9 +194,7 @@ def test_model_call_span_for_each_dialect(
     assert span["scope"] == "spanmeter"
 
 
-def test_a_request_with_traceparent_joins_the_agents_trace(
-    make_tel: Any, otlp_receiver: OtlpReceiver
-) -> None:
+def test_a_request_with_traceparent_joins_the_agents_trace(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
     tel = make_tel()
     parent = spans.parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     assert parent is not None
@@ -231,9 +225,7 @@ def test_a_request_with_traceparent_joins_the_agents_trace(
     assert span["parent_span_id"] == "00f067aa0ba902b7"
 
 
-def test_a_failed_call_has_error_type_and_error_status(
-    make_tel: Any, otlp_receiver: OtlpReceiver
-) -> None:
+def test_a_failed_call_has_error_type_and_error_status(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
     tel = make_tel()
     call = Call(api="messages", operation="chat", model="claude-haiku-4-5")
     caller = Caller("acme", "run_err", "generated", upstream_key=UPSTREAM_KEY)
@@ -271,9 +263,7 @@ def test_a_failed_call_has_error_type_and_error_status(
     assert 'error_type="rate_limit_error"' in tel.metrics_text().decode()
 
 
-def test_a_refused_call_gets_a_span_that_says_why(
-    make_tel: Any, otlp_receiver: OtlpReceiver
-) -> None:
+def test_a_refused_call_gets_a_span_that_says_why(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
     tel = make_tel()
     run = spans.new_run_trace()
     call = Call(api="chat", operation="chat", model="gpt-4o")
@@ -509,9 +499,7 @@ def test_tool_span_parent_timing_digests_and_ok_flag(
     assert f'spanmeter_outcome="{outcome}"' in tel.metrics_text().decode()
 
 
-def test_a_tool_call_never_answered_gets_tool_result_missing(
-    make_tel: Any, otlp_receiver: OtlpReceiver
-) -> None:
+def test_a_tool_call_never_answered_gets_tool_result_missing(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
     tel = make_tel()
     run = spans.new_run_trace()
     spans.tool_span(
@@ -599,9 +587,7 @@ def test_span_only_capture_records_content_capped_and_keys_never_leak(
     assert UPSTREAM_KEY not in everything
 
 
-def test_no_content_by_default_even_when_the_caller_passes_it(
-    make_tel: Any, otlp_receiver: OtlpReceiver
-) -> None:
+def test_no_content_by_default_even_when_the_caller_passes_it(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
     tel = make_tel()
     call = Call(api="chat", operation="chat", model="gpt-4o")
     cs = spans.start_call(
@@ -645,9 +631,7 @@ def test_latest_semconv_opt_in_renames_cache_write_and_inference_metrics(
         parent=None,
         run_trace=None,
     )
-    outcome = Outcome(
-        status=200, usage=Usage(input_tokens=50, output_tokens=5, cache_write_tokens=40)
-    )
+    outcome = Outcome(status=200, usage=Usage(input_tokens=50, output_tokens=5, cache_write_tokens=40))
     spans.end_call(
         tel,
         cs,

@@ -1,0 +1,83 @@
+"""`prometheus_series()` against what the real Prometheus exporter writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.model import Call, Caller, Outcome, Repair, Rewrite, Usage
+from tracing import attributes as A
+from tracing import spans
+from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
+
+CALLER = Caller("acme", "run_p", "header")
+
+
+def exercise(tel: Telemetry) -> None:
+    """Record every metric at least once."""
+    call = Call(api="chat", operation="chat", model="gpt-4o", stream=True)
+    where = {"provider": "openai", "server_address": "api.openai.com", "server_port": 443}
+    cs = spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None)  # type: ignore[arg-type]
+    outcome = Outcome(status=200, usage=Usage(10, 5), first_chunk_s=0.2)
+    spans.end_call(tel, cs, call, outcome, cost_micros=5, usage_source="reported",
+                   budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
+                   repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01])  # fmt: skip
+    spans.record_refusal(tel, CALLER, call, "spanmeter.call_limit_exceeded", "too many calls")
+    spans.tool_span(tel, CALLER, name="t", call_id="c", arguments="{}", result="ok",
+                    is_error=False, start_ns=1, end_ns=2)  # fmt: skip
+    spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)
+    spans.record_ledger_overshoot(tel, CALLER, 12)
+    tel.instruments.dropped_spans.add(1, {A.ERROR_TYPE: "queue_full"})
+    tel.set_budget("acme", "day", 1_000, 2_000)
+
+
+@pytest.fixture(params=[False, True], ids=["semconv v1.41.1", "gen_ai_latest_experimental"])
+def tel(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[Telemetry]:
+    t = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path), semconv_latest=request.param), environ={})
+    yield t
+    t.shutdown()
+
+
+def test_every_metric_appears_under_the_names_prometheus_series_gives(tel: Telemetry) -> None:
+    exercise(tel)
+    samples = {s.name for family in text_string_to_metric_families(tel.metrics_text().decode()) for s in family.samples}
+    latest = {A.LATEST_GEN_AI_CLIENT_INFERENCE_DURATION, A.LATEST_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK,
+              A.LATEST_GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK}  # fmt: skip
+    replaced = {A.GEN_AI_CLIENT_OPERATION_DURATION, A.GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK,
+                A.GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK}  # fmt: skip
+    emitted = replaced if not tel.config.semconv_latest else latest
+    assert samples - A.all_prometheus_series() == {"target_info"}
+    for spec in A.METRICS:
+        series = set(A.prometheus_series(spec.name))
+        if spec.name in (latest | replaced) - emitted:
+            assert not series & samples, spec.name
+        else:
+            assert series <= samples, (spec.name, sorted(series - samples))
+
+
+def test_known_names_match_the_reference_note() -> None:
+    assert A.prometheus_series(A.GEN_AI_CLIENT_OPERATION_DURATION)[:3] == (
+        "gen_ai_client_operation_duration_seconds_bucket",
+        "gen_ai_client_operation_duration_seconds_sum",
+        "gen_ai_client_operation_duration_seconds_count",
+    )
+    assert A.prometheus_series(A.GEN_AI_CLIENT_TOKEN_USAGE)[0] == "gen_ai_client_token_usage_bucket"
+    assert A.prometheus_series(A.SPANMETER_COST)[0] == "spanmeter_cost_total"
+    assert A.prometheus_series(A.SPANMETER_BUDGET_SPENT_USD) == ("spanmeter_budget_spent_usd",)
+    assert A.prometheus_label(A.GEN_AI_TOKEN_TYPE) == "gen_ai_token_type"
+    assert "spanmeter_telemetry_dropped_spans_total" in A.all_prometheus_series()
+
+
+def test_histograms_use_the_spec_bucket_boundaries(tel: Telemetry) -> None:
+    exercise(tel)
+    text = tel.metrics_text().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    duration = A.prometheus_base_name(
+        A.LATEST_GEN_AI_CLIENT_INFERENCE_DURATION if tel.config.semconv_latest
+        else A.GEN_AI_CLIENT_OPERATION_DURATION
+    )  # fmt: skip
+    for name, buckets in ((duration, A.DURATION_BUCKETS), ("gen_ai_client_token_usage", A.TOKEN_BUCKETS)):
+        les = sorted({float(s.labels["le"]) for s in families[name].samples if "le" in s.labels})
+        assert les == [*map(float, buckets), float("inf")]

@@ -1,0 +1,124 @@
+"""Config from the standard env vars, W3C traceparent parsing, run ids, private providers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from proxy.model import Call, Caller, Outcome
+from tracing import spans
+from tracing.setup import TelemetryConfig, capture_mode, setup_telemetry
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({}, {"capture_content": "NO_CONTENT", "semconv_latest": False, "service_name": "spanmeter"},
+                     id="defaults: no content, v1.41.1 names"),
+        pytest.param({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"},
+                     {"capture_content": "SPAN_ONLY"}, id="SPAN_ONLY"),
+        pytest.param({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_and_event"},
+                     {"capture_content": "SPAN_ONLY"}, id="SPAN_AND_EVENT records on spans"),
+        pytest.param({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "EVENT_ONLY"},
+                     {"capture_content": "NO_CONTENT"}, id="EVENT_ONLY puts nothing on spans"),
+        pytest.param({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"},
+                     {"capture_content": "SPAN_ONLY"}, id="legacy true"),
+        pytest.param({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "bogus"},
+                     {"capture_content": "NO_CONTENT"}, id="unknown value: no content"),
+        pytest.param({"OTEL_SEMCONV_STABILITY_OPT_IN": "http, gen_ai_latest_experimental"},
+                     {"semconv_latest": True}, id="opt-in in a comma list"),
+        pytest.param({"OTEL_SERVICE_NAME": "proxy-eu"}, {"service_name": "proxy-eu"}, id="service name"),
+    ],
+)  # fmt: skip
+def test_config_from_env(env: dict[str, str], expected: dict[str, Any]) -> None:
+    cfg = TelemetryConfig.from_env(env)
+    assert {k: getattr(cfg, k) for k in expected} == expected
+
+
+def test_config_overrides_win_over_env() -> None:
+    env = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}
+    assert TelemetryConfig.from_env(env, capture_content="NO_CONTENT").capture_content == "NO_CONTENT"
+    assert capture_mode(None) == "NO_CONTENT"
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True)),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, False)),
+        (" 00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01 ",
+         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True)),
+        ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future",
+         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True)),
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", None),
+        ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", None),
+        ("garbage", None),
+        (None, None),
+    ],
+)  # fmt: skip
+def test_parse_traceparent(header: str | None, expected: spans.TraceParent | None) -> None:
+    assert spans.parse_traceparent(header) == expected
+
+
+def test_run_trace_round_trips_through_its_stored_form() -> None:
+    parent = spans.TraceParent(1, 2, False)
+    for run in (spans.new_run_trace(), spans.new_run_trace(parent, start_ns=5)):
+        assert spans.RunTrace.decode(run.encode()) == run
+    joined = spans.new_run_trace(parent)
+    assert (joined.trace_id, joined.parent_span_id, joined.sampled) == (1, 2, False)
+
+
+def test_two_telemetries_side_by_side_share_nothing(tmp_path: Path) -> None:
+    mem_a, mem_b = InMemorySpanExporter(), InMemorySpanExporter()
+    a = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path / "a")), extra_exporters=(mem_a,), environ={})
+    b = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path / "b")), extra_exporters=(mem_b,), environ={})
+    try:
+        call = Call(api="chat", operation="chat", model="m")
+        cs = spans.start_call(a, Caller("t", "r", "header"), call, provider="p", server_address="h",
+                              server_port=1, parent=None, run_trace=None)  # fmt: skip
+        spans.end_call(a, cs, call, Outcome(status=200), cost_micros=7, usage_source="reported",
+                       budget_remaining_micros=None, rewrites=[], repairs=[])  # fmt: skip
+        assert [s.name for s in mem_a.get_finished_spans()] == ["chat m"]
+        assert mem_b.get_finished_spans() == ()
+        assert b"spanmeter_cost_total" in a.metrics_text()
+        assert b"spanmeter_cost_total" not in b.metrics_text()
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_budget_gauges_report_what_the_proxy_pushed(tmp_path: Path) -> None:
+    tel = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path)), environ={})
+    try:
+        tel.set_budget("acme", "day", 1_500_000, 10_000_000)
+        tel.set_budget("acme", "month", 2_000_000, None)
+        tel.set_budget("acme", "day", 2_500_000, 10_000_000)
+        text = tel.metrics_text().decode()
+        assert 'spanmeter_budget_spent_usd{otel_scope_name="spanmeter"' in text
+        lines = [line for line in text.splitlines() if line.startswith("spanmeter_budget_")]
+        spent_day = [line for line in lines if "spent" in line and 'window="day"' in line]
+        assert [line.rsplit(" ", 1)[1] for line in spent_day] == ["2.5"]
+        assert not [line for line in lines if "limit" in line and 'window="month"' in line]
+    finally:
+        tel.shutdown()
+
+
+def test_telemetry_failures_never_raise(tmp_path: Path) -> None:
+    tel = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path)), environ={})
+    tel.shutdown()
+    caller, call = Caller("t", "r", "header"), Call(api="chat", operation="chat", model="m")
+    # After shutdown and with nonsense inputs, the API still returns quietly.
+    cs = spans.start_call(tel, caller, call, provider="p", server_address="h", server_port=1,
+                          parent=None, run_trace=None)  # fmt: skip
+    spans.end_call(tel, cs, call, None, cost_micros=None, usage_source="", budget_remaining_micros=None,  # type: ignore[arg-type]
+                   rewrites=[], repairs=[])  # fmt: skip
+    spans.end_run(tel, caller, None, {}, "ok")  # type: ignore[arg-type]
+    spans.tool_span(tel, caller, name="t", call_id="c", arguments=None, result=None, is_error=False,  # type: ignore[arg-type]
+                    start_ns=1, end_ns=2)  # fmt: skip
