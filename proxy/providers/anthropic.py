@@ -133,7 +133,8 @@ def _block_chars(block: dict[str, Any]) -> int:
 def _prompt_chars(body: dict[str, Any]) -> int:
     system = body.get("system")
     n = len(system) if isinstance(system, str) else len(text_of(system))
-    for m in body.get("messages") or ():
+    messages = body.get("messages")
+    for m in messages if isinstance(messages, list) else ():
         if isinstance(m, dict):
             n += sum(_block_chars(b) for b in _blocks(m.get("content")))
     if body.get("tools"):

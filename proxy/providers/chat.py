@@ -27,6 +27,10 @@ from proxy.providers.base import SseEvent, number, text_of
 __all__ = ["CHAT", "ChatAdapter", "openai_error_body", "openai_stream_error", "openai_usage"]
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -63,7 +67,7 @@ def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | N
 
 def _call_names(message: dict[str, Any]) -> dict[str, str]:
     names = {}
-    for tc in message.get("tool_calls") or ():
+    for tc in _list(message.get("tool_calls")):
         fn = tc.get("function") if isinstance(tc, dict) else None
         if isinstance(fn, dict) and isinstance(tc.get("id"), str):
             names[tc["id"]] = str(fn.get("name") or "")
@@ -216,7 +220,7 @@ class ChatAdapter:
         if not isinstance(body, dict):
             return []
         events: list[StreamEvent] = [MetaEvent(_text(body.get("id")), _text(body.get("model")))]
-        for ch in body.get("choices") or ():
+        for ch in _list(body.get("choices")):
             if isinstance(ch, dict):
                 events += _choice_events(ch, ch.get("message"), complete=True)
         if "usage" in body:
@@ -235,7 +239,7 @@ class ChatAdapter:
         events: list[StreamEvent] = []
         if "id" in chunk or "model" in chunk:
             events.append(MetaEvent(_text(chunk.get("id")), _text(chunk.get("model"))))
-        for ch in chunk.get("choices") or ():
+        for ch in _list(chunk.get("choices")):
             if isinstance(ch, dict):
                 events += _choice_events(ch, ch.get("delta"), complete=False)
         if chunk.get("usage"):

@@ -39,6 +39,10 @@ __all__ = ["RESPONSES", "ResponsesAdapter"]
 _MODEL_ITEMS = frozenset({"function_call", "reasoning", "custom_tool_call"})
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -162,7 +166,7 @@ def _output_events(output: Any) -> list[StreamEvent]:
         if not isinstance(item, dict):
             continue
         if item.get("type") == "message":
-            for part in item.get("content") or ():
+            for part in _list(item.get("content")):
                 if isinstance(part, dict) and part.get("type") == "output_text":
                     events.append(TextDelta(str(part.get("text") or "")))
         elif item.get("type") == "function_call":

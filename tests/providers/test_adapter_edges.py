@@ -1,0 +1,146 @@
+"""Adapter behaviour outside the recorded fixtures: odd shapes, clamps, auth, error events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.errors import CeilingReached, UpstreamTimeout
+from proxy.model import StreamError
+from proxy.providers.base import Framer, SseEvent
+from tests.providers.cases import ADAPTERS
+
+ALL = list(ADAPTERS.items())
+IDS = list(ADAPTERS)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(
+        ["type", "choices", "delta", "message", "content", "parts", "candidates", "usage",
+         "usageMetadata", "response", "item", "output", "index", "error", "tool_calls",
+         "function", "functionCall", "args", "content_block", "messages", "contents", "input",
+         "tools", "text", "name", "id", "stream", "generationConfig", "output_index",
+         "response.completed", "message_start", "stop_reason", "finishReason"]), inner,
+        max_size=5),
+    max_leaves=20,
+)
+
+
+@pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
+@settings(max_examples=150, deadline=None)
+@given(value=json_values)
+def test_any_json_shape_never_breaks_an_adapter(dialect: str, adapter: Any, value: Any) -> None:
+    adapter.parse_event(SseEvent(b"", None, json.dumps(value)))
+    adapter.parse_response(value)
+    if isinstance(value, dict):
+        adapter.parse_request(value, "/v1beta/models/m:generateContent")
+
+
+@pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
+def test_invalid_json_in_an_event_raises_a_value_error(dialect: str, adapter: Any) -> None:
+    with pytest.raises(ValueError):
+        adapter.parse_event(SseEvent(b"data: {oops\n\n", None, "{oops"))
+
+
+@pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
+def test_an_empty_event_means_nothing(dialect: str, adapter: Any) -> None:
+    assert adapter.parse_event(SseEvent(b": keepalive\n\n", None, "")) == []
+
+
+MAX_TOKENS = [
+    ("chat", {"max_tokens": 5}, {"max_tokens": 9}),
+    ("chat", {"max_completion_tokens": 5}, {"max_completion_tokens": 9}),
+    ("responses", {}, {"max_output_tokens": 9}),
+    ("anthropic", {"max_tokens": 5}, {"max_tokens": 9}),
+    ("gemini", {}, {"generationConfig": {"maxOutputTokens": 9}}),
+    ("gemini", {"generation_config": {"max_output_tokens": 5, "temperature": 1}},
+     {"generation_config": {"maxOutputTokens": 9, "temperature": 1}}),
+    ("embeddings", {"input": "x"}, {"input": "x"}),
+]
+
+
+@pytest.mark.parametrize(("dialect", "body", "expected"), MAX_TOKENS,
+                         ids=[f"{d} {sorted(b)}" for d, b, _ in MAX_TOKENS])
+def test_set_max_tokens_writes_the_dialects_own_field(dialect, body, expected) -> None:
+    ADAPTERS[dialect].set_max_tokens(body, 9)  # type: ignore[attr-defined]
+    assert body == expected
+    call = ADAPTERS[dialect].parse_request(body, "/v1beta/models/m:generateContent")
+    assert call.max_output_tokens == (None if dialect == "embeddings" else 9)
+
+
+AUTH = {"chat": {"Authorization": "Bearer up-key"}, "responses": {"Authorization": "Bearer up-key"},
+        "embeddings": {"Authorization": "Bearer up-key"}, "anthropic": {"x-api-key": "up-key"},
+        "gemini": {"x-goog-api-key": "up-key"}}
+
+
+@pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
+def test_the_upstream_key_goes_in_the_dialects_own_header(dialect: str, adapter: Any) -> None:
+    assert adapter.auth_headers("up-key") == AUTH[dialect]
+
+
+@pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
+def test_no_rewrites_are_needed_outside_chat_streams(dialect: str, adapter: Any) -> None:
+    body: dict[str, Any] = {"model": "m", "stream": True, "messages": [], "input": "x"}
+    call = adapter.parse_request(body, "/v1beta/models/m:streamGenerateContent")
+    rewrites = adapter.prepare(body, call)
+    assert (dialect == "chat") == bool(rewrites)
+
+
+BUDGET = CeilingReached("Run R is over its $5.00 limit.", limit="run_cost")
+
+
+@pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
+def test_our_stream_error_reads_back_as_a_stream_error(dialect: str, adapter: Any) -> None:
+    events = Framer().feed(adapter.render_stream_error(BUDGET))
+    assert len(events) == 1
+    parsed = adapter.parse_event(events[0])
+    assert [type(e) for e in parsed] == [StreamError]
+    assert parsed[0].message == BUDGET.message
+
+
+def test_stream_error_framing_follows_each_sdks_needs() -> None:
+    anthropic = ADAPTERS["anthropic"].render_stream_error(BUDGET)
+    gemini = ADAPTERS["gemini"].render_stream_error(BUDGET)
+    responses = ADAPTERS["responses"].render_stream_error(BUDGET)
+    assert anthropic.startswith(b"event: error\ndata: ")
+    assert gemini.startswith(b"data: {") and gemini.endswith(b"}\r\n\r\n")
+    assert responses.startswith(b"event: error\ndata: ")
+    assert orjson.loads(responses.split(b"data: ")[1])["code"] == "budget_exceeded"
+
+
+def test_error_bodies_are_each_dialects_native_shape() -> None:
+    err = UpstreamTimeout("No answer in 60 s.")
+    assert orjson.loads(ADAPTERS["anthropic"].render_error(err, "req_1")) == {
+        "type": "error", "error": {"type": "timeout_error", "message": "No answer in 60 s."},
+        "request_id": "req_1"}
+    assert orjson.loads(ADAPTERS["gemini"].render_error(err, "req_1")) == {"error": {
+        "code": 504, "message": "No answer in 60 s.", "status": "DEADLINE_EXCEEDED",
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                     "reason": "UPSTREAM_TIMEOUT", "domain": "spanmeter",
+                     "metadata": {"request_id": "req_1"}}]}}
+    assert orjson.loads(ADAPTERS["responses"].render_error(err, "req_1")) == {"error": {
+        "message": "No answer in 60 s.", "type": "server_error", "code": "upstream_timeout",
+        "param": None}}
+
+
+def test_the_usage_only_chat_chunk_is_recognised() -> None:
+    usage_only = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1}}\n\n'
+    normal = b'data: {"id":"c","choices":[{"index":0,"delta":{}}],"usage":null}\n\n'
+    chat = ADAPTERS["chat"]
+    assert [chat.is_usage_only_chunk(e) for e in Framer().feed(usage_only + normal)] == [  # type: ignore[attr-defined]
+        True, False]
+
+
+def test_gemini_model_and_stream_come_from_the_path_in_both_versions() -> None:
+    gemini = ADAPTERS["gemini"]
+    a = gemini.parse_request({}, "/v1beta/models/gemini-3.8-flash:streamGenerateContent")
+    b = gemini.parse_request({}, "/v1/models/gemini-3.8-flash:generateContent")
+    assert (a.model, a.stream, b.model, b.stream) == (
+        "gemini-3.8-flash", True, "gemini-3.8-flash", False)
