@@ -241,7 +241,7 @@ class _Search:
             return ()
         prose = _FENCE_INFO.sub("", outside).strip()
         fence = ("fence",) if "```" in outside else ()
-        return fence + ("prose",) if prose else fence
+        return (*fence, "prose") if prose else fence
 
     def value(self, sc: Scanner, extra: tuple[str, ...]) -> Extraction | None:
         pieces = sc.out
@@ -264,9 +264,7 @@ class _Search:
                 if found is not None:
                     return found
             else:
-                raise ExtractError(
-                    len(self.text), "the JSON value is cut off (truncated) and allow_partial is off"
-                )
+                raise ExtractError(len(self.text), "the JSON value is cut off (truncated) and allow_partial is off")
         found = _json5_last_resort(self.text)
         if found is not None:
             return found

@@ -31,13 +31,9 @@ _OBJ_RUN = re.compile(_MEMBER + "(?:" + _W + "," + _W + _MEMBER + ")*(?=" + _W +
 _ARR_RUN = re.compile(_VAL + "(?:" + _W + "," + _W + _VAL + ")*(?=" + _W + r"[,\]])")
 _CLEAN_STR = re.compile(_STR)
 _JSON_WS = re.compile(r"[ \t\n\r]+")
-_OTHER_WS = "\f\v\u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff" + "".join(
-    chr(c) for c in range(0x2000, 0x200B)
-)
+_OTHER_WS = "\f\v\u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff" + "".join(chr(c) for c in range(0x2000, 0x200B))
 _ANY_WS = re.compile("[ \t\n\r" + _OTHER_WS + "]+")
-_NUM5 = re.compile(
-    r"[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|Infinity|NaN)"
-)
+_NUM5 = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|Infinity|NaN)")
 _STRICT_NUM = re.compile(_NUM)
 _IDENT = re.compile(r"(?:[^\W\d]|\$)[\w$]*")
 _STR_RUN = re.compile(r"[^\"'\\\x00-\x1f]+")

@@ -22,7 +22,7 @@ __all__ = ["TENTATIVE_LIMIT", "ValueStream"]
 TENTATIVE_LIMIT = 4096
 _FENCE_OPEN = re.compile(r"```[ \t]*[\w+.-]*[ \t]*\r?\n")
 _FENCE_LINE_MAX = 64  # a line starting with ``` longer than this is not a fence opener
-_SCALAR_START = '"-0123456789tfnTFNI.+'
+_SCALAR_START = '"-0123456789'
 
 PRE, TENTATIVE, IN_VALUE, POST, RAW = range(5)
 
@@ -271,7 +271,7 @@ class ValueStream:
 
     def _no_value(self) -> None:
         self.error = (0, "no JSON value found")
-        self._act("unrepairable")
+        self.actions = ["unrepairable"]  # nothing was changed: the text goes out as received
         self.out.append("".join(self.raw))
         self.raw = []
         self.phase = RAW
