@@ -138,8 +138,10 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
     except ProxyError:
         # The reservation stays and expires at its full amount: unknown is not zero.
         log.error("could not settle call of run %s; its reservation stands", caller.run_id)
+    # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
-                   budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs)
+                   budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
+                   end_ns=flow.delivered_ns)
     if headers.get("x-run-end", "").lower() == "true":
         try:
             await app[RUNS].end(caller.tenant, caller.run_id)
