@@ -257,7 +257,8 @@ class Telemetry:
         return ok
 
     def shutdown(self) -> None:
-        """Flush and stop. Blocks up to the export timeout; run it in an executor."""
+        """Flush and stop. Blocks (up to ~30 s plus the export timeout when the collector
+        hangs, as the SDK's processor bounds it); run it in an executor."""
         if self._closed:
             return
         self._closed = True

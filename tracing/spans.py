@@ -67,7 +67,7 @@ Attrs = dict[str, AttributeValue]
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 # Things that look like API keys, in case an upstream error message echoes one.
-_KEYLIKE = re.compile(r"\b(?:sk|sm|gsk|xai)[-_][A-Za-z0-9_\-*.]{8,}|\bAIza[0-9A-Za-z_\-]{20,}")
+_KEYLIKE = re.compile(r"\b(?:sk|sm|gsk|xai)[-_][A-Za-z0-9_\-*]{8,}|\bAIza[0-9A-Za-z_\-]{20,}")
 _STATUS_LIMIT: Final = 200
 _API_TYPE: Final = {"chat": "chat_completions", "responses": "responses"}
 _CAPTURE_KEYS: Final = {

@@ -122,3 +122,25 @@ def test_telemetry_failures_never_raise(tmp_path: Path) -> None:
     spans.end_run(tel, caller, None, {}, "ok")  # type: ignore[arg-type]
     spans.tool_span(tel, caller, name="t", call_id="c", arguments=None, result=None, is_error=False,  # type: ignore[arg-type]
                     start_ns=1, end_ns=2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "sm-Xk3v9QhZ2m_Tq8Yb4LdR7sWc1PfN6gJu0aEo5iKt",
+        "sk-proj-abcdEFGH1234ijkl5678",
+        "AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStU",
+    ],
+    ids=["spanmeter key", "openai key", "google key"],
+)
+def test_keys_in_messages_are_redacted_from_spans(secret: str, tmp_path: Path) -> None:
+    mem = InMemorySpanExporter()
+    tel = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path)), extra_exporters=(mem,), environ={})
+    try:
+        call = Call(api="chat", operation="chat", model="m")
+        spans.record_refusal(tel, Caller("t", "r", "header"), call, "spanmeter.unauthorized", f"bad key {secret}.")
+        [span] = mem.get_finished_spans()
+        assert span.status.description == "bad key [redacted]."
+        assert secret not in repr(dict(span.attributes or {}))
+    finally:
+        tel.shutdown()
