@@ -64,6 +64,10 @@ class Observer:
 
     def _tool(self, e: ToolCallDelta) -> None:
         slot = self._calls.get(e.index)
+        if slot is not None and e.complete and e.id and slot[0] and slot[0] != e.id:
+            # Gemini sends each whole call in its own chunk, all at index 0.
+            e = ToolCallDelta(max(self._calls) + 1, e.id, e.name, e.arguments, True)
+            slot = None
         if slot is None:
             slot = self._calls[e.index] = [None, None]
             self._args[e.index] = []
@@ -78,7 +82,8 @@ class Observer:
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return tuple(
-            ToolCall(id=slot[0] or f"call_{i}", name=slot[1] or "", arguments="".join(self._args[i]), index=i)
+            ToolCall(id=slot[0] or f"call_{i}", name=slot[1] or "", arguments="".join(self._args[i]) or "{}",
+                     index=i)
             for i, slot in sorted(self._calls.items())
         )
 

@@ -97,7 +97,10 @@ class Runs:
                 await self._sweeper
 
     async def sweep_once(self) -> int:
-        before = datetime.now(UTC) - timedelta(seconds=self._idle)
+        now = datetime.now(UTC)
+        # Reservations a crashed call never settled count at their full amount.
+        await self._store.expire(now)
+        before = now - timedelta(seconds=self._idle)
         ended = 0
         for tenant, run_id in await self._store.idle_runs(before):
             ended += await self.end(tenant, run_id, status="idle")
@@ -108,5 +111,5 @@ class Runs:
             await asyncio.sleep(every_s)
             try:
                 await self.sweep_once()
-            except Exception:  # noqa: BLE001 - the sweeper must outlive a store hiccup
+            except Exception:
                 log.warning("run sweeper failed; will retry", exc_info=True)

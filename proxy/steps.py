@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy import outputs
 from proxy.appkeys import BUDGET_CACHE, RUNS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
@@ -84,6 +85,7 @@ def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: 
     if call.api == "chat" and call.stream and not call.include_usage:
         hooks.on_event.append(_drop_usage_chunk)
         hooks.rewrites.append(_USAGE_DROPPED)
+    outputs.install(call.api, call, policy.repair, hooks)
 
 
 _USAGE_DROPPED = Rewrite("usage_chunk", "dropped")

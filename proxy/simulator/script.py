@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["SCENARIOS", "Request", "Script", "script_for"]
@@ -99,7 +100,7 @@ def _long(req: Request, arg: str | None) -> Script:
     return Script(tuple(f"tok{i} " for i in range(n)))
 
 
-SCENARIOS = {
+SCENARIOS: dict[str, Callable[[Request, str | None], Script]] = {
     "text": _text,
     "tool": _tool,
     "loop": _loop,
