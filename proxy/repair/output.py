@@ -37,7 +37,7 @@ def repair_arguments(
     `{}` only when the schema accepts an empty object."""
     target = f"tool:{call_id}"
     if not args.strip():
-        found = _problems({}, schema, require_object=True)
+        found = _problems({}, schema, require_object=True) or []
         if found:
             empty = ("the arguments are empty", *found)
             return None, Repair(target, ("unrepairable",), False, empty)
@@ -77,15 +77,15 @@ def _repair(
     except orjson.JSONEncodeError as exc:  # nesting orjson will not write
         return None, Repair(target, ("unrepairable",), False, (str(exc),))
     found = _problems(ext.value, schema, require_object)
-    valid = None if schema is None and not require_object else not found
-    return fixed, Repair(target, ext.actions, valid, tuple(found))
+    unjudged = found is None or (schema is None and not require_object)
+    return fixed, Repair(target, ext.actions, None if unjudged else not found, tuple(found or ()))
 
 
 def _schema(spec: OutputSpec) -> dict[str, Any] | None:
     return spec.schema if spec.kind != "json_object" else None
 
 
-def _problems(value: Any, schema: dict[str, Any] | None, require_object: bool) -> list[str]:
+def _problems(value: Any, schema: dict[str, Any] | None, require_object: bool) -> list[str] | None:
     if require_object and not isinstance(value, dict):
         return [f"expected a JSON object at $, got {_kind(value)}"]
     if schema is None:
@@ -93,7 +93,7 @@ def _problems(value: Any, schema: dict[str, Any] | None, require_object: bool) -
     try:
         return problems(value, schema)
     except SchemaError:
-        return []  # the request's schema is broken: the output cannot be judged
+        return None  # the request's schema is broken: the output cannot be judged
 
 
 def _kind(value: Any) -> str:
@@ -167,8 +167,8 @@ class StreamRepairer:
         found = _problems(value, self._schema, self.spec.kind != "json_schema")
         if not actions and not found:
             return None
-        valid = None if self._schema is None and self.spec.kind == "json_schema" else not found
-        return Repair("output", actions, valid, tuple(found))
+        unjudged = found is None or (self._schema is None and self.spec.kind == "json_schema")
+        return Repair("output", actions, None if unjudged else not found, tuple(found or ()))
 
 
 def _starts(spec: OutputSpec) -> tuple[str, bool]:

@@ -78,6 +78,7 @@ class Scanner:
         self.pos = 0  # input position just after what was consumed
         self._rest = ("", 0)
         self.started = False
+        self.values = 0  # values (or runs of them) started so far, the outermost included
         self.done_at = -1
         self.error: tuple[int, str] | None = None
         self.string_start = -1
@@ -216,6 +217,7 @@ class Scanner:
             self.out.extend(self.pending)
             self.pending.clear()
         self.started = True
+        self.values += 1
         if self.items is not None and len(self.stack) == 1 and self.stack[0] == "[":
             self.item_start = len(self.out)
 
@@ -354,6 +356,7 @@ class Scanner:
             self.pending.clear()
         j = m.end()
         self.out.append(buf[i:j])
+        self.values += 1
         self.state = AFTER
         return j
 
@@ -499,6 +502,7 @@ class Scanner:
             self.out.extend(self.pending)
             self.pending.clear()
         self.started = True
+        self.values += 1
         run = buf[i:j]
         if self.items is not None and len(self.stack) == 1:
             self.items.append(("[" + run + "]", True))

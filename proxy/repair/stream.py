@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import re
 
-from proxy.repair.scan import AFTER, DONE, VALUE, Scanner
+from proxy.repair.scan import DONE, VALUE, Scanner
 
 __all__ = ["TENTATIVE_LIMIT", "ValueStream"]
 
 TENTATIVE_LIMIT = 4096
-_FENCE_OPEN = re.compile(r"```[ \t]*[\w+.-]*[ \t]*\r?\n")
+_FENCE_OPEN = re.compile(r"```[ \t]*[\w+.-]*[ \t]*(?:\r?\n|(?=[{\[]))")
 _FENCE_LINE_MAX = 64  # a line starting with ``` longer than this is not a fence opener
 _SCALAR_START = '"-0123456789'
+_WORD_START = "tfnTFNIN'+."
 
 PRE, TENTATIVE, IN_VALUE, POST, RAW = range(5)
 
@@ -80,6 +81,10 @@ class ValueStream:
     def finish(self, *, close: bool = False) -> None:
         """The stream ended. A cut value is closed only when `close` is set; otherwise
         what was held (a comma, a cut key or token) goes out as received."""
+        if self.phase == TENTATIVE and self.scanner is not None:
+            self.scanner.finish()
+            if self.scanner.state == DONE and not self.scanner.error:
+                self._tentative()
         if self.phase in (PRE, TENTATIVE):
             self._no_value()
             return
@@ -138,7 +143,7 @@ class ValueStream:
                 self.buf = ""
                 return
             if self.fresh and self._try_start(buf, i):
-                return
+                continue
             if "```".startswith(buf[i : i + 3]) and len(buf) - i < 3:
                 return  # maybe the start of a fence: wait for more
             if buf.startswith("```", i):
@@ -150,10 +155,16 @@ class ValueStream:
 
     def _try_start(self, buf: str, i: int) -> bool:
         c = buf[i]
-        if c in self.starts or (self.scalars and c in _SCALAR_START):
+        if self.scalars and c in _SCALAR_START:
             self.out.extend(self.lead)
             self.out.append(buf[:i])
             self._start_value(buf[i:])
+            return True
+        if c in self.starts or (self.scalars and c in _WORD_START):
+            # held until it looks like JSON: `{name}` or `true story` may be prose
+            self.lead.append(buf[:i])
+            self.buf = buf[i:]
+            self.phase, self.scanner, self.fed = TENTATIVE, self._new_scanner(), 0
             return True
         return False
 
@@ -201,11 +212,15 @@ class ValueStream:
         if sc.error or (len(self.buf) > TENTATIVE_LIMIT and not _looks_like_json(sc)):
             self.phase, self.scanner = PRE, None
             self.buf = self.buf[1:]
+            self.fresh, self.lead = False, []
             self._act("prose")
             return True
         if not _looks_like_json(sc):
             return False
-        self._act("prose")
+        if self.fresh:
+            self.out.extend(self.lead)
+        else:
+            self._act("prose")
         buf, self.buf = self.buf, ""
         self.phase, self.raw = IN_VALUE, []
         self._drain()
@@ -279,9 +294,9 @@ class ValueStream:
 
 def _looks_like_json(sc: Scanner) -> bool:
     """A bracket from prose counts as the value once it is past its first key and colon
-    (object) or its first element (array): `{name}` and `[sic]` never get there."""
-    if sc.state == DONE or len(sc.stack) >= 2:
-        return sc.state == DONE or not sc.error
-    if len(sc.stack) != 1:
+    (object) or has a first element (array): `{name}` and `[sic]` never get there."""
+    if sc.error:
         return False
-    return (sc.stack[0] == "{" and sc.state == VALUE) or sc.state == AFTER
+    if sc.state == DONE or sc.values >= 2:
+        return True
+    return len(sc.stack) == 1 and sc.stack[0] == "{" and sc.state == VALUE
