@@ -31,7 +31,8 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     run = await app[RUNS].begin(caller, parent)
-    closed = await app[RUNS].close_tools(caller, call, run, parent)
+    closed = await app[RUNS].close_tools(caller, call, run, parent,
+                                         capture=policy.capture_content != "NO_CONTENT")
     hooks = Hooks()
     cs = spans.start_call(app[TEL], caller, call, provider=target.provider, server_address=target.server_address,
                           server_port=target.server_port, parent=parent, run_trace=run)
@@ -60,4 +61,5 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     finally:
         flow.delivered_ns = time.time_ns()
         # Shielded: a client that disconnects cancels the relay, never the settlement.
-        await asyncio.shield(steps.finish_safely(app, caller, call, admitted, cs, flow, hooks, request.headers))
+        await asyncio.shield(steps.finish_safely(app, caller, call, admitted, cs, flow, hooks, request.headers,
+                                                 policy, body))

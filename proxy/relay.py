@@ -41,6 +41,7 @@ class Flow:
     complete: bool = False
     first_chunk_s: float | None = None
     delivered_ns: int = 0
+    chunk_gaps_s: list[float] = field(default_factory=list)  # time_per_output_chunk samples
 
     def outcome(self) -> Outcome:
         return self.observer.finish(self.status, complete=self.complete, first_chunk_s=self.first_chunk_s)
@@ -104,10 +105,15 @@ async def _stream(
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
     observer, framer = flow.observer, Framer()
+    last = 0.0
     try:
         async for chunk in upstream.chunks():
+            now = time.perf_counter()
             if flow.first_chunk_s is None:
-                flow.first_chunk_s = time.perf_counter() - started
+                flow.first_chunk_s = now - started
+            else:
+                flow.chunk_gaps_s.append(now - last)
+            last = now
             out = _events(framer.feed(chunk), adapter, observer, hooks)
             if out:
                 await resp.write(out)

@@ -40,7 +40,8 @@ class Runs:
         return spans.RunTrace.decode(rec["ids"])
 
     async def close_tools(
-        self, caller: Caller, call: Call, run: spans.RunTrace, parent: spans.TraceParent | None
+        self, caller: Caller, call: Call, run: spans.RunTrace, parent: spans.TraceParent | None,
+        *, capture: bool = True,
     ) -> list[tuple[dict[str, Any], bool]]:
         """Emit a tool span for each result this request carries; returns (call, ok) pairs."""
         if not call.tool_results:
@@ -58,14 +59,15 @@ class Runs:
                 spans.tool_span(
                     self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
                     result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
-                    end_ns=arrived, parent=parent, run_trace=run)
+                    end_ns=arrived, parent=parent, run_trace=run, link=_link(p), capture=capture)
             closed.append((p, ok))
         return closed
 
-    async def remember(self, caller: Caller, outcome: Outcome, delivered_ns: int) -> None:
+    async def remember(self, caller: Caller, outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None) -> None:
         if outcome.tool_calls:
+            link = [ref.trace_id, ref.span_id] if ref else None  # the chat span that made the call
             await self._store.tools_put(caller.tenant, caller.run_id, [
-                {"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns}
+                {"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns, "link": link}
                 for tc in outcome.tool_calls])
 
     async def end(self, tenant: str, run_id: str, status: str = "ok") -> bool:
@@ -82,7 +84,7 @@ class Runs:
             for p in pending:
                 spans.tool_span(self._tel, caller, name=p["name"], call_id=p["id"], arguments=p["arguments"],
                                 result=None, is_error=True, start_ns=p["delivered_ns"], end_ns=now,
-                                parent=None, run_trace=run)
+                                parent=None, run_trace=run, link=_link(p))
             totals = {**totals, "tool_results_missing": totals.get("tool_results_missing", 0) + len(pending)}
             spans.end_run(self._tel, caller, run, totals, status)
         return True
@@ -113,3 +115,8 @@ class Runs:
                 await self.sweep_once()
             except Exception:
                 log.warning("run sweeper failed; will retry", exc_info=True)
+
+
+def _link(pending: dict[str, Any]) -> spans.SpanRef | None:
+    link = pending.get("link")
+    return spans.SpanRef(int(link[0]), int(link[1])) if link else None

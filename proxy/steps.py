@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy import outputs
+from proxy import content, outputs
 from proxy.appkeys import BUDGET_CACHE, RUNS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
@@ -102,7 +102,7 @@ def stream_error(exc: ProxyError) -> StreamEvent:
 
 
 async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
-    spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="none",
+    spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
                    budget_remaining_micros=None, rewrites=[], repairs=[], refusal=exc.error_type)
     if isinstance(exc, CeilingReached):
         try:
@@ -124,7 +124,7 @@ async def finish_safely(*args: Any) -> None:
 
 
 async def finish(app: web.Application, caller: Caller, call: Call, admitted: Admitted, cs: Any, flow: Flow,
-                 hooks: Hooks, headers: Mapping[str, str]) -> None:
+                 hooks: Hooks, headers: Mapping[str, str], policy: Policy, body: dict[str, Any]) -> None:
     outcome = flow.outcome()
     failed = outcome.status >= 400 or (outcome.status == 0)
     amount, source = settle_amount(admitted, outcome.usage, complete=outcome.complete,
@@ -135,7 +135,7 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
         overshoot = await app[STORE].settle(admitted.admission, amount)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         remaining = _report_budgets(app, caller, admitted, amount)
-        await app[RUNS].remember(caller, outcome, flow.delivered_ns)
+        await app[RUNS].remember(caller, outcome, flow.delivered_ns, cs.ref)
         await app[STORE].run_add(caller.tenant, caller.run_id, _totals(outcome, amount, hooks))
     except ProxyError:
         # The reservation stays and expires at its full amount: unknown is not zero.
@@ -143,12 +143,20 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
     # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
-                   end_ns=flow.delivered_ns)
+                   end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s,
+                   capture=_capture(app, policy, call, body, outcome))
     if headers.get("x-run-end", "").lower() == "true":
         try:
             await app[RUNS].end(caller.tenant, caller.run_id)
         except ProxyError:
             log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+
+
+def _capture(app: web.Application, policy: Policy, call: Call, body: dict[str, Any], outcome: Outcome) -> Any:
+    """Message content for the span, only when the process captures it and the tenant allows."""
+    if app[TEL].config.capture_content != "SPAN_ONLY" or policy.capture_content == "NO_CONTENT":
+        return None
+    return content.capture(call.api, body, outcome)
 
 
 def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, amount: int) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import anthropic
@@ -140,4 +141,44 @@ async def test_anthropic_ceiling_refusal_is_payment_required(make_proxy, monkeyp
         await client.messages.create(model="claude-sonnet-5-5", max_tokens=10,
                                      messages=[{"role": "user", "content": "hi"}])
     assert "ceiling of 1 model calls" in str(ei.value)
+    await client.close()
+
+
+async def test_content_is_captured_only_when_opted_in_and_a_tenant_can_lower_it(otlp_receiver, make_proxy,  # noqa: F811
+                                                                              monkeypatch_env):
+    monkeypatch_env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
+    monkeypatch_env("OPENAI_API_KEY", "sk-upstream-secret-123456")
+    proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint, tenants={
+        "open": {"keys": [hash_key("sm-open-key-1")]},
+        "private": {"keys": [hash_key("sm-private-key")], "policy": {"capture_content": "NO_CONTENT"}}})
+    for key in ("sm-open-key-1", "sm-private-key"):
+        async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=key) as c:
+            await c.chat.completions.create(model="sim-small", messages=[
+                {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}])
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
+    got = {s["attributes"]["spanmeter.tenant.id"]: s for s in await asyncio.to_thread(otlp_receiver.wait_for_spans, 2)}
+    captured = json.loads(got["open"]["attributes"]["gen_ai.input.messages"])
+    assert captured[1] == {"role": "user", "parts": [{"type": "text", "content": "hi there"}]}
+    assert "Hello!" in got["open"]["attributes"]["gen_ai.output.messages"]
+    assert "gen_ai.input.messages" not in got["private"]["attributes"]
+    everything = json.dumps(otlp_receiver.spans())
+    assert "sk-upstream-secret-123456" not in everything and "sm-open-key-1" not in everything
+
+
+async def test_tool_span_links_to_the_chat_span_that_made_the_call(traced):
+    proxy, spans = traced
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k", default_headers={"X-Run-Id": "link"})
+    tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    msgs: Any = [{"role": "user", "content": "SCENARIO:tool weather?"}]
+    first = await client.chat.completions.create(model="sim-small", messages=msgs, tools=tools)
+    call = first.choices[0].message.tool_calls[0]
+    msgs += [first.choices[0].message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": '{"ok": false, "error": "city not found"}'}]
+    await client.chat.completions.create(model="sim-small", messages=msgs, tools=tools)
+    got = await spans(3)
+    chat = _named(got, "chat sim-small")[0]
+    tool = _named(got, "execute_tool get_weather")[0]
+    assert tool["links"] == [{"trace_id": chat["trace_id"], "span_id": chat["span_id"]}]
+    assert tool["status"] == "STATUS_CODE_ERROR"
+    assert tool["attributes"]["spanmeter.tool.call.result.digest"] == "city not found"
     await client.close()

@@ -1,0 +1,137 @@
+"""Message content in the semconv shapes, for opt-in capture (SPAN_ONLY). Pure.
+
+`gen_ai.input.messages` / `gen_ai.output.messages` are lists of
+`{"role", "parts": [{"type": "text", "content"} | {"type": "tool_call", "id", "name", "arguments"}
+| {"type": "tool_call_response", "id", "response"}]}`; system text goes to
+`gen_ai.system_instructions` when the API carries it separately.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.model import Outcome
+from proxy.providers.base import text_of
+
+__all__ = ["capture"]
+
+Json = dict[str, Any]
+
+
+def capture(api: str, body: Json, outcome: Outcome) -> Json:
+    system, messages = _INPUT.get(api, _none)(body)
+    out: Json = {"input_messages": messages, "output_messages": [_output(outcome)]}
+    if system:
+        out["system_instructions"] = [{"type": "text", "content": system}]
+    return out
+
+
+def _text(text: str) -> Json:
+    return {"type": "text", "content": text}
+
+
+def _args(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
+def _output(o: Outcome) -> Json:
+    parts: list[Json] = [_text(o.text)] if o.text else []
+    parts += [{"type": "tool_call", "id": tc.id, "name": tc.name, "arguments": _args(tc.arguments)}
+              for tc in o.tool_calls]
+    reason = o.finish_reasons[0] if o.finish_reasons else ("error" if o.error_type else "stop")
+    return {"role": "assistant", "parts": parts, "finish_reason": reason}
+
+
+def _none(body: Json) -> tuple[str, list[Json]]:
+    return "", []
+
+
+def _chat(body: Json) -> tuple[str, list[Json]]:
+    out = []
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict):
+            continue
+        parts = [_text(text_of(m.get("content")))] if m.get("content") else []
+        for tc in m.get("tool_calls") or ():
+            fn = tc.get("function") or {}
+            parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
+                          "arguments": _args(fn.get("arguments"))})
+        if m.get("role") == "tool":
+            parts = [{"type": "tool_call_response", "id": m.get("tool_call_id"), "response": text_of(m.get("content"))}]
+        out.append({"role": m.get("role"), "parts": parts})
+    return "", out
+
+
+def _responses(body: Json) -> tuple[str, list[Json]]:
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    out = []
+    for it in items if isinstance(items, list) else ():
+        if not isinstance(it, dict):
+            continue
+        if it.get("type") == "function_call":
+            out.append({"role": "assistant", "parts": [{"type": "tool_call", "id": it.get("call_id"),
+                                                        "name": it.get("name"), "arguments": _args(it.get("arguments"))}]})
+        elif it.get("type") == "function_call_output":
+            out.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": it.get("call_id"),
+                                                   "response": it.get("output")}]})
+        else:
+            out.append({"role": it.get("role", "user"), "parts": [_text(text_of(it.get("content")))]})
+    instructions = body.get("instructions")
+    return instructions if isinstance(instructions, str) else "", out
+
+
+def _messages(body: Json) -> tuple[str, list[Json]]:
+    out = []
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+        parts: list[Json] = []
+        for b in blocks:
+            if not isinstance(b, dict):
+                continue
+            if b.get("type") == "text":
+                parts.append(_text(b.get("text", "")))
+            elif b.get("type") == "tool_use":
+                parts.append({"type": "tool_call", "id": b.get("id"), "name": b.get("name"), "arguments": b.get("input")})
+            elif b.get("type") == "tool_result":
+                parts.append({"type": "tool_call_response", "id": b.get("tool_use_id"),
+                              "response": text_of(b.get("content"))})
+        out.append({"role": m.get("role"), "parts": parts})
+    return text_of(body.get("system")), out
+
+
+def _gemini(body: Json) -> tuple[str, list[Json]]:
+    out = []
+    for c in body.get("contents") or ():
+        if not isinstance(c, dict):
+            continue
+        parts: list[Json] = []
+        for p in c.get("parts") or ():
+            if not isinstance(p, dict):
+                continue
+            if isinstance(p.get("text"), str):
+                parts.append(_text(p["text"]))
+            elif isinstance(p.get("functionCall"), dict):
+                fc = p["functionCall"]
+                parts.append({"type": "tool_call", "id": fc.get("id"), "name": fc.get("name"), "arguments": fc.get("args")})
+            elif isinstance(p.get("functionResponse"), dict):
+                fr = p["functionResponse"]
+                parts.append({"type": "tool_call_response", "id": fr.get("id") or fr.get("name"),
+                              "response": fr.get("response")})
+        out.append({"role": "assistant" if c.get("role") == "model" else c.get("role", "user"), "parts": parts})
+    si = body.get("systemInstruction") or body.get("system_instruction")
+    return text_of(si.get("parts")) if isinstance(si, dict) else "", out
+
+
+_INPUT = {"chat": _chat, "responses": _responses, "messages": _messages, "gemini": _gemini}
