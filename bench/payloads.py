@@ -1,0 +1,71 @@
+"""The bytes every benchmark run sends and answers, computed once.
+
+A realistic but small OpenAI chat call: a system prompt, a user turn, max_tokens set
+(so admission reserves a bounded worst case). The answers are what the real API sends
+for such a call: one JSON completion, or a 50-event SSE stream that ends with the usage
+chunk (`choices: []`) and `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+__all__ = ["JSON_BODY", "MODEL", "REQUEST_JSON", "REQUEST_SSE", "SSE_EVENTS", "STREAM_EVENTS"]
+
+MODEL = "gpt-4o-mini"
+STREAM_EVENTS = 50
+
+_MESSAGES = [
+    {"role": "system", "content": "You are a careful assistant that answers in one short paragraph."},
+    {"role": "user", "content": "Summarise why connection pooling matters for a reverse proxy "
+                                "that forwards many short HTTP requests to the same upstream."},
+]
+
+
+def _request(stream: bool) -> bytes:
+    body: dict[str, object] = {"model": MODEL, "messages": _MESSAGES, "max_tokens": 256, "temperature": 0.2}
+    if stream:
+        # No stream_options: most SDK users never set it, so spanmeter injects include_usage
+        # and drops the usage chunk again on the way back - the common, costlier path.
+        body["stream"] = True
+    return orjson.dumps(body)
+
+
+REQUEST_JSON = _request(stream=False)
+REQUEST_SSE = _request(stream=True)
+
+_WORDS = ("Pooling ", "keeps ", "TCP ", "connections ", "open ", "so ", "each ", "request ", "skips ",
+          "the ", "handshake.")
+_ANSWER = "".join(_WORDS[i % len(_WORDS)] for i in range(STREAM_EVENTS - 2))
+_ID = "chatcmpl-bench0000000000000000000001"
+_CREATED = 1764460800
+_USAGE = {"prompt_tokens": 42, "completion_tokens": STREAM_EVENTS - 2, "total_tokens": 40 + STREAM_EVENTS}
+
+JSON_BODY = orjson.dumps({
+    "id": _ID, "object": "chat.completion", "created": _CREATED, "model": MODEL + "-2024-07-18",
+    "system_fingerprint": "fp_bench",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": _ANSWER, "refusal": None},
+                 "logprobs": None, "finish_reason": "stop"}],
+    "usage": _USAGE,
+})
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None, usage: object = None, empty: bool = False) -> bytes:
+    choices = [] if empty else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    obj = {"id": _ID, "object": "chat.completion.chunk", "created": _CREATED, "model": MODEL + "-2024-07-18",
+           "system_fingerprint": "fp_bench", "choices": choices, "usage": usage}
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _events() -> list[bytes]:
+    # 50 events: role, 46 content deltas, finish, usage chunk, [DONE].
+    out = [_chunk({"role": "assistant", "content": ""})]
+    out += [_chunk({"content": _WORDS[i % len(_WORDS)]}) for i in range(STREAM_EVENTS - 4)]
+    out.append(_chunk({}, finish="stop"))
+    out.append(_chunk({}, usage=_USAGE, empty=True))
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+SSE_EVENTS = _events()
+assert len(SSE_EVENTS) == STREAM_EVENTS

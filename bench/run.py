@@ -1,0 +1,478 @@
+"""`make bench`: spanmeter side by side with a direct call and a bare aiohttp pass-through.
+
+Loopback only, every server on an ephemeral port, every process it starts ended by
+PID. The proxy under test runs on CPU 0; wrk, the upstream, Redis and the OTLP sink
+share CPU 1. Each repetition visits every target in turn (alternating), and the
+reported figure is the median over repetitions.
+
+    python bench/run.py              # full run, < 8 minutes on 2 cores
+    python bench/run.py --quick      # fewer targets, 1 repetition, < 2 minutes
+    python bench/run.py --soak 100000   # reliability soak instead (see soak.py)
+    python bench/run.py --no-profile    # skip the py-spy profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from payloads import REQUEST_JSON, REQUEST_SSE  # noqa: E402
+from procs import HZ, Proc, Procs, free_port, http_post  # noqa: E402
+from upstream import nginx_available, nginx_conf  # noqa: E402
+
+__all__ = ["main"]
+
+PY = sys.executable
+PROXY_CPU, LOAD_CPU = 0, 1
+UPSTREAM_KEY = "sk-bench-upstream"
+SLOW_IDEAL_RPS = 256 / 0.05  # 256 connections, each waiting 50 ms per call
+# Settings the bench's own shell might carry; each spanmeter gets exactly the ones set below.
+INHERITED_CONFIG = [k for k in os.environ if k.startswith(("SPANMETER_", "OTEL_"))]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    body: bytes
+    query: str
+    conns: int
+    what: str
+
+
+SCENARIOS = [
+    Scenario("json_c1", REQUEST_JSON, "", 1, "non-stream, 1 connection"),
+    Scenario("sse_c1", REQUEST_SSE, "?s=sse", 1, "50-event stream (one upstream write), 1 connection"),
+    Scenario("sse50_c1", REQUEST_SSE, "?s=sse50", 1, "50-event stream, one upstream write per event, 1 connection"),
+    Scenario("json_c64", REQUEST_JSON, "", 64, "non-stream, 64 connections"),
+    Scenario("sse_c64", REQUEST_SSE, "?s=sse", 64, "50-event stream (one upstream write), 64 connections"),
+    Scenario("slow_c256", REQUEST_JSON, "?s=slow", 256, "50 ms upstream, 256 connections"),
+]
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    key: str
+    what: str
+    proc: Proc | None = None  # None for `direct`: no proxy process to measure
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    ttfb: list[dict[str, float]] = field(default_factory=list)
+    peak_rss_kb: int = 0
+
+
+@dataclass
+class Plan:
+    reps: int
+    duration_s: int
+    warmup_s: int
+    targets: list[str]
+    ttfb_n: int
+    profile_s: int
+
+
+FULL = Plan(reps=3, duration_s=3, warmup_s=2, ttfb_n=300, profile_s=6,
+            targets=["direct", "bare", "sm-full", "sm-redis", "sm-local", "sm-off"])
+QUICK = Plan(reps=1, duration_s=2, warmup_s=1, ttfb_n=150, profile_s=4,
+             targets=["direct", "bare", "sm-full", "sm-off"])
+
+DESCRIPTIONS = {
+    "direct": "wrk -> upstream (no proxy)",
+    "bare": "bare aiohttp+uvloop pass-through (bench/passthrough.py)",
+    "sm-full": "spanmeter, all on: tenant key, run ceilings + budgets, SQLite ledger, OTLP export to sink, repair on",
+    "sm-redis": "spanmeter, all on, Redis ledger",
+    "sm-local": "spanmeter, all on but tracing local only (JSONL file, no OTLP)",
+    "sm-off": "spanmeter, all on but tracing export off (no OTLP, no local file)",
+}
+
+
+# ---------------------------------------------------------------- processes
+
+
+def start_upstream(procs: Procs) -> tuple[Proc, str]:
+    port = free_port()
+    if nginx_available():
+        conf = procs.tmp / "nginx.conf"
+        conf.write_text(nginx_conf(procs.tmp, port))
+        return procs.start("upstream-nginx", ["/usr/sbin/nginx", "-p", str(procs.tmp), "-c", str(conf),
+                                              "-e", "stderr"], cpu=LOAD_CPU, port=port), "nginx"
+    print("nginx + echo module not found (apt-get install nginx libnginx-mod-http-echo): "
+          "using the aiohttp static upstream, which is slower and may cap the direct figures.")
+    return procs.start("upstream-aiohttp", [PY, str(HERE / "upstream.py"), "--port", str(port)],
+                       cpu=LOAD_CPU, port=port), "aiohttp"
+
+
+def tenant_config(tmp: Path) -> tuple[Path, str]:
+    sys.path.insert(0, str(ROOT))
+    from proxy.config import hash_key
+    from proxy.tenants import new_key
+
+    key = new_key()
+    path = tmp / "spanmeter.yaml"
+    # Ceilings high enough never to refuse, low enough that every call is counted and
+    # reserved against the run, the day and the month.
+    path.write_text(
+        "tenants:\n"
+        "  bench:\n"
+        f"    keys: ['{hash_key(key)}']\n"
+        "    policy:\n"
+        "      runs: {max_llm_calls: 1000000, max_cost_usd: 100000}\n"
+        "      budgets: {daily_usd: 10000000, monthly_usd: 100000000}\n"
+        "      repair: {mode: repair}\n")
+    return path, key
+
+
+def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_port: int,
+                  redis_port: int | None) -> dict[str, str]:
+    data = tmp / name
+    data.mkdir(exist_ok=True)
+    env = {
+        "SPANMETER_CONFIG": str(config),
+        "SPANMETER_HOST": "127.0.0.1",
+        "SPANMETER_DATA_DIR": str(data),
+        "SPANMETER_OPENAI_BASE_URL": f"http://127.0.0.1:{upstream_port}",
+        # The default pool (100) would cap in-flight calls below the 256-connection test;
+        # the bare pass-through gets the same 1024.
+        "SPANMETER_MAX_CONNECTIONS": "1024",
+        "SPANMETER_LOCAL_TRACES": "true" if name == "sm-local" else "false",
+        "OPENAI_API_KEY": UPSTREAM_KEY,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if name in ("sm-full", "sm-redis"):
+        env["SPANMETER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
+    if name == "sm-redis":
+        env["SPANMETER_LEDGER_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    return env
+
+
+def start_targets(procs: Procs, plan: Plan, upstream: Proc) -> list[Target]:
+    assert upstream.port is not None
+    targets = [Target("direct", upstream.port, UPSTREAM_KEY, DESCRIPTIONS["direct"])]
+    if "bare" in plan.targets:
+        port = free_port()
+        proc = procs.start("bare", [PY, str(HERE / "passthrough.py"), "--port", str(port), "--upstream",
+                                    f"http://127.0.0.1:{upstream.port}"], cpu=PROXY_CPU, port=port)
+        targets.append(Target("bare", port, UPSTREAM_KEY, DESCRIPTIONS["bare"], proc))
+    names = [n for n in plan.targets if n.startswith("sm-")]
+    if not names:
+        return targets
+    config, key = tenant_config(procs.tmp)
+    sink = free_port()
+    procs.start("otlp-sink", [PY, str(HERE / "otlp_sink.py"), "--port", str(sink)], cpu=LOAD_CPU, port=sink)
+    redis_port = None
+    if "sm-redis" in names:
+        if shutil.which("redis-server"):
+            redis_port = free_port()
+            procs.start("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", str(procs.tmp)], cpu=LOAD_CPU, port=redis_port)
+        else:
+            print("redis-server not found: skipping sm-redis")
+            names.remove("sm-redis")
+    for name in names:
+        port = free_port()
+        env = spanmeter_env(name, procs.tmp, upstream.port, config, sink, redis_port)
+        env["SPANMETER_PORT"] = str(port)
+        proc = procs.start(name, [PY, "-m", "proxy", "serve"], cpu=PROXY_CPU, port=port, env=env, cwd=str(ROOT),
+                           unset=INHERITED_CONFIG)
+        targets.append(Target(name, port, key, DESCRIPTIONS[name], proc))
+    return targets
+
+
+def smoke(targets: list[Target]) -> None:
+    """One call of each kind through each target, so a broken setup fails loudly up front."""
+    for t in targets:
+        for sc in (BY_NAME["json_c1"], BY_NAME["sse_c1"], BY_NAME["sse50_c1"]):
+            status, body = http_post(t.port, "/v1/chat/completions" + sc.query, sc.body, t.key)
+            if status != 200 or (sc.query and b"[DONE]" not in body):
+                raise RuntimeError(f"{t.name} answered {status} to {sc.name}: {body[:400]!r}\n"
+                                   f"{t.proc.tail() if t.proc else ''}")
+
+
+# ---------------------------------------------------------------- load
+
+
+def wrk(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str) -> dict[str, Any]:
+    body = tmp / f"body-{sc.name}.json"
+    if not body.exists():
+        body.write_bytes(sc.body)
+    result = tmp / f"wrk-{seed}.json"
+    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": "/v1/chat/completions" + sc.query,
+           "BENCH_KEY": t.key, "BENCH_RESULT": str(result), "BENCH_SEED": seed}
+    cmd = ["taskset", "-c", str(LOAD_CPU), "wrk", "-t1", f"-c{sc.conns}", f"-d{duration_s}s", "--timeout", "10s",
+           "-s", str(HERE / "wrk.lua"), f"http://127.0.0.1:{t.port}"]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=duration_s + 60)
+    out: dict[str, Any] = json.loads(result.read_text())
+    result.unlink()
+    return out
+
+
+def measure(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str) -> dict[str, Any]:
+    before = t.proc.cpu_ticks() if t.proc else 0
+    r = wrk(t, sc, duration_s, tmp, seed)
+    if t.proc:
+        # Count the export that finishes after the load stops, and keep it out of the next run.
+        t.proc.wait_idle()
+        cpu_ms = (t.proc.cpu_ticks() - before) * 1000 / HZ
+        r["cpu_ms_per_req"] = cpu_ms / max(r["requests"], 1)
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    r["error_count"] = sum(r["errors"].values())
+    return r
+
+
+def ttfb(t: Target, n: int, tmp: Path) -> dict[str, float]:
+    sc = BY_NAME["sse50_c1"]
+    body = tmp / "body-ttfb.json"
+    body.write_bytes(sc.body)
+    cmd = ["taskset", "-c", str(LOAD_CPU), PY, str(HERE / "ttfb.py"), "--port", str(t.port),
+           "--path", "/v1/chat/completions" + sc.query, "--body", str(body), "--key", t.key, "--n", str(n)]
+    done = subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    out: dict[str, float] = json.loads(done.stdout)
+    return out
+
+
+def run_load(targets: list[Target], plan: Plan, tmp: Path) -> None:
+    for t in targets:  # warm-up: pools filled, code paths imported, SQLite pages cached
+        for sc in (BY_NAME['json_c64'], BY_NAME['sse_c64']):
+            measure(t, sc, plan.warmup_s, tmp, f"w{t.name}{sc.name}")
+    total = plan.reps * len(targets) * len(SCENARIOS)
+    step = 0
+    for rep in range(plan.reps):
+        for t in targets:
+            for sc in SCENARIOS:
+                step += 1
+                seconds = max(1, plan.duration_s - 1) if sc.conns == 1 else plan.duration_s
+                r = measure(t, sc, seconds, tmp, f"r{rep}{t.name}{sc.name}")
+                t.runs.setdefault(sc.name, []).append(r)
+                print(f"  [{step}/{total}] rep {rep + 1} {t.name:9} {sc.name:10} {r['rps']:8.0f} req/s "
+                      f"p50 {r['latency_us']['p50'] / 1000:6.2f} ms  errors {r['error_count']}", flush=True)
+            t.ttfb.append(ttfb(t, plan.ttfb_n, tmp))
+    for t in targets:
+        if t.proc:
+            t.peak_rss_kb = t.proc.status()["VmHWM"]
+
+
+# ---------------------------------------------------------------- summary
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
+    """Median over repetitions of every figure, per target."""
+    out: dict[str, dict[str, float]] = {}
+    for t in targets:
+        m: dict[str, float] = {}
+        for sc_name, runs in t.runs.items():
+            m[f"{sc_name}.rps"] = _median([r["rps"] for r in runs])
+            m[f"{sc_name}.p50_ms"] = _median([r["latency_us"]["p50"] for r in runs]) / 1000
+            m[f"{sc_name}.p99_ms"] = _median([r["latency_us"]["p99"] for r in runs]) / 1000
+            m[f"{sc_name}.errors"] = _median([r["error_count"] for r in runs])
+            if t.proc:
+                m[f"{sc_name}.cpu_ms"] = _median([r["cpu_ms_per_req"] for r in runs])
+        if t.ttfb:
+            m["ttfb.p50_ms"] = _median([x["first_p50_us"] for x in t.ttfb]) / 1000
+            m["ttfb.p99_ms"] = _median([x["first_p99_us"] for x in t.ttfb]) / 1000
+        if t.peak_rss_kb:
+            m["peak_rss_mb"] = t.peak_rss_kb / 1024
+        out[t.name] = m
+    direct = out["direct"]
+    for m in out.values():  # what the proxy adds over calling the upstream directly
+        for k in ("json_c1.p50_ms", "json_c1.p99_ms", "sse_c1.p50_ms", "sse_c1.p99_ms", "sse50_c1.p50_ms",
+                  "sse50_c1.p99_ms", "ttfb.p50_ms", "ttfb.p99_ms"):
+            if k in m and k in direct:
+                m["added." + k] = m[k] - direct[k]
+        if "slow_c256.rps" in m:
+            m["slow_c256.pct_ideal"] = 100 * m["slow_c256.rps"] / SLOW_IDEAL_RPS
+    return out
+
+
+def ratios(summary: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    bare = summary.get("bare", {})
+    out: dict[str, dict[str, float]] = {}
+    for name, m in summary.items():
+        out[name] = {k: v / bare[k] for k, v in m.items() if bare.get(k) and k in bare}
+    return out
+
+
+def _fmt(v: float | None, r: float | None, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    text = f"{v:,.{digits}f}"
+    return f"{text} ({r:.2f}x)" if r is not None else text
+
+
+TABLES = [
+    ("Added latency at 1 connection vs direct, ms (ratio to bare pass-through)",
+     [("JSON p50", "added.json_c1.p50_ms", 3), ("JSON p99", "added.json_c1.p99_ms", 3),
+      ("SSE p50", "added.sse_c1.p50_ms", 3), ("SSE p99", "added.sse_c1.p99_ms", 3),
+      ("SSE/50 writes p50", "added.sse50_c1.p50_ms", 3), ("SSE/50 writes p99", "added.sse50_c1.p99_ms", 3),
+      ("first event p50", "added.ttfb.p50_ms", 3), ("first event p99", "added.ttfb.p99_ms", 3)]),
+    ("64 connections: requests/s and latency, ms (ratio to bare)",
+     [("JSON req/s", "json_c64.rps", 0), ("JSON p50", "json_c64.p50_ms", 2), ("JSON p99", "json_c64.p99_ms", 2),
+      ("SSE req/s", "sse_c64.rps", 0), ("SSE p50", "sse_c64.p50_ms", 2), ("SSE p99", "sse_c64.p99_ms", 2)]),
+    ("Proxy CPU per request, ms; 50 ms upstream at 256 connections; peak RSS (ratio to bare)",
+     [("CPU JSON c64", "json_c64.cpu_ms", 3), ("CPU SSE c64", "sse_c64.cpu_ms", 3),
+      ("CPU JSON c1", "json_c1.cpu_ms", 3), ("CPU SSE/50 writes c1", "sse50_c1.cpu_ms", 3),
+      ("256c req/s", "slow_c256.rps", 0),
+      ("% of ideal", "slow_c256.pct_ideal", 1), ("256c errors", "slow_c256.errors", 0),
+      ("peak RSS MB", "peak_rss_mb", 1)]),
+]
+
+
+def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, float]]) -> str:
+    lines: list[str] = []
+    for title, cols in TABLES:
+        lines += [f"\n{title}\n", "| target | " + " | ".join(c[0] for c in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for name, m in summary.items():
+            cells = [_fmt(m.get(key), rat[name].get(key) if name not in ("bare", "direct") else None, d)
+                     for _, key, d in cols]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TARGETS_CHECKED = [
+    ("CPU/request JSON <= 2x bare", "json_c64.cpu_ms", "ratio", 2.0),
+    ("CPU/request SSE <= 2x bare", "sse_c64.cpu_ms", "ratio", 2.0),
+    ("CPU/request SSE, 50 writes, c1 <= 2x bare", "sse50_c1.cpu_ms", "ratio", 2.0),
+    ("added p50 JSON <= 0.5 ms", "added.json_c1.p50_ms", "value", 0.5),
+    ("added p50 SSE <= 0.5 ms", "added.sse_c1.p50_ms", "value", 0.5),
+    ("in-flight at 256c >= 80% of bare", "slow_c256.rps", "ratio_min", 0.8),
+]
+
+
+def verdicts(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, float]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name in summary:
+        if not name.startswith("sm-"):
+            continue
+        rows = []
+        for label, key, kind, limit in TARGETS_CHECKED:
+            v = summary[name].get(key) if kind == "value" else rat[name].get(key)
+            if v is None:
+                continue
+            ok = v >= limit if kind == "ratio_min" else v <= limit
+            rows.append(f"{'PASS' if ok else 'MISS'} {label}: {v:.2f}" + ("" if kind == "value" else "x"))
+        out[name] = rows
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+
+    def version(cmd: list[str]) -> str:
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            return (done.stdout or done.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "n/a"
+
+    import aiohttp
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
+            "aiohttp": aiohttp.__version__, "wrk": version(["wrk", "-v"]), "nginx": version(["nginx", "-v"]),
+            "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer targets, one repetition (< 2 minutes)")
+    p.add_argument("--reps", type=int, help="repetitions per scenario (default 3, quick 1)")
+    p.add_argument("--duration", type=int, help="seconds per measurement (default 3, quick 2)")
+    p.add_argument("--targets", help="comma-separated subset of: " + ", ".join(FULL.targets))
+    p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of sm-full")
+    p.add_argument("--soak", type=int, metavar="N", help="run the reliability soak of N requests instead")
+    p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
+    args = p.parse_args(argv)
+    if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
+        print("warning: fewer than 2 CPUs; pinning proxy and load apart is impossible", file=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` ends the children
+    plan = QUICK if args.quick else FULL
+    plan = Plan(args.reps or plan.reps, args.duration or plan.duration_s, plan.warmup_s,
+                args.targets.split(",") if args.targets else plan.targets, plan.ttfb_n, plan.profile_s)
+    if "direct" not in plan.targets:
+        plan.targets.insert(0, "direct")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="spanmeter-bench-") as tmp:
+        procs = Procs(Path(tmp))
+        try:
+            if args.soak:
+                from soak import run_soak
+
+                report = run_soak(procs, args.soak)
+                _write(Path(args.out).with_name("soak.json"), report)
+                return 0 if report["ok"] else 1
+            return _bench(procs, plan, args, started)
+        finally:
+            procs.close()
+
+
+def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -> int:
+    upstream, kind = start_upstream(procs)
+    targets = start_targets(procs, plan, upstream)
+    smoke(targets)
+    print(f"upstream: {kind}; targets: {', '.join(t.name for t in targets)}; {plan.reps} rep(s) x "
+          f"{len(SCENARIOS)} scenarios x {plan.duration_s} s", flush=True)
+    run_load(targets, plan, procs.tmp)
+    summary = summarise(targets)
+    rat = ratios(summary)
+    profile: dict[str, Any] = {}
+    full = next((t for t in targets if t.name == "sm-full"), None)
+    if not args.no_profile and full is not None and full.proc is not None:
+        from profile_hot import profile_target
+
+        profile = profile_target(full.proc, lambda sc, d: wrk(full, sc, d, procs.tmp, f"p{sc.name}"),
+                                 {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
+    tables = render_tables(summary, rat)
+    verdict = verdicts(summary, rat)
+    print(tables)
+    for name, rows in verdict.items():
+        print(f"\n{name}:\n  " + "\n  ".join(rows))
+    if profile:
+        from profile_hot import render_profile
+
+        print(render_profile(profile))
+    report = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(), "upstream": kind,
+        "plan": plan.__dict__, "targets": {t.name: t.what for t in targets},
+        "scenarios": {s.name: s.what for s in SCENARIOS},
+        "summary": summary, "ratio_to_bare": rat, "verdicts": verdict, "tables_md": tables,
+        "runs": {t.name: t.runs | {"ttfb": t.ttfb} for t in targets}, "profile": profile,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+    _write(Path(args.out), report)
+    print(f"\nwrote {args.out} in {report['elapsed_s']} s")
+    return 0
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
