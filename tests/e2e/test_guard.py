@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
@@ -107,3 +108,61 @@ async def test_consecutive_tool_failures_ceiling_refuses(make_proxy, sim):
         await client.chat.completions.create(model="sim-small", messages=msgs, tools=TOOLS)
     assert "2 tool failures in a row" in ei.value.message
     await client.close()
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "responses", "gemini"])
+async def test_reminder_reaches_the_upstream_in_every_dialect(make_proxy, sim, dialect):
+    proxy = await make_proxy()
+    await _DIALECT_LOOPS[dialect](proxy.url, 4)
+    assert len(sim.received) == 5  # 4 tool calls, then the request carrying the 4th result
+    # Request k carries the result of identical call k: the reminder starts with the 3rd.
+    assert ["[spanmeter] Note" in r.body.decode() for r in sim.received] == [False, False, False, True, True]
+
+
+async def _anthropic_loop(url: str, rounds: int) -> None:
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k", default_headers={"X-Run-Id": "a-loop"})
+    tools: Any = [{"name": "read_file", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    msgs: Any = [{"role": "user", "content": "SCENARIO:loop"}]
+    for _ in range(rounds):
+        resp = await client.messages.create(model="claude-sonnet-5-5", max_tokens=100, tools=tools, messages=msgs)
+        use = next(b for b in resp.content if b.type == "tool_use")
+        msgs += [{"role": "assistant", "content": [b.model_dump() for b in resp.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "same"}]}]
+    await client.messages.create(model="claude-sonnet-5-5", max_tokens=100, tools=tools, messages=msgs)
+    await client.close()
+
+
+async def _responses_loop(url: str, rounds: int) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k", default_headers={"X-Run-Id": "r-loop"})
+    tools: Any = [{"type": "function", "name": "read_file", "parameters": TOOLS[0]["function"]["parameters"],
+                   "strict": False}]
+    inputs: Any = [{"role": "user", "content": "SCENARIO:loop"}]
+    for _ in range(rounds):
+        resp = await client.responses.create(model="gpt-5", input=inputs, tools=tools)
+        call = next(o for o in resp.output if o.type == "function_call")
+        inputs += [call.model_dump(exclude_none=True),
+                   {"type": "function_call_output", "call_id": call.call_id, "output": "same"}]
+    await client.responses.create(model="gpt-5", input=inputs, tools=tools)
+    await client.close()
+
+
+async def _gemini_loop(url: str, rounds: int) -> None:
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(api_key="k", http_options=types.HttpOptions(base_url=url, headers={"X-Run-Id": "g-loop"}))
+    decl = types.FunctionDeclaration(name="read_file", parameters_json_schema=TOOLS[0]["function"]["parameters"])
+    cfg = types.GenerateContentConfig(tools=[types.Tool(function_declarations=[decl])],
+                                      automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True))
+    contents: list[Any] = [types.Content(role="user", parts=[types.Part(text="SCENARIO:loop")])]
+    for _ in range(rounds):
+        resp = await client.aio.models.generate_content(model="gemini-2.5-flash", contents=contents, config=cfg)
+        fc = resp.function_calls[0]
+        contents += [resp.candidates[0].content, types.Content(role="user", parts=[types.Part(
+            function_response=types.FunctionResponse(name=fc.name, id=fc.id, response={"result": "same"}))])]
+    await client.aio.models.generate_content(model="gemini-2.5-flash", contents=contents, config=cfg)
+
+
+_DIALECT_LOOPS = {"anthropic": _anthropic_loop, "responses": _responses_loop, "gemini": _gemini_loop}
