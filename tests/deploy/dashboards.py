@@ -146,4 +146,45 @@ def traceql_names(query: str) -> tuple[set[tuple[str, str]], set[str]]:
 
 def traceql_span_names(query: str) -> set[str]:
     """The literal span names a query matches with `name = "..."`."""
-    return set(re.findall(r'\bname\s*=\s*"([^"]*)"', query))
+    return set(re.findall(r'(?<![.\w])name\s*=\s*"([^"]*)"', query))
+
+
+# --- TraceQL against spans spanmeter exported ------------------------------------------
+
+_CONDITION = re.compile(
+    r"^\s*(span\.[\w.]+|name|status)\s*(=~|!~|!=|>=|<=|=|>|<)\s*"
+    r'("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|true|false|error|ok|unset)\s*$')
+
+
+def traceql_matches(query: str, span: dict[str, Any]) -> bool:
+    """Whether one exported span (tracing.local.span_record) satisfies a TraceQL spanset
+    filter of the simple form `{ a op v && b op v ... }`. Anything else raises ValueError,
+    so dashboards keep to what this test can check."""
+    body = query.strip()
+    if not (body.startswith("{") and body.endswith("}")) or "||" in body or "}" in body[1:-1]:
+        raise ValueError(f"not a single `&&` spanset filter: {query!r}")
+    return all(_condition(c, span) for c in body[1:-1].split("&&"))
+
+
+def _condition(text: str, span: dict[str, Any]) -> bool:
+    m = _CONDITION.match(text)
+    if not m:
+        raise ValueError(f"unsupported TraceQL condition {text!r}")
+    lhs, op, raw = m.groups()
+    if lhs == "name":
+        actual: Any = span["name"]
+    elif lhs == "status":
+        actual = span["status"].lower()
+    else:
+        actual = span["attributes"].get(lhs.removeprefix("span."))
+    if actual is None:
+        return False
+    want: Any = json.loads(raw) if raw[0] in '"-0123456789' or raw in ("true", "false") else raw
+    if op in ("=~", "!~"):
+        hit = re.fullmatch(str(want), str(actual)) is not None
+        return hit if op == "=~" else not hit
+    if op in ("=", "!="):
+        return (actual == want) == (op == "=")
+    if isinstance(actual, bool) or not isinstance(actual, int | float):
+        return False
+    return bool({">": actual > want, "<": actual < want, ">=": actual >= want, "<=": actual <= want}[op])
