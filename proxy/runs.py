@@ -70,7 +70,7 @@ class Runs:
                 {"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns, "link": link}
                 for tc in outcome.tool_calls])
 
-    async def end(self, tenant: str, run_id: str, status: str = "ok") -> bool:
+    async def end(self, tenant: str, run_id: str, status: str = "ended") -> bool:
         rec = await self._store.run_end(tenant, run_id)
         if rec is None:
             return False  # already ended, by us or another replica
@@ -86,7 +86,7 @@ class Runs:
                                 result=None, is_error=True, start_ns=p["delivered_ns"], end_ns=now,
                                 parent=None, run_trace=run, link=_link(p))
             totals = {**totals, "tool_results_missing": totals.get("tool_results_missing", 0) + len(pending)}
-            spans.end_run(self._tel, caller, run, totals, status)
+            spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
         return True
 
     def start_sweeper(self, every_s: float = 15.0) -> None:
@@ -105,7 +105,7 @@ class Runs:
         before = now - timedelta(seconds=self._idle)
         ended = 0
         for tenant, run_id in await self._store.idle_runs(before):
-            ended += await self.end(tenant, run_id, status="idle")
+            ended += await self.end(tenant, run_id, status="idle_timeout")
         return ended
 
     async def _sweep(self, every_s: float) -> None:

@@ -1,0 +1,131 @@
+"""Runs: one trace per run, a root span with totals when the run ends, and the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from proxy.appkeys import RUNS, TEL
+from proxy.config import hash_key
+from tests.fixtures.otlp import otlp_receiver  # noqa: F401
+
+TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+ACME, BETA, ADMIN = "sm-acme-key-0001", "sm-beta-key-0002", "admin-token-xyz"
+
+
+async def _flush(proxy, receiver, n):
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
+    return await asyncio.to_thread(receiver.wait_for_spans, n)
+
+
+async def _tool_round(client) -> None:
+    msgs: Any = [{"role": "user", "content": "SCENARIO:tool weather?"}]
+    first = await client.chat.completions.create(model="sim-small", messages=msgs, tools=TOOLS)
+    call = first.choices[0].message.tool_calls[0]
+    msgs += [first.choices[0].message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    await client.chat.completions.create(model="sim-small", messages=msgs, tools=TOOLS,
+                                         extra_headers={"X-Run-End": "true"})
+
+
+async def test_run_end_header_emits_the_root_span_with_totals(otlp_receiver, make_proxy):  # noqa: F811
+    proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k",
+                                  default_headers={"X-Run-Id": "run-total"}) as client:
+        await _tool_round(client)
+    spans = await _flush(proxy, otlp_receiver, 4)
+    root = next(s for s in spans if s["name"] == "run")
+    children = [s for s in spans if s is not root]
+    assert {s["name"] for s in children} == {"chat sim-small", "execute_tool get_weather"}
+    assert all(s["trace_id"] == root["trace_id"] and s["parent_span_id"] == root["span_id"] for s in children)
+    attrs = root["attributes"]
+    assert attrs["spanmeter.run.id"] == "run-total"
+    assert attrs["spanmeter.run.model_calls"] == 2 and attrs["spanmeter.run.tool_calls"] == 1
+    assert attrs["spanmeter.run.input_tokens"] > 0
+    assert root["start_ns"] <= min(s["start_ns"] for s in children)
+
+
+async def test_traceparent_joins_the_agents_trace(otlp_receiver, make_proxy):  # noqa: F811
+    proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint)
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k", default_headers={"traceparent": tp}) as c:
+        await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
+    (span,) = await _flush(proxy, otlp_receiver, 1)
+    assert span["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert span["parent_span_id"] == "b7ad6b7169203331"
+    assert span["attributes"]["spanmeter.run.id"] == "0af7651916cd43dd8448eb211c80319c"
+
+
+async def test_unanswered_tool_call_gets_a_missing_span_when_the_run_idles_out(otlp_receiver, make_proxy):  # noqa: F811
+    proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint, run_idle_timeout_s=0.05)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k",
+                                  default_headers={"X-Run-Id": "abandoned"}) as client:
+        await client.chat.completions.create(model="sim-small", tools=TOOLS,
+                                             messages=[{"role": "user", "content": "SCENARIO:tool"}])
+    await asyncio.sleep(0.1)
+    assert await proxy.app[RUNS].sweep_once() == 1
+    spans = await _flush(proxy, otlp_receiver, 3)
+    missing = next(s for s in spans if s["name"] == "execute_tool get_weather")
+    assert missing["attributes"]["error.type"] == "tool_result_missing"
+    root = next(s for s in spans if s["name"] == "run")
+    assert root["attributes"]["spanmeter.run.status"] == "idle_timeout"
+
+
+async def _tenants(make_proxy, monkeypatch_env):
+    monkeypatch_env("OPENAI_API_KEY", "sk-upstream")
+    return await make_proxy(admin_token=ADMIN, tenants={
+        "acme": {"keys": [hash_key(ACME)], "policy": {"budgets": {"daily_usd": 10}}},
+        "beta": {"keys": [hash_key(BETA)]}})
+
+
+async def _get(url: str, token: str, method: str = "GET", **kw) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as s, s.request(
+            method, url, headers={"Authorization": f"Bearer {token}"}, **kw) as r:
+        return r.status, await r.json()
+
+
+async def test_post_runs_end_ends_only_the_callers_own_run(make_proxy, monkeypatch_env):
+    proxy = await _tenants(make_proxy, monkeypatch_env)
+    for key in (ACME, BETA):  # the same run id in two tenants: two runs
+        async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=key,
+                                      default_headers={"X-Run-Id": "shared-id"}) as c:
+            await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
+    assert await _get(f"{proxy.url}/runs/shared-id/end", ACME, "POST") == (200, {"run_id": "shared-id", "ended": True})
+    assert await _get(f"{proxy.url}/runs/shared-id/end", ACME, "POST") == (200, {"run_id": "shared-id", "ended": False})
+    assert await _get(f"{proxy.url}/runs/shared-id/end", BETA, "POST") == (200, {"run_id": "shared-id", "ended": True})
+
+
+async def test_admin_api_needs_the_admin_token_and_reports_spend(make_proxy, monkeypatch_env):
+    proxy = await _tenants(make_proxy, monkeypatch_env)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=ACME,
+                                  default_headers={"X-Run-Id": "paid"}) as c:
+        await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
+    status, body = await _get(f"{proxy.url}/admin/spend?tenant=acme", ACME)
+    assert status == 401 and "admin token" in body["error"]["message"]
+    status, body = await _get(f"{proxy.url}/admin/spend?tenant=acme&run=paid", ADMIN)
+    assert status == 200 and body["day_usd"] > 0 and body["run_usd"] == body["day_usd"] and body["run_calls"] == 1
+    status, body = await _get(f"{proxy.url}/admin/spend?tenant=beta", ADMIN)
+    assert body["day_usd"] == 0
+    status, body = await _get(f"{proxy.url}/admin/runs?tenant=beta", ADMIN)
+    assert status == 200 and body["runs"] == []
+
+
+async def test_admin_budget_override_takes_effect(make_proxy, monkeypatch_env):
+    proxy = await _tenants(make_proxy, monkeypatch_env)
+    status, body = await _get(f"{proxy.url}/admin/budgets/acme", ADMIN)
+    assert body == {"tenant": "acme", "daily_usd": 10, "monthly_usd": None, "source": "config"}
+    status, body = await _get(f"{proxy.url}/admin/budgets/acme", ADMIN, "PUT", json={"daily_usd": 0.000001})
+    assert status == 200 and body["source"] == "admin"
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=ACME, max_retries=0) as c:
+        with pytest.raises(openai.APIStatusError) as ei:
+            await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
+    assert ei.value.status_code == 402 and "daily" in ei.value.message
+
+
+async def test_admin_api_is_off_without_a_token(proxy):
+    status, body = await _get(f"{proxy.url}/admin/tenants", "anything")
+    assert status == 401 and "SPANMETER_ADMIN_TOKEN" in body["error"]["message"]
