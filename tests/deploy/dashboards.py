@@ -184,7 +184,7 @@ def _condition(text: str, span: dict[str, Any]) -> bool:
         hit = re.fullmatch(str(want), str(actual)) is not None
         return hit if op == "=~" else not hit
     if op in ("=", "!="):
-        return (actual == want) == (op == "=")
+        return bool(actual == want) == (op == "=")
     if isinstance(actual, bool) or not isinstance(actual, int | float):
         return False
     return bool({">": actual > want, "<": actual < want, ">=": actual >= want, "<=": actual <= want}[op])

@@ -56,7 +56,7 @@ def _mounts(service: str) -> dict[str, str]:
 
 def _flag(service: str, name: str) -> str:
     cmd = SERVICES[service]["command"]
-    return next(c.split("=", 1)[1] for c in cmd if c.startswith(name + "="))
+    return str(next(c.split("=", 1)[1] for c in cmd if c.startswith(name + "=")))
 
 
 # --- compose -------------------------------------------------------------------------------
