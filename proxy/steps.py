@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -12,11 +13,19 @@ import orjson
 from aiohttp import web
 
 from proxy import content, outputs
-from proxy.appkeys import BUDGET_CACHE, RUNS, STORE, TEL
+from proxy.appkeys import BUDGET_CACHE, RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
-from proxy.errors import BodyTooLarge, CeilingReached, MalformedBody, ProxyError
-from proxy.model import Call, Caller, Outcome, Rewrite, StreamError, StreamEvent
+from proxy.errors import (
+    BodyTooLarge,
+    CeilingReached,
+    MalformedBody,
+    ProxyError,
+    RequestError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+from proxy.model import Call, Caller, Outcome, Rewrite, StreamError, StreamEvent, Usage
 from proxy.providers.base import ProviderAdapter, SseEvent
 from proxy.relay import Flow, Hooks
 from proxy.routes import Target
@@ -31,7 +40,7 @@ BUDGET_TTL_S = 5.0  # admin budget changes reach every replica within this
 async def read_call(request: web.Request, adapter: ProviderAdapter, limit: int) -> tuple[bytes, dict[str, Any], Call]:
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
-    raw = await request.content.read(limit + 1)
+    raw = await _read_body(request, limit + 1)
     if len(raw) > limit:
         raise _too_large(None, limit)
     try:
@@ -47,6 +56,32 @@ async def read_call(request: web.Request, adapter: ProviderAdapter, limit: int) 
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise MalformedBody(f"The request body has a field of the wrong type ({exc}).") from None
     return raw, body, _sized(call, len(raw))
+
+
+class BodyTimeout(RequestError):
+    status = 408
+    code = "body_timeout"
+    anthropic_type = "timeout_error"
+    google_status = "DEADLINE_EXCEEDED"
+
+
+async def _read_body(request: web.Request, n: int) -> bytes:
+    """Up to `n` bytes of body, to its end. StreamReader.read(n) returns what has arrived
+    so far, which for a body split over several TCP segments is only its first part."""
+    # A sender that trickles its body would otherwise hold a connection and a task forever.
+    timeout = request.app[SETTINGS].body_timeout_s
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            while size < n and (part := await request.content.read(n - size)):
+                parts.append(part)
+                size += len(part)
+    except TimeoutError:
+        raise BodyTimeout(
+            f"The request body did not arrive within {timeout:g} s. Send it at once, or raise "
+            "SPANMETER_BODY_TIMEOUT_S for very slow links.") from None
+    return b"".join(parts)
 
 
 def _sized(call: Call, n: int) -> Call:
@@ -103,7 +138,8 @@ def stream_error(exc: ProxyError) -> StreamEvent:
 
 async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
     spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
-                   budget_remaining_micros=None, rewrites=[], repairs=[], refusal=exc.error_type)
+                   budget_remaining_micros=None, rewrites=[], repairs=[],
+                   refusal=exc.limit if isinstance(exc, CeilingReached) else exc.code)
     if isinstance(exc, CeilingReached):
         try:
             await app[STORE].run_add(caller.tenant, caller.run_id, {"ceilings_hit": 1})
@@ -126,8 +162,8 @@ async def finish_safely(*args: Any) -> None:
 async def finish(app: web.Application, caller: Caller, call: Call, admitted: Admitted, cs: Any, flow: Flow,
                  hooks: Hooks, headers: Mapping[str, str], policy: Policy, body: dict[str, Any]) -> None:
     outcome = flow.outcome()
-    failed = outcome.status >= 400 or (outcome.status == 0)
-    amount, source = settle_amount(admitted, outcome.usage, complete=outcome.complete,
+    failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
+    amount, source = settle_amount(admitted, _final_usage(outcome), complete=outcome.complete,
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, embeddings=call.api == "embeddings")
     remaining = None
@@ -150,6 +186,20 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
             await app[RUNS].end(caller.tenant, caller.run_id)
         except ProxyError:
             log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+
+
+def _final_usage(outcome: Outcome) -> Usage:
+    """Usage counts only once the answer finished: Anthropic's message_start and Gemini's
+    running counts are partial, and what a cut stream really cost is unknown (not zero)."""
+    if outcome.finish_reasons or (outcome.complete and not outcome.error_type):
+        return outcome.usage
+    return replace(outcome.usage, output_tokens=None)
+
+
+# A timeout or a broken answer after the request went out may still be billed by the
+# provider (it was generating): charge the reservation. Only an error status from the
+# upstream, or a connection never made, proves that nothing was generated.
+_MAYBE_BILLED = frozenset({UpstreamTimeout("").error_type, UpstreamProtocolError("").error_type})
 
 
 def _capture(app: web.Application, policy: Policy, call: Call, body: dict[str, Any], outcome: Outcome) -> Any:
