@@ -30,11 +30,13 @@ from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanmeter")
-ADAPTER = web.RequestKey("adapter", ProviderAdapter)  # type: ignore[type-abstract]
+ADAPTER = web.RequestKey("adapter", ProviderAdapter)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def create_app(settings: Settings, *, store: Store | None = None, telemetry: Telemetry | None = None) -> web.Application:
+def create_app(
+    settings: Settings, *, store: Store | None = None, telemetry: Telemetry | None = None
+) -> web.Application:
     """The proxy application. Tests inject a store or telemetry instead of patching."""
     app = web.Application(middlewares=[_errors], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
@@ -65,7 +67,7 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     request[ADAPTER] = adapter or _guess_dialect(request)
     if adapter is not None and request.method == "POST":
         return await handle_call(request, adapter, upstream_name)
-    if request.method == "GET" and path == "/v1/models" or request.app[SETTINGS].allow_passthrough:
+    if (request.method == "GET" and path == "/v1/models") or request.app[SETTINGS].allow_passthrough:
         return await admin.passthrough(request, request[ADAPTER], upstream_name)
     raise unknown_route(request.method, request.path)
 

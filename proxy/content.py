@@ -32,6 +32,10 @@ def _text(text: str) -> Json:
     return {"type": "text", "content": text}
 
 
+def _call(call_id: Any, name: Any, arguments: Any) -> Json:
+    return {"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}
+
+
 def _args(value: Any) -> Any:
     if isinstance(value, str):
         try:
@@ -43,8 +47,7 @@ def _args(value: Any) -> Any:
 
 def _output(o: Outcome) -> Json:
     parts: list[Json] = [_text(o.text)] if o.text else []
-    parts += [{"type": "tool_call", "id": tc.id, "name": tc.name, "arguments": _args(tc.arguments)}
-              for tc in o.tool_calls]
+    parts += [_call(tc.id, tc.name, _args(tc.arguments)) for tc in o.tool_calls]
     reason = o.finish_reasons[0] if o.finish_reasons else ("error" if o.error_type else "stop")
     return {"role": "assistant", "parts": parts, "finish_reason": reason}
 
@@ -61,8 +64,7 @@ def _chat(body: Json) -> tuple[str, list[Json]]:
         parts = [_text(text_of(m.get("content")))] if m.get("content") else []
         for tc in m.get("tool_calls") or ():
             fn = tc.get("function") or {}
-            parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
-                          "arguments": _args(fn.get("arguments"))})
+            parts.append(_call(tc.get("id"), fn.get("name"), _args(fn.get("arguments"))))
         if m.get("role") == "tool":
             parts = [{"type": "tool_call_response", "id": m.get("tool_call_id"), "response": text_of(m.get("content"))}]
         out.append({"role": m.get("role"), "parts": parts})
@@ -78,8 +80,8 @@ def _responses(body: Json) -> tuple[str, list[Json]]:
         if not isinstance(it, dict):
             continue
         if it.get("type") == "function_call":
-            out.append({"role": "assistant", "parts": [{"type": "tool_call", "id": it.get("call_id"),
-                                                        "name": it.get("name"), "arguments": _args(it.get("arguments"))}]})
+            call = _call(it.get("call_id"), it.get("name"), _args(it.get("arguments")))
+            out.append({"role": "assistant", "parts": [call]})
         elif it.get("type") == "function_call_output":
             out.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": it.get("call_id"),
                                                    "response": it.get("output")}]})
@@ -103,7 +105,7 @@ def _messages(body: Json) -> tuple[str, list[Json]]:
             if b.get("type") == "text":
                 parts.append(_text(b.get("text", "")))
             elif b.get("type") == "tool_use":
-                parts.append({"type": "tool_call", "id": b.get("id"), "name": b.get("name"), "arguments": b.get("input")})
+                parts.append(_call(b.get("id"), b.get("name"), b.get("input")))
             elif b.get("type") == "tool_result":
                 parts.append({"type": "tool_call_response", "id": b.get("tool_use_id"),
                               "response": text_of(b.get("content"))})
@@ -124,7 +126,7 @@ def _gemini(body: Json) -> tuple[str, list[Json]]:
                 parts.append(_text(p["text"]))
             elif isinstance(p.get("functionCall"), dict):
                 fc = p["functionCall"]
-                parts.append({"type": "tool_call", "id": fc.get("id"), "name": fc.get("name"), "arguments": fc.get("args")})
+                parts.append(_call(fc.get("id"), fc.get("name"), fc.get("args")))
             elif isinstance(p.get("functionResponse"), dict):
                 fr = p["functionResponse"]
                 parts.append({"type": "tool_call_response", "id": fr.get("id") or fr.get("name"),

@@ -94,8 +94,10 @@ def _results(api: str, body: dict[str, Any], call_id: str) -> list[tuple[dict[st
                 found.append((it, "output"))
     elif api == "messages":
         for m in body.get("messages") or ():
-            for block in m.get("content") or () if isinstance(m, dict) and isinstance(m.get("content"), list) else ():
-                if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") == call_id:
+            blocks = m.get("content") if isinstance(m, dict) else None
+            for block in blocks if isinstance(blocks, list) else ():
+                if isinstance(block, dict) and block.get("type") == "tool_result" \
+                        and block.get("tool_use_id") == call_id:
                     found.append((block, "content"))
     elif api == "gemini":
         for c in body.get("contents") or ():

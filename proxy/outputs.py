@@ -173,6 +173,9 @@ class _StreamRepair:
         self.text = StreamRepairer(call.output, close_truncated=close) if call.output else None
         self.args: dict[Any, tuple[StreamRepairer, str]] = {}  # key -> (repairer, call id)
 
+    def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
+        raise NotImplementedError
+
     def arg_repairer(self, key: Any, call_id: str, name: str | None) -> StreamRepairer:
         found = self.args.get(key)
         if found is None:

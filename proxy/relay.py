@@ -9,9 +9,11 @@ out in one write.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import orjson
 from aiohttp import web
@@ -24,6 +26,8 @@ from proxy.providers.base import Framer, ProviderAdapter, SseEvent
 from proxy.upstream import UpstreamResponse, response_headers
 
 __all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "relay"]
+
+T = TypeVar("T")
 
 EventHook = Callable[[SseEvent, list[StreamEvent]], bytes | None]
 """Returns replacement bytes for an event (b"" drops it) or None to forward it unchanged."""
@@ -145,7 +149,7 @@ def _events(events: list[SseEvent], adapter: ProviderAdapter, observer: Observer
     return b"".join(parts)
 
 
-def _safe(fn: Callable[[object], list[StreamEvent]], arg: object, observer: Observer) -> list[StreamEvent]:
+def _safe(fn: Callable[[T], list[StreamEvent]], arg: T, observer: Observer) -> list[StreamEvent]:
     try:
         return fn(arg)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError):
@@ -163,14 +167,10 @@ def _stamp(headers: CIMultiDict[str], hooks: Hooks) -> None:
 
 
 async def _try_write(resp: web.StreamResponse, data: bytes) -> None:
-    try:
+    with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone already
         await resp.write(data)
-    except (ConnectionError, RuntimeError):
-        pass
 
 
 async def _try_eof(resp: web.StreamResponse) -> None:
-    try:
+    with contextlib.suppress(ConnectionError, RuntimeError):
         await resp.write_eof()
-    except (ConnectionError, RuntimeError):
-        pass

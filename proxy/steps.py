@@ -111,9 +111,9 @@ async def budgets(app: web.Application, tenant: str, policy: Policy) -> tuple[fl
     if hit is None or hit[0] < now:
         day, month = await app[STORE].budget_get(tenant)
         hit = cache[tenant] = (now + BUDGET_TTL_S, day, month)
-    day = hit[1] / 1e6 if hit[1] is not None else policy.budgets.daily_usd
-    month = hit[2] / 1e6 if hit[2] is not None else policy.budgets.monthly_usd
-    return day, month
+    day_usd = hit[1] / 1e6 if hit[1] is not None else policy.budgets.daily_usd
+    month_usd = hit[2] / 1e6 if hit[2] is not None else policy.budgets.monthly_usd
+    return day_usd, month_usd
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks) -> None:

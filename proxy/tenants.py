@@ -6,12 +6,15 @@ import re
 import secrets
 import uuid
 from collections.abc import Mapping
+from typing import Literal
 
 from proxy.config import Settings, hash_key
 from proxy.errors import RequestError, Unauthorized
 from proxy.model import Caller
 
-__all__ = ["KeyIndex", "TRACEPARENT", "identify", "new_key", "presented_key"]
+RunIdSource = Literal["header", "traceparent", "generated"]
+
+__all__ = ["TRACEPARENT", "KeyIndex", "identify", "new_key", "presented_key"]
 
 OPEN_TENANT = "default"
 KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
@@ -68,7 +71,7 @@ def identify(
     return Caller(tenant, run_id, source, key_id, upstream_key)
 
 
-def _run(headers: Mapping[str, str]) -> tuple[str, str]:
+def _run(headers: Mapping[str, str]) -> tuple[str, RunIdSource]:
     rid = headers.get("x-run-id")
     if rid is not None:
         rid = rid.strip()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.errors import ProxyError
-from proxy.model import Api, Call, Rewrite, StreamEvent
+from proxy.model import Call, Rewrite, StreamEvent
 
 __all__ = ["Framer", "ProviderAdapter", "SseEvent", "number", "text_of"]
 
@@ -86,7 +86,7 @@ class ProviderAdapter(Protocol):
         events = CHAT.parse_response(orjson.loads(upstream_body))
     """
 
-    api: Api
+    api: str  # one of proxy.model.Api
     default_provider: str  # gen_ai.provider.name of this dialect's public API
     upstream_setting: str  # which settings field holds this dialect's base URL
 
@@ -94,6 +94,10 @@ class ProviderAdapter(Protocol):
 
     def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
         """Rewrite the upstream request in place (e.g. inject include_usage); say what changed."""
+        ...
+
+    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+        """Write a max-output-tokens value in this dialect's field (admission's clamp)."""
         ...
 
     def parse_response(self, body: Any) -> list[StreamEvent]: ...

@@ -9,14 +9,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["SCENARIOS", "Request", "Script", "script_for"]
 
 _SCENARIO = re.compile(r"SCENARIO:([a-z_]+)(?::([0-9.]+))?")
 
 GREETING = "Hello! I am the spanmeter simulator. Everything you see here is made up."
-FENCED_JSON = 'Sure! Here is the JSON you asked for:\n```json\n{"name": "Ada Lovelace", "born": 1815, "tags": [\'math\', "poetry",],}\n```\nLet me know if you need more.'
+FENCED_JSON = (
+    'Sure! Here is the JSON you asked for:\n```json\n'
+    '{"name": "Ada Lovelace", "born": 1815, "tags": [\'math\', "poetry",],}\n'
+    '```\nLet me know if you need more.'
+)
 CLEAN_JSON = '{"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poetry"]}'
 TRUNCATED_JSON = '{"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poe'
 
@@ -46,6 +50,9 @@ class Script:
     output_tokens: int = 0
     cached_tokens: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    hang_after: int | None = None  # stream events before the body stalls for good
+    garbage: bool = False  # a body that is not JSON, or junk events inside the stream
+    encoding: str | None = None  # Content-Encoding of the response: gzip, or br (undecodable)
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -68,8 +75,7 @@ def script_for(req: Request) -> Script:
     build = SCENARIOS.get(name, SCENARIOS["text"])
     s = build(req, arg)
     out_tokens = s.output_tokens or max(1, sum(len(c) for c in s.chunks) // 4) + (8 if s.tool else 0)
-    return Script(s.chunks, s.tool, s.finish, s.delay_s, s.error_status, s.reset_after, s.stall_s,
-                  max(1, req.input_chars // 4), out_tokens, s.cached_tokens, s.extra)
+    return replace(s, input_tokens=max(1, req.input_chars // 4), output_tokens=out_tokens)
 
 
 def _text(req: Request, arg: str | None) -> Script:
@@ -115,4 +121,8 @@ SCENARIOS: dict[str, Callable[[Request, str | None], Script]] = {
     "long": _long,
     "stall": lambda r, a: Script(_words(GREETING), stall_s=float(a) if a else 5.0),
     "cached": lambda r, a: Script(_words(GREETING), cached_tokens=8),
+    "hang": lambda r, a: Script(_words(GREETING), hang_after=int(float(a)) if a else 2),
+    "garbage": lambda r, a: Script(_words(GREETING), garbage=True),
+    "gzip": lambda r, a: Script(_words(GREETING), encoding="gzip"),
+    "br": lambda r, a: Script(_words(GREETING), encoding="br"),
 }

@@ -90,8 +90,8 @@ async def test_unreachable_upstream_is_502(make_proxy):
 
 async def test_upstream_that_stalls_is_504(make_proxy):
     proxy = await make_proxy(read_timeout_s=0.3)
-    status, _, body = await _post(proxy.url, "/v1/chat/completions",
-                                  b'{"model": "sim-small", "messages": [{"role": "user", "content": "SCENARIO:stall:3"}]}')
+    body = b'{"model": "sim-small", "messages": [{"role": "user", "content": "SCENARIO:stall:3"}]}'
+    status, _, body = await _post(proxy.url, "/v1/chat/completions", body)
     assert status == 504
     assert body["error"]["code"] == "upstream_timeout"
 

@@ -33,7 +33,8 @@ async def test_openai_chat_parse_fails_directly_and_succeeds_through_the_proxy(s
     assert raw.parse().choices[0].message.parsed == EXPECTED
     header = raw.headers["x-spanmeter-rewrites"]
     assert header.startswith("repair=output:")
-    assert set(header.removeprefix("repair=output:").split("+")) == {"fence", "prose", "single_quotes", "trailing_comma"}
+    actions = set(header.removeprefix("repair=output:").split("+"))
+    assert actions == {"fence", "prose", "single_quotes", "trailing_comma"}
     await direct.close()
     await via.close()
 
@@ -111,8 +112,8 @@ async def test_malformed_tool_arguments_are_repaired(sim, proxy, stream):
 
 async def test_plain_text_is_never_touched_even_with_tools(sim, proxy):
     body: Any = {"model": "sim-small", "messages": [{"role": "user", "content": "SCENARIO:braces"}], "tools": TOOLS}
-    direct = await openai.AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="k").chat.completions.with_raw_response.create(**body)
-    via = await openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k").chat.completions.with_raw_response.create(**body)
+    clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k") for url in (sim.url, proxy.url)]
+    direct, via = [await c.chat.completions.with_raw_response.create(**body) for c in clients]
     assert via.http_response.content == direct.http_response.content
 
 
