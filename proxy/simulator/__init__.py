@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import zlib
 from collections import deque
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -64,24 +66,33 @@ def _handler(dialect: ModuleType) -> Any:
             return web.Response(body=orjson.dumps(dialect.error(script.error_status, "simulated upstream failure")),
                                 status=script.error_status, content_type="application/json",
                                 headers={"retry-after": "0"} if script.error_status == 429 else None)
+        encode = _encoder(script.encoding)
+        enc_headers = {"Content-Encoding": script.encoding} if script.encoding else {}
         if not req.stream:
-            return web.Response(body=orjson.dumps(dialect.body(script, req, rid)), content_type="application/json")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            payload = _BROKEN if script.garbage else orjson.dumps(dialect.body(script, req, rid))
+            return web.Response(body=encode(payload) + encode(None), content_type="application/json",
+                                headers=enc_headers)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **enc_headers})
         await resp.prepare(request)
         streams = request.app[STREAMS]
         streams[rid] = "streaming"
         try:
-            for i, event in enumerate(dialect.events(script, req, rid, body)):
+            for i, event in enumerate(_with_garbage(dialect.events(script, req, rid, body), script.garbage)):
                 if script.reset_after is not None and i >= script.reset_after:
                     assert request.transport is not None
                     request.transport.abort()  # a connection reset mid-stream, as providers do under load
                     streams[rid] = "reset"
                     return resp
+                if script.hang_after is not None and i >= script.hang_after:
+                    streams[rid] = "hung"
+                    await asyncio.sleep(3600)  # a body that stalls mid-way; ends when the reader goes
                 if script.delay_s and i:
                     await asyncio.sleep(script.delay_s)
                     if request.transport is None or request.transport.is_closing():
                         raise ConnectionResetError
-                await resp.write(event)
+                await resp.write(encode(event))
+            await resp.write(encode(None))
             await resp.write_eof()
             streams[rid] = "done"
         except (ConnectionResetError, asyncio.CancelledError):
@@ -90,6 +101,41 @@ def _handler(dialect: ModuleType) -> Any:
         return resp
 
     return handle
+
+
+# Junk a broken upstream might interleave: a cut JSON object, a line with no field, bytes
+# that are not UTF-8, an event with no data. Real SDKs may choke on them; the proxy must not.
+_BROKEN = b'{"id": "broken", "choices": ['  # a body cut mid-object, served as JSON
+_JUNK = (b"data: {\"choices\": [\n\n", b"no field here\n\n", b"data: \xff\xfe\n\n", b"event: ping\n\n")
+
+
+def _with_garbage(events: list[bytes], garbage: bool) -> list[bytes]:
+    return [events[0], *_JUNK, *events[1:]] if garbage else events
+
+
+def _encoder(encoding: str | None) -> Callable[[bytes | None], bytes]:
+    """bytes -> encoded bytes, flushed per event so a compressed stream still streams;
+    None ends the encoding. `br` sends bytes no brotli decoder accepts."""
+    if encoding == "gzip":
+        z = zlib.compressobj(wbits=31)
+        return lambda b: z.compress(b) + z.flush(zlib.Z_SYNC_FLUSH) if b is not None else z.flush()
+    if encoding == "br":
+        return lambda b: b"\x8b\x00not-brotli" + b if b is not None else b""
+    return lambda b: b if b is not None else b""
+
+
+async def _embeddings(request: web.Request) -> web.Response:
+    raw = await request.read()
+    request.app[RECEIVED].append(Received(request.path, request.query_string, dict(request.headers), raw))
+    body = orjson.loads(raw)
+    inputs = body.get("input")
+    texts = [inputs] if isinstance(inputs, str) else [str(i) for i in inputs or []]
+    # A deterministic vector per text: the first bytes of its sha256, scaled to [0, 1).
+    data = [{"object": "embedding", "index": i,
+             "embedding": [b / 256 for b in hashlib.sha256(t.encode()).digest()[:8]]} for i, t in enumerate(texts)]
+    tokens = sum(max(1, len(t) // 4) for t in texts)
+    return web.json_response({"object": "list", "data": data, "model": body.get("model", "sim-embed"),
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -104,5 +150,6 @@ def create_simulator(max_received: int = 1000) -> web.Application:
     app[STREAMS] = {}
     for path, dialect in ROUTES:
         app.router.add_post(path, _handler(dialect))
+    app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_get("/v1/models", _models)
     return app
