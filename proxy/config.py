@@ -139,6 +139,7 @@ class Settings(BaseSettings):
     read_timeout_s: float = Field(600.0, gt=0)  # between bytes; long generations stream slowly
     max_connections: int = Field(100, ge=1)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    body_timeout_s: float = Field(60.0, gt=0)  # a request body must arrive within this (slow senders)
     allow_passthrough: bool = False  # unmetered forwarding of unknown paths
 
     data_dir: str = ".spanmeter"
