@@ -15,10 +15,28 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HZ", "Proc", "Procs", "free_port", "http_post"]
+__all__ = ["HZ", "Proc", "Procs", "cpu_times", "free_port", "http_post"]
 
 HZ = os.sysconf("SC_CLK_TCK")
 HOST = "127.0.0.1"
+
+
+def _ticks(stat_file: Path) -> int:
+    # Fields after the parenthesised comm: state is [0], utime [11], stime [12].
+    fields = stat_file.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def cpu_times() -> dict[int, tuple[int, int]]:
+    """Per CPU: (busy, total) ticks since boot, from /proc/stat (iowait counts as idle)."""
+    out: dict[int, tuple[int, int]] = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *vals = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            ticks = [int(v) for v in vals[:8]]
+            idle = ticks[3] + ticks[4]
+            out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    return out
 
 
 def free_port() -> int:
@@ -45,10 +63,11 @@ class Proc:
         return self.popen.poll() is None
 
     def cpu_ticks(self) -> int:
-        # Fields after the parenthesised comm: state is [0], utime [11], stime [12].
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = stat.rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
+        return _ticks(Path(f"/proc/{self.pid}/stat"))
+
+    def main_thread_ticks(self) -> int:
+        """CPU of the main thread alone: for the proxies, the event loop."""
+        return _ticks(Path(f"/proc/{self.pid}/task/{self.pid}/stat"))
 
     def status(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -1,8 +1,11 @@
 """Profile a running proxy under load with py-spy and list where its CPU goes.
 
 py-spy samples the process from outside (no instrumentation in the proxy) while wrk
-drives one scenario; the collapsed stacks are folded here into self time per function,
-inclusive time per function, and time per area (our proxy/, tracing/, aiohttp,
+drives one scenario, only the thread holding the GIL (`--gil`): that is Python CPU
+time, not threads waiting on fsync, a queue or a socket (the ledger's COMMIT, which
+waits on fsync with the GIL released, would otherwise look like a fifth of the time).
+The collapsed stacks are folded here into self time per function, inclusive time per
+function, and time per area (our proxy/, tracing/, aiohttp,
 OpenTelemetry, the ledger's drivers, everything else).
 """
 
@@ -74,30 +77,41 @@ def fold(collapsed: str, top: int = 15) -> dict[str, Any]:
     incl: Counter[str] = Counter()
     area: Counter[str] = Counter()
     thread: Counter[str] = Counter()
-    total = 0
+    main_area: Counter[str] = Counter()
+    main_self: Counter[str] = Counter()
+    total = main_total = 0
     for line in collapsed.splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack or not n.isdigit():
             continue
         count = int(n)
         frames = stack.split(";")
+        name = "MainThread"
         if frames and frames[0].startswith(("thread ", "process ")):
-            thread[frames[0].split(" (")[0].strip('"')] += count
-            frames = [f for f in frames if not f.startswith(("thread ", "process "))]
+            # `thread (TID): NAME` with --threads
+            name = frames[0].partition("): ")[2] or frames[0]
+            thread[name] += count
+            frames = frames[1:]
         if not frames:
             continue
         total += count
         labels = [_label(f) for f in frames]
         self_t[labels[-1][0]] += count
         area[_area(labels[-1][1])] += count
+        if name == "MainThread":
+            main_total += count
+            main_area[_area(labels[-1][1])] += count
+            main_self[labels[-1][0]] += count
         for name in {lbl for lbl, _ in labels}:
             incl[name] += count
 
-    def pct(c: Counter[str], n: int) -> list[tuple[str, float]]:
-        return [(k, round(100 * v / total, 1)) for k, v in c.most_common(n)] if total else []
+    def pct(c: Counter[str], n: int, of: int = 0) -> list[tuple[str, float]]:
+        of = of or total
+        return [(k, round(100 * v / of, 1)) for k, v in c.most_common(n)] if of else []
 
     return {"samples": total, "self": pct(self_t, top), "inclusive": pct(incl, top * 2),
-            "areas": pct(area, 20), "threads": pct(thread, 10)}
+            "areas": pct(area, 20), "threads": pct(thread, 10),
+            "main_areas": pct(main_area, 20, main_total), "main_self": pct(main_self, top, main_total)}
 
 
 def profile_target(proc: Any, drive: Callable[[Any, int], dict[str, Any]], scenarios: dict[str, Any],
@@ -110,7 +124,8 @@ def profile_target(proc: Any, drive: Callable[[Any, int], dict[str, Any]], scena
     for name, sc in scenarios.items():
         raw = tmp / f"profile-{name}.txt"
         cmd = ["taskset", "-c", "1", spy, "record", "--pid", str(proc.pid), "--duration", str(seconds + 1),
-               "--rate", "250", "--format", "raw", "--threads", "--nonblocking", "--output", str(raw)]
+               "--rate", "250", "--format", "raw", "--threads", "--full-filenames", "--gil",
+               "--nonblocking", "--output", str(raw)]
         spy_proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         loaded: dict[str, Any] = {}
         t = threading.Thread(target=lambda sc=sc, loaded=loaded: loaded.update(drive(sc, seconds)))
@@ -137,6 +152,7 @@ def render_profile(profile: dict[str, Any]) -> str:
                      f"py-spy, all threads)")
         lines.append("  by area (self time): " + ", ".join(f"{k} {v}%" for k, v in p["areas"]))
         lines.append("  by thread: " + ", ".join(f"{k} {v}%" for k, v in p["threads"]))
+        lines.append("  event-loop thread only, by area: " + ", ".join(f"{k} {v}%" for k, v in p["main_areas"]))
         lines.append("  top self time:")
         lines += [f"    {v:5.1f}%  {k}" for k, v in p["self"]]
         lines.append("  top inclusive (spanmeter frames):")

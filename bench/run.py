@@ -34,7 +34,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from payloads import REQUEST_JSON, REQUEST_SSE  # noqa: E402
-from procs import HZ, Proc, Procs, free_port, http_post  # noqa: E402
+from procs import HZ, Proc, Procs, cpu_times, free_port, http_post  # noqa: E402
 from upstream import nginx_available, nginx_conf  # noqa: E402
 
 __all__ = ["main"]
@@ -224,17 +224,47 @@ def wrk(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str) -> dict[
     return out
 
 
-def measure(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str) -> dict[str, Any]:
+def measure(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str,
+            upstream: Proc | None = None) -> dict[str, Any]:
     before = t.proc.cpu_ticks() if t.proc else 0
+    loop_before = t.proc.main_thread_ticks() if t.proc else 0
+    up_before = upstream.cpu_ticks() if upstream else 0
+    machine_before = cpu_times()
     r = wrk(t, sc, duration_s, tmp, seed)
+    machine_after = cpu_times()
+    proxy_ticks = 0
     if t.proc:
+        proxy_ticks = t.proc.cpu_ticks() - before
         # Count the export that finishes after the load stops, and keep it out of the next run.
         t.proc.wait_idle()
         cpu_ms = (t.proc.cpu_ticks() - before) * 1000 / HZ
         r["cpu_ms_per_req"] = cpu_ms / max(r["requests"], 1)
+        r["loop_cpu_ms_per_req"] = (t.proc.main_thread_ticks() - loop_before) * 1000 / HZ / max(r["requests"], 1)
+    if upstream:
+        r["upstream_cpu_ms_per_req"] = (upstream.cpu_ticks() - up_before) * 1000 / HZ / max(r["requests"], 1)
+    r.update(_contention(machine_before, machine_after, proxy_ticks))
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     r["error_count"] = sum(r["errors"].values())
     return r
+
+
+def _contention(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+                proxy_ticks: int) -> dict[str, float]:
+    """How busy each CPU was; on the proxy's CPU, how much of it was not the proxy.
+
+    The bench assumes it has the machine to itself. Other work on CPU 0 steals time from
+    the proxy under test, which shows as `foreign_cpu0_pct` and makes latencies and
+    rates of that run unreliable (CPU per request much less so).
+    """
+    out: dict[str, float] = {}
+    for cpu in (PROXY_CPU, LOAD_CPU):
+        if cpu in before and cpu in after:
+            busy = after[cpu][0] - before[cpu][0]
+            total = max(after[cpu][1] - before[cpu][1], 1)
+            out[f"cpu{cpu}_busy_pct"] = round(100 * busy / total, 1)
+            if cpu == PROXY_CPU:
+                out["foreign_cpu0_pct"] = round(max(0, 100 * (busy - proxy_ticks) / total), 1)
+    return out
 
 
 def ttfb(t: Target, n: int, tmp: Path) -> dict[str, float]:
@@ -248,10 +278,10 @@ def ttfb(t: Target, n: int, tmp: Path) -> dict[str, float]:
     return out
 
 
-def run_load(targets: list[Target], plan: Plan, tmp: Path) -> None:
+def run_load(targets: list[Target], plan: Plan, tmp: Path, upstream: Proc) -> None:
     for t in targets:  # warm-up: pools filled, code paths imported, SQLite pages cached
         for sc in (BY_NAME['json_c64'], BY_NAME['sse_c64']):
-            measure(t, sc, plan.warmup_s, tmp, f"w{t.name}{sc.name}")
+            measure(t, sc, plan.warmup_s, tmp, f"w{t.name}{sc.name}", upstream)
     total = plan.reps * len(targets) * len(SCENARIOS)
     step = 0
     for rep in range(plan.reps):
@@ -259,10 +289,12 @@ def run_load(targets: list[Target], plan: Plan, tmp: Path) -> None:
             for sc in SCENARIOS:
                 step += 1
                 seconds = max(1, plan.duration_s - 1) if sc.conns == 1 else plan.duration_s
-                r = measure(t, sc, seconds, tmp, f"r{rep}{t.name}{sc.name}")
+                r = measure(t, sc, seconds, tmp, f"r{rep}{t.name}{sc.name}", upstream)
                 t.runs.setdefault(sc.name, []).append(r)
                 print(f"  [{step}/{total}] rep {rep + 1} {t.name:9} {sc.name:10} {r['rps']:8.0f} req/s "
-                      f"p50 {r['latency_us']['p50'] / 1000:6.2f} ms  errors {r['error_count']}", flush=True)
+                      f"p50 {r['latency_us']['p50'] / 1000:6.2f} ms  errors {r['error_count']}  "
+                      f"cpu0 foreign {r.get('foreign_cpu0_pct', 0):4.0f}%  cpu1 busy {r.get('cpu1_busy_pct', 0):4.0f}%",
+                      flush=True)
             t.ttfb.append(ttfb(t, plan.ttfb_n, tmp))
     for t in targets:
         if t.proc:
@@ -288,6 +320,10 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
             m[f"{sc_name}.errors"] = _median([r["error_count"] for r in runs])
             if t.proc:
                 m[f"{sc_name}.cpu_ms"] = _median([r["cpu_ms_per_req"] for r in runs])
+                m[f"{sc_name}.loop_cpu_ms"] = _median([r["loop_cpu_ms_per_req"] for r in runs])
+            m[f"{sc_name}.upstream_cpu_ms"] = _median([r.get("upstream_cpu_ms_per_req", 0) for r in runs])
+            m[f"{sc_name}.foreign_cpu0_pct"] = _median([r.get("foreign_cpu0_pct", 0) for r in runs])
+            m[f"{sc_name}.cpu1_busy_pct"] = _median([r.get("cpu1_busy_pct", 0) for r in runs])
         if t.ttfb:
             m["ttfb.p50_ms"] = _median([x["first_p50_us"] for x in t.ttfb]) / 1000
             m["ttfb.p99_ms"] = _median([x["first_p99_us"] for x in t.ttfb]) / 1000
@@ -331,10 +367,17 @@ TABLES = [
       ("SSE req/s", "sse_c64.rps", 0), ("SSE p50", "sse_c64.p50_ms", 2), ("SSE p99", "sse_c64.p99_ms", 2)]),
     ("Proxy CPU per request, ms; 50 ms upstream at 256 connections; peak RSS (ratio to bare)",
      [("CPU JSON c64", "json_c64.cpu_ms", 3), ("CPU SSE c64", "sse_c64.cpu_ms", 3),
+      ("  of which event loop", "json_c64.loop_cpu_ms", 3), ("  SSE event loop", "sse_c64.loop_cpu_ms", 3),
       ("CPU JSON c1", "json_c1.cpu_ms", 3), ("CPU SSE/50 writes c1", "sse50_c1.cpu_ms", 3),
       ("256c req/s", "slow_c256.rps", 0),
       ("% of ideal", "slow_c256.pct_ideal", 1), ("256c errors", "slow_c256.errors", 0),
       ("peak RSS MB", "peak_rss_mb", 1)]),
+    ("Is the bench itself sound? Other work on the proxy's CPU 0 (%, median) and load on CPU 1 (%, median)",
+     [("foreign CPU0 JSON c64", "json_c64.foreign_cpu0_pct", 0),
+      ("foreign CPU0 SSE c64", "sse_c64.foreign_cpu0_pct", 0),
+      ("foreign CPU0 JSON c1", "json_c1.foreign_cpu0_pct", 0), ("CPU1 busy JSON c64", "json_c64.cpu1_busy_pct", 0),
+      ("CPU1 busy SSE c64", "sse_c64.cpu1_busy_pct", 0),
+      ("upstream CPU ms/req JSON c64", "json_c64.upstream_cpu_ms", 3)]),
 ]
 
 
@@ -343,8 +386,9 @@ def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str,
     for title, cols in TABLES:
         lines += [f"\n{title}\n", "| target | " + " | ".join(c[0] for c in cols) + " |",
                   "|---|" + "---|" * len(cols)]
+        with_ratio = "ratio" in title
         for name, m in summary.items():
-            cells = [_fmt(m.get(key), rat[name].get(key) if name not in ("bare", "direct") else None, d)
+            cells = [_fmt(m.get(key), rat[name].get(key) if with_ratio and name not in ("bare", "direct") else None, d)
                      for _, key, d in cols]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -404,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=int, help="seconds per measurement (default 3, quick 2)")
     p.add_argument("--targets", help="comma-separated subset of: " + ", ".join(FULL.targets))
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of sm-full")
+    p.add_argument("--profile-only", action="store_true", help="only start sm-full and profile it")
     p.add_argument("--soak", type=int, metavar="N", help="run the reliability soak of N requests instead")
     p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     args = p.parse_args(argv)
@@ -425,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
                 report = run_soak(procs, args.soak)
                 _write(Path(args.out).with_name("soak.json"), report)
                 return 0 if report["ok"] else 1
+            if args.profile_only:
+                return _profile_only(procs, plan)
             return _bench(procs, plan, args, started)
         finally:
             procs.close()
@@ -436,7 +483,7 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
     smoke(targets)
     print(f"upstream: {kind}; targets: {', '.join(t.name for t in targets)}; {plan.reps} rep(s) x "
           f"{len(SCENARIOS)} scenarios x {plan.duration_s} s", flush=True)
-    run_load(targets, plan, procs.tmp)
+    run_load(targets, plan, procs.tmp, upstream)
     summary = summarise(targets)
     rat = ratios(summary)
     profile: dict[str, Any] = {}
@@ -448,6 +495,12 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
                                  {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
     tables = render_tables(summary, rat)
     verdict = verdicts(summary, rat)
+    noisy = sorted({f"{t.name}/{sc}" for t in targets for sc, runs in t.runs.items()
+                    if any(r.get("foreign_cpu0_pct", 0) > 10 for r in runs)})
+    if noisy:
+        tables += ("\n\nWARNING: other processes used more than 10% of CPU 0 during " + str(len(noisy)) +
+                   " measurement(s) (" + ", ".join(noisy[:12]) + ("..." if len(noisy) > 12 else "") +
+                   "): latencies and rates of those are pessimistic; CPU per request is the robust figure.")
     print(tables)
     for name, rows in verdict.items():
         print(f"\n{name}:\n  " + "\n  ".join(rows))
@@ -460,12 +513,29 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
         "machine": machine(), "upstream": kind,
         "plan": plan.__dict__, "targets": {t.name: t.what for t in targets},
         "scenarios": {s.name: s.what for s in SCENARIOS},
-        "summary": summary, "ratio_to_bare": rat, "verdicts": verdict, "tables_md": tables,
+        "summary": summary, "ratio_to_bare": rat, "contaminated": noisy, "verdicts": verdict, "tables_md": tables,
         "runs": {t.name: t.runs | {"ttfb": t.ttfb} for t in targets}, "profile": profile,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
     _write(Path(args.out), report)
     print(f"\nwrote {args.out} in {report['elapsed_s']} s")
+    return 0
+
+
+def _profile_only(procs: Procs, plan: Plan) -> int:
+    from profile_hot import profile_target, render_profile
+
+    upstream, _ = start_upstream(procs)
+    targets = start_targets(procs, Plan(1, 1, 1, ["direct", "sm-full"], 0, plan.profile_s), upstream)
+    full = targets[-1]
+    assert full.proc is not None
+    smoke(targets)
+    for sc in (BY_NAME["json_c64"], BY_NAME["sse_c64"]):
+        measure(full, sc, plan.warmup_s, procs.tmp, f"w{sc.name}")
+    profile = profile_target(full.proc, lambda sc, d: wrk(full, sc, d, procs.tmp, f"p{sc.name}"),
+                             {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
+    print(render_profile(profile))
+    _write(HERE / "results" / "profile.json", profile)
     return 0
 
 
