@@ -18,9 +18,9 @@ from proxy.errors import SchemaViolation
 from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent
 from proxy.providers.base import SseEvent
 from proxy.relay import Hooks
-from proxy.repair import StreamRepairer, repair_arguments, repair_output
+from proxy.repair import StreamRepairer, repair_arguments, repair_output, violation_feedback
 
-__all__ = ["install"]
+__all__ = ["install", "retry_request"]
 
 Json = dict[str, Any]
 
@@ -38,6 +38,22 @@ def install(api: str, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
             hooks.rewrites.append(Rewrite("repair", "stream"))
 
 
+def retry_request(api: str, body: Json, answer: str, feedback: str) -> Json:
+    """The request once more: the answer that did not match, then the problems as a user turn."""
+    out = dict(body)
+    if api == "gemini":
+        out["contents"] = [*(body.get("contents") or []), {"role": "model", "parts": [{"text": answer}]},
+                           {"role": "user", "parts": [{"text": feedback}]}]
+    elif api == "responses":
+        items = body.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+        out["input"] = [*items, {"role": "assistant", "content": answer}, {"role": "user", "content": feedback}]
+    else:  # chat and Anthropic messages share the shape
+        out["messages"] = [*(body.get("messages") or []), {"role": "assistant", "content": answer},
+                           {"role": "user", "content": feedback}]
+    return out
+
+
 def _schema_of(call: Call, tool: str | None) -> dict[str, Any] | None:
     return next((t.parameters for t in call.tools if t.name == tool), None)
 
@@ -48,7 +64,12 @@ def _record(hooks: Hooks, policy: RepairPolicy, rep: Repair | None, changed: boo
     hooks.repairs.append(rep)
     if changed:
         hooks.rewrites.append(Rewrite("repair", f"{rep.target}:{'+'.join(rep.actions) or 'normalised'}"))
-    if rep.valid is False and policy.on_invalid == "error" and "truncation" not in rep.actions:
+    if rep.valid is not False or "truncation" in rep.actions:
+        return
+    if policy.on_invalid == "retry" and rep.target == "output":
+        hooks.retry_feedback = violation_feedback(list(rep.problems))
+        return
+    if policy.on_invalid == "error":
         where = "the structured output" if rep.target == "output" else f"the arguments of tool call {rep.target[5:]}"
         raise SchemaViolation(
             f"The model's answer does not match the schema the request declared, even after repair. "
@@ -78,6 +99,7 @@ class _BodyRepair:
         if not slots:
             return False
         text = "".join(h[k] for h, k in slots)
+        self.hooks.retry_output = text
         new, rep = repair_output(text, spec, close_truncated=bool(self.policy.close_truncated))
         apply = new is not None and self.policy.mode == "repair"
         _record(self.hooks, self.policy, rep, apply)

@@ -59,6 +59,8 @@ class Hooks:
     on_body: list[BodyHook] = field(default_factory=list)
     rewrites: list[Rewrite] = field(default_factory=list)
     repairs: list[Repair] = field(default_factory=list)
+    retry_feedback: str | None = None  # set when repaired output should be asked for again
+    retry_output: str = ""  # the answer that did not match, shown to the model with the feedback
 
 
 async def relay(

@@ -116,11 +116,14 @@ async def budgets(app: web.Application, tenant: str, policy: Policy) -> tuple[fl
     return day_usd, month_usd
 
 
-def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks) -> None:
+def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
     if call.api == "chat" and call.stream and not call.include_usage:
         hooks.on_event.append(_drop_usage_chunk)
         hooks.rewrites.append(_USAGE_DROPPED)
-    outputs.install(call.api, call, policy.repair, hooks)
+    repair = policy.repair
+    if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
+        repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
+    outputs.install(call.api, call, repair, hooks)
 
 
 _USAGE_DROPPED = Rewrite("usage_chunk", "dropped")

@@ -72,6 +72,8 @@ def _tool_call(req: Request, args: str) -> Script:
 def script_for(req: Request) -> Script:
     m = _SCENARIO.search(req.last_user)
     name, arg = (m.group(1), m.group(2)) if m else ("text", None)
+    if "did not match the required JSON schema" in req.last_user:
+        name = "json"  # a model that listens when its schema problems are fed back
     build = SCENARIOS.get(name, SCENARIOS["text"])
     s = build(req, arg)
     out_tokens = s.output_tokens or max(1, sum(len(c) for c in s.chunks) // 4) + (8 if s.tool else 0)
@@ -112,6 +114,7 @@ SCENARIOS: dict[str, Callable[[Request, str | None], Script]] = {
     "loop": _loop,
     "bad_args": _bad_args,
     "json": lambda r, a: Script(_pieces(CLEAN_JSON)),
+    "json_extra": lambda r, a: Script(_pieces(CLEAN_JSON[:-1] + ', "nickname": "Ada"}')),
     "json_fenced": lambda r, a: Script(_pieces(FENCED_JSON)),
     "truncated": lambda r, a: Script(_pieces(TRUNCATED_JSON), finish="length"),
     "braces": lambda r, a: Script(_words('Use the format {"name": "value"} as you were told.')),

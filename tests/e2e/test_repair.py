@@ -12,6 +12,8 @@ import pytest
 from google import genai
 from google.genai import types
 
+from proxy.simulator.script import CLEAN_JSON
+
 
 class Person(pydantic.BaseModel):
     name: str
@@ -138,4 +140,23 @@ async def test_on_invalid_error_gives_a_422_naming_the_problem(make_proxy, sim):
     with pytest.raises(openai.UnprocessableEntityError) as ei:
         await via.chat.completions.parse(model="sim-small", messages=FENCED, response_format=Strict)
     assert "does not match the schema" in ei.value.message and "born" in ei.value.message
+    await via.close()
+
+
+async def test_on_invalid_retry_asks_once_more_with_the_problems_fed_back(make_proxy, sim):
+    proxy = await make_proxy(policy={"repair": {"on_invalid": "retry"}})
+    via = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k", default_headers={"X-Run-Id": "retry-run"})
+
+    class Strict(Person):
+        model_config = pydantic.ConfigDict(extra="forbid")
+
+    msgs: Any = [{"role": "user", "content": "SCENARIO:json_extra Who was Ada?"}]
+    raw = await via.chat.completions.with_raw_response.parse(model="sim-small", messages=msgs, response_format=Strict)
+    assert raw.parse().choices[0].message.parsed.model_dump() == EXPECTED.model_dump()
+    assert "repair_retry=schema" in raw.headers["x-spanmeter-rewrites"]
+    assert len(sim.received) == 2
+    sent = sim.received[1].json()["messages"]
+    # The answer that did not match is shown to the model again, then what was wrong with it.
+    assert sent[-2] == {"role": "assistant", "content": CLEAN_JSON[:-1] + ', "nickname": "Ada"}'}
+    assert "unknown field 'nickname'" in sent[-1]["content"]
     await via.close()

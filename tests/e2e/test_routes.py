@@ -67,8 +67,9 @@ async def test_anthropic_beta_query_and_headers_pass_through(proxy, sim):
     assert "anthropic-version" in {k.lower() for k in sim.last.headers}
     await client.close()
     # Older SDKs mark beta calls with ?beta=true: the query reaches the upstream as sent.
-    async with aiohttp.ClientSession() as s, s.post(
-            f"{proxy.url}/v1/messages?beta=true", headers={"x-api-key": "k", "anthropic-version": "2023-06-01"},
-            json={"model": "claude-sonnet-5-5", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}) as r:
+    body = {"model": "claude-sonnet-5-5", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    async with aiohttp.ClientSession() as s, s.post(f"{proxy.url}/v1/messages?beta=true", headers=headers,
+                                                    json=body) as r:
         assert r.status == 200
     assert sim.last.query == "beta=true" and sim.last.headers["x-api-key"] == "k"
