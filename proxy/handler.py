@@ -16,10 +16,10 @@ from proxy.ceilings import admit, limits_for
 from proxy.config import Policy
 from proxy.errors import ProxyError
 from proxy.guard import guard
-from proxy.providers.base import ProviderAdapter
-from proxy.relay import Flow, Hooks, relay
 from proxy.model import Call, Caller, Rewrite
 from proxy.outputs import retry_request
+from proxy.providers.base import ProviderAdapter
+from proxy.relay import Flow, Hooks, relay
 from proxy.routes import Target, target_for
 from proxy.tenants import identify
 from proxy.upstream import request_headers
