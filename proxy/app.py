@@ -15,6 +15,7 @@ from proxy.appkeys import BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.handler import handle_call
+from proxy.policy.failopen import FailOpenStore
 from proxy.policy.pricing import PriceTable
 from proxy.policy.store import Store, open_store
 from proxy.providers.anthropic import ANTHROPIC
@@ -111,7 +112,8 @@ def _store_ctx(injected: Store | None) -> Callable[[web.Application], AsyncItera
         settings = app[SETTINGS]
         if injected is None and settings.ledger.startswith("sqlite:///"):
             Path(settings.ledger.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        app[STORE] = store = injected or open_store(settings.ledger)
+        store = injected or open_store(settings.ledger)
+        app[STORE] = FailOpenStore(store) if settings.fail_open else store  # type: ignore[assignment]
         yield
         if injected is None:
             await store.aclose()

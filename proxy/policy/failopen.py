@@ -1,0 +1,68 @@
+"""Fail-open: when the ledger is unreachable, serve calls unmetered, loudly.
+
+Off by default (`fail_open: false`): an unreachable ledger refuses calls with 503,
+because a ceiling that is not checked is not a ceiling. An operator who prefers
+availability over enforcement wraps the store in `FailOpenStore`; every call it lets
+through unmetered is logged at ERROR with the operation that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from proxy.errors import StoreUnavailable
+from proxy.policy.store import Admission, Store
+
+__all__ = ["FailOpenStore"]
+
+log = logging.getLogger("spanmeter.ledger")
+
+
+def _unmetered(tenant: str, run_id: str, *args: Any, **kw: Any) -> Admission:
+    return Admission("unmetered", tenant, run_id, 0, 0, {}, "", "")
+
+
+# What each operation answers while the ledger is away: neutral values, never a refusal.
+_FALLBACKS: dict[str, Callable[..., Any]] = {
+    "admit": _unmetered,
+    "settle": lambda *a, **k: 0,
+    "release": lambda *a, **k: None,
+    "expire": lambda *a, **k: 0,
+    "run_begin": lambda tenant, run_id, now, trace: trace,
+    "run_touch": lambda *a, **k: None,
+    "run_add": lambda *a, **k: None,
+    "run_totals": lambda *a, **k: {},
+    "run_end": lambda *a, **k: None,
+    "idle_runs": lambda *a, **k: [],
+    "tools_put": lambda *a, **k: None,
+    "tools_take": lambda *a, **k: [],
+    "tools_pending": lambda *a, **k: [],
+    "streak": lambda *a, **k: 0,
+    "failures": lambda *a, **k: 0,
+    "budget_get": lambda *a, **k: (None, None),
+}
+
+
+class FailOpenStore:
+    """A Store whose operations, when the backend is unreachable, answer neutrally."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        fallback = _FALLBACKS.get(name)
+        if fallback is None:
+            return target
+
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await target(*args, **kwargs)
+            except StoreUnavailable as exc:
+                log.error("ledger unreachable during %s; fail_open is on, so the call goes through "
+                          "UNMETERED: %s", name, exc.message)
+                return fallback(*args, **kwargs)
+
+        return guarded
