@@ -103,6 +103,10 @@ class TelemetryConfig:
         return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_TRACES_ENDPOINT))
 
     def otlp_metrics(self, environ: Mapping[str, str]) -> bool:
+        # OTEL_METRICS_EXPORTER=none (the standard switch) keeps metrics pull-only on
+        # /metrics, so a Prometheus scraping the proxy does not also get them pushed.
+        if environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none":
+            return False
         return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_METRICS_ENDPOINT))
 
 
