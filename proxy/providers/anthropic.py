@@ -30,16 +30,10 @@ from proxy.model import (
     UsageEvent,
 )
 from proxy.providers.base import SseEvent, number, text_of
+from proxy.providers.base import integer as _int
+from proxy.providers.base import string as _str
 
 __all__ = ["ANTHROPIC", "AnthropicAdapter", "anthropic_error_body", "anthropic_usage"]
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def anthropic_usage(u: Any) -> Usage:

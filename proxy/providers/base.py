@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from proxy.errors import ProxyError
 from proxy.model import Call, Rewrite, StreamEvent
 
-__all__ = ["Framer", "ProviderAdapter", "SseEvent", "number", "text_of"]
+__all__ = ["Framer", "ProviderAdapter", "SseEvent", "array", "integer", "number", "string", "text_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +115,19 @@ class ProviderAdapter(Protocol):
     def auth_headers(self, key: str) -> dict[str, str]:
         """Headers carrying an upstream key in this dialect's own scheme."""
         ...
+
+
+def integer(value: Any) -> int | None:
+    """A JSON integer, or None (booleans are not integers here)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def array(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def number(value: Any) -> float | None:

@@ -23,16 +23,10 @@ from proxy.model import (
     UsageEvent,
 )
 from proxy.providers.base import SseEvent, number, text_of
+from proxy.providers.base import array as _list
+from proxy.providers.base import integer as _int
 
 __all__ = ["CHAT", "ChatAdapter", "openai_error_body", "openai_stream_error", "openai_usage"]
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _tools(raw: Any) -> tuple[ToolSpec, ...]:

@@ -9,6 +9,7 @@ import orjson
 from proxy.errors import ProxyError
 from proxy.model import Call, MetaEvent, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
 from proxy.providers.base import SseEvent
+from proxy.providers.base import integer as _int
 from proxy.providers.chat import openai_error_body, openai_stream_error
 
 __all__ = ["EMBEDDINGS", "EmbeddingsAdapter"]
@@ -26,10 +27,6 @@ def _input_chars(value: Any) -> int:
     if isinstance(value, list):
         return sum(_input_chars(v) for v in value)
     return 0
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class EmbeddingsAdapter:

@@ -46,6 +46,9 @@ from proxy.model import (
     UsageEvent,
 )
 from proxy.providers.base import SseEvent, number
+from proxy.providers.base import array as _list
+from proxy.providers.base import integer as _int
+from proxy.providers.base import string as _str
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
 
@@ -60,18 +63,6 @@ def _get(d: Any, camel: str) -> Any:
     if camel in d:
         return d[camel]
     return d.get(_SNAKE.sub("_", camel).lower())
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def gemini_usage(u: Any) -> Usage:

@@ -31,24 +31,15 @@ from proxy.model import (
     UsageEvent,
 )
 from proxy.providers.base import SseEvent, number, text_of
+from proxy.providers.base import array as _list
+from proxy.providers.base import integer as _int
+from proxy.providers.base import string as _str
 from proxy.providers.chat import openai_error_body, openai_usage
 
 __all__ = ["RESPONSES", "ResponsesAdapter"]
 
 # Items the model produced: a new run of them after a tool result starts a new turn.
 _MODEL_ITEMS = frozenset({"function_call", "reasoning", "custom_tool_call"})
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _tools(raw: Any) -> tuple[ToolSpec, ...]:
