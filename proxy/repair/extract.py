@@ -355,8 +355,8 @@ def _skip_element(text: str, i: int) -> int | None:
         if t in "[{":
             depth += 1
         elif t in "]}":
-            if depth == 0:
-                return m.start()
+            if depth == 0:  # the array's end stays for the caller; a stray '}' is skipped
+                return m.start() if t == "]" and m.start() > i else m.end()
             depth -= 1
         elif t == "," and depth == 0:
             return m.end()

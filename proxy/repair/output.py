@@ -181,4 +181,4 @@ def _starts(spec: OutputSpec) -> tuple[str, bool]:
         return "{", False
     if kind == "array":
         return "[", False
-    return ("", True) if kind in _SCALAR_TYPES else ("{[", False)
+    return ("", True) if kind in _SCALAR_TYPES else ("{[", kind is None)
