@@ -209,13 +209,14 @@ class ValueStream:
         fresh = self.buf[self.fed :]
         sc.feed(fresh)
         self.fed = len(self.buf)
-        if sc.error or (len(self.buf) > TENTATIVE_LIMIT and not _looks_like_json(sc)):
+        looks = _looks_like_json(sc)  # judged on shape, so an error after it still commits
+        if not looks and (sc.error or len(self.buf) > TENTATIVE_LIMIT):
             self.phase, self.scanner = PRE, None
             self.buf = self.buf[1:]
             self.fresh, self.lead = False, []
             self._act("prose")
             return True
-        if not _looks_like_json(sc):
+        if not looks:
             return False
         if self.fresh:
             self.out.extend(self.lead)
@@ -295,8 +296,6 @@ class ValueStream:
 def _looks_like_json(sc: Scanner) -> bool:
     """A bracket from prose counts as the value once it is past its first key and colon
     (object) or has a first element (array): `{name}` and `[sic]` never get there."""
-    if sc.error:
-        return False
     if sc.state == DONE or sc.values >= 2:
         return True
     return len(sc.stack) == 1 and sc.stack[0] == "{" and sc.state == VALUE
