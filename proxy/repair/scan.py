@@ -30,6 +30,7 @@ _MEMBER = _STR + _W + ":" + _W + _VAL
 _OBJ_RUN = re.compile(_MEMBER + "(?:" + _W + "," + _W + _MEMBER + ")*(?=" + _W + "[,}])")
 _ARR_RUN = re.compile(_VAL + "(?:" + _W + "," + _W + _VAL + ")*(?=" + _W + r"[,\]])")
 _CLEAN_STR = re.compile(_STR)
+_KEY_COLON = re.compile(_STR + _W + ":")
 _JSON_WS = re.compile(r"[ \t\n\r]+")
 _OTHER_WS = "\f\v\u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff" + "".join(chr(c) for c in range(0x2000, 0x200B))
 _ANY_WS = re.compile("[ \t\n\r" + _OTHER_WS + "]+")
@@ -350,7 +351,12 @@ class Scanner:
     def _obj_run(self, buf: str, i: int) -> int:
         m = _OBJ_RUN.match(buf, i)
         if m is None:
-            return self._string_start(buf, i, '"')
+            k = _KEY_COLON.match(buf, i)
+            if k is None:
+                return self._string_start(buf, i, '"')
+            self.pending.append(k.group())  # a clean key whose value is a container
+            self.state, self.allow_close = VALUE, False
+            return k.end()
         if self.pending:  # keys are not values: commit the held comma only
             self.out.extend(self.pending)
             self.pending.clear()

@@ -37,8 +37,20 @@ _SUBSCHEMA_ONE = (
     "additionalItems",
 )
 _GEMINI_ONLY = ("property_ordering", "propertyOrdering", "nullable", "example")
-_NUMERIC = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
-_NUMERIC += ("min_items", "max_items", "min_length", "max_length")
+_NUMERIC = frozenset(
+    (
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "minProperties",
+        "maxProperties",
+        "min_items",
+        "max_items",
+        "min_length",
+        "max_length",
+    )
+)
 _SNAKE = {"any_of": "anyOf", "min_items": "minItems", "max_items": "maxItems"}
 _SNAKE |= {"min_length": "minLength", "max_length": "maxLength"}
 _IDENT = re.compile(r"[A-Za-z_$][\w$]*")
@@ -109,7 +121,7 @@ def normalize_schema(schema: Any) -> Any:
     for key, value in schema.items():
         if key in _GEMINI_ONLY:
             continue
-        key = _SNAKE.get(key, key)
+        key = str(_SNAKE.get(key, key))
         if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
             out[key] = {k: normalize_schema(v) for k, v in value.items()}
         elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
