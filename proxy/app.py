@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy import admin
 from proxy.appkeys import BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
@@ -35,10 +36,26 @@ ADAPTER = web.RequestKey("adapter", ProviderAdapter)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class _NoRequestBytesInLogs(logging.Filter):
+    """aiohttp logs a request it cannot parse with the offending bytes and a traceback; an
+    over-long header may be an Authorization header. Keep the event, drop the bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "rejected an unparsable HTTP request: %s %s", (exc.code, type(exc).__name__)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_REDACT_PARSE_ERRORS = _NoRequestBytesInLogs()
+
+
 def create_app(
     settings: Settings, *, store: Store | None = None, telemetry: Telemetry | None = None
 ) -> web.Application:
     """The proxy application. Tests inject a store or telemetry instead of patching."""
+    logging.getLogger("aiohttp.server").addFilter(_REDACT_PARSE_ERRORS)  # idempotent
     app = web.Application(middlewares=[_errors], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[KEYS] = KeyIndex(settings)

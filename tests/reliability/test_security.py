@@ -187,3 +187,15 @@ async def test_incoming_trace_context_is_not_identity_and_never_reaches_the_prov
     span = await settled_span(proxy, run, n=4)
     assert span["attributes"]["spanmeter.tenant.id"] == "bravo"
     assert await proxy.app[STORE].run_calls("alpha", run) == 0
+
+
+async def test_an_over_long_auth_header_never_reaches_the_logs(tenant_proxy, caplog):
+    proxy, _ = tenant_proxy
+    caplog.set_level(logging.DEBUG)
+    async with aiohttp.ClientSession() as s, s.post(
+            proxy.url + "/v1/chat/completions", data=b"{}",
+            headers={"Authorization": f"Bearer {KEY_A}" + "x" * 9000}) as r:
+        assert r.status == 400
+    logged = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
+    assert "rejected an unparsable HTTP request: 400 LineTooLong" in logged
+    assert KEY_A not in logged
