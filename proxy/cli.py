@@ -133,7 +133,7 @@ def _runs(args: argparse.Namespace) -> None:
 
     traces = Path(args.data_dir) / "traces"
     if args.run_id:
-        print(render_run_tree(args.run_id, traces))
+        print(render_run_tree(args.run_id, traces, tenant=args.tenant))
     else:
         runs = [r for r in load_runs(traces) if args.tenant in (None, r.tenant)]
         print(render_runs_table(runs))

@@ -45,7 +45,7 @@ class RunSummary:
 def load_runs(local_dir: str | Path = DEFAULT_LOCAL_DIR, *, limit: int = 50) -> list[RunSummary]:
     """The most recent runs in `local_dir`, newest first."""
     by_run = _group(read_spans(local_dir))
-    runs = [_summary(run_id, spans) for run_id, spans in by_run.items()]
+    runs = [_summary(run_id, spans) for (_, run_id), spans in by_run.items()]
     runs.sort(key=lambda r: r.start_ns, reverse=True)
     return runs[:limit]
 
@@ -75,12 +75,18 @@ def render_runs_table(runs: list[RunSummary]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def render_run_tree(run_id: str, local_dir: str | Path = DEFAULT_LOCAL_DIR) -> str:
+def render_run_tree(run_id: str, local_dir: str | Path = DEFAULT_LOCAL_DIR, *, tenant: str | None = None) -> str:
     """The run as a tree: model calls and tool spans with durations, tokens, cost,
-    digests, repairs and failures."""
-    spans = _group(read_spans(local_dir)).get(run_id)
-    if not spans:
+    digests, repairs and failures. Run ids are per tenant: each tenant's run with this
+    id is drawn on its own (only `tenant`'s when given)."""
+    groups = [spans for (t, r), spans in _group(read_spans(local_dir)).items()
+              if r == run_id and tenant in (None, t)]
+    if not groups:
         return f"No run {run_id!r} in {local_dir}."
+    return "\n\n".join(_tree(run_id, spans) for spans in groups)
+
+
+def _tree(run_id: str, spans: list[Record]) -> str:
     summary = _summary(run_id, spans)
     ids = {s["span_id"] for s in spans}
     children: dict[str | None, list[Record]] = defaultdict(list)
@@ -100,12 +106,14 @@ def render_run_tree(run_id: str, local_dir: str | Path = DEFAULT_LOCAL_DIR) -> s
 # --- internals ---------------------------------------------------------------------------
 
 
-def _group(records: Iterable[Record]) -> dict[str, list[Record]]:
-    by_run: dict[str, list[Record]] = defaultdict(list)
+def _group(records: Iterable[Record]) -> dict[tuple[str, str], list[Record]]:
+    """Spans by (tenant, run id): two tenants may use the same run id for different runs."""
+    by_run: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
-        run_id = (r.get("attributes") or {}).get(A.SPANMETER_RUN_ID)
+        attrs = r.get("attributes") or {}
+        run_id = attrs.get(A.SPANMETER_RUN_ID)
         if isinstance(run_id, str):
-            by_run[run_id].append(r)
+            by_run[(str(attrs.get(A.SPANMETER_TENANT_ID, "")), run_id)].append(r)
     return by_run
 
 

@@ -158,8 +158,6 @@ async def test_one_run_id_in_two_tenants_shares_no_ledger_and_no_tool_state(tena
     assert {r["tenant"] for r in admin["runs"]} == {"bravo"}
 
 
-@pytest.mark.xfail(strict=True, reason="tracing/viewer.py groups spans by run id alone; two tenants' "
-                                       "runs with one id merge into one row (fix: group by tenant and run id)")
 async def test_the_runs_viewer_keeps_two_tenants_runs_with_one_id_apart(tenant_proxy):
     proxy, _ = tenant_proxy
     d = DIALECTS[0]
@@ -168,6 +166,8 @@ async def test_the_runs_viewer_keeps_two_tenants_runs_with_one_id_apart(tenant_p
     await settled_span(proxy, "same-id", n=2)
     runs = [r for r in load_runs(Path(proxy.data_dir) / "traces") if r.run_id == "same-id"]
     assert sorted((r.tenant, r.calls) for r in runs) == [("alpha", 1), ("bravo", 1)]
+    alpha = render_run_tree("same-id", Path(proxy.data_dir) / "traces", tenant="alpha")
+    assert "(alpha)" in alpha and "bravo" not in alpha
 
 
 async def test_incoming_trace_context_is_not_identity_and_never_reaches_the_provider(tenant_proxy, sim):
