@@ -7,6 +7,7 @@
     |   +-- MalformedBody         400 body is not JSON / wrong types (with position)
     |   +-- UnknownRoute          404 path not served (lists supported routes)
     |   +-- BodyTooLarge          413 body over the configured limit
+    |   +-- BodyTimeout           408 body did not arrive in time
     |   +-- SchemaViolation       422 repaired output still violates the schema
     +-- Refusal                   a policy said no before anything was sent upstream
     |   +-- CeilingReached        402 run calls / run cost / tenant budget
@@ -26,6 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BodyTimeout",
     "BodyTooLarge",
     "CeilingReached",
     "ConfigError",
@@ -86,6 +88,13 @@ class Unauthorized(RequestError):
     code = "invalid_api_key"
     anthropic_type = "authentication_error"
     google_status = "UNAUTHENTICATED"
+
+
+class BodyTimeout(RequestError):
+    status = 408
+    code = "body_timeout"
+    anthropic_type = "timeout_error"
+    google_status = "DEADLINE_EXCEEDED"
 
 
 class MalformedBody(RequestError):

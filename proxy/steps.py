@@ -17,11 +17,11 @@ from proxy.appkeys import BUDGET_CACHE, RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
+    BodyTimeout,
     BodyTooLarge,
     CeilingReached,
     MalformedBody,
     ProxyError,
-    RequestError,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
@@ -56,13 +56,6 @@ async def read_call(request: web.Request, adapter: ProviderAdapter, limit: int) 
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise MalformedBody(f"The request body has a field of the wrong type ({exc}).") from None
     return raw, body, _sized(call, len(raw))
-
-
-class BodyTimeout(RequestError):
-    status = 408
-    code = "body_timeout"
-    anthropic_type = "timeout_error"
-    google_status = "DEADLINE_EXCEEDED"
 
 
 async def _read_body(request: web.Request, n: int) -> bytes:

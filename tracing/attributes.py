@@ -85,6 +85,7 @@ SPANMETER_COST_USD: Final = "spanmeter.cost.usd"
 SPANMETER_BUDGET_REMAINING_USD: Final = "spanmeter.budget.remaining_usd"
 SPANMETER_REWRITES: Final = "spanmeter.rewrites"
 SPANMETER_REPAIRS: Final = "spanmeter.repairs"
+SPANMETER_OBSERVER_NOTES: Final = "spanmeter.observer.notes"  # e.g. unparsed_event: the upstream sent unreadable data
 SPANMETER_USAGE_SOURCE: Final = "spanmeter.usage.source"  # reported | estimate
 SPANMETER_REFUSAL_REASON: Final = "spanmeter.refusal.reason"
 SPANMETER_TOOL_TIMING: Final = "spanmeter.tool.timing"  # inferred

@@ -371,6 +371,7 @@ def _response_attrs(tel: Telemetry, call: Call, outcome: Outcome) -> Attrs:
             cache_write: usage.cache_write_tokens,
             A.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: usage.reasoning_tokens,
             A.ERROR_TYPE: outcome.error_type,
+            A.SPANMETER_OBSERVER_NOTES: list(outcome.notes) or None,
         }
     )
 

@@ -20,6 +20,7 @@ import json
 import queue
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -91,12 +92,22 @@ class SqliteStore:
     # --- the writer thread -----------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.execute("PRAGMA busy_timeout=30000")
-        conn.executescript(_SCHEMA)
-        return conn
+        # Two processes opening a new file at once race on the switch to WAL, which does
+        # not wait on busy_timeout: "database is locked" then only means "try again".
+        for attempt in range(50):
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
+            try:
+                conn.execute("PRAGMA busy_timeout=30000")
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.executescript(_SCHEMA)
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if "locked" not in str(exc) or attempt == 49:
+                    raise
+                time.sleep(0.02 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _serve(self) -> None:
         conn: sqlite3.Connection | None = None

@@ -103,6 +103,7 @@ async def test_invalid_json_body_is_forwarded_unchanged_and_charged_at_the_reser
     assert await _reserved(proxy, "garbage") == 0
     assert await _spend(proxy, "garbage") > 0
     assert span["attributes"]["spanmeter.usage.source"] == "estimate"
+    assert span["attributes"]["spanmeter.observer.notes"] == ["unparsed_body"]
 
 
 async def test_invalid_sse_events_are_forwarded_unchanged_and_usage_still_counts(proxy, sim, d: Dialect):
@@ -117,6 +118,7 @@ async def test_invalid_sse_events_are_forwarded_unchanged_and_usage_still_counts
     assert span["attributes"]["spanmeter.usage.source"] == "reported"
     assert span["attributes"]["gen_ai.usage.output_tokens"] > 0
     assert "error.type" not in span["attributes"]
+    assert span["attributes"]["spanmeter.observer.notes"] == ["unparsed_event"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
