@@ -70,14 +70,14 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         try:
             return await self._resp.read()
-        except Exception as exc:  # noqa: BLE001 - translated in one place
+        except Exception as exc:
             raise _translate(exc) from exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc) from exc
 
 
@@ -106,7 +106,7 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not awaited"
         try:
             resp = await self._session.post(url, data=body, headers=headers)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, url) from exc
         try:
             yield UpstreamResponse(resp)
@@ -120,7 +120,7 @@ class Upstream:
         try:
             async with self._session.get(url, headers=headers) as resp:
                 return resp.status, resp.headers, await resp.read()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, url) from exc
 
 
