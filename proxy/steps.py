@@ -27,6 +27,7 @@ from proxy.errors import (
 )
 from proxy.model import Call, Caller, Outcome, Rewrite, StreamError, StreamEvent, Usage
 from proxy.providers.base import ProviderAdapter, SseEvent
+from proxy.providers.chat import CHAT
 from proxy.relay import Flow, Hooks
 from proxy.routes import Target
 from tracing import spans
@@ -124,8 +125,7 @@ _USAGE_DROPPED = Rewrite("usage_chunk", "dropped")
 
 def _drop_usage_chunk(event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
     # The client did not ask for usage: user code often indexes chunk.choices[0].
-    d = event.data
-    return b"" if d.startswith("{") and '"choices":[]' in d else None
+    return b"" if CHAT.is_usage_only(parsed) else None
 
 
 def stream_error(exc: ProxyError) -> StreamEvent:

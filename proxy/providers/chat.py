@@ -243,10 +243,11 @@ class ChatAdapter:
         return events
 
     @staticmethod
-    def is_usage_only_chunk(event: SseEvent) -> bool:
-        """The `choices: []` chunk carrying usage, which a client that did not ask must not see."""
-        d = event.data
-        return '"usage"' in d and '"choices":[]' in d.replace(" ", "")
+    def is_usage_only(events: list[StreamEvent]) -> bool:
+        """Whether a chunk's events are those of the `choices: []` chunk carrying usage,
+        which a client that did not ask for usage must not see."""
+        usage = any(isinstance(e, UsageEvent) for e in events)
+        return usage and not any(isinstance(e, TextDelta | ToolCallDelta | Finish) for e in events)
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         return openai_error_body(error)

@@ -134,8 +134,10 @@ def test_the_usage_only_chat_chunk_is_recognised() -> None:
     usage_only = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1}}\n\n'
     normal = b'data: {"id":"c","choices":[{"index":0,"delta":{}}],"usage":null}\n\n'
     chat = ADAPTERS["chat"]
-    assert [chat.is_usage_only_chunk(e) for e in Framer().feed(usage_only + normal)] == [  # type: ignore[attr-defined]
-        True, False]
+    spaced = b'data: {"id": "c", "choices": [], "usage": {"prompt_tokens": 1}}\n\n'
+    events = Framer().feed(usage_only + normal + spaced)
+    assert [chat.is_usage_only(chat.parse_event(e)) for e in events] == [  # type: ignore[attr-defined]
+        True, False, True]
 
 
 def test_gemini_model_and_stream_come_from_the_path_in_both_versions() -> None:
