@@ -1,0 +1,71 @@
+"""Tests of the bench's pure parts: `.venv/bin/pytest bench/test_bench.py`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from payloads import JSON_BODY, SSE_EVENTS, STREAM_EVENTS
+from profile_hot import fold
+from run import Target, _contention, ratios, summarise
+from upstream import nginx_conf
+
+STACKS = (
+    "thread (1): MainThread;run_app (/v/site-packages/aiohttp/web.py:502);"
+    "handle_call (/w/proxy/handler.py:40);policy_for (/w/proxy/config.py:183) 3\n"
+    "thread (1): MainThread;run_app (/v/site-packages/aiohttp/web.py:502) 5\n"
+    "thread (2): spanmeter-ledger;_run_batch (/w/proxy/policy/sqlite.py:453) 2\n"
+)
+
+FOLD_CASES = [
+    ("self time goes to the innermost frame", "self", ("policy_for (proxy/config.py)", 30.0)),
+    ("inclusive time counts every frame once", "inclusive", ("run_app (aiohttp/web.py)", 80.0)),
+    ("threads come from the --threads prefix", "threads", ("MainThread", 80.0)),
+    ("areas come from file paths", "areas", ("aiohttp", 50.0)),
+    ("the event-loop thread has its own breakdown", "main_areas", ("aiohttp", 62.5)),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "expected"), FOLD_CASES, ids=[c[0] for c in FOLD_CASES])
+def test_fold(name: str, key: str, expected: tuple[str, float]) -> None:
+    folded = fold(STACKS)
+    assert folded["samples"] == 10
+    assert expected in folded[key]
+
+
+def test_contention_separates_the_proxy_from_other_work() -> None:
+    before = {0: (100, 1000), 1: (0, 1000)}
+    after = {0: (700, 2000), 1: (500, 2000)}
+    out = _contention(before, after, proxy_ticks=400)
+    assert out == {"cpu0_busy_pct": 60.0, "foreign_cpu0_pct": 20.0, "cpu1_busy_pct": 50.0}
+
+
+def _run(rps: float, p50_us: int, cpu: float | None = None) -> dict[str, object]:
+    r: dict[str, object] = {"rps": rps, "latency_us": {"p50": p50_us, "p99": p50_us * 2}, "error_count": 0}
+    if cpu is not None:
+        r["cpu_ms_per_req"] = r["loop_cpu_ms_per_req"] = cpu
+    return r
+
+
+def test_summary_takes_medians_and_ratios_to_bare() -> None:
+    direct = Target("direct", 1, "k", "")
+    direct.runs = {"json_c1": [_run(9000, 100), _run(9000, 100), _run(9000, 100)]}
+    bare, sm = Target("bare", 2, "k", ""), Target("sm", 3, "k", "")
+    bare.proc = sm.proc = object()  # type: ignore[assignment]
+    bare.runs = {"json_c1": [_run(2000, 400, 0.2), _run(2000, 500, 0.2), _run(2000, 9000, 0.2)]}
+    sm.runs = {"json_c1": [_run(500, 1100, 1.0), _run(500, 1300, 0.8), _run(500, 1200, 0.6)]}
+    summary = summarise([direct, bare, sm])
+    assert summary["sm"]["added.json_c1.p50_ms"] == pytest.approx(1.1)
+    assert summary["bare"]["added.json_c1.p50_ms"] == pytest.approx(0.4)
+    assert ratios(summary)["sm"]["json_c1.cpu_ms"] == pytest.approx(4.0)
+
+
+def test_payloads_and_nginx_config(tmp_path: Path) -> None:
+    assert len(SSE_EVENTS) == STREAM_EVENTS and SSE_EVENTS[-1] == b"data: [DONE]\n\n"
+    conf = nginx_conf(tmp_path, 12345)
+    assert "listen 127.0.0.1:12345" in conf and JSON_BODY.decode() in conf
+    assert (tmp_path / "sse.txt").read_bytes() == b"".join(SSE_EVENTS)
