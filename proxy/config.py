@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     }
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(600.0, gt=0)  # between bytes; long generations stream slowly
-    max_connections: int = Field(100, ge=1)
+    max_connections: int = Field(1024, ge=1)  # in-flight upstream calls; model calls last seconds
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     body_timeout_s: float = Field(60.0, gt=0)  # a request body must arrive within this (slow senders)
     allow_passthrough: bool = False  # unmetered forwarding of unknown paths
@@ -151,7 +151,8 @@ class Settings(BaseSettings):
 
     tenants: dict[str, TenantConfig] = {}
     policy: Policy = Policy()
-    prices: dict[str, dict[str, float]] = {}  # model -> {input, cached_input, cache_write, output}
+    prices: dict[str, dict[str, float]] = {}
+    _policies: dict[str, Policy] = PrivateAttr(default_factory=dict)  # model -> {input, cached_input, cache_write, output}
 
     otlp_endpoint: str | None = None  # else the standard OTEL_EXPORTER_OTLP_ENDPOINT
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
@@ -181,9 +182,14 @@ class Settings(BaseSettings):
         return self.ledger_url or f"sqlite:///{Path(self.data_dir) / 'ledger.db'}"
 
     def policy_for(self, tenant: str) -> Policy:
-        t = self.tenants.get(tenant)
-        base = self.policy.over(DEFAULT_POLICY)
-        return t.policy.over(base) if t else base
+        """The tenant's policy over the global one over the defaults; built once per tenant
+        (settings are frozen, and layering with pydantic costs ~40 µs per call)."""
+        found = self._policies.get(tenant)
+        if found is None:
+            t = self.tenants.get(tenant)
+            base = self.policy.over(DEFAULT_POLICY)
+            found = self._policies[tenant] = t.policy.over(base) if t else base
+        return found
 
     def check(self) -> Settings:
         """Cross-field rules pydantic cannot express; raises ConfigError with the fix."""

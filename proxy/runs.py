@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from tracing.setup import Telemetry
 __all__ = ["Runs"]
 
 log = logging.getLogger("spanmeter.runs")
+KNOWN_RUNS = 10_000
 
 
 class Runs:
@@ -31,13 +33,24 @@ class Runs:
         self._tel = tel
         self._idle = idle_timeout_s
         self._sweeper: asyncio.Task[None] | None = None
+        # Runs this process has begun: their ids never change, so only a run's first call
+        # here needs the store (a cache; any replica may begin or end any run).
+        self._known: OrderedDict[tuple[str, str], spans.RunTrace] = OrderedDict()
 
     async def begin(self, caller: Caller, parent: spans.TraceParent | None) -> spans.RunTrace:
         """The run's trace ids, fixed by whichever replica saw the run first."""
+        key = (caller.tenant, caller.run_id)
+        known = self._known.get(key)
+        if known is not None:
+            self._known.move_to_end(key)
+            return known
         fresh = spans.new_run_trace(parent)
         rec = await self._store.run_begin(caller.tenant, caller.run_id, datetime.now(UTC),
                                           {"ids": fresh.encode()})
-        return spans.RunTrace.decode(rec["ids"])
+        run = self._known[key] = spans.RunTrace.decode(rec["ids"])
+        if len(self._known) > KNOWN_RUNS:
+            self._known.popitem(last=False)
+        return run
 
     async def close_tools(
         self, caller: Caller, call: Call, run: spans.RunTrace, parent: spans.TraceParent | None,
@@ -71,6 +84,7 @@ class Runs:
                 for tc in outcome.tool_calls])
 
     async def end(self, tenant: str, run_id: str, status: str = "ended") -> bool:
+        self._known.pop((tenant, run_id), None)
         rec = await self._store.run_end(tenant, run_id)
         if rec is None:
             return False  # already ended, by us or another replica

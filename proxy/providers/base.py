@@ -51,12 +51,15 @@ class Framer:
         buf = self._tail + chunk if self._tail else chunk
         events: list[SseEvent] = []
         start = 0
-        while True:
-            m = _BOUNDARY.search(buf, start)
-            if m is None:
-                break
-            events.append(_parse(buf[start : m.end()]))
-            start = m.end()
+        if b"\r" not in buf:
+            # The common framing (OpenAI, Anthropic): plain `\n\n`, found without the regex.
+            while (end := buf.find(b"\n\n", start)) != -1:
+                events.append(_parse(buf[start : end + 2]))
+                start = end + 2
+        else:
+            while (m := _BOUNDARY.search(buf, start)) is not None:
+                events.append(_parse(buf[start : m.end()]))
+                start = m.end()
         self._tail = buf[start:]
         return events
 
@@ -67,6 +70,8 @@ class Framer:
 
 
 def _parse(raw: bytes) -> SseEvent:
+    if raw.startswith(b"data: ") and raw.count(b"\n") == 2 and b"\r" not in raw:
+        return SseEvent(raw, None, raw[6:-2].decode("utf-8", "replace"))  # one data line: most events
     name: str | None = None
     data: list[str] = []
     for line in raw.decode("utf-8", "replace").splitlines():
