@@ -151,8 +151,8 @@ class Settings(BaseSettings):
 
     tenants: dict[str, TenantConfig] = {}
     policy: Policy = Policy()
-    prices: dict[str, dict[str, float]] = {}
-    _policies: dict[str, Policy] = PrivateAttr(default_factory=dict)  # model -> {input, cached_input, cache_write, output}
+    prices: dict[str, dict[str, float]] = {}  # model -> {input, cached_input, cache_write, output}
+    _policies: dict[str, Policy] = PrivateAttr(default_factory=dict)  # policy_for's cache
 
     otlp_endpoint: str | None = None  # else the standard OTEL_EXPORTER_OTLP_ENDPOINT
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
