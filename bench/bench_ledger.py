@@ -1,11 +1,19 @@
-"""Admissions per second for both ledgers, and what one admission adds to a request.
+"""Ledger operations per model call, per second, for both ledgers.
 
     .venv/bin/python bench/bench_ledger.py [--n 5000] [--concurrency 1,16,128]
+        [--modes separate,combined] [--stores sqlite,sqlite-normal,redis]
 
-Each operation is one admit (reserve on run, day and month; count the call) followed
-by its settle, as the proxy does per model call. SQLite runs with synchronous=FULL (the
-default: every result is on disk before it is returned). Redis is a local
-redis-server started on a free port. Numbers are for this machine only.
+One "pair" is what the proxy does per model call: an admit (reserve on run, day and
+month; count the call), then the bookkeeping after the answer, either
+
+    separate  settle, tools_put (every second call carries a tool call), run_add:
+              three operations, three commits / round trips (the proxy before 2026-05)
+    combined  settle(..., run_totals=..., tools=...): one operation
+
+`sqlite` runs with synchronous=FULL (the default: every result is on disk before it is
+returned), `sqlite-normal` with synchronous=NORMAL (durable across process crashes, not
+power loss). Redis is a local redis-server started on a free port. Numbers are for
+this machine only.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -25,23 +34,33 @@ from proxy.policy.store import Limits, Store, open_store
 from tests.fixtures.redis import BINARY, RedisServer
 
 LIMITS = Limits(run_max_calls=10**9, run_max_cost=10**15, day_budget=10**15, month_budget=10**15)
+TOTALS = {"calls": 1, "input_tokens": 812, "output_tokens": 97, "cost_micros": 1_234}
 
 
-async def one(store: Store, i: int, latencies: list[float]) -> None:
+def _tools(i: int) -> list[dict[str, Any]]:
+    if i % 2:
+        return []
+    return [{"id": f"call-{i}", "name": "search", "arguments": '{"q": "x"}', "delivered_ns": i, "link": None}]
+
+
+async def one(store: Store, i: int, mode: str, latencies: list[float]) -> None:
     start = time.perf_counter()
+    tenant, run_id = "bench", f"run-{i % 100}"
     admission = await store.admit(
-        "bench",
-        f"run-{i % 100}",
-        min_reserve=1,
-        max_reserve=5_000,
-        limits=LIMITS,
-        now=datetime.now(UTC),
+        tenant, run_id, min_reserve=1, max_reserve=5_000, limits=LIMITS, now=datetime.now(UTC)
     )
     latencies.append(time.perf_counter() - start)
+    tools = _tools(i)
+    if mode == "combined":
+        await store.settle(admission, 1_234, run_totals=TOTALS, tools=tools)
+        return
     await store.settle(admission, 1_234)
+    if tools:
+        await store.tools_put(tenant, run_id, tools)
+    await store.run_add(tenant, run_id, TOTALS)
 
 
-async def measure(url: str, n: int, concurrency: int) -> tuple[float, float, float]:
+async def measure(url: str, mode: str, n: int, concurrency: int) -> tuple[float, float, float]:
     store = open_store(url)
     await store.ping()
     latencies: list[float] = []
@@ -49,10 +68,10 @@ async def measure(url: str, n: int, concurrency: int) -> tuple[float, float, flo
 
     async def limited(i: int) -> None:
         async with gate:
-            await one(store, i, latencies)
+            await one(store, i, mode, latencies)
 
     for i in range(200):  # warm up: connections, scripts, page cache
-        await one(store, i, [])
+        await one(store, i, mode, [])
     start = time.perf_counter()
     await asyncio.gather(*(limited(i) for i in range(n)))
     elapsed = time.perf_counter() - start
@@ -67,22 +86,32 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--concurrency", default="1,16,128")
+    parser.add_argument("--modes", default="separate,combined")
+    parser.add_argument("--stores", default="sqlite,sqlite-normal,redis")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
+    modes = args.modes.split(",")
+    wanted = args.stores.split(",")
 
     with tempfile.TemporaryDirectory() as tmp:
-        targets = {"sqlite": f"sqlite:///{tmp}/ledger.db"}
+        targets = {
+            "sqlite": f"sqlite:///{tmp}/ledger.db",
+            "sqlite-normal": f"sqlite:///{tmp}/ledger-normal.db?synchronous=normal",
+        }
         server = None
-        if BINARY:
+        if BINARY and "redis" in wanted:
             server = RedisServer(Path(tmp))
             server.start()
             targets["redis"] = server.url
         try:
-            print(f"{'store':8} {'conc':>5} {'admit+settle/s':>15} {'admit p50 ms':>13} {'p99 ms':>8}")
+            print(f"{'store':14} {'mode':9} {'conc':>5} {'pairs/s':>9} {'admit p50 ms':>13} {'p99 ms':>8}")
             for name, url in targets.items():
-                for c in levels:
-                    rate, p50, p99 = await measure(url, args.n, c)
-                    print(f"{name:8} {c:>5} {rate:>15,.0f} {p50:>13.3f} {p99:>8.3f}")
+                if name not in wanted:
+                    continue
+                for mode in modes:
+                    for c in levels:
+                        rate, p50, p99 = await measure(url, mode, args.n, c)
+                        print(f"{name:14} {mode:9} {c:>5} {rate:>9,.0f} {p50:>13.3f} {p99:>8.3f}", flush=True)
         finally:
             if server is not None:
                 server.stop()

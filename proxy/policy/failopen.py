@@ -20,8 +20,11 @@ __all__ = ["FailOpenStore"]
 log = logging.getLogger("spanmeter.ledger")
 
 
+_UNMETERED = "unmetered"  # the id of an admission made while the ledger was away
+
+
 def _unmetered(tenant: str, run_id: str, *args: Any, **kw: Any) -> Admission:
-    return Admission("unmetered", tenant, run_id, 0, 0, {}, "", "")
+    return Admission(_UNMETERED, tenant, run_id, 0, 0, {}, "", "")
 
 
 # What each operation answers while the ledger is away: neutral values, never a refusal.
@@ -56,13 +59,37 @@ class FailOpenStore:
         fallback = _FALLBACKS.get(name)
         if fallback is None:
             return target
+        return _guarded(name, target, fallback)
 
-        async def guarded(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await target(*args, **kwargs)
-            except StoreUnavailable as exc:
-                log.error("ledger unreachable during %s; fail_open is on, so the call goes through "
-                          "UNMETERED: %s", name, exc.message)
-                return fallback(*args, **kwargs)
+    async def settle(
+        self,
+        admission: Admission,
+        actual: int,
+        *,
+        run_totals: dict[str, int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> int:
+        if admission.id != _UNMETERED:
+            settle = _guarded("settle", self._inner.settle, _FALLBACKS["settle"])
+            result: int = await settle(admission, actual, run_totals=run_totals, tools=tools)
+            return result
+        # Admitted while the ledger was away: there is no reservation to settle, and the
+        # store would treat it as settled before, dropping the totals and tool calls too.
+        # Record those on their own (best effort, they are not money).
+        if run_totals:
+            await self.run_add(admission.tenant, admission.run_id, run_totals)
+        if tools:
+            await self.tools_put(admission.tenant, admission.run_id, tools)
+        return 0
 
-        return guarded
+
+def _guarded(name: str, target: Callable[..., Any], fallback: Callable[..., Any]) -> Callable[..., Any]:
+    async def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await target(*args, **kwargs)
+        except StoreUnavailable as exc:
+            log.error("ledger unreachable during %s; fail_open is on, so the call goes through "
+                      "UNMETERED: %s", name, exc.message)
+            return fallback(*args, **kwargs)
+
+    return guarded

@@ -193,10 +193,31 @@ class RedisStore:
             _k("sm", "total", tenant),
         ]
 
-    async def settle(self, admission: Admission, actual: int) -> int:
+    async def settle(
+        self,
+        admission: Admission,
+        actual: int,
+        *,
+        run_totals: dict[str, int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> int:
         if actual < 0:
             raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
-        found, amount = await self._script("settle", [_k("sm", "res", admission.id), _EXP], [actual], repeatable=True)
+        tenant, run_id = admission.tenant, admission.run_id
+        totals = run_totals or {}
+        args: list[Any] = [actual, len(totals)]
+        for name, value in totals.items():
+            args += [name, int(value)]
+        args += _tool_args(tools or [])
+        keys = [
+            _k("sm", "res", admission.id),
+            _EXP,
+            _k("sm", "totals", tenant, run_id),
+            _k("sm", "tools", tenant, run_id),
+            _k("sm", "toolseq", tenant, run_id),
+        ]
+        # Repeatable: the script deletes the reservation, so a retry applies nothing twice.
+        found, amount = await self._script("settle", keys, args, repeatable=True)
         return max(0, actual - int(amount)) if int(found) else 0
 
     async def release(self, admission: Admission) -> None:
@@ -328,13 +349,10 @@ class RedisStore:
     async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None:
         if not calls:
             return
-        args: list[str] = []
-        for call in calls:
-            args += [str(call["id"]), json.dumps(call)]
         await self._script(
             "tools_put",
             [_k("sm", "tools", tenant, run_id), _k("sm", "toolseq", tenant, run_id)],
-            args,
+            _tool_args(calls),
             repeatable=True,
         )
 
@@ -391,6 +409,14 @@ class RedisStore:
     async def aclose(self) -> None:
         await self._redis.aclose()
         await self._redis.connection_pool.disconnect()
+
+
+def _tool_args(calls: list[dict[str, Any]]) -> list[str]:
+    """id1, json1, id2, json2, ... as tools_put.lua and settle.lua read them."""
+    args: list[str] = []
+    for call in calls:
+        args += [str(call["id"]), json.dumps(call)]
+    return args
 
 
 def _redact(url: str) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
+from urllib.parse import parse_qs
 from zoneinfo import ZoneInfo
 
 from proxy.errors import CeilingReached, ConfigError
@@ -229,9 +230,21 @@ class Store(Protocol):
         CeilingReached (nothing counted, nothing reserved)."""
         ...
 
-    async def settle(self, admission: Admission, actual: int) -> int:
+    async def settle(
+        self,
+        admission: Admission,
+        actual: int,
+        *,
+        run_totals: dict[str, int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> int:
         """Replace the reservation by `actual` on every scope; returns the overshoot
-        (actual - reserved when positive, charged in full). A second settle is a no-op."""
+        (actual - reserved when positive, charged in full).
+
+        In the same atomic step, for the admission's tenant and run: adds `run_totals`
+        as `run_add` would and remembers `tools` as `tools_put` would (one commit / one
+        round trip per answered call instead of three). A second settle of the same
+        admission is a no-op as a whole: no charge, no totals, no tool calls."""
         ...
 
     async def release(self, admission: Admission) -> None: ...
@@ -290,12 +303,14 @@ class Store(Protocol):
 def open_store(url: str) -> Store:
     """`sqlite:///relative.db`, `sqlite:////abs/path.db`, `redis://host:port/db`.
 
-    `sqlite:///:memory:` works but is not durable: tests only.
+    SQLite takes `?synchronous=normal` (default `full`): see proxy/policy/sqlite.py for
+    what each survives. `sqlite:///:memory:` works but is not durable: tests only.
     """
     if url.startswith("sqlite:///"):
         from proxy.policy.sqlite import SqliteStore
 
-        return SqliteStore(url.removeprefix("sqlite:///"))
+        path, options = _sqlite_options(url)
+        return SqliteStore(path, **options)
     if url.startswith(("redis://", "rediss://", "unix://")):
         from proxy.policy.redis import RedisStore
 
@@ -304,6 +319,24 @@ def open_store(url: str) -> Store:
         f"Unknown store URL {url!r}: use sqlite:///path/to/ledger.db (the default, one "
         f"machine) or redis://host:6379/0 (several replicas sharing one ledger)."
     )
+
+
+def _sqlite_options(url: str) -> tuple[str, dict[str, str]]:
+    """(path, SqliteStore keyword arguments) from a sqlite:/// URL."""
+    from proxy.policy.sqlite import SYNCHRONOUS
+
+    path, _, query = url.removeprefix("sqlite:///").partition("?")
+    options: dict[str, str] = {}
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        value = values[-1].upper()
+        if name != "synchronous" or value not in SYNCHRONOUS:
+            raise ConfigError(
+                f"Unknown SQLite ledger option {name}={values[-1]!r} in {url!r}: the only option is "
+                f"synchronous={'|'.join(v.lower() for v in SYNCHRONOUS)} (full, the default, survives "
+                f"power loss; normal survives process crashes and saves an fsync per commit)."
+            )
+        options["synchronous"] = value
+    return path, options
 
 
 def run_record(

@@ -1,7 +1,10 @@
 """Child process for the kill -9 test: admits and settles in a loop until killed.
 
+    ledger_child.py <sqlite URL>
+
 Prints one line per finished operation, after the store returned (so after commit):
-"settled <micros>" or "inflight <micros>" (admitted, deliberately never settled).
+"settled <micros>" (a combined settle: cost, one run total `calls`, one tool call) or
+"inflight <micros>" (admitted, deliberately never settled).
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from datetime import UTC, datetime
 from proxy.policy.store import Limits, open_store
 
 
-async def main(path: str) -> None:
-    store = open_store(f"sqlite:///{path}")
+async def main(url: str) -> None:
+    store = open_store(url)
     i = 0
     while True:
+        run_id = f"r{i % 5}"
         admission = await store.admit(
             "crash",
-            f"r{i % 5}",
+            run_id,
             min_reserve=1,
             max_reserve=100,
             limits=Limits(),
@@ -29,7 +33,7 @@ async def main(path: str) -> None:
         if i % 3 == 0:
             print(f"inflight {admission.reserved}", flush=True)
         else:
-            await store.settle(admission, 70)
+            await store.settle(admission, 70, run_totals={"calls": 1}, tools=[{"id": f"c{i}", "run": run_id}])
             print("settled 70", flush=True)
         i += 1
 

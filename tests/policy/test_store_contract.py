@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from proxy.errors import CeilingReached, ConfigError, StoreUnavailable
-from proxy.policy.store import Admission, Limits, Store, open_store
+from proxy.policy.sqlite import SqliteStore
+from proxy.policy.store import Admission, Limits, Spend, Store, open_store
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,6 +132,83 @@ async def test_large_budgets_stay_exact_integers(store: Store, tenant: str) -> N
     assert await store.spend(tenant, run_id="r-1") == 2**40 + 1
     with pytest.raises(ValueError, match="2\\^53"):
         Limits(day_budget=2**53)
+
+
+# --- settle with run totals and tool calls (one operation per answered call) -----------
+
+
+def _tool(call_id: str, **extra: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": "search", "arguments": '{"q": "x"}', **extra}
+
+
+async def test_settle_records_run_totals_and_tool_calls_in_the_same_step(store: Store, tenant: str) -> None:
+    await store.run_add(tenant, "r-1", {"ceilings_hit": 1, "calls": 2})
+    a = await admit(store, tenant)
+    totals = {"calls": 1, "input_tokens": 2**40 + 1, "cost_micros": 40}
+    overshoot = await store.settle(a, 140, run_totals=totals, tools=[_tool("c1"), _tool("c2")])
+    assert overshoot == 40
+    detail = await store.spend_detail(tenant, run_id="r-1")
+    assert (detail.settled, detail.reserved) == (140, 0)
+    assert await store.run_totals(tenant, "r-1") == {
+        "ceilings_hit": 1,
+        "calls": 3,
+        "input_tokens": 2**40 + 1,
+        "cost_micros": 40,
+    }
+    assert await store.tools_pending(tenant, "r-1") == [_tool("c1"), _tool("c2")]
+    # The admission's run only: another run and another tenant get nothing.
+    assert await store.run_totals(tenant, "r-2") == {}
+    assert await store.tools_pending(tenant + ":x", "r-1") == []
+
+
+async def test_settle_keeps_the_order_of_tool_calls_put_before(store: Store, tenant: str) -> None:
+    await store.tools_put(tenant, "r-1", [_tool("c1"), _tool("c2")])
+    a = await admit(store, tenant)
+    await store.settle(a, 10, tools=[_tool("c3"), _tool("c1", again=True)])
+    pending = await store.tools_pending(tenant, "r-1")
+    assert [c["id"] for c in pending] == ["c1", "c2", "c3"]
+    assert pending[0] == _tool("c1", again=True)
+
+
+async def test_a_second_combined_settle_adds_nothing(store: Store, tenant: str) -> None:
+    a = await admit(store, tenant)
+    await store.settle(a, 40, run_totals={"calls": 1, "output_tokens": 7}, tools=[_tool("c1")])
+    assert await store.tools_take(tenant, "r-1", ["c1"]) == [_tool("c1")]
+    again = await asyncio.gather(
+        *(store.settle(a, 90, run_totals={"calls": 1, "output_tokens": 7}, tools=[_tool("c1"), _tool("c2")])
+          for _ in range(5))
+    )
+    assert again == [0] * 5
+    await store.release(a)
+    detail = await store.spend_detail(tenant, run_id="r-1")
+    assert (detail.settled, detail.reserved) == (40, 0)
+    assert await store.run_totals(tenant, "r-1") == {"calls": 1, "output_tokens": 7}
+    assert await store.tools_pending(tenant, "r-1") == []  # c1 was taken, c2 never came
+
+
+async def test_concurrent_combined_settles_of_one_run_add_up_exactly(store: Store, tenant: str) -> None:
+    admissions = await asyncio.gather(*(admit(store, tenant, "r-7") for _ in range(200)))
+    await asyncio.gather(
+        *(
+            store.settle(a, i, run_totals={"calls": 1, "input_tokens": i}, tools=[_tool(f"c{i}")] * (i % 2))
+            for i, a in enumerate(admissions)
+        )
+    )
+    assert await store.spend_detail(tenant, run_id="r-7") == Spend(sum(range(200)), 0)
+    assert await store.run_totals(tenant, "r-7") == {"calls": 200, "input_tokens": sum(range(200))}
+    pending = await store.tools_pending(tenant, "r-7")
+    assert sorted(c["id"] for c in pending) == sorted(f"c{i}" for i in range(1, 200, 2))
+
+
+async def test_a_late_combined_settle_of_an_expired_reservation_still_records_the_run(
+    store: Store, tenant: str
+) -> None:
+    a = await admit(store, tenant, ttl_s=60)
+    await store.expire(T0 + timedelta(seconds=61))
+    assert await store.settle(a, 130, run_totals={"calls": 1}, tools=[_tool("c1")]) == 30
+    assert await store.spend_detail(tenant, run_id="r-1") == Spend(130, 0)
+    assert await store.run_totals(tenant, "r-1") == {"calls": 1}
+    assert [c["id"] for c in await store.tools_pending(tenant, "r-1")] == ["c1"]
 
 
 # --- refusals -------------------------------------------------------------------------
@@ -372,11 +450,14 @@ async def test_sqlite_spend_survives_a_reopen(tmp_path: Path, tenant: str) -> No
         await store.aclose()
 
 
-def test_sqlite_ledger_survives_kill_9_under_load(tmp_path: Path) -> None:
-    db = tmp_path / "ledger.db"
+@pytest.mark.parametrize("synchronous", ["full", "normal"])
+def test_sqlite_ledger_survives_kill_9_under_load(tmp_path: Path, synchronous: str) -> None:
+    # NORMAL skips the fsync per commit, but a commit is in the OS's hands before the
+    # store returns, so killing the process loses nothing acknowledged either.
+    url = f"sqlite:///{tmp_path / 'ledger.db'}?synchronous={synchronous}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("ledger_child.py")), str(db)],
+        [sys.executable, str(Path(__file__).with_name("ledger_child.py")), url],
         stdout=subprocess.PIPE,
         env=env,
         cwd=ROOT,
@@ -391,17 +472,25 @@ def test_sqlite_ledger_survives_kill_9_under_load(tmp_path: Path) -> None:
     lines += child.stdout.read().splitlines()  # acknowledged before the kill
     child.wait()
 
-    settled = sum(int(line.split()[1]) for line in lines if line.startswith(b"settled"))
+    settles = [line for line in lines if line.startswith(b"settled")]
+    settled = sum(int(line.split()[1]) for line in settles)
     in_flight = sum(int(line.split()[1]) for line in lines if line.startswith(b"inflight"))
 
     async def check() -> None:
-        store = open_store(f"sqlite:///{db}")
+        store = open_store(url)
         try:
             detail = await store.spend_detail("crash")
             # Unacknowledged work may have committed too, so these are lower bounds.
             assert detail.settled >= settled
             assert detail.reserved >= in_flight
             assert detail.total >= settled + in_flight
+            runs = [f"r{i}" for i in range(5)]
+            totals = [await store.run_totals("crash", r) for r in runs]
+            tools = [await store.tools_pending("crash", r) for r in runs]
+            # Each combined settle's totals and tool call committed with its charge.
+            assert sum(t.get("calls", 0) for t in totals) >= len(settles)
+            assert sum(len(t) for t in tools) >= len(settles)
+            assert all(c["run"] == r for r, pending in zip(runs, tools, strict=True) for c in pending)
         finally:
             await store.aclose()
 
@@ -434,6 +523,26 @@ async def test_redis_restart_fails_closed_then_recovers(tmp_path: Path, tenant: 
 async def test_an_unknown_store_url_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="sqlite:///"):
         open_store("postgres://localhost/ledger")
+
+
+@pytest.mark.parametrize(
+    ("query", "pragma"),
+    [("", 2), ("?synchronous=full", 2), ("?synchronous=normal", 1), ("?synchronous=NORMAL", 1)],
+)
+async def test_sqlite_durability_is_chosen_in_the_url(tmp_path: Path, query: str, pragma: int) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/ledger.db{query}")
+    try:
+        assert isinstance(store, SqliteStore) and store.path == f"{tmp_path}/ledger.db"
+        # The connection's own setting (0 OFF, 1 NORMAL, 2 FULL), read on the writer thread.
+        assert await store._do(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0]) == pragma
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("query", ["?synchronous=off", "?synchronous=", "?journal_mode=delete", "?sync=normal"])
+async def test_an_unknown_sqlite_option_is_a_config_error(tmp_path: Path, query: str) -> None:
+    with pytest.raises(ConfigError, match="synchronous=full\\|normal\\|extra"):
+        open_store(f"sqlite:///{tmp_path}/ledger.db{query}")
 
 
 async def test_a_broken_sqlite_path_is_unavailable(tmp_path: Path) -> None:

@@ -1,7 +1,11 @@
--- Replace a reservation by the actual cost on every scope. Idempotent: the
--- reservation hash is deleted, so a second settle finds nothing and changes nothing.
--- KEYS: 1 reservation hash, 2 expiry zset
--- ARGV: 1 actual micro-USD
+-- Replace a reservation by the actual cost on every scope and, in the same step, add
+-- the run's totals and remember its open tool calls. Idempotent as a whole: the
+-- reservation hash is deleted, so a second settle (or a retry whose first reply was
+-- lost) finds nothing and changes nothing, totals and tool calls included.
+-- KEYS: 1 reservation hash, 2 expiry zset, 3 run totals hash, 4 tools hash
+--       (id -> "seq<TAB>json"), 5 tools sequence counter
+-- ARGV: 1 actual micro-USD, 2 number of totals n, then n pairs name, delta,
+--       then pairs tool id, tool json
 local f = redis.call('HMGET', KEYS[1], 'amount', 'expired', 'run', 'day', 'month', 'total')
 if not f[1] then
   return {0, 0}
@@ -18,4 +22,21 @@ for i = 3, 6 do
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], KEYS[1])
+
+local n = tonumber(ARGV[2] or '0')
+for i = 3, 2 + 2 * n, 2 do
+  -- the delta stays a string: HINCRBY parses it exactly (no double rounding)
+  redis.call('HINCRBY', KEYS[3], ARGV[i], ARGV[i + 1])
+end
+-- as tools_put.lua: a call already known keeps its place in the order
+for i = 3 + 2 * n, #ARGV, 2 do
+  local cur = redis.call('HGET', KEYS[4], ARGV[i])
+  local seq
+  if cur then
+    seq = string.match(cur, '^(%d+)\t')
+  else
+    seq = tostring(redis.call('INCR', KEYS[5]))
+  end
+  redis.call('HSET', KEYS[4], ARGV[i], seq .. '\t' .. ARGV[i + 1])
+end
 return {1, amount}
