@@ -12,7 +12,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy import admin
-from proxy.appkeys import BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.appkeys import BACKGROUND, BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.background import Background
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.handler import handle_call
@@ -65,6 +66,7 @@ def create_app(
     app.cleanup_ctx.append(_telemetry_ctx(telemetry))
     app.cleanup_ctx.append(_upstream_ctx)
     app.cleanup_ctx.append(_runs_ctx)
+    app.cleanup_ctx.append(_background_ctx)  # last in, first out: drained before the store closes
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -166,6 +168,12 @@ async def _runs_ctx(app: web.Application) -> AsyncIterator[None]:
     runs.start_sweeper()
     yield
     await runs.stop_sweeper()
+
+
+async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[BACKGROUND] = background = Background()
+    yield
+    await background.drain()
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.background import Background
 from proxy.config import Settings
 from proxy.policy.pricing import PriceTable
 from proxy.policy.store import Store
@@ -20,3 +21,4 @@ UPSTREAM = web.AppKey("upstream", Upstream)
 TEL = web.AppKey("telemetry", Telemetry)
 RUNS = web.AppKey("runs", Runs)
 BUDGET_CACHE = web.AppKey("budget_cache", dict)
+BACKGROUND = web.AppKey("background", Background)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,7 @@ import orjson
 from aiohttp import web
 
 from proxy import steps
-from proxy.appkeys import KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.ceilings import admit, limits_for
 from proxy.config import Policy
 from proxy.errors import ProxyError
@@ -36,6 +35,7 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     run = await app[RUNS].begin(caller, parent)
+    await app[BACKGROUND].settled((caller.tenant, caller.run_id))  # the run's previous call is recorded
     closed = await app[RUNS].close_tools(caller, call, run, parent,
                                          capture=policy.capture_content != "NO_CONTENT")
     fwd = Forward(request, adapter, caller, call, target, policy, parent, run)
@@ -94,6 +94,7 @@ class Forward:
             raise
         finally:
             flow.delivered_ns = time.time_ns()
-            # Shielded: a client that disconnects cancels the relay, never the settlement.
-            await asyncio.shield(steps.finish_safely(app, caller, call, admitted, cs, flow, hooks, request.headers,
-                                                     policy, body))
+            # A task of its own: the answer does not wait for the ledger, and a client that
+            # disconnects cancels the relay, never the settlement.
+            app[BACKGROUND].spawn((caller.tenant, caller.run_id), steps.finish_safely(
+                app, caller, call, admitted, cs, flow, hooks, request.headers, policy, body))

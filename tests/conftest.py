@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import create_app
+from proxy.appkeys import BACKGROUND
 from proxy.config import Settings
 from proxy.demo import serve_on_free_port
 from proxy.simulator import RECEIVED, STREAMS, Received, create_simulator
@@ -57,6 +58,10 @@ class Proxy:
     url: str
     app: web.Application
     data_dir: Path
+
+    async def settled(self) -> None:
+        """Wait for the bookkeeping (ledger, spans) of every answer already delivered."""
+        await self.app[BACKGROUND].drain()
 
 
 @pytest.fixture

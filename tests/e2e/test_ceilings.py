@@ -68,6 +68,7 @@ async def test_parallel_calls_never_overshoot_a_run_cost_ceiling(make_proxy, sim
     refused = [r for r in results if isinstance(r, openai.APIStatusError) and r.status_code == 402]
     assert len(ok) + len(refused) == 40
     assert ok and refused
+    await proxy.settled()
     spent = await proxy.app[STORE].spend("acme", run_id="r-par")
     assert spent <= limit_usd * 1_000_000
     assert len(sim.received) == len(ok)
@@ -83,6 +84,7 @@ async def test_streamed_call_without_client_usage_is_still_charged(make_proxy, s
     # The upstream reported usage in the chunk spanmeter asked for and hid; charge exactly that.
     usage = sim.last.json()
     assert usage["stream_options"] == {"include_usage": True}
+    await proxy.settled()
     spent = await proxy.app[STORE].spend("acme", run_id="r-stream")
     direct = await openai.AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="x").chat.completions.create(
         model="sim-small", messages=[{"role": "user", "content": "hi"}], max_tokens=100)
@@ -99,6 +101,7 @@ async def test_stream_cut_before_usage_settles_at_the_reservation(make_proxy, si
                 model="sim-small", stream=True, max_tokens=100,
                 messages=[{"role": "user", "content": "SCENARIO:reset:3"}]):
             pass
+    await proxy.settled()
     spent = await proxy.app[STORE].spend("acme", run_id="r-cut")
     assert spent > 0, "unknown is not zero: a cut stream is charged its reservation"
     await client.close()
@@ -155,6 +158,7 @@ async def test_tenant_daily_budget_is_shared_by_all_runs(make_proxy, sim, monkey
             refused += 1
         await client.close()
     assert refused > 0
+    await proxy.settled()
     assert await proxy.app[STORE].spend("acme", day=_today()) <= 2000
 
 

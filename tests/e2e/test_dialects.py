@@ -25,6 +25,7 @@ async def traced(otlp_receiver, make_proxy):  # noqa: F811 - receiver outlives t
     proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint)
 
     async def spans(n: int) -> list[dict[str, Any]]:
+        await proxy.settled()
         await asyncio.to_thread(proxy.app[TEL].force_flush)
         return await asyncio.to_thread(otlp_receiver.wait_for_spans, n)
 
@@ -155,6 +156,7 @@ async def test_content_is_captured_only_when_opted_in_and_a_tenant_can_lower_it(
         async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=key) as c:
             await c.chat.completions.create(model="sim-small", messages=[
                 {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}])
+    await proxy.settled()
     await asyncio.to_thread(proxy.app[TEL].force_flush)
     got = {s["attributes"]["spanmeter.tenant.id"]: s for s in await asyncio.to_thread(otlp_receiver.wait_for_spans, 2)}
     captured = json.loads(got["open"]["attributes"]["gen_ai.input.messages"])

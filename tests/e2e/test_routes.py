@@ -21,6 +21,7 @@ async def test_embeddings_are_metered(make_proxy, sim, monkeypatch_env):
                                   default_headers={"X-Run-Id": "emb"}) as c:
         out = await c.embeddings.create(model="text-embedding-3-small", input=["hello world", "second text"])
     assert len(out.data) == 2 and out.usage.prompt_tokens > 0
+    await proxy.settled()
     assert await proxy.app[STORE].spend("acme", run_id="emb") > 0
 
 

@@ -18,6 +18,7 @@ ACME, BETA, ADMIN = "sm-acme-key-0001", "sm-beta-key-0002", "admin-token-xyz"
 
 
 async def _flush(proxy, receiver, n):
+    await proxy.settled()
     await asyncio.to_thread(proxy.app[TEL].force_flush)
     return await asyncio.to_thread(receiver.wait_for_spans, n)
 
@@ -66,6 +67,7 @@ async def test_unanswered_tool_call_gets_a_missing_span_when_the_run_idles_out(o
                                   default_headers={"X-Run-Id": "abandoned"}) as client:
         await client.chat.completions.create(model="sim-small", tools=TOOLS,
                                              messages=[{"role": "user", "content": "SCENARIO:tool"}])
+    await proxy.settled()
     await asyncio.sleep(0.1)
     assert await proxy.app[RUNS].sweep_once() == 1
     spans = await _flush(proxy, otlp_receiver, 3)
@@ -104,6 +106,7 @@ async def test_admin_api_needs_the_admin_token_and_reports_spend(make_proxy, mon
     async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=ACME,
                                   default_headers={"X-Run-Id": "paid"}) as c:
         await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
+    await proxy.settled()
     status, body = await _get(f"{proxy.url}/admin/spend?tenant=acme", ACME)
     assert status == 401 and "admin token" in body["error"]["message"]
     status, body = await _get(f"{proxy.url}/admin/spend?tenant=acme&run=paid", ADMIN)
