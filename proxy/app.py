@@ -130,9 +130,10 @@ def _store_ctx(injected: Store | None) -> Callable[[web.Application], AsyncItera
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         if injected is None and settings.ledger.startswith("sqlite:///"):
-            Path(settings.ledger.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            path = settings.ledger.removeprefix("sqlite:///").partition("?")[0]
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         store = injected or open_store(settings.ledger)
-        app[STORE] = FailOpenStore(store) if settings.fail_open else store  # type: ignore[assignment]
+        app[STORE] = FailOpenStore(store) if settings.fail_open else store
         yield
         if injected is None:
             await store.aclose()
