@@ -41,7 +41,12 @@ system-deps:
 test: $(VENV)/.test system-deps
 	$(BIN)/pytest -q
 
+# The bench prefers nginx (+ echo module) as the fast upstream and py-spy for the profile;
+# without them it falls back to an aiohttp upstream and skips the profile, and says so.
 bench: $(VENV)/.test
+	$(BIN)/pip install -q -e '.[bench]'
+	@if ! command -v nginx >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y -qq --no-install-recommends nginx libnginx-mod-http-echo || true; fi
 	$(BIN)/python bench/run.py
 
 lint: $(VENV)/.test
