@@ -21,7 +21,7 @@ from tracing import spans
 from tracing.digests import tool_result_digest
 from tracing.setup import Telemetry
 
-__all__ = ["Runs"]
+__all__ = ["Runs", "pending_tools"]
 
 log = logging.getLogger("spanmeter.runs")
 KNOWN_RUNS = 10_000
@@ -76,13 +76,6 @@ class Runs:
             closed.append((p, ok))
         return closed
 
-    async def remember(self, caller: Caller, outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None) -> None:
-        if outcome.tool_calls:
-            link = [ref.trace_id, ref.span_id] if ref else None  # the chat span that made the call
-            await self._store.tools_put(caller.tenant, caller.run_id, [
-                {"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns, "link": link}
-                for tc in outcome.tool_calls])
-
     async def end(self, tenant: str, run_id: str, status: str = "ended") -> bool:
         self._known.pop((tenant, run_id), None)
         rec = await self._store.run_end(tenant, run_id)
@@ -129,6 +122,13 @@ class Runs:
                 await self.sweep_once()
             except Exception:
                 log.warning("run sweeper failed; will retry", exc_info=True)
+
+
+def pending_tools(outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None) -> list[dict[str, Any]]:
+    """The tool calls a response made, as kept in run state until their results arrive."""
+    link = [ref.trace_id, ref.span_id] if ref else None  # the chat span that made the call
+    return [{"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns, "link": link}
+            for tc in outcome.tool_calls]
 
 
 def _link(pending: dict[str, Any]) -> spans.SpanRef | None:

@@ -30,6 +30,7 @@ from proxy.providers.base import ProviderAdapter, SseEvent
 from proxy.providers.chat import CHAT
 from proxy.relay import Flow, Hooks
 from proxy.routes import Target
+from proxy.runs import pending_tools
 from tracing import spans
 
 __all__ = ["budgets", "finish", "read_call", "refused", "response_hooks", "stream_error", "upstream_url"]
@@ -164,11 +165,11 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
                                    and not outcome.tool_calls, embeddings=call.api == "embeddings")
     remaining = None
     try:
-        overshoot = await app[STORE].settle(admitted.admission, amount)
+        # One store operation: the charge, the run's totals and its open tool calls.
+        overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=_totals(outcome, amount, hooks),
+                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref) or None)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         remaining = _report_budgets(app, caller, admitted, amount)
-        await app[RUNS].remember(caller, outcome, flow.delivered_ns, cs.ref)
-        await app[STORE].run_add(caller.tenant, caller.run_id, _totals(outcome, amount, hooks))
     except ProxyError:
         # The reservation stays and expires at its full amount: unknown is not zero.
         log.error("could not settle call of run %s; its reservation stands", caller.run_id)
