@@ -182,7 +182,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK,
         "histogram",
         "s",
-        "Time between consecutive chunks of a streamed response.",
+        "Mean time between consecutive chunks of a streamed response, one point per call.",
     ),
     MetricSpec(LATEST_GEN_AI_CLIENT_INFERENCE_DURATION, "histogram", "s", "GenAI inference duration."),
     MetricSpec(
@@ -195,7 +195,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         LATEST_GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK,
         "histogram",
         "s",
-        "Time between consecutive chunks of a streamed response.",
+        "Mean time between consecutive chunks of a streamed response, one point per call.",
     ),
     MetricSpec(
         GEN_AI_EXECUTE_TOOL_DURATION,

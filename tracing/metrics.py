@@ -4,6 +4,9 @@ Labels are low-cardinality only: operation, provider, request and response model
 server address/port, error.type, tenant, and small enums of our own. Never a run id,
 conversation id, response id or trace id.
 
+Label sets are built once and reused (`LabelCache`): the SDK cleans, copies and hashes
+whatever mapping it is given on every point, so ours only has to exist, not be rebuilt.
+
 Budget gauges are observable: the proxy pushes the latest numbers with
 `Instruments.set_budget()` and the callback reports them at collection time, so a
 scrape never touches the ledger.
@@ -12,17 +15,104 @@ scrape never touches the ledger.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Final, Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.util.types import AttributeValue
 
 from tracing import attributes as A
 
-__all__ = ["BudgetValues", "Instruments"]
+__all__ = ["BudgetValues", "CallKey", "CallLabels", "Instruments", "LabelCache", "build_kind_labels", "frozen_labels"]
 
 Labels = dict[str, AttributeValue]
+FrozenLabels = Mapping[str, AttributeValue]
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+LABEL_CACHE_ENTRIES: Final = 4096
+
+
+def frozen_labels(labels: Labels) -> FrozenLabels:
+    """A label set to share: read-only by type (`Mapping`), so mypy rejects any change in
+    place. A plain dict, not a MappingProxyType: the SDK iterates a dict faster, and a
+    proxy would cost ~0.4 us on every point for a guarantee the types already give."""
+    return labels
+
+
+class LabelCache(Generic[K, V]):
+    """Label sets by key, built on first use and then shared.
+
+    Bounded: when `max_entries` is reached the cache is cleared and refills. Labels are
+    low-cardinality by design, so a full cache means unusual input (many tenants or
+    models), where rebuilding costs what it did before the cache; an LRU's bookkeeping
+    on every hit would cost the common case instead. Safe to share between threads:
+    a race only builds an entry twice.
+    """
+
+    def __init__(self, build: Callable[[K], V], max_entries: int = LABEL_CACHE_ENTRIES) -> None:
+        self._build = build
+        self._entries: dict[K, V] = {}
+        self._max = max_entries
+
+    def get(self, key: K) -> V:
+        found = self._entries.get(key)
+        if found is None:
+            if len(self._entries) >= self._max:
+                self._entries.clear()
+            found = self._entries[key] = self._build(key)
+        return found
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# tenant, operation, provider, request model, response model, server address, server
+# port, error type: everything a model call's metric labels depend on.
+CallKey = tuple[str, str, str, str | None, str | None, str, int, str | None]
+KindKey = tuple[str, str]  # the kind of a rewrite or repair, tenant
+
+
+@dataclass(frozen=True, slots=True)
+class CallLabels:
+    """The label sets of one model call's points."""
+
+    base: FrozenLabels  # operation, provider, request/response model, server, tenant
+    timed: FrozenLabels  # base plus error.type when the call failed
+    input_tokens: FrozenLabels
+    output_tokens: FrozenLabels
+    money: FrozenLabels  # provider, request model, tenant: cost needs no more
+
+    @staticmethod
+    def build(key: CallKey) -> CallLabels:
+        tenant, operation, provider, model, response_model, address, port, error_type = key
+        base: Labels = {A.GEN_AI_OPERATION_NAME: operation}
+        money: Labels = {}
+        if provider:
+            base[A.GEN_AI_PROVIDER_NAME] = money[A.GEN_AI_PROVIDER_NAME] = provider
+        if model is not None:
+            base[A.GEN_AI_REQUEST_MODEL] = money[A.GEN_AI_REQUEST_MODEL] = model
+        if response_model is not None:
+            base[A.GEN_AI_RESPONSE_MODEL] = response_model
+        if address:
+            base[A.SERVER_ADDRESS] = address
+        if port:
+            base[A.SERVER_PORT] = port
+        base[A.SPANMETER_TENANT_ID] = money[A.SPANMETER_TENANT_ID] = tenant
+        timed = {**base, A.ERROR_TYPE: error_type} if error_type else base
+        return CallLabels(
+            base=frozen_labels(base),
+            timed=frozen_labels(timed),
+            input_tokens=frozen_labels({**base, A.GEN_AI_TOKEN_TYPE: A.TOKEN_TYPE_INPUT}),
+            output_tokens=frozen_labels({**base, A.GEN_AI_TOKEN_TYPE: A.TOKEN_TYPE_OUTPUT}),
+            money=frozen_labels(money),
+        )
+
+
+def build_kind_labels(key: KindKey) -> FrozenLabels:
+    """(kind, tenant) of a rewrite or repair."""
+    return frozen_labels({A.SPANMETER_KIND: key[0], A.SPANMETER_TENANT_ID: key[1]})
 
 
 @dataclass(slots=True)
@@ -58,6 +148,8 @@ class Instruments:
     ledger_overshoot: Counter
     dropped_spans: Counter
     budgets: BudgetValues
+    call_labels: LabelCache[CallKey, CallLabels] = field(default_factory=lambda: LabelCache(CallLabels.build))
+    kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
 
     @classmethod
     def create(cls, meter: Meter, *, semconv_latest: bool = False) -> Instruments:

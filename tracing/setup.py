@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
@@ -68,6 +68,10 @@ ENV_SEMCONV: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
 ENV_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_METRICS_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
+
+Compression = Literal["gzip", "deflate", "none"]
+_COMPRESSIONS: Final[tuple[Compression, ...]] = ("gzip", "deflate", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +85,9 @@ class TelemetryConfig:
     max_export_batch: int = 512
     schedule_delay_ms: int = 1000
     export_timeout: float = 5.0  # seconds, per OTLP export including retries
-    compression: Literal["gzip", "none"] = "gzip"
+    # gzip by default (a remote collector); OTEL_EXPORTER_OTLP_COMPRESSION=none saves the
+    # export thread's gzip (level 9 in the SDK) when the collector is on localhost.
+    compression: Compression = "gzip"
     metric_export_interval_ms: int = 60_000  # OTLP metric push; Prometheus is pull
     content_cap_bytes: int = 16 * 1024  # per content attribute
     local_max_bytes: int = 32 << 20
@@ -96,6 +102,7 @@ class TelemetryConfig:
             service_name=env.get("OTEL_SERVICE_NAME") or "spanmeter",
             capture_content=capture_mode(env.get(ENV_CAPTURE)),
             semconv_latest="gen_ai_latest_experimental" in opt_in,
+            compression=compression_setting(env.get(ENV_COMPRESSION)) or "gzip",
         )
         return replace(base, **overrides)
 
@@ -108,6 +115,24 @@ class TelemetryConfig:
         if environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none":
             return False
         return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_METRICS_ENDPOINT))
+
+
+def compression_setting(value: str | None) -> Compression | None:
+    """An OTLP compression env value, or None when unset or not one the exporter knows."""
+    v = (value or "").strip().lower()
+    for known in _COMPRESSIONS:
+        if v == known:
+            return known
+    if v:
+        log.warning("ignoring unknown OTLP compression %r (gzip, deflate or none)", value)
+    return None
+
+
+def otlp_compression(cfg: TelemetryConfig, environ: Mapping[str, str], signal: str) -> Compression:
+    """The signal's own variable (OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, ...) wins over
+    the config, which holds the general OTEL_EXPORTER_OTLP_COMPRESSION; gzip by default."""
+    own = compression_setting(environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_COMPRESSION"))
+    return own or cfg.compression
 
 
 def capture_mode(value: str | None) -> CaptureMode:
@@ -278,9 +303,12 @@ def setup_telemetry(
     *,
     extra_exporters: tuple[SpanExporter, ...] = (),
     environ: Mapping[str, str] | None = None,
+    span_exporters: Sequence[tuple[str, SpanExporter]] | None = None,
 ) -> Telemetry:
     """Build the providers for `cfg`. `extra_exporters` get every span synchronously
-    (tests pass an InMemorySpanExporter)."""
+    (tests pass an InMemorySpanExporter). `span_exporters` (name, exporter) replace the
+    ones `cfg` would choose, behind the same bounded, drop-counting processor
+    (bench/bench_spans.py measures the hot path with a no-op one)."""
     env = os.environ if environ is None else environ
     resource = Resource.create(
         {
@@ -297,7 +325,8 @@ def setup_telemetry(
     instruments = Instruments.create(meter, semconv_latest=cfg.semconv_latest)
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
-    for name, exporter in _span_exporters(cfg, env):
+    chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
+    for name, exporter in chosen:
         tracer_provider.add_span_processor(DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
     for exporter in extra_exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -307,7 +336,7 @@ def setup_telemetry(
 def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[str, SpanExporter]]:
     exporters: list[tuple[str, SpanExporter]] = []
     if cfg.otlp_traces(env):
-        exporters.append(("otlp", _otlp_span_exporter(cfg)))
+        exporters.append(("otlp", _otlp_span_exporter(cfg, env)))
     if cfg.local_dir is not None or not exporters:
         local = JsonlSpanExporter(cfg.local_dir or DEFAULT_LOCAL_DIR, max_bytes=cfg.local_max_bytes)
         exporters.append(("local", local))
@@ -320,17 +349,20 @@ def _signal_url(base: str, signal: str) -> str:
     return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
 
 
-def _compression(cfg: TelemetryConfig) -> Any:
-    from opentelemetry.exporter.otlp.proto.http import Compression
+def _compression(cfg: TelemetryConfig, env: Mapping[str, str], signal: str) -> Any:
+    # Always explicit: the exporter would otherwise read os.environ, not `environ`.
+    from opentelemetry.exporter.otlp.proto.http import Compression as Otlp
 
-    return Compression.Gzip if cfg.compression == "gzip" else Compression.NoCompression
+    chosen = otlp_compression(cfg, env, signal)
+    return {"gzip": Otlp.Gzip, "deflate": Otlp.Deflate}.get(chosen, Otlp.NoCompression)
 
 
-def _otlp_span_exporter(cfg: TelemetryConfig) -> SpanExporter:
+def _otlp_span_exporter(cfg: TelemetryConfig, env: Mapping[str, str]) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     endpoint = _signal_url(cfg.otlp_endpoint, "traces") if cfg.otlp_endpoint else None
-    return OTLPSpanExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg))
+    compression = _compression(cfg, env, "traces")
+    return OTLPSpanExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=compression)
 
 
 def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricReader]:
@@ -339,7 +371,8 @@ def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricRe
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         endpoint = _signal_url(cfg.otlp_endpoint, "metrics") if cfg.otlp_endpoint else None
-        exporter = OTLPMetricExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=_compression(cfg))
+        compression = _compression(cfg, env, "metrics")
+        exporter = OTLPMetricExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=compression)
         readers.append(
             PeriodicExportingMetricReader(
                 exporter,

@@ -43,6 +43,7 @@ from opentelemetry.util.types import AttributeValue
 from proxy.model import Call, Caller, Outcome, Repair, Rewrite
 from tracing import attributes as A
 from tracing import digests
+from tracing.metrics import CallKey, LabelCache
 from tracing.setup import Telemetry
 
 __all__ = [
@@ -85,6 +86,7 @@ _RUN_TOTALS: Final = {
     "ceilings_hit": A.SPANMETER_RUN_CEILINGS_HIT,
 }
 _FAILED_RUN: Final = frozenset({"error", "failed"})
+_NO_CONTEXT: Final = Context()  # never changed: OTel contexts are copied on every set
 
 
 # --- ids -------------------------------------------------------------------------------
@@ -182,6 +184,16 @@ def _parent_context(parent: TraceParent | None, run_trace: RunTrace | None) -> C
     return trace.set_span_in_context(NonRecordingSpan(ctx), Context())
 
 
+# Every call of a run has the same parent: build its context once per run.
+_RUN_PARENTS: Final[LabelCache[RunTrace, Context]] = LabelCache(lambda run: _parent_context(None, run))
+
+
+def _call_parent(parent: TraceParent | None, run_trace: RunTrace | None) -> Context:
+    if parent is None and run_trace is not None:
+        return _RUN_PARENTS.get(run_trace)
+    return _parent_context(parent, run_trace)
+
+
 # --- model calls -------------------------------------------------------------------------
 
 
@@ -221,11 +233,11 @@ def start_call(
 ) -> CallSpan:
     """Open the CLIENT span of a model call; sampling-relevant attributes are set at start."""
     start = time.time_ns() if start_ns is None else start_ns
-    cs = CallSpan(INVALID_SPAN, start, caller, provider, server_address, server_port)
+    cs = CallSpan(INVALID_SPAN, start, caller, provider, server_address, server_port, _NO_CONTEXT)
     try:
         cs.span = tel.tracer.start_span(
             call_span_name(call),
-            context=_parent_context(parent, run_trace),
+            context=_call_parent(parent, run_trace),
             kind=SpanKind.CLIENT,
             attributes=_request_attrs(caller, call, provider, server_address, server_port),
             start_time=start,
@@ -257,15 +269,17 @@ def end_call(
     `capture` is plain data (`input_messages`, `output_messages`, `system_instructions`
     in the semconv JSON shapes); it is recorded only when the process runs with
     SPAN_ONLY. Pass None when the tenant lowered capture.
-    `chunk_gaps_s`: for streams, the time between consecutive chunks after the first.
+    `chunk_gaps_s`: for streams, the time between consecutive chunks after the first;
+    recorded as their mean, one `time_per_output_chunk` point per call.
     `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
     `spanmeter.limit.rejections`.
     """
     try:
         end = time.time_ns() if end_ns is None else end_ns
-        attrs = _response_attrs(tel, call, outcome)
-        attrs.update(_spanmeter_attrs(cost_micros, usage_source, budget_remaining_micros, rewrites, repairs, refusal))
-        attrs.update(_content_attrs(tel, capture))
+        attrs = _end_attrs(tel, call, outcome, cost_micros, usage_source, budget_remaining_micros, rewrites, repairs,
+                           refusal)  # fmt: skip
+        if capture:
+            attrs.update(_content_attrs(tel, capture))
         cs.span.set_attributes(attrs)
         if outcome.error_type:
             cs.span.set_status(Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller)))
@@ -327,56 +341,57 @@ def _count_refusal(tel: Telemetry, caller: Caller, call: Call, provider: str, re
 
 
 def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port: int) -> Attrs:
-    attrs: dict[str, AttributeValue | None] = {
+    # One pass that never inserts None (no filtering afterwards); the order is the
+    # attributes' order on the wire. Sequences go in as tuples: the SDK stores tuples.
+    attrs: Attrs = {
         A.GEN_AI_OPERATION_NAME: call.operation,
         A.GEN_AI_PROVIDER_NAME: provider,
-        A.GEN_AI_REQUEST_MODEL: call.model,
-        A.SERVER_ADDRESS: address or None,
-        A.SERVER_PORT: port or None,
-        A.GEN_AI_REQUEST_STREAM: True if call.stream else None,
-        A.GEN_AI_REQUEST_MAX_TOKENS: call.max_output_tokens,
-        A.GEN_AI_REQUEST_TEMPERATURE: call.temperature,
-        A.GEN_AI_REQUEST_TOP_P: call.top_p,
-        A.GEN_AI_REQUEST_TOP_K: _int_if_whole(call.top_k),
-        A.GEN_AI_REQUEST_SEED: call.seed,
-        A.GEN_AI_REQUEST_CHOICE_COUNT: call.choice_count if call.choice_count != 1 else None,
-        A.GEN_AI_REQUEST_STOP_SEQUENCES: list(call.stop_sequences) or None,
-        A.GEN_AI_REQUEST_FREQUENCY_PENALTY: call.frequency_penalty,
-        A.GEN_AI_REQUEST_PRESENCE_PENALTY: call.presence_penalty,
-        A.GEN_AI_OUTPUT_TYPE: "json" if call.output and call.output.kind != "tool" else None,
-        A.OPENAI_API_TYPE: _API_TYPE.get(call.api) if provider == "openai" else None,
-        A.SPANMETER_TENANT_ID: caller.tenant,
-        A.SPANMETER_RUN_ID: caller.run_id,
-        A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
     }
-    return _present(attrs)
+    if call.model is not None:
+        attrs[A.GEN_AI_REQUEST_MODEL] = call.model
+    if address:
+        attrs[A.SERVER_ADDRESS] = address
+    if port:
+        attrs[A.SERVER_PORT] = port
+    if call.stream:
+        attrs[A.GEN_AI_REQUEST_STREAM] = True
+    _put_request_params(attrs, call)
+    if call.output and call.output.kind != "tool":
+        attrs[A.GEN_AI_OUTPUT_TYPE] = "json"
+    if provider == "openai" and (api_type := _API_TYPE.get(call.api)) is not None:
+        attrs[A.OPENAI_API_TYPE] = api_type
+    attrs[A.SPANMETER_TENANT_ID] = caller.tenant
+    attrs[A.SPANMETER_RUN_ID] = caller.run_id
+    attrs[A.SPANMETER_RUN_ID_SOURCE] = caller.run_id_source
+    return attrs
 
 
-def _response_attrs(tel: Telemetry, call: Call, outcome: Outcome) -> Attrs:
-    usage = outcome.usage
-    cache_write = (
-        A.LATEST_GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
-        if tel.config.semconv_latest
-        else A.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
-    )
-    return _present(
-        {
-            A.GEN_AI_RESPONSE_ID: outcome.response_id,
-            A.GEN_AI_RESPONSE_MODEL: outcome.response_model,
-            A.GEN_AI_RESPONSE_FINISH_REASONS: list(outcome.finish_reasons) or None,
-            A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: outcome.first_chunk_s if call.stream else None,
-            A.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
-            A.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
-            A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_tokens,
-            cache_write: usage.cache_write_tokens,
-            A.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: usage.reasoning_tokens,
-            A.ERROR_TYPE: outcome.error_type,
-            A.SPANMETER_OBSERVER_NOTES: list(outcome.notes) or None,
-        }
-    )
+def _put_request_params(attrs: Attrs, call: Call) -> None:
+    """The sampling parameters the request set, each only when present."""
+    if call.max_output_tokens is not None:
+        attrs[A.GEN_AI_REQUEST_MAX_TOKENS] = call.max_output_tokens
+    if call.temperature is not None:
+        attrs[A.GEN_AI_REQUEST_TEMPERATURE] = call.temperature
+    if call.top_p is not None:
+        attrs[A.GEN_AI_REQUEST_TOP_P] = call.top_p
+    if call.top_k is not None:
+        attrs[A.GEN_AI_REQUEST_TOP_K] = _int_if_whole(call.top_k)
+    if call.seed is not None:
+        attrs[A.GEN_AI_REQUEST_SEED] = call.seed
+    if call.choice_count is not None and call.choice_count != 1:
+        attrs[A.GEN_AI_REQUEST_CHOICE_COUNT] = call.choice_count
+    if call.stop_sequences:
+        attrs[A.GEN_AI_REQUEST_STOP_SEQUENCES] = call.stop_sequences
+    if call.frequency_penalty is not None:
+        attrs[A.GEN_AI_REQUEST_FREQUENCY_PENALTY] = call.frequency_penalty
+    if call.presence_penalty is not None:
+        attrs[A.GEN_AI_REQUEST_PRESENCE_PENALTY] = call.presence_penalty
 
 
-def _spanmeter_attrs(
+def _end_attrs(
+    tel: Telemetry,
+    call: Call,
+    outcome: Outcome,
     cost_micros: int | None,
     usage_source: str,
     budget_remaining_micros: int | None,
@@ -384,16 +399,53 @@ def _spanmeter_attrs(
     repairs: Sequence[Repair],
     refusal: str | None,
 ) -> Attrs:
-    return _present(
-        {
-            A.SPANMETER_COST_USD: _usd(cost_micros),
-            A.SPANMETER_USAGE_SOURCE: usage_source or None,
-            A.SPANMETER_BUDGET_REMAINING_USD: _usd(budget_remaining_micros),
-            A.SPANMETER_REWRITES: [r.header_value() for r in rewrites] or None,
-            A.SPANMETER_REPAIRS: [repair_text(r) for r in repairs] or None,
-            A.SPANMETER_REFUSAL_REASON: refusal,
-        }
-    )
+    """Response, usage, spanmeter and content attributes, in one dict without Nones."""
+    attrs: Attrs = {}
+    if outcome.response_id is not None:
+        attrs[A.GEN_AI_RESPONSE_ID] = outcome.response_id
+    if outcome.response_model is not None:
+        attrs[A.GEN_AI_RESPONSE_MODEL] = outcome.response_model
+    if outcome.finish_reasons:
+        attrs[A.GEN_AI_RESPONSE_FINISH_REASONS] = outcome.finish_reasons
+    if call.stream and outcome.first_chunk_s is not None:
+        attrs[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = outcome.first_chunk_s
+    _put_usage(attrs, tel, outcome)
+    if outcome.error_type is not None:
+        attrs[A.ERROR_TYPE] = outcome.error_type
+    if outcome.notes:
+        attrs[A.SPANMETER_OBSERVER_NOTES] = outcome.notes
+    if cost_micros is not None:
+        attrs[A.SPANMETER_COST_USD] = cost_micros / 1e6
+    if usage_source:
+        attrs[A.SPANMETER_USAGE_SOURCE] = usage_source
+    if budget_remaining_micros is not None:
+        attrs[A.SPANMETER_BUDGET_REMAINING_USD] = budget_remaining_micros / 1e6
+    if rewrites:
+        attrs[A.SPANMETER_REWRITES] = [r.header_value() for r in rewrites]
+    if repairs:
+        attrs[A.SPANMETER_REPAIRS] = [repair_text(r) for r in repairs]
+    if refusal is not None:
+        attrs[A.SPANMETER_REFUSAL_REASON] = refusal
+    return attrs
+
+
+def _put_usage(attrs: Attrs, tel: Telemetry, outcome: Outcome) -> None:
+    usage = outcome.usage
+    if usage.input_tokens is not None:
+        attrs[A.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
+    if usage.output_tokens is not None:
+        attrs[A.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
+    if usage.cache_read_tokens is not None:
+        attrs[A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cache_read_tokens
+    if usage.cache_write_tokens is not None:
+        cache_write = (
+            A.LATEST_GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
+            if tel.config.semconv_latest
+            else A.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+        )
+        attrs[cache_write] = usage.cache_write_tokens
+    if usage.reasoning_tokens is not None:
+        attrs[A.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = usage.reasoning_tokens
 
 
 def repair_text(repair: Repair) -> str:
@@ -427,29 +479,39 @@ def _record_call_metrics(
     chunk_gaps_s: Sequence[float],
 ) -> None:
     """Recorded with the call span as context so histogram points carry exemplars."""
-    m, ctx = tel.instruments, cs.context
-    labels = _model_labels(call, cs.provider, outcome.response_model, cs.server_address, cs.server_port)
-    labels.update(_tenant(cs.caller))
-    failed = {**labels, A.ERROR_TYPE: outcome.error_type} if outcome.error_type else labels
-    m.operation_duration.record(max(0, end_ns - cs.start_ns) / 1e9, failed, context=ctx)
+    m, ctx, tenant = tel.instruments, cs.context, cs.caller.tenant
+    key: CallKey = (
+        tenant,
+        call.operation,
+        cs.provider,
+        call.model,
+        outcome.response_model,
+        cs.server_address,
+        cs.server_port,
+        outcome.error_type,
+    )
+    labels = m.call_labels.get(key)
+    m.operation_duration.record(max(0, end_ns - cs.start_ns) / 1e9, labels.timed, context=ctx)
     usage = outcome.usage
-    tokens = ((A.TOKEN_TYPE_INPUT, usage.input_tokens), (A.TOKEN_TYPE_OUTPUT, usage.output_tokens))
-    for kind, count in tokens:
-        if count is not None:
-            m.token_usage.record(count, {**labels, A.GEN_AI_TOKEN_TYPE: kind}, context=ctx)
+    if usage.input_tokens is not None:
+        m.token_usage.record(usage.input_tokens, labels.input_tokens, context=ctx)
+    if usage.output_tokens is not None:
+        m.token_usage.record(usage.output_tokens, labels.output_tokens, context=ctx)
     if call.stream and outcome.first_chunk_s is not None:
-        m.time_to_first_chunk.record(outcome.first_chunk_s, labels, context=ctx)
-    for gap in chunk_gaps_s:
-        m.time_per_output_chunk.record(gap, labels, context=ctx)
-    money = {k: v for k, v in labels.items() if k in (A.GEN_AI_PROVIDER_NAME, A.GEN_AI_REQUEST_MODEL)}
-    money.update(_tenant(cs.caller))
+        m.time_to_first_chunk.record(outcome.first_chunk_s, labels.base, context=ctx)
+    if chunk_gaps_s:
+        # One point per call, the mean gap, instead of one per chunk: each point costs
+        # the SDK ~10 us (label cleaning, hashing, exemplar offer), so per-chunk points
+        # made a call's telemetry cost grow with its stream (49 points for 50 chunks,
+        # ~0.5 ms). No exemplar: the duration histogram already links to the call span.
+        m.time_per_output_chunk.record(sum(chunk_gaps_s) / len(chunk_gaps_s), labels.base)
     if cost_micros:
-        m.cost.add(cost_micros / 1e6, money, context=ctx)
+        m.cost.add(cost_micros / 1e6, labels.money, context=ctx)
     for rewrite in rewrites:
-        m.rewrites.add(1, {A.SPANMETER_KIND: rewrite.kind, **_tenant(cs.caller)}, context=ctx)
+        m.rewrites.add(1, m.kind_labels.get((rewrite.kind, tenant)), context=ctx)
     for repair in repairs:
         for action in repair.actions:
-            m.repairs.add(1, {A.SPANMETER_KIND: action, **_tenant(cs.caller)}, context=ctx)
+            m.repairs.add(1, m.kind_labels.get((action, tenant)), context=ctx)
 
 
 def _model_labels(
@@ -509,7 +571,7 @@ def tool_span(
             f"{A.OPERATION_EXECUTE_TOOL} {name}",
             context=_parent_context(parent, run_trace),
             kind=SpanKind.INTERNAL,
-            attributes={**attrs, **_present({A.ERROR_TYPE: error_type})},
+            attributes={**attrs, A.ERROR_TYPE: error_type} if error_type else attrs,
             links=links,
             start_time=start_ns,
         )
@@ -683,10 +745,6 @@ def _present(attrs: Mapping[str, AttributeValue | None]) -> Attrs:
 
 def _tenant(caller: Caller) -> Attrs:
     return {A.SPANMETER_TENANT_ID: caller.tenant}
-
-
-def _usd(micros: int | None) -> float | None:
-    return None if micros is None else micros / 1e6
 
 
 def _int_if_whole(value: float | None) -> float | int | None:
