@@ -17,6 +17,19 @@ Scenarios, rotating over 4 tenants x 2 models so label caches see realistic hits
 Then, off the hot path: one Prometheus collection (`metrics_text()`, what a scrape of
 /metrics costs, once per scrape and never per call) and the export thread's work per span
 (OTLP protobuf encoding, gzip at the SDK's level 9 and at level 1, no compression).
+
+Measured (2 shared cores, best of 5; before = spans.py at ac87ac9, after = 3fbd3b2):
+
+    µs per call          prometheus reader     + otlp push reader
+                         before   after        before   after
+    json                   86.6    80.6         115.2   107.5
+    stream (49 gaps)      711.4   137.5        1075.7   185.1
+    bare start_span+end    ~13     ~13
+
+What is left is the SDK's: ~10 µs per metric point (clean, copy and hash the labels,
+offer an exemplar, aggregate) x 4 points for a JSON call, ~20 µs for the span itself;
+spanmeter's own code is ~5 µs of a call. A /metrics scrape costs ~12 ms once per scrape.
+The export thread's protobuf encoding (~72 µs/span) dwarfs gzip (~4 µs/span).
 """
 
 from __future__ import annotations
