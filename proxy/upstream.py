@@ -111,9 +111,9 @@ class Upstream:
         try:
             yield UpstreamResponse(resp)
         finally:
-            # Closing (not releasing) drops the connection: an unread body must not be
-            # reused, and a client that went away must cancel the upstream generation.
-            resp.close()
+            # A body read to its end returns the connection to the pool; one cut short (an
+            # error, or a client that went away) closes it, which cancels the generation.
+            resp.release()
 
     async def get(self, url: str, headers: CIMultiDict[str]) -> tuple[int, Mapping[str, str], bytes]:
         assert self._session is not None
