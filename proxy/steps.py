@@ -64,9 +64,12 @@ async def _read_body(request: web.Request, n: int) -> bytes:
     """Up to `n` bytes of body, to its end. StreamReader.read(n) returns what has arrived
     so far, which for a body split over several TCP segments is only its first part."""
     # A sender that trickles its body would otherwise hold a connection and a task forever.
+    first = request.content.read_nowait(n)  # usually the whole body, with no timer to arm
+    if len(first) >= n or request.content.at_eof():
+        return first
     timeout = request.app[SETTINGS].body_timeout_s
-    parts: list[bytes] = []
-    size = 0
+    parts: list[bytes] = [first]
+    size = len(first)
     try:
         async with asyncio.timeout(timeout):
             while size < n and (part := await request.content.read(n - size)):

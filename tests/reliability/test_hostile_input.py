@@ -130,8 +130,14 @@ class _Body:
         self._data, self._piece = data, max(1, piece)
 
     async def read(self, n: int) -> bytes:
+        return self.read_nowait(n)
+
+    def read_nowait(self, n: int) -> bytes:
         out, self._data = self._data[:min(n, self._piece)], self._data[min(n, self._piece):]
         return out
+
+    def at_eof(self) -> bool:
+        return not self._data
 
 
 class _Request:
