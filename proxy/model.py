@@ -166,22 +166,24 @@ class Repair:
     problems: tuple[str, ...] = ()
 
 
-# Stream events: what an adapter's parse_event extracts from one SSE event.
+# Stream events: what an adapter's parse_event extracts from one SSE event. Dozens are
+# made per streamed answer, so they are plain slotted dataclasses (a frozen dataclass's
+# __init__ costs several times more); treat them as immutable all the same.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MetaEvent:
     response_id: str | None = None
     model: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextDelta:
     text: str
     index: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallDelta:
     """A piece of a tool call: the first delta of an index carries id and name."""
 
@@ -192,18 +194,18 @@ class ToolCallDelta:
     complete: bool = False  # the dialect delivered the whole arguments at once (Gemini)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UsageEvent:
     usage: Usage
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finish:
     reason: str
     index: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamError:
     """The upstream put an error into the stream."""
 
