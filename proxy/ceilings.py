@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from proxy.config import Policy
 from proxy.errors import CeilingReached, RequestError
@@ -114,7 +113,7 @@ async def admit(
 
 
 def settle_amount(
-    admitted: Admitted, usage: Usage, *, complete: bool, failed_before_output: bool, embeddings: bool = False
+    admitted: Admitted, usage: Usage, *, failed_before_output: bool, embeddings: bool = False
 ) -> tuple[int, str]:
     """What to charge and how we know: reported usage, the reservation, or nothing."""
     if admitted.price is None:
@@ -127,8 +126,3 @@ def settle_amount(
         return 0, "none"  # the provider refused or never answered: nothing was generated
     # The stream was cut or usage never came: unknown is not zero.
     return admitted.admission.reserved, "estimate"
-
-
-def body_max_tokens(adapter: Any, body: dict[str, Any], clamp: int | None) -> None:
-    if clamp is not None:
-        adapter.set_max_tokens(body, clamp)

@@ -163,7 +163,7 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
                  hooks: Hooks, headers: Mapping[str, str], policy: Policy, body: dict[str, Any]) -> None:
     outcome = flow.outcome()
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
-    amount, source = settle_amount(admitted, _final_usage(outcome), complete=outcome.complete,
+    amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, embeddings=call.api == "embeddings")
     remaining = None
