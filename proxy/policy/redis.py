@@ -37,6 +37,7 @@ from proxy.errors import CeilingReached, StoreUnavailable
 from proxy.policy.store import (
     Admission,
     Decision,
+    DerivedOps,
     Limits,
     Spend,
     refusal,
@@ -66,7 +67,7 @@ def _limit(value: int | None) -> int:
     return -1 if value is None else value
 
 
-class RedisStore:
+class RedisStore(DerivedOps):
     """`Store` over Redis. `url`: redis://host:port/db (query: max_connections, timeout)."""
 
     def __init__(self, url: str, *, max_connections: int = 64, timeout_s: float = 2.0) -> None:
@@ -220,9 +221,6 @@ class RedisStore:
         found, amount = await self._script("settle", keys, args, repeatable=True)
         return max(0, actual - int(amount)) if int(found) else 0
 
-    async def release(self, admission: Admission) -> None:
-        await self.settle(admission, 0)
-
     async def expire(self, now: datetime) -> int:
         total = 0
         while True:
@@ -232,16 +230,6 @@ class RedisStore:
             total += n
             if n < 500:
                 return total
-
-    async def spend(
-        self,
-        tenant: str,
-        *,
-        run_id: str | None = None,
-        day: str | None = None,
-        month: str | None = None,
-    ) -> int:
-        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month)).total
 
     async def spend_detail(
         self,

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from proxy.errors import CeilingReached, StoreUnavailable
 from proxy.policy.store import (
     Admission,
+    DerivedOps,
     Limits,
     Spend,
     decide,
@@ -90,7 +91,7 @@ CREATE TABLE IF NOT EXISTS budgets (tenant TEXT PRIMARY KEY, day INTEGER, month 
 """
 
 
-class SqliteStore:
+class SqliteStore(DerivedOps):
     """`Store` over one SQLite file. `path` may be ":memory:" (tests only: not durable)."""
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
@@ -265,23 +266,10 @@ class SqliteStore:
         result: int = await self._do(op)
         return result
 
-    async def release(self, admission: Admission) -> None:
-        await self.settle(admission, 0)
-
     async def expire(self, now: datetime) -> int:
         ts = now.timestamp()
         result: int = await self._do(lambda conn: _expire(conn, ts, None))
         return result
-
-    async def spend(
-        self,
-        tenant: str,
-        *,
-        run_id: str | None = None,
-        day: str | None = None,
-        month: str | None = None,
-    ) -> int:
-        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month)).total
 
     async def spend_detail(
         self,

@@ -300,6 +300,27 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
+class DerivedOps:
+    """Store operations both backends derive from their own primitives."""
+
+    async def spend_detail(
+        self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None
+    ) -> Spend:
+        raise NotImplementedError
+
+    async def settle(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
+                     tools: list[dict[str, Any]] | None = None) -> int:
+        raise NotImplementedError
+
+    async def spend(
+        self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None
+    ) -> int:
+        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month)).total
+
+    async def release(self, admission: Admission) -> None:
+        await self.settle(admission, 0)
+
+
 def open_store(url: str) -> Store:
     """`sqlite:///relative.db`, `sqlite:////abs/path.db`, `redis://host:port/db`.
 
