@@ -10,6 +10,7 @@ out in one write.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from proxy.upstream import UpstreamResponse, response_headers
 __all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "relay"]
 
 T = TypeVar("T")
+log = logging.getLogger("spanmeter.relay")
 
 EventHook = Callable[[SseEvent, list[StreamEvent]], bytes | None]
 """Returns replacement bytes for an event (b"" drops it) or None to forward it unchanged."""
@@ -93,7 +95,14 @@ async def _whole(
         else:
             observer.feed(_safe(adapter.parse_response, parsed, observer))
             for hook in hooks.on_body:
-                replaced = hook(parsed)
+                try:
+                    replaced = hook(parsed)
+                except ProxyError:
+                    raise  # a decision (repair.on_invalid=error), not a failure
+                except Exception:  # a rewrite that fails leaves the answer as it came
+                    log.exception("response rewrite failed; forwarding the body unchanged")
+                    observer.note("rewrite_failed")
+                    continue
                 if replaced is not None:
                     raw = replaced
     _stamp(headers, hooks)
@@ -143,8 +152,15 @@ def _events(events: list[SseEvent], adapter: ProviderAdapter, observer: Observer
         parsed = _safe(adapter.parse_event, event, observer)
         observer.feed(parsed)
         out: bytes | None = None
+        # The first hook that claims an event decides its bytes; the hooks of one call never
+        # claim the same events (the usage-only chunk has no text to repair).
         for hook in hooks.on_event:
-            out = hook(event, parsed)
+            try:
+                out = hook(event, parsed)
+            except Exception:  # never cut a client's stream over a rewrite
+                log.exception("stream rewrite failed; forwarding the event unchanged")
+                observer.note("rewrite_failed")
+                out = None
             if out is not None:
                 break
         parts.append(event.raw if out is None else out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import pydantic
@@ -160,3 +161,18 @@ async def test_on_invalid_retry_asks_once_more_with_the_problems_fed_back(make_p
     assert sent[-2] == {"role": "assistant", "content": CLEAN_JSON[:-1] + ', "nickname": "Ada"}'}
     assert "unknown field 'nickname'" in sent[-1]["content"]
     await via.close()
+
+
+async def test_a_structured_stream_of_garbage_is_forwarded_not_cut(sim, proxy):
+    # Junk events in a stream the proxy is repairing: forwarded as they came, never an exception.
+    body = {"model": "sim-small", "stream": True, "stream_options": {"include_usage": True},
+            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": "SCENARIO:garbage"}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{sim.url}/v1/chat/completions", json=body) as r:
+            direct = await r.read()
+        async with s.post(f"{proxy.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            via = await r.read()
+    assert via.endswith(b"data: [DONE]\n\n") == direct.endswith(b"data: [DONE]\n\n")
+    assert b"\xff\xfe" in via
