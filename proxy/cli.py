@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import urllib.error
@@ -105,6 +106,7 @@ def _serve(args: argparse.Namespace) -> None:
         os.environ["SPANMETER_CONFIG"] = args.config
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = load_settings(**overrides)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     mode = "open mode (no tenants: callers' own provider keys pass through)" if settings.open_mode else \
         f"{len(settings.tenants)} tenant(s)"
     print(f"spanmeter listening on http://{settings.host}:{settings.port} - {mode}; ledger {settings.ledger}",

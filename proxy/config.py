@@ -148,6 +148,7 @@ class Settings(BaseSettings):
     timezone: str = "UTC"
     run_idle_timeout_s: float = Field(600.0, gt=0)
     admin_token: str | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     tenants: dict[str, TenantConfig] = {}
     policy: Policy = Policy()
