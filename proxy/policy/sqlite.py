@@ -45,7 +45,7 @@ from proxy.policy.store import (
     Spend,
     decide,
     refusal,
-    release_if_cancelled,
+    release_later,
     run_record,
     scope_of,
     window_keys,
@@ -157,12 +157,16 @@ class SqliteStore(DerivedOps):
             conn.close()
 
     async def _do(self, op: Op) -> Any:
+        return await self._submit(op)
+
+    def _submit(self, op: Op) -> asyncio.Future[Any]:
+        """Queue `op` for the writer thread; the future resolves on the caller's loop."""
         if self._closed:
             raise StoreUnavailable(f"The ledger {self.path} is closed.")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._jobs.put((op, loop, fut))
-        return await fut
+        return fut
 
     # --- ledger ----------------------------------------------------------------------
 
@@ -221,14 +225,18 @@ class SqliteStore(DerivedOps):
             )
             return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows)
 
-        async def admitting() -> Admission:
-            result = await self._do(op)
-            if isinstance(result, CeilingReached):
-                raise result
-            assert isinstance(result, Admission)
-            return result
-
-        return await release_if_cancelled(self, admitting)
+        # Shielding the thread's own future (no extra task): a caller cancelled while the
+        # admission commits must not leak it, so it is released once it lands.
+        fut = self._submit(op)
+        try:
+            result = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda f: release_later(self, f))
+            raise
+        if isinstance(result, CeilingReached):
+            raise result
+        assert isinstance(result, Admission)
+        return result
 
     async def settle(
         self,

@@ -43,6 +43,7 @@ __all__ = [
     "open_store",
     "refusal",
     "release_if_cancelled",
+    "release_later",
     "window_keys",
 ]
 
@@ -195,15 +196,16 @@ async def release_if_cancelled(store: Store, admitting: Callable[[], Awaitable[A
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        task.add_done_callback(lambda t: _release_later(store, t))
+        task.add_done_callback(lambda t: release_later(store, t))
         raise
 
 
 _RELEASING: set[asyncio.Task[None]] = set()  # keeps fire-and-forget releases alive
 
 
-def _release_later(store: Store, task: asyncio.Future[Admission]) -> None:
-    if task.cancelled() or task.exception() is not None:
+def release_later(store: Store, task: asyncio.Future[Any]) -> None:
+    """Release the admission an abandoned admit produced (a refusal needs nothing)."""
+    if task.cancelled() or task.exception() is not None or not isinstance(task.result(), Admission):
         return
     releasing = asyncio.ensure_future(store.release(task.result()))
     _RELEASING.add(releasing)

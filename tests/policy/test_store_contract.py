@@ -550,3 +550,21 @@ async def test_a_broken_sqlite_path_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailable, match="ledger"):
         await store.ping()
     await store.aclose()
+
+
+async def test_an_admission_whose_caller_is_cancelled_is_released_not_leaked(store: Store, tenant: str) -> None:
+    # The agent went away while the admission was being committed: nothing was forwarded,
+    # so the reservation must come back (not linger until it expires at its full amount).
+    task = asyncio.ensure_future(admit(store, tenant, "r-gone", min_reserve=100, max_reserve=100))
+    await asyncio.sleep(0)  # the admission is on its way to the store
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(300):  # the admission lands, then its release
+        calls = await store.run_calls(tenant, "r-gone")
+        detail = await store.spend_detail(tenant, run_id="r-gone")
+        if calls == 1 and detail.reserved == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert calls == 1  # the call was counted...
+    assert detail == Spend(0, 0)  # ...and its reservation released
