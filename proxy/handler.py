@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,9 @@ class Forward:
             admitted = await admit(app[STORE], app[PRICES], caller, call, limits, tz=app[SETTINGS].timezone)
         except ProxyError as exc:
             await steps.refused(app, caller, call, cs, exc)
+            raise
+        except asyncio.CancelledError:
+            steps.abandoned(app, call, cs)  # the client left before the call was forwarded
             raise
         hooks.rewrites += adapter.prepare(body, call) + list(admitted.rewrites)
         if admitted.clamp_to is not None:

@@ -147,6 +147,14 @@ async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc
             log.warning("could not record a ceiling hit for run %s", caller.run_id)
 
 
+def abandoned(app: web.Application, call: Call, cs: Any) -> None:
+    """End the span of a call whose client went away before it was forwarded."""
+    outcome = Outcome(status=499, error_type="client_disconnected", complete=False,
+                      error_message="the client closed the connection before the call was forwarded")
+    spans.end_call(app[TEL], cs, call, outcome, cost_micros=0, usage_source="", budget_remaining_micros=None,
+                   rewrites=[], repairs=[])
+
+
 def _refusal_outcome(exc: ProxyError) -> Outcome:
     return Outcome(status=exc.status, error_type=exc.error_type, error_message=exc.message, complete=False)
 
