@@ -238,7 +238,7 @@ class _ChatStream(_StreamRepair):
     def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
         if not event.data.startswith("{"):
             return None
-        chunk = orjson.loads(event.data)
+        chunk = event.json()
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return None
@@ -287,7 +287,7 @@ class _AnthropicStream(_StreamRepair):
     def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
         if event.event not in ("content_block_start", "content_block_delta", "content_block_stop"):
             return None
-        data = orjson.loads(event.data)
+        data = event.json()
         index = data.get("index", 0)
         if event.event == "content_block_start":
             block = data.get("content_block") or {}
@@ -325,7 +325,7 @@ class _GeminiStream(_StreamRepair):
     def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
         if self.text is None or not event.data.startswith("{"):
             return None  # Gemini sends whole functionCall args: nothing to repair in flight
-        chunk = orjson.loads(event.data)
+        chunk = event.json()
         cand = _list(chunk.get("candidates"))
         if not cand:
             return None
@@ -359,7 +359,7 @@ class _ResponsesStream(_StreamRepair):
     def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
         if not event.data.startswith("{"):
             return None
-        data = orjson.loads(event.data)
+        data = event.json()
         kind = data.get("type")
         handler = getattr(self, "_" + str(kind).replace(".", "_"), None)
         if handler is None:

@@ -230,7 +230,7 @@ class AnthropicAdapter:
     def parse_event(self, event: SseEvent) -> list[StreamEvent]:
         if not event.data:
             return []
-        data = orjson.loads(event.data)
+        data = event.json()
         if not isinstance(data, dict):
             return []
         kind = data.get("type") or event.event

@@ -12,8 +12,10 @@ The handler parses the request body once (orjson) and hands the dict to
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import orjson
 
 from proxy.errors import ProxyError
 from proxy.model import Call, Rewrite, StreamEvent
@@ -21,13 +23,23 @@ from proxy.model import Call, Rewrite, StreamEvent
 __all__ = ["Framer", "ProviderAdapter", "SseEvent", "array", "integer", "number", "string", "text_of"]
 
 
-@dataclass(frozen=True, slots=True)
+_UNPARSED: Any = object()
+
+
+@dataclass(slots=True)
 class SseEvent:
     """One complete SSE event: the exact bytes to forward and its parsed fields."""
 
     raw: bytes
     event: str | None
     data: str
+    _json: Any = field(default=_UNPARSED, compare=False, repr=False)
+
+    def json(self) -> Any:
+        """`data` parsed as JSON, once: the adapter and a response rewrite share it."""
+        if self._json is _UNPARSED:
+            self._json = orjson.loads(self.data)
+        return self._json
 
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")

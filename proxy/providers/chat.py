@@ -227,7 +227,7 @@ class ChatAdapter:
         data = event.data
         if not data or data == "[DONE]":
             return []
-        chunk = orjson.loads(data)
+        chunk = event.json()
         if not isinstance(chunk, dict):
             return []
         events: list[StreamEvent] = []

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy.errors import ProxyError
 from proxy.model import Call, MetaEvent, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
 from proxy.providers.base import SseEvent
@@ -68,7 +66,7 @@ class EmbeddingsAdapter:
     def parse_event(self, event: SseEvent) -> list[StreamEvent]:
         if not event.data:
             return []
-        return self.parse_response(orjson.loads(event.data))  # embeddings do not stream
+        return self.parse_response(event.json())  # embeddings do not stream
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         return openai_error_body(error)

@@ -293,7 +293,7 @@ class GeminiAdapter:
     def parse_event(self, event: SseEvent) -> list[StreamEvent]:
         if not event.data:
             return []
-        return _chunk_events(orjson.loads(event.data))
+        return _chunk_events(event.json())
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         return gemini_error_body(error, request_id)

@@ -214,7 +214,7 @@ class ResponsesAdapter:
     def parse_event(self, event: SseEvent) -> list[StreamEvent]:
         if not event.data:
             return []
-        data = orjson.loads(event.data)
+        data = event.json()
         if not isinstance(data, dict):
             return []
         # The SDK dispatches on data.type; the `event:` line is optional.
