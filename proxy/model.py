@@ -125,10 +125,6 @@ class Usage:
     cache_write_tokens: int | None = None
     reasoning_tokens: int | None = None
 
-    @property
-    def known(self) -> bool:
-        return self.input_tokens is not None or self.output_tokens is not None
-
     def merge(self, newer: Usage) -> Usage:
         """Fields the newer report sets replace ours; providers report cumulative totals."""
         return Usage(

@@ -34,7 +34,6 @@ _FALLBACKS: dict[str, Callable[..., Any]] = {
     "release": lambda *a, **k: None,
     "expire": lambda *a, **k: 0,
     "run_begin": lambda tenant, run_id, now, trace: trace,
-    "run_touch": lambda *a, **k: None,
     "run_add": lambda *a, **k: None,
     "run_totals": lambda *a, **k: {},
     "run_end": lambda *a, **k: None,

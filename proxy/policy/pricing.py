@@ -58,7 +58,6 @@ __all__ = [
     "cost",
     "input_bound",
     "reservation",
-    "settlement",
 ]
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "prices.yaml"
@@ -149,7 +148,7 @@ def cost(price: Price, usage: Usage) -> int:
     input_tokens includes cache reads and writes, so those are taken out of it and
     priced at their own rates; output_tokens already includes reasoning tokens.
     Fields the provider never reported count as zero here: when usage is unknown or the
-    stream was cut, settle with `settlement` instead (unknown is not zero).
+    stream was cut, proxy.ceilings.settle_amount charges the reservation instead (unknown is not zero).
     """
     total_in = usage.input_tokens or 0
     cached = usage.cache_read_tokens or 0
@@ -158,18 +157,6 @@ def cost(price: Price, usage: Usage) -> int:
     r_in, r_cached, r_write, r_out = price.rates(max(total_in, cached + written))
     micro = uncached * r_in + cached * r_cached + written * r_write + (usage.output_tokens or 0) * r_out
     return _ceil_div(micro, _SCALE)
-
-
-def settlement(price: Price | None, usage: Usage, *, reserved: int, complete: bool) -> int:
-    """What to settle a call at: its cost when known, else the reservation.
-
-    A stream cut before its usage arrived (or a model with no price) settles at the
-    reservation; a cut stream whose partial usage already exceeds it settles higher.
-    """
-    if price is None or not usage.known:
-        return reserved
-    actual = cost(price, usage)
-    return actual if complete else max(actual, reserved)
 
 
 def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int) -> int:

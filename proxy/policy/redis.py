@@ -266,14 +266,6 @@ class RedisStore(DerivedOps):
         )
         return dict(json.loads(stored))
 
-    async def run_touch(self, tenant: str, run_id: str, now: datetime) -> None:
-        await self._script(
-            "run_touch",
-            self._index_keys(tenant, run_id),
-            [repr(now.timestamp()), _member(tenant, run_id), run_id],
-            repeatable=True,
-        )
-
     async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
         name = _k("sm", "totals", tenant, run_id)
 

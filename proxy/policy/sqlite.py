@@ -316,17 +316,6 @@ class SqliteStore(DerivedOps):
         result: dict[str, Any] = await self._do(op)
         return result
 
-    async def run_touch(self, tenant: str, run_id: str, now: datetime) -> None:
-        ts = now.timestamp()
-        await self._do(
-            lambda conn: conn.execute(
-                "INSERT INTO runs (tenant, run_id, first_seen, last_seen) VALUES (?,?,?,?) "
-                "ON CONFLICT DO UPDATE SET "
-                "last_seen = MAX(COALESCE(last_seen, 0), excluded.last_seen)",
-                (tenant, run_id, ts, ts),
-            )
-        )
-
     async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
         totals = [(name, int(v)) for name, v in deltas.items()]
         await self._do(lambda conn: _run_add(conn, tenant, run_id, totals))

@@ -184,7 +184,6 @@ def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
 
 class AnthropicAdapter:
     api = "messages"
-    default_provider = "anthropic"
     upstream_setting = "anthropic_base_url"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

@@ -104,7 +104,6 @@ class ProviderAdapter(Protocol):
     """
 
     api: str  # one of proxy.model.Api
-    default_provider: str  # gen_ai.provider.name of this dialect's public API
     upstream_setting: str  # which settings field holds this dialect's base URL
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call: ...

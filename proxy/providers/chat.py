@@ -168,7 +168,6 @@ def openai_stream_error(error: ProxyError) -> bytes:
 
 class ChatAdapter:
     api = "chat"
-    default_provider = "openai"
     upstream_setting = "openai_base_url"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

@@ -29,7 +29,6 @@ def _input_chars(value: Any) -> int:
 
 class EmbeddingsAdapter:
     api = "embeddings"
-    default_provider = "openai"
     upstream_setting = "openai_base_url"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

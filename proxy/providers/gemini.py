@@ -247,7 +247,6 @@ def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
 
 class GeminiAdapter:
     api = "gemini"
-    default_provider = "gcp.gemini"
     upstream_setting = "gemini_base_url"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

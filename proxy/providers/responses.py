@@ -175,7 +175,6 @@ def _stream_item(index: int, item: Any) -> list[StreamEvent]:
 
 class ResponsesAdapter:
     api = "responses"
-    default_provider = "openai"
     upstream_setting = "openai_base_url"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

@@ -16,7 +16,6 @@ from proxy.policy.pricing import (
     cost,
     input_bound,
     reservation,
-    settlement,
 )
 
 CASES = yaml.safe_load((Path(__file__).parents[1] / "data" / "policy" / "pricing_cases.yaml").read_text())
@@ -132,12 +131,3 @@ def test_the_byte_bound_holds_for_a_byte_level_tokenizer(text: str) -> None:
     assert input_bound(call) >= worst_case_tokens
 
 
-def test_settlement_never_trusts_unknown_usage() -> None:
-    p = price("sim-small")
-    full = Usage(input_tokens=100, output_tokens=100)
-    assert settlement(p, full, reserved=5_000, complete=True) == 300
-    assert settlement(p, Usage(), reserved=5_000, complete=True) == 5_000
-    assert settlement(p, Usage(input_tokens=100), reserved=5_000, complete=False) == 5_000
-    big = Usage(input_tokens=10_000, output_tokens=10_000)
-    assert settlement(p, big, reserved=5_000, complete=False) == 30_000
-    assert settlement(None, full, reserved=5_000, complete=True) == 5_000

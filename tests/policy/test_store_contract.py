@@ -368,7 +368,6 @@ async def test_run_state_is_shared_and_ends_once(store: Store, tenant: str) -> N
         "tool_calls": 2,
     }
     await store.settle(await admit(store, tenant, now=T0 + timedelta(seconds=5)), 42)
-    await store.run_touch(tenant, "r-1", T0 + timedelta(seconds=10))
     await store.run_begin(tenant, "r-2", T0 + timedelta(seconds=20), {"trace_id": "d" * 32})
 
     idle = [r for t, r in await store.idle_runs(T0 + timedelta(seconds=15)) if t == tenant]
