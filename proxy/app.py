@@ -24,7 +24,7 @@ from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import ProviderAdapter
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
-from proxy.routes import adapter_for, unknown_route
+from proxy.routes import match, unknown_route
 from proxy.runs import Runs
 from proxy.tenants import KeyIndex
 from proxy.upstream import Upstream
@@ -77,17 +77,17 @@ def create_app(
 
 
 async def _dispatch(request: web.Request) -> web.StreamResponse:
-    path, upstream_name = request.path, None
-    if path.startswith("/upstreams/"):
-        _, _, rest = path.partition("/upstreams/")
-        upstream_name, _, tail = rest.partition("/")
-        path = "/" + tail
-        request.match_info["tail"] = tail
-    adapter = adapter_for(path)
-    request[ADAPTER] = adapter or _guess_dialect(request)
-    if adapter is not None and request.method == "POST":
-        return await handle_call(request, adapter, upstream_name)
-    if (request.method == "GET" and path == "/v1/models") or request.app[SETTINGS].allow_passthrough:
+    request[ADAPTER] = _guess_dialect(request)  # for errors before the route is known
+    # The path exactly as sent, not aiohttp's decoded `request.path`: what is matched and
+    # metered must be byte for byte what goes upstream.
+    route = match(request.raw_path.partition("?")[0])
+    adapter, upstream_name = route.adapter, route.upstream_name
+    request.match_info["tail"] = route.path.removeprefix("/")
+    if adapter is not None:
+        request[ADAPTER] = adapter
+        if request.method == "POST":
+            return await handle_call(request, adapter, upstream_name)
+    if (request.method == "GET" and route.path == "/v1/models") or request.app[SETTINGS].allow_passthrough:
         return await admin.passthrough(request, request[ADAPTER], upstream_name)
     raise unknown_route(request.method, request.path)
 

@@ -8,26 +8,28 @@ request without a max-token field is clamped to what the remaining budget afford
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from proxy.config import Policy
-from proxy.errors import CeilingReached, RequestError
+from proxy.errors import RequestError
 from proxy.model import Call, Caller, Rewrite, Usage
 from proxy.policy.pricing import (
     Price,
     PriceTable,
     affordable_output_tokens,
     cost,
+    dearest_input_rate,
     input_bound,
     reservation,
 )
-from proxy.policy.store import Admission, Limits, Store
+from proxy.policy.store import NO_TURN, Admission, Limits, Store, Turn, costed
 
 __all__ = ["Admitted", "admit", "limits_for", "settle_amount"]
 
 MIN_ANSWER_TOKENS = 16  # below this an answer is not worth sending: refuse instead
 DEFAULT_MAX_OUTPUT = 32_768  # when neither the request nor the price table bounds output
+MAX_RESERVE = 2**50  # micro-USD (~$1e9): below 2^53, where Redis's Lua numbers stop being exact
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,34 +84,41 @@ def _header_usd(value: str, name: str) -> int:
 
 async def admit(
     store: Store, prices: PriceTable, caller: Caller, call: Call, limits: Limits, *, tz: str,
-    now: datetime | None = None,
+    turn: Turn = NO_TURN, now: datetime | None = None,
 ) -> Admitted:
+    """One store operation: the turn's tool results and the call's reservation together.
+
+    The reservation covers every answer the request asks for (`output_multiplier`), each
+    bounded by the request's max-token value or, without one, the model's output cap; a
+    model's cap also bounds a larger request value, since no answer can exceed it.
+    """
     price = prices.price(call.model) if call.model else None
-    costed = limits.run_max_cost is not None or limits.day_budget is not None or limits.month_budget is not None
-    if price is None and costed:
-        raise CeilingReached(
-            f"Model {call.model!r} has no known price, and tenant {caller.tenant!r} has a cost ceiling, "
-            "so spanmeter cannot bound what this call would cost. The call was not forwarded and "
-            "nothing was charged. Add the model's prices under `prices:` in the config file "
-            "(input, cached_input, cache_write, output in USD per million tokens).",
-            limit="unknown_price",
-        )
     bound = input_bound(call)
+    n = call.output_multiplier
     if price is None:
         lo = hi = 0
-    elif call.max_output_tokens is not None or call.api == "embeddings":
-        lo = hi = reservation(price, bound, call.max_output_tokens or 0)
     else:
-        lo = reservation(price, bound, MIN_ANSWER_TOKENS)
-        hi = reservation(price, bound, price.max_output_tokens or DEFAULT_MAX_OUTPUT)
-    adm = await store.admit(caller.tenant, caller.run_id, min_reserve=lo, max_reserve=hi,
-                            limits=limits, now=now or datetime.now(UTC), tz=tz)
+        cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
+        asked = call.max_output_tokens
+        if asked is not None or call.api == "embeddings":
+            lo = hi = reservation(price, bound, min(asked or 0, cap), n)
+        else:
+            lo = reservation(price, bound, MIN_ANSWER_TOKENS, n)
+            hi = reservation(price, bound, cap, n)
+    turn = replace(turn, priced=price is not None, model=call.model, context=call.stored_context,
+                   input_rate=dearest_input_rate(price) if price else 0)
+    adm = await store.admit(caller.tenant, caller.run_id, min_reserve=min(lo, MAX_RESERVE),
+                            max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now or datetime.now(UTC),
+                            tz=tz, turn=turn)
+    in_force = adm.limits or limits
     clamp = None
     rewrites: tuple[Rewrite, ...] = ()
-    if price is not None and costed and call.max_output_tokens is None and call.api != "embeddings":
-        clamp = max(MIN_ANSWER_TOKENS, affordable_output_tokens(price, adm.reserved, bound))
+    if price is not None and costed(in_force) and call.max_output_tokens is None and call.api != "embeddings":
+        cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
+        affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n)
+        clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
         rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
-    return Admitted(adm, price, rewrites, clamp, limits)
+    return Admitted(adm, price, rewrites, clamp, in_force)
 
 
 def settle_amount(

@@ -24,7 +24,7 @@ raised by the upstream are never wrapped: they pass through unchanged.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "BodyTimeout",
@@ -125,6 +125,10 @@ class Refusal(ProxyError):
     openai_type = "spanmeter_refusal"
     anthropic_type = "billing_error"
     google_status = "RESOURCE_EXHAUSTED"
+    # Set by the ledger's admission, which closes the tool calls the request answers and
+    # fixes the run's trace ids even when it refuses the call: their spans still follow.
+    closed: tuple[dict[str, Any], ...] = ()
+    trace: dict[str, Any] | None = None
 
 
 class CeilingReached(Refusal):

@@ -110,6 +110,13 @@ class Call:
     presence_penalty: float | None = None
     input_chars: int = 0  # text characters of the prompt: an input-token bound for pricing
     body_bytes: int = 0
+    # Every answer the call asks for (chat `n`, Gemini `candidateCount`): output x this.
+    output_multiplier: int = 1
+    # Context the provider holds and bills as input that the body only names, as
+    # "kind:id" (response:resp_1, conversation:conv_1, prompt:pmpt_1, cached_content:x).
+    stored_context: tuple[str, ...] = ()
+    # The request field that bounds output for this model family (admission's clamp).
+    max_tokens_field: str = ""
 
 
 @dataclass(frozen=True, slots=True)

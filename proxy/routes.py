@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from proxy.config import Settings
@@ -16,7 +17,7 @@ from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.upstream import host_port
 
-__all__ = ["SUPPORTED", "Target", "adapter_for", "dialect_of", "target_for"]
+__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "dialect_of", "match", "target_for"]
 
 SUPPORTED = (
     "POST /v1/chat/completions",
@@ -37,16 +38,50 @@ _FIXED: dict[str, ProviderAdapter] = {
 }
 
 
+# Gemini carries the model in the path: the whole path must be this, character for
+# character, so the model charged is the model the upstream runs.
+_GEMINI = re.compile(r"/v1(?:beta)?/models/[A-Za-z0-9][A-Za-z0-9._-]*:(?:generateContent|streamGenerateContent)")
+_UPSTREAM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+# What an HTTP client or server may rewrite before the upstream sees the path: dot
+# segments, empty segments, encoded slashes, dots, backslashes, `?` and `#`.
+_AMBIGUOUS = re.compile(r"(?:^|/)\.{1,2}(?:/|$)|//|\\|%(?:2[fFeE3]|5[cC]|3[fF])")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    adapter: ProviderAdapter | None  # None: not a metered route
+    upstream_name: str | None  # from an /upstreams/{name}/ prefix
+    path: str  # the path as it goes upstream, prefix removed, exactly as received
+
+
+def match(raw_path: str) -> Route:
+    """The route for a request path exactly as the client sent it (no query).
+
+    Refuses, for every route, a path that a client or server on the way could normalise
+    into another one: what is metered must be what the upstream serves.
+    """
+    if _AMBIGUOUS.search(raw_path):
+        raise UnknownRoute(
+            f"spanmeter does not serve the path {raw_path[:200]!r}: it has dot segments, empty "
+            "segments or percent-encoded `/`, `.`, `\\`, `?` or `#`, which HTTP clients rewrite "
+            "before sending, so the path metered would not be the path served. Send the path "
+            "in its plain form, e.g. /v1beta/models/gemini-2.5-flash:generateContent.")
+    name = None
+    path = raw_path
+    if raw_path.startswith("/upstreams/"):
+        name, _, rest = raw_path.removeprefix("/upstreams/").partition("/")
+        if not _UPSTREAM_NAME.fullmatch(name):
+            raise UnknownRoute(f"{name[:80]!r} is not an upstream name: use letters, digits, `.`, `_` and `-`.")
+        path = "/" + rest
+    return Route(adapter_for(path), name, path)
+
+
 def adapter_for(path: str) -> ProviderAdapter | None:
     """The adapter for a metered path (already stripped of any /upstreams/{name} prefix)."""
     found = _FIXED.get(path)
     if found is not None:
         return found
-    if path.startswith(("/v1beta/models/", "/v1/models/")) and path.endswith(
-        (":generateContent", ":streamGenerateContent")
-    ):
-        return GEMINI
-    return None
+    return GEMINI if _GEMINI.fullmatch(path) else None
 
 
 def unknown_route(method: str, path: str) -> UnknownRoute:

@@ -18,10 +18,10 @@ from typing import Any
 from proxy.model import Call, Caller, Outcome
 from proxy.policy.store import Store
 from tracing import spans
-from tracing.digests import tool_result_digest
+from tracing.digests import canonical_sha256, tool_result_digest
 from tracing.setup import Telemetry
 
-__all__ = ["Runs", "pending_tools"]
+__all__ = ["Runs", "pending_tools", "results_ok"]
 
 log = logging.getLogger("spanmeter.runs")
 KNOWN_RUNS = 10_000
@@ -37,44 +37,43 @@ class Runs:
         # here needs the store (a cache; any replica may begin or end any run).
         self._known: OrderedDict[tuple[str, str], spans.RunTrace] = OrderedDict()
 
-    async def begin(self, caller: Caller, parent: spans.TraceParent | None) -> spans.RunTrace:
-        """The run's trace ids, fixed by whichever replica saw the run first."""
+    def candidate(self, caller: Caller, parent: spans.TraceParent | None, start_ns: int) -> dict[str, Any]:
+        """Trace ids for the run (starting at its first call's arrival), kept by the
+        admission if the run has none yet."""
+        known = self._known.get((caller.tenant, caller.run_id))
+        return {"ids": (known or spans.new_run_trace(parent, start_ns=start_ns)).encode()}
+
+    def trace(self, caller: Caller, stored: dict[str, Any] | None, parent: spans.TraceParent | None) -> spans.RunTrace:
+        """The run's trace ids as the store fixed them (whichever replica saw the run first);
+        fresh ones when the store had none to give (fail-open)."""
         key = (caller.tenant, caller.run_id)
+        if stored is None:
+            return self._known.get(key) or spans.new_run_trace(parent)
         known = self._known.get(key)
-        if known is not None:
+        if known is not None and known.encode() == stored["ids"]:
             self._known.move_to_end(key)
             return known
-        fresh = spans.new_run_trace(parent)
-        rec = await self._store.run_begin(caller.tenant, caller.run_id, datetime.now(UTC),
-                                          {"ids": fresh.encode()})
-        run = self._known[key] = spans.RunTrace.decode(rec["ids"])
+        run = self._known[key] = spans.RunTrace.decode(stored["ids"])
         if len(self._known) > KNOWN_RUNS:
             self._known.popitem(last=False)
         return run
 
-    async def close_tools(
-        self, caller: Caller, call: Call, run: spans.RunTrace, parent: spans.TraceParent | None,
-        *, capture: bool = True,
-    ) -> list[tuple[dict[str, Any], bool]]:
-        """Emit a tool span for each result this request carries; returns (call, ok) pairs."""
-        if not call.tool_results:
-            return []
-        arrived = time.time_ns()
-        pending = await self._store.tools_take(caller.tenant, caller.run_id, [r.call_id for r in call.tool_results])
-        by_id = {p["id"]: p for p in pending}
-        closed = []
-        for result in call.tool_results:
-            p = by_id.get(result.call_id)
-            if p is None:
-                continue  # a result for a call this proxy never delivered (or already closed)
-            ok = tool_result_digest(result.content, is_error=result.is_error).ok
-            if self._tel is not None:
-                spans.tool_span(
-                    self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
-                    result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
-                    end_ns=arrived, parent=parent, run_trace=run, link=_link(p), capture=capture)
-            closed.append((p, ok))
-        return closed
+    def close_tools(
+        self, caller: Caller, call: Call, closed: tuple[dict[str, Any], ...], run: spans.RunTrace,
+        parent: spans.TraceParent | None, arrived_ns: int, *, capture: bool = True,
+    ) -> None:
+        """An `execute_tool` span for each tool call this request's results closed."""
+        if self._tel is None or not closed:
+            return
+        results = {r.call_id: r for r in call.tool_results}
+        for p in closed:
+            result = results.get(p["id"])
+            if result is None:
+                continue
+            spans.tool_span(
+                self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
+                result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
+                end_ns=arrived_ns, parent=parent, run_trace=run, link=_link(p), capture=capture)
 
     async def end(self, tenant: str, run_id: str, status: str = "ended") -> bool:
         self._known.pop((tenant, run_id), None)
@@ -125,10 +124,16 @@ class Runs:
 
 
 def pending_tools(outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None) -> list[dict[str, Any]]:
-    """The tool calls a response made, as kept in run state until their results arrive."""
+    """The tool calls a response made, as kept in run state until their results arrive.
+    `sig` (name + hash of canonical arguments) is what the loop guard's streak compares."""
     link = [ref.trace_id, ref.span_id] if ref else None  # the chat span that made the call
-    return [{"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns, "link": link}
-            for tc in outcome.tool_calls]
+    return [{"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns, "link": link,
+             "sig": f"{tc.name}:{canonical_sha256(tc.arguments)}"} for tc in outcome.tool_calls]
+
+
+def results_ok(call: Call) -> tuple[tuple[str, bool], ...]:
+    """(call id, not a failure) for each tool result the request carries."""
+    return tuple((r.call_id, tool_result_digest(r.content, is_error=r.is_error).ok) for r in call.tool_results)
 
 
 def _link(pending: dict[str, Any]) -> spans.SpanRef | None:

@@ -4,60 +4,46 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from proxy import content, outputs
-from proxy.appkeys import BUDGET_CACHE, RUNS, SETTINGS, STORE, TEL
+from proxy.appkeys import RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
     BodyTimeout,
     BodyTooLarge,
     CeilingReached,
-    MalformedBody,
     ProxyError,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
 from proxy.model import Call, Caller, Outcome, Rewrite, StreamError, StreamEvent, Usage
-from proxy.providers.base import ProviderAdapter, SseEvent
+from proxy.providers.base import Exchange, ProviderAdapter, SseEvent, open_exchange
 from proxy.providers.chat import CHAT
 from proxy.relay import Flow, Hooks
 from proxy.routes import Target
 from proxy.runs import pending_tools
 from tracing import spans
 
-__all__ = ["budgets", "finish", "read_call", "refused", "response_hooks", "stream_error", "upstream_url"]
+__all__ = ["finish", "open_call", "refused", "response_hooks", "stream_error", "upstream_url"]
 
 log = logging.getLogger("spanmeter.handler")
-BUDGET_TTL_S = 5.0  # admin budget changes reach every replica within this
 
 
-async def read_call(request: web.Request, adapter: ProviderAdapter, limit: int) -> tuple[bytes, dict[str, Any], Call]:
+async def open_call(request: web.Request, adapter: ProviderAdapter, limit: int) -> Exchange:
+    """The request's body, read whole (within `limit`), opened as an exchange of its API."""
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
     raw = await _read_body(request, limit + 1)
     if len(raw) > limit:
         raise _too_large(None, limit)
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedBody(
-            f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
-            f"(byte {exc.pos}). Send a JSON object as the {adapter.api} API expects.") from None
-    if not isinstance(body, dict):
-        raise MalformedBody(f"The request body must be a JSON object, not {type(body).__name__}.")
-    try:
-        call = adapter.parse_request(body, request.path)
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise MalformedBody(f"The request body has a field of the wrong type ({exc}).") from None
-    return raw, body, _sized(call, len(raw))
+    # The path as routed: exactly what goes upstream (see routes.match).
+    return open_exchange(adapter, raw, "/" + request.match_info.get("tail", ""))
 
 
 async def _read_body(request: web.Request, n: int) -> bytes:
@@ -82,10 +68,6 @@ async def _read_body(request: web.Request, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _sized(call: Call, n: int) -> Call:
-    return replace(call, body_bytes=n)
-
-
 def _too_large(size: int | None, limit: int) -> BodyTooLarge:
     got = f"{size} bytes" if size is not None else "more than that"
     return BodyTooLarge(
@@ -99,19 +81,6 @@ def upstream_url(target: Target, request: web.Request) -> str:
     # ?key= is the caller's spanmeter key (curl users); the upstream key goes in a header.
     query = "&".join(p for p in request.query_string.split("&") if p and not p.startswith("key="))
     return f"{target.base_url}{path}" + (f"?{query}" if query else "")
-
-
-async def budgets(app: web.Application, tenant: str, policy: Policy) -> tuple[float | None, float | None]:
-    """Tenant day/month budgets in USD: admin overrides (cached briefly) over config."""
-    cache = app[BUDGET_CACHE]
-    hit = cache.get(tenant)
-    now = time.monotonic()
-    if hit is None or hit[0] < now:
-        day, month = await app[STORE].budget_get(tenant)
-        hit = cache[tenant] = (now + BUDGET_TTL_S, day, month)
-    day_usd = hit[1] / 1e6 if hit[1] is not None else policy.budgets.daily_usd
-    month_usd = hit[2] / 1e6 if hit[2] is not None else policy.budgets.monthly_usd
-    return day_usd, month_usd
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
@@ -167,8 +136,9 @@ async def finish_safely(*args: Any) -> None:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-async def finish(app: web.Application, caller: Caller, call: Call, admitted: Admitted, cs: Any, flow: Flow,
-                 hooks: Hooks, headers: Mapping[str, str], policy: Policy, body: dict[str, Any]) -> None:
+async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: Admitted, cs: Any, flow: Flow,
+                 hooks: Hooks, headers: Mapping[str, str], policy: Policy) -> None:
+    call = ex.call
     outcome = flow.outcome()
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
@@ -178,7 +148,8 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=_totals(outcome, amount, hooks),
-                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref) or None)
+                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref) or None,
+                                            contexts=ex.adapter.stored_sizes(call, outcome) or None)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         remaining = _report_budgets(app, caller, admitted, amount)
     except ProxyError:
@@ -188,7 +159,7 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s,
-                   capture=_capture(app, policy, call, body, outcome))
+                   capture=_capture(app, policy, call, ex.body, outcome))
     if headers.get("x-run-end", "").lower() == "true":
         try:
             await app[RUNS].end(caller.tenant, caller.run_id)

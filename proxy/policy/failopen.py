@@ -33,7 +33,6 @@ _FALLBACKS: dict[str, Callable[..., Any]] = {
     "settle": lambda *a, **k: 0,
     "release": lambda *a, **k: None,
     "expire": lambda *a, **k: 0,
-    "run_begin": lambda tenant, run_id, now, trace: trace,
     "run_add": lambda *a, **k: None,
     "run_totals": lambda *a, **k: {},
     "run_end": lambda *a, **k: None,
@@ -41,8 +40,6 @@ _FALLBACKS: dict[str, Callable[..., Any]] = {
     "tools_put": lambda *a, **k: None,
     "tools_take": lambda *a, **k: [],
     "tools_pending": lambda *a, **k: [],
-    "streak": lambda *a, **k: 0,
-    "failures": lambda *a, **k: 0,
     "budget_get": lambda *a, **k: (None, None),
 }
 
@@ -67,10 +64,11 @@ class FailOpenStore:
         *,
         run_totals: dict[str, int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        contexts: dict[str, int] | None = None,
     ) -> int:
         if admission.id != _UNMETERED:
             settle = _guarded("settle", self._inner.settle, _FALLBACKS["settle"])
-            result: int = await settle(admission, actual, run_totals=run_totals, tools=tools)
+            result: int = await settle(admission, actual, run_totals=run_totals, tools=tools, contexts=contexts)
             return result
         # Admitted while the ledger was away: there is no reservation to settle, and the
         # store would treat it as settled before, dropping the totals and tool calls too.

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-__all__ = ["DEFAULT_ORIGINS", "call_ceiling", "cost_ceiling", "unknown_price", "usd"]
+__all__ = [
+    "DEFAULT_ORIGINS",
+    "call_ceiling",
+    "cost_ceiling",
+    "failure_ceiling",
+    "loop_ceiling",
+    "unbounded_context",
+    "unknown_price",
+    "usd",
+]
 
 # Where a limit comes from when the caller does not say (Limits.origin).
 DEFAULT_ORIGINS = {
@@ -72,10 +81,39 @@ def cost_ceiling(
 
 
 def unknown_price(model: str | None, tenant: str) -> str:
-    name = model or "(no model named)"
+    name = repr(model) if model else "(no model named)"
     return (
-        f"Model {name} has no known price, and tenant {tenant} has a cost ceiling in force, "
-        f"so spanmeter cannot bound what this call would cost. {_NOT_SENT} Add the model under "
-        f"pricing.overrides in the config (input, cached_input, cache_write and output in USD "
+        f"Model {name} has no known price, and tenant {tenant!r} has a cost ceiling, so "
+        f"spanmeter cannot bound what this call would cost. {_NOT_SENT} Add the model's prices "
+        f"under `prices:` in the config file (input, cached_input, cache_write, output in USD "
         f"per million tokens), or use a priced model."
+    )
+
+
+def unbounded_context(tenant: str, refs: list[str]) -> str:
+    named = ", ".join(refs)
+    return (
+        f"This call names stored context that spanmeter has not seen ({named}), and tenant "
+        f"{tenant!r} has a cost ceiling. The provider bills that context as input, but its size is "
+        f"not in the request, so spanmeter cannot bound what the call would cost. {_NOT_SENT} "
+        f"Responses and conversations created through spanmeter are remembered and bounded; send "
+        f"the context inline instead (e.g. `store: false` and the full input), create it through "
+        f"spanmeter first, or use a tenant without a cost ceiling."
+    )
+
+
+def loop_ceiling(tenant: str, run_id: str, tool: str, streak: int, threshold: int) -> str:
+    return (
+        f"Run {run_id} of tenant {tenant} called the tool `{tool}` {streak} times in a row "
+        f"with identical arguments (threshold {threshold}, setting guard.threshold). The call was not "
+        "forwarded: the model is looping. Change the arguments, or set guard.action to `remind` or "
+        "`off` for this tenant."
+    )
+
+
+def failure_ceiling(tenant: str, run_id: str, tool: str, failures: int, limit: int) -> str:
+    return (
+        f"Run {run_id} of tenant {tenant} had {failures} tool failures in a row "
+        f"(last: `{tool}`), reaching the ceiling of {limit} (setting guard.max_consecutive_failures). "
+        "The call was not forwarded. Fix the tool, or raise or remove the ceiling for this tenant."
     )

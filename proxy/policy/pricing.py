@@ -33,7 +33,13 @@ file search, code execution, Gemini grounding), and prompt caches created out of
 
 Output is bounded by max_output_tokens, which for every provider includes reasoning /
 thinking tokens (OpenAI max_completion_tokens, Anthropic max_tokens, Gemini
-maxOutputTokens). A request for n > 1 choices bills n outputs: multiply before calling.
+maxOutputTokens). A request for n > 1 choices (chat `n`, Gemini `candidateCount`) bills
+n outputs and one input: `reservation` and `affordable_output_tokens` take the multiplier.
+
+Stored context (a Responses `previous_response_id`, `conversation` or `prompt`, a Gemini
+`cachedContent`) is billed as input but is not in the body: the ledger remembers its
+size from the usage of the answers that created it and reserves it at
+`dearest_input_rate`; context it never saw is refused under a cost ceiling.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ __all__ = [
     "PriceTable",
     "affordable_output_tokens",
     "cost",
+    "dearest_input_rate",
     "input_bound",
     "reservation",
 ]
@@ -159,15 +166,25 @@ def cost(price: Price, usage: Usage) -> int:
     return _ceil_div(micro, _SCALE)
 
 
-def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int) -> int:
-    """Worst-case micro-USD: every input token at the dearest input rate, full output."""
+def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int, multiplier: int = 1) -> int:
+    """Worst-case micro-USD: every input token at the dearest input rate, full output for
+    each of `multiplier` answers."""
     r_in, r_cached, r_write, r_out = price.rates(input_bound_tokens)
     # A cache write (Anthropic 1.25x) can cost more than plain input.
     worst_in = max(r_in, r_cached, r_write)
-    return _ceil_div(input_bound_tokens * worst_in + max_output_tokens * r_out, _SCALE)
+    return _ceil_div(input_bound_tokens * worst_in + max_output_tokens * multiplier * r_out, _SCALE)
 
 
-def affordable_output_tokens(price: Price, budget_micros: int, input_bound: int) -> int:
+def dearest_input_rate(price: Price) -> int:
+    """The highest rate any input token of this model can be billed at, in any tier."""
+    rates = [price.input, price.cached_input, price.cache_write]
+    if price.long_context is not None:
+        lc = price.long_context
+        rates += [lc.input, lc.cached_input, lc.cache_write]
+    return max(rates)
+
+
+def affordable_output_tokens(price: Price, budget_micros: int, input_bound: int, multiplier: int = 1) -> int:
     """The largest max_output_tokens whose `reservation` fits in `budget_micros` (>= 0)."""
     r_in, r_cached, r_write, r_out = price.rates(input_bound)
     room = budget_micros * _SCALE - input_bound * max(r_in, r_cached, r_write)
@@ -175,7 +192,7 @@ def affordable_output_tokens(price: Price, budget_micros: int, input_bound: int)
         return 0
     if r_out == 0:
         return _UNLIMITED
-    return min(room // r_out, _UNLIMITED)
+    return min(room // (r_out * multiplier), _UNLIMITED)
 
 
 def input_bound(call: Call) -> int:

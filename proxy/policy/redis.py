@@ -33,18 +33,26 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.errors import CeilingReached, StoreUnavailable
+from proxy.errors import StoreUnavailable
 from proxy.policy.store import (
+    CONTEXT_KEPT_S,
+    NO_TURN,
     Admission,
     Decision,
     DerivedOps,
     Limits,
     Spend,
+    Turn,
+    context_refusal,
+    guard_refusal,
     refusal,
+    refused_with,
     release_if_cancelled,
     run_record,
     scope_of,
+    unpriced_refusal,
     window_keys,
+    with_budgets,
 )
 
 __all__ = ["RedisStore"]
@@ -121,34 +129,31 @@ class RedisStore(DerivedOps):
         now: datetime,
         tz: str = "UTC",
         ttl_s: int = 900,
+        turn: Turn = NO_TURN,
     ) -> Admission:
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
             raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
         rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
-        keys = self._scope_keys(tenant, run_id, *windows)
         ts = now.timestamp()
+        guard = turn.guard
+        keys = [*self._scope_keys(tenant, run_id, *windows), _k("sm", "res", rid), _EXP, _RUNS,
+                _k("sm", "runs", tenant), _ACTIVE, _k("sm", "tools", tenant, run_id), _k("sm", "budget", tenant),
+                *(_k("sm", "ctx", tenant, ref) for ref in turn.context)]
+        args: list[Any] = [
+            _limit(limits.run_max_calls), _limit(limits.run_max_cost), _limit(limits.day_budget),
+            _limit(limits.month_budget), min_reserve, max_reserve, repr(ts), repr(ts + ttl_s),
+            _member(tenant, run_id), run_id, _WINDOW_TTL_S,
+            json.dumps(turn.trace) if turn.trace is not None else "",
+            guard.threshold if guard else -1, 1 if guard and guard.refuse else 0,
+            _limit(guard.max_failures if guard else None), 1 if turn.priced else 0, turn.input_rate,
+            len(turn.results)]
+        for call_id, ok in turn.results:
+            args += [call_id, "1" if ok else "0"]
 
         async def admitting() -> Admission:
-            reply = await self._script(
-                "admit",
-                [*keys, _k("sm", "res", rid), _EXP, _RUNS, _k("sm", "runs", tenant), _ACTIVE],
-                [
-                    _limit(limits.run_max_calls),
-                    _limit(limits.run_max_cost),
-                    _limit(limits.day_budget),
-                    _limit(limits.month_budget),
-                    min_reserve,
-                    max_reserve,
-                    repr(ts),
-                    repr(ts + ttl_s),
-                    _member(tenant, run_id),
-                    run_id,
-                    _WINDOW_TTL_S,
-                ],
-                repeatable=True,
-            )
-            return self._admission(reply, rid, tenant, run_id, limits, windows, tz, min_reserve)
+            reply = await self._script("admit", keys, args, repeatable=True)
+            return self._admission(reply, rid, tenant, run_id, limits, windows, tz, min_reserve, turn)
 
         return await release_if_cancelled(self, admitting)
 
@@ -162,29 +167,38 @@ class RedisStore(DerivedOps):
         windows: tuple[str, str],
         tz: str,
         min_reserve: int,
+        turn: Turn,
     ) -> Admission:
-        kind = reply[0]
-        if kind == "refused":
-            scope, settled, reserved = reply[1], int(reply[2]), int(reply[3])
-            ledger = {s: Spend() for s in ("run_cost", "tenant_day", "tenant_month")}
-            ledger[scope] = Spend(settled, reserved)
-            error: CeilingReached = refusal(
-                Decision(refused=scope),
-                tenant=tenant,
-                run_id=run_id,
-                limits=limits,
-                ledger=ledger,
-                windows=windows,
-                tz=tz,
-                min_reserve=min_reserve,
-            )
-            raise error
+        kind, flat, trace_json = reply[0], reply[1], reply[2]
+        closed = tuple({**json.loads(flat[i]), "streak": int(flat[i + 1]), "failures": int(flat[i + 2]),
+                        "ok": flat[i + 3] == "1"} for i in range(0, len(flat), 4))
+        trace = json.loads(trace_json) if trace_json else None
         if kind == "dup":
             remaining: dict[str, int | None] = dict.fromkeys(("run_cost", "tenant_day", "tenant_month"))
-            return Admission(rid, tenant, run_id, int(reply[1]), int(reply[2]), remaining, *windows)
-        left = [None if v == "none" else int(v) for v in reply[3:6]]
+            return Admission(rid, tenant, run_id, int(reply[3]), int(reply[4]), remaining, *windows, limits=limits)
+        if kind == "loop":
+            loop = guard_refusal(tenant, run_id, closed, turn.guard)
+            assert loop is not None, "admit.lua and guard_refusal disagree"
+            raise refused_with(loop, closed, trace)
+        eff = with_budgets(limits, int(reply[3]) if reply[3] else None, int(reply[4]) if reply[4] else None)
+        if kind == "unpriced":
+            raise refused_with(unpriced_refusal(tenant, turn.model), closed, trace)
+        if kind == "context":
+            unknown = [turn.context[i] for i, ref in enumerate(turn.context)
+                       if _k("sm", "ctx", tenant, ref) in set(reply[5])]
+            raise refused_with(context_refusal(tenant, unknown, eff), closed, trace)
+        if kind == "refused":
+            scope, settled, reserved = reply[5], int(reply[6]), int(reply[7])
+            extra = int(reply[8]) if len(reply) > 8 else 0
+            ledger = {s: Spend() for s in ("run_cost", "tenant_day", "tenant_month")}
+            ledger[scope] = Spend(settled, reserved)
+            error = refusal(Decision(refused=scope), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
+                            windows=windows, tz=tz, min_reserve=min_reserve + extra)
+            raise refused_with(error, closed, trace)
+        left = [None if v == "none" else int(v) for v in reply[7:10]]
         remaining = dict(zip(("run_cost", "tenant_day", "tenant_month"), left, strict=True))
-        return Admission(rid, tenant, run_id, int(reply[1]), int(reply[2]), remaining, *windows)
+        return Admission(rid, tenant, run_id, int(reply[5]), int(reply[6]), remaining, *windows,
+                         closed=closed, trace=trace, context_tokens=int(reply[10]), limits=eff)
 
     def _scope_keys(self, tenant: str, run_id: str, day: str, month: str) -> list[str]:
         return [
@@ -201,21 +215,24 @@ class RedisStore(DerivedOps):
         *,
         run_totals: dict[str, int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        contexts: dict[str, int] | None = None,
     ) -> int:
         if actual < 0:
             raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
         tenant, run_id = admission.tenant, admission.run_id
         totals = run_totals or {}
+        seen = contexts or {}
         args: list[Any] = [actual, len(totals)]
         for name, value in totals.items():
             args += [name, int(value)]
-        args += _tool_args(tools or [])
+        args += [len(tools or []), *_tool_args(tools or []), CONTEXT_KEPT_S, *(int(t) for t in seen.values())]
         keys = [
             _k("sm", "res", admission.id),
             _EXP,
             _k("sm", "totals", tenant, run_id),
             _k("sm", "tools", tenant, run_id),
             _k("sm", "toolseq", tenant, run_id),
+            *(_k("sm", "ctx", tenant, ref) for ref in seen),
         ]
         # Repeatable: the script deletes the reservation, so a retry applies nothing twice.
         found, amount = await self._script("settle", keys, args, repeatable=True)
@@ -256,15 +273,6 @@ class RedisStore(DerivedOps):
 
     def _index_keys(self, tenant: str, run_id: str) -> list[str]:
         return [_k("sm", "run", tenant, run_id), _RUNS, _k("sm", "runs", tenant), _ACTIVE]
-
-    async def run_begin(self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]) -> dict[str, Any]:
-        stored = await self._script(
-            "run_begin",
-            self._index_keys(tenant, run_id),
-            [json.dumps(trace), repr(now.timestamp()), _member(tenant, run_id), run_id],
-            repeatable=True,
-        )
-        return dict(json.loads(stored))
 
     async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
         name = _k("sm", "totals", tenant, run_id)
@@ -352,16 +360,6 @@ class RedisStore(DerivedOps):
         raw = await self._call(lambda: self._redis.hvals(name), repeatable=True)
         split = sorted((int(s), body) for s, body in (v.split("\t", 1) for v in raw))
         return [json.loads(body) for _, body in split]
-
-    # --- loop guard ------------------------------------------------------------------
-
-    async def streak(self, tenant: str, run_id: str, signature: str) -> int:
-        run = _k("sm", "run", tenant, run_id)
-        return int(await self._script("streak", [run], [signature], repeatable=False))
-
-    async def failures(self, tenant: str, run_id: str, failed: bool) -> int:
-        run = _k("sm", "run", tenant, run_id)
-        return int(await self._script("failures", [run], ["1" if failed else "0"], repeatable=False))
 
     # --- admin -----------------------------------------------------------------------
 

@@ -37,18 +37,29 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from proxy.errors import CeilingReached, StoreUnavailable
+from proxy.errors import Refusal, StoreUnavailable
 from proxy.policy.store import (
+    CONTEXT_KEPT_S,
+    NO_TURN,
     Admission,
     DerivedOps,
     Limits,
     Spend,
+    Turn,
+    context_micros,
+    context_refusal,
+    costed,
     decide,
+    guard_refusal,
     refusal,
+    refused_with,
     release_later,
     run_record,
     scope_of,
+    streak_of,
+    unpriced_refusal,
     window_keys,
+    with_budgets,
 )
 
 __all__ = ["SYNCHRONOUS", "SqliteStore"]
@@ -88,6 +99,9 @@ CREATE TABLE IF NOT EXISTS tools (
     call TEXT NOT NULL,
     PRIMARY KEY (tenant, run_id, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS budgets (tenant TEXT PRIMARY KEY, day INTEGER, month INTEGER);
+CREATE TABLE IF NOT EXISTS contexts (
+    tenant TEXT NOT NULL, ref TEXT NOT NULL, tokens INTEGER NOT NULL, seen_at REAL NOT NULL,
+    PRIMARY KEY (tenant, ref)) WITHOUT ROWID;
 """
 
 
@@ -181,14 +195,31 @@ class SqliteStore(DerivedOps):
         now: datetime,
         tz: str = "UTC",
         ttl_s: int = 900,
+        turn: Turn = NO_TURN,
     ) -> Admission:
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
             raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
 
-        def op(conn: sqlite3.Connection) -> Admission | CeilingReached:
+        def op(conn: sqlite3.Connection) -> Admission | Refusal:
             ts = now.timestamp()
             _expire(conn, ts, 64)
+            # Everything the request settles about the run happens even if the call is
+            # then refused: the tool results did arrive.
+            closed = _close_tools(conn, tenant, run_id, turn.results, ts)
+            trace = _keep_trace(conn, tenant, run_id, turn.trace, ts) if turn.trace is not None else None
+            loop = guard_refusal(tenant, run_id, closed, turn.guard)
+            if loop is not None:
+                return refused_with(loop, closed, trace)
+            budget = conn.execute("SELECT day, month FROM budgets WHERE tenant=?", (tenant,)).fetchone()
+            eff = with_budgets(limits, *(budget or (None, None)))
+            if not turn.priced and costed(eff):
+                return refused_with(unpriced_refusal(tenant, turn.model), closed, trace)
+            known, unknown = _contexts(conn, tenant, turn.context)
+            if unknown and costed(eff):
+                return refused_with(context_refusal(tenant, unknown, eff), closed, trace)
+            extra = context_micros(known, turn.input_rate)
+            lo, hi = min_reserve + extra, max_reserve + extra
             calls = _one(conn, "SELECT calls FROM runs WHERE tenant=? AND run_id=?", tenant, run_id) or 0
             keys: dict[str, tuple[str, str]] = {
                 "run_cost": ("run", run_id),
@@ -196,18 +227,11 @@ class SqliteStore(DerivedOps):
                 "tenant_month": ("month", windows[1]),
             }
             ledger = {s: _spend(conn, tenant, *k) for s, k in keys.items()}
-            d = decide(calls, ledger, limits, min_reserve=min_reserve, max_reserve=max_reserve)
+            d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi)
             if d.refused:
-                return refusal(
-                    d,
-                    tenant=tenant,
-                    run_id=run_id,
-                    limits=limits,
-                    ledger=ledger,
-                    windows=windows,
-                    tz=tz,
-                    min_reserve=min_reserve,
-                )
+                error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
+                                windows=windows, tz=tz, min_reserve=lo)
+                return refused_with(error, closed, trace)
             for scope, key in (*keys.values(), ("total", "")):
                 _add(conn, tenant, scope, key, reserved=d.amount)
             conn.execute(
@@ -223,7 +247,8 @@ class SqliteStore(DerivedOps):
                 "VALUES (?,?,?,?,?,?,?)",
                 (rid, tenant, run_id, *windows, d.amount, ts + ttl_s),
             )
-            return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows)
+            return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
+                             closed=closed, trace=trace, context_tokens=known, limits=eff)
 
         # Shielding the thread's own future (no extra task): a caller cancelled while the
         # admission commits must not leak it, so it is released once it lands.
@@ -233,7 +258,7 @@ class SqliteStore(DerivedOps):
         except asyncio.CancelledError:
             fut.add_done_callback(lambda f: release_later(self, f))
             raise
-        if isinstance(result, CeilingReached):
+        if isinstance(result, Refusal):
             raise result
         assert isinstance(result, Admission)
         return result
@@ -245,10 +270,12 @@ class SqliteStore(DerivedOps):
         *,
         run_totals: dict[str, int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        contexts: dict[str, int] | None = None,
     ) -> int:
         if actual < 0:
             raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
         totals = [(name, int(v)) for name, v in (run_totals or {}).items()]
+        seen = [(ref, int(tokens)) for ref, tokens in (contexts or {}).items()]
         encoded = _encode_tools(tools or [])  # on the caller's side: a bad call fails here, not in a batch
 
         def op(conn: sqlite3.Connection) -> int:
@@ -269,6 +296,7 @@ class SqliteStore(DerivedOps):
             conn.execute("DELETE FROM reservations WHERE id=?", (admission.id,))
             _run_add(conn, tenant, run_id, totals)
             _tools_put(conn, tenant, run_id, encoded)
+            _remember(conn, tenant, seen, time.time())
             return max(0, actual - int(amount))
 
         result: int = await self._do(op)
@@ -296,25 +324,6 @@ class SqliteStore(DerivedOps):
         return int(await self._do(lambda conn: _one(conn, sql, tenant, run_id) or 0))
 
     # --- run state -------------------------------------------------------------------
-
-    async def run_begin(self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]) -> dict[str, Any]:
-        ts = now.timestamp()
-
-        def op(conn: sqlite3.Connection) -> dict[str, Any]:
-            stored = _one(conn, "SELECT trace FROM runs WHERE tenant=? AND run_id=?", tenant, run_id)
-            if stored:
-                return dict(json.loads(stored))
-            conn.execute(
-                "INSERT INTO runs (tenant, run_id, trace, first_seen, last_seen) "
-                "VALUES (?,?,?,?,?) "
-                "ON CONFLICT DO UPDATE SET trace = excluded.trace, last_seen = excluded.last_seen, "
-                "first_seen = COALESCE(first_seen, excluded.first_seen)",
-                (tenant, run_id, json.dumps(trace), ts, ts),
-            )
-            return trace
-
-        result: dict[str, Any] = await self._do(op)
-        return result
 
     async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
         totals = [(name, int(v)) for name, v in deltas.items()]
@@ -389,32 +398,6 @@ class SqliteStore(DerivedOps):
             ).fetchall()
         )
         return [json.loads(r[0]) for r in rows]
-
-    # --- loop guard ------------------------------------------------------------------
-
-    async def streak(self, tenant: str, run_id: str, signature: str) -> int:
-        def op(conn: sqlite3.Connection) -> int:
-            row = conn.execute(
-                "INSERT INTO runs (tenant, run_id, sig, streak) VALUES (?,?,?,1) "
-                "ON CONFLICT DO UPDATE SET streak = CASE WHEN sig IS excluded.sig "
-                "THEN streak + 1 ELSE 1 END, sig = excluded.sig RETURNING streak",
-                (tenant, run_id, signature),
-            ).fetchone()
-            return int(row[0])
-
-        return int(await self._do(op))
-
-    async def failures(self, tenant: str, run_id: str, failed: bool) -> int:
-        def op(conn: sqlite3.Connection) -> int:
-            row = conn.execute(
-                "INSERT INTO runs (tenant, run_id, failures) VALUES (?,?,?) "
-                "ON CONFLICT DO UPDATE SET failures = CASE WHEN excluded.failures = 1 "
-                "THEN failures + 1 ELSE 0 END RETURNING failures",
-                (tenant, run_id, 1 if failed else 0),
-            ).fetchone()
-            return int(row[0])
-
-        return int(await self._do(op))
 
     # --- admin -----------------------------------------------------------------------
 
@@ -528,7 +511,69 @@ def _expire(conn: sqlite3.Connection, now_ts: float, limit: int | None) -> int:
             _add(conn, tenant, scope, key, settled=amount, reserved=-amount)
         conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
     conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))
+    if limit is None:  # the sweeper's full pass
+        conn.execute("DELETE FROM contexts WHERE seen_at < ?", (now_ts - CONTEXT_KEPT_S,))
     return len(rows)
+
+
+def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,
+                 results: tuple[tuple[str, bool], ...], ts: float) -> tuple[dict[str, Any], ...]:
+    """Take the open tool calls these results answer, in order, counting the run's streak
+    of identical calls and its consecutive failures after each (the loop guard's state)."""
+    if not results:
+        return ()
+    row = conn.execute("SELECT sig, streak, failures FROM runs WHERE tenant=? AND run_id=?",
+                       (tenant, run_id)).fetchone()
+    state: tuple[str | None, int, int] = (row[0], int(row[1]), int(row[2])) if row else (None, 0, 0)
+    closed = []
+    for call_id, ok in dict(results).items():
+        taken = conn.execute("DELETE FROM tools WHERE tenant=? AND run_id=? AND id=? RETURNING call",
+                             (tenant, run_id, call_id)).fetchone()
+        if taken is None:
+            continue  # not a call this proxy delivered, or closed already
+        call = json.loads(taken[0])
+        state = streak_of(state, str(call.get("sig") or ""), ok)
+        closed.append({**call, "ok": ok, "streak": state[1], "failures": state[2]})
+    if closed:
+        conn.execute(
+            "INSERT INTO runs (tenant, run_id, sig, streak, failures, first_seen, last_seen) VALUES (?,?,?,?,?,?,?) "
+            "ON CONFLICT DO UPDATE SET sig = excluded.sig, streak = excluded.streak, failures = excluded.failures",
+            (tenant, run_id, *state, ts, ts))
+    return tuple(closed)
+
+
+def _keep_trace(conn: sqlite3.Connection, tenant: str, run_id: str, trace: dict[str, Any],
+                ts: float) -> dict[str, Any]:
+    """The run's trace ids: the first ones stored win, so every replica uses the same."""
+    stored = _one(conn, "SELECT trace FROM runs WHERE tenant=? AND run_id=?", tenant, run_id)
+    if stored:
+        return dict(json.loads(stored))
+    conn.execute(
+        "INSERT INTO runs (tenant, run_id, trace, first_seen, last_seen) VALUES (?,?,?,?,?) "
+        "ON CONFLICT DO UPDATE SET trace = excluded.trace, "
+        "first_seen = COALESCE(first_seen, excluded.first_seen)",
+        (tenant, run_id, json.dumps(trace), ts, ts))
+    return trace
+
+
+def _contexts(conn: sqlite3.Connection, tenant: str, refs: tuple[str, ...]) -> tuple[int, list[str]]:
+    """(tokens of the stored context seen before, the refs never seen)."""
+    known, unknown = 0, []
+    for ref in refs:
+        tokens = _one(conn, "SELECT tokens FROM contexts WHERE tenant=? AND ref=?", tenant, ref)
+        if tokens is None:
+            unknown.append(ref)
+        else:
+            known += int(tokens)
+    return known, unknown
+
+
+def _remember(conn: sqlite3.Connection, tenant: str, seen: list[tuple[str, int]], ts: float) -> None:
+    # The largest size seen: a conversation only grows, a prompt template is fixed.
+    conn.executemany(
+        "INSERT INTO contexts (tenant, ref, tokens, seen_at) VALUES (?,?,?,?) "
+        "ON CONFLICT DO UPDATE SET tokens = MAX(tokens, excluded.tokens), seen_at = excluded.seen_at",
+        [(tenant, ref, tokens, ts) for ref, tokens in seen])
 
 
 def _run_add(conn: sqlite3.Connection, tenant: str, run_id: str, totals: list[tuple[str, int]]) -> None:

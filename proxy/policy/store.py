@@ -28,17 +28,20 @@ from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs
 from zoneinfo import ZoneInfo
 
-from proxy.errors import CeilingReached, ConfigError
+from proxy.errors import CeilingReached, ConfigError, LoopRefused, Refusal
 from proxy.policy import messages
 
 __all__ = [
+    "CONTEXT_KEPT_S",
     "MAX_MICROS",
     "SCOPES",
     "Admission",
     "Decision",
+    "GuardRule",
     "Limits",
     "Spend",
     "Store",
+    "Turn",
     "decide",
     "open_store",
     "refusal",
@@ -50,6 +53,9 @@ __all__ = [
 Scope = Literal["run_cost", "tenant_day", "tenant_month"]
 SCOPES: tuple[Scope, ...] = ("run_cost", "tenant_day", "tenant_month")
 MAX_MICROS = 2**53
+# How long the size of a stored response or conversation is remembered (OpenAI keeps
+# stored responses 30 days).
+CONTEXT_KEPT_S = 30 * 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,33 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class GuardRule:
+    """The loop guard's refusals, decided inside the admission from the streaks it counts."""
+
+    threshold: int  # identical calls in a row from which `refuse` refuses
+    refuse: bool  # False: streaks are counted and reminders follow, nothing refused here
+    max_failures: int | None = None  # consecutive failed tool results that refuse the call
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What one model call asks of the ledger besides its reservation, in the same atomic
+    step: the tool calls its results close (with ok flags), the loop guard, the run's
+    trace ids to keep if the run has none, and the stored context it names."""
+
+    results: tuple[tuple[str, bool], ...] = ()  # (tool call id, the result is not a failure)
+    guard: GuardRule | None = None
+    trace: dict[str, Any] | None = None
+    context: tuple[str, ...] = ()  # stored-context refs, e.g. "response:resp_1"
+    input_rate: int = 0  # micro-USD per million tokens of stored context (dearest input rate)
+    priced: bool = True  # False: the model has no price, refused under any cost limit
+    model: str | None = None  # named in that refusal
+
+
+NO_TURN = Turn()
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     """A counted call holding `reserved` micro-USD on every scope until settled."""
 
@@ -94,6 +127,12 @@ class Admission:
     remaining: dict[str, int | None]  # scope -> micro-USD left after this reservation
     day_key: str
     month_key: str
+    # The tool calls this request answered, each with the run's `streak` of identical
+    # calls and consecutive `failures` after it; the run's trace ids; stored-context tokens.
+    closed: tuple[dict[str, Any], ...] = ()
+    trace: dict[str, Any] | None = None
+    context_tokens: int = 0
+    limits: Limits | None = None  # in force: config limits with the admin API's budgets
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +188,65 @@ def decide(
     amount = max_reserve if tightest is None else min(max_reserve, tightest[0])
     remaining = {s: None if h is None else h - amount for s, h in headroom.items()}
     return Decision(amount=amount, remaining=remaining)
+
+
+ADMIN_BUDGET = "admin budget (`spanmeter budget set` / PUT /admin/budgets)"
+
+
+def with_budgets(limits: Limits, day: int | None, month: int | None) -> Limits:
+    """`limits` with the budgets the admin API stored, read inside the admission itself,
+    so a change holds from the next call on every replica."""
+    if day is None and month is None:
+        return limits
+    origin = dict(limits.origin)
+    if day is not None:
+        origin["tenant_day"] = ADMIN_BUDGET
+    if month is not None:
+        origin["tenant_month"] = ADMIN_BUDGET
+    return Limits(limits.run_max_calls, limits.run_max_cost,
+                  limits.day_budget if day is None else day,
+                  limits.month_budget if month is None else month, origin)
+
+
+def costed(limits: Limits) -> bool:
+    return limits.run_max_cost is not None or limits.day_budget is not None or limits.month_budget is not None
+
+
+def streak_of(state: tuple[str | None, int, int], sig: str, ok: bool) -> tuple[str, int, int]:
+    """(signature, streak, failures) of a run after one more closed tool call."""
+    last, streak, failures = state
+    return sig, streak + 1 if last == sig else 1, 0 if ok else failures + 1
+
+
+def guard_refusal(tenant: str, run_id: str, closed: tuple[dict[str, Any], ...],
+                  rule: GuardRule | None) -> LoopRefused | None:
+    """The loop guard's refusal of this call, judged on the tool calls it closed."""
+    if rule is None:
+        return None
+    for c in closed:
+        if rule.max_failures is not None and c["failures"] >= rule.max_failures:
+            return LoopRefused(messages.failure_ceiling(tenant, run_id, c["name"], c["failures"], rule.max_failures))
+    for c in closed:
+        if rule.refuse and c["streak"] >= rule.threshold:
+            return LoopRefused(messages.loop_ceiling(tenant, run_id, c["name"], c["streak"], rule.threshold))
+    return None
+
+
+def context_refusal(tenant: str, unknown: list[str], limits: Limits) -> CeilingReached:
+    return CeilingReached(messages.unbounded_context(tenant, unknown), limit="stored_context")
+
+
+def unpriced_refusal(tenant: str, model: str | None) -> CeilingReached:
+    return CeilingReached(messages.unknown_price(model, tenant), limit="unknown_price")
+
+
+def context_micros(tokens: int, rate: int) -> int:
+    return -(-tokens * rate // 1_000_000)
+
+
+def refused_with(error: Refusal, closed: tuple[dict[str, Any], ...], trace: dict[str, Any] | None) -> Refusal:
+    error.closed, error.trace = closed, trace
+    return error
 
 
 def refusal(
@@ -214,7 +312,11 @@ def release_later(store: Store, task: asyncio.Future[Any]) -> None:
 
 class Store(Protocol):
     """Ledger + run state. All methods are atomic per call; all raise StoreUnavailable
-    (never a backend's own exception) when the backend cannot be reached."""
+    (never a backend's own exception) when the backend cannot be reached.
+
+    The request path makes two operations per model call, whatever the turn carries:
+    `admit` before forwarding and `settle` after the answer. The rest serve run ends,
+    the idle sweeper and the admin API."""
 
     async def admit(
         self,
@@ -227,9 +329,15 @@ class Store(Protocol):
         now: datetime,
         tz: str = "UTC",
         ttl_s: int = 900,
+        turn: Turn = NO_TURN,
     ) -> Admission:
-        """Count the call and reserve on every scope, in one atomic step, or raise
-        CeilingReached (nothing counted, nothing reserved)."""
+        """In one atomic step: close the tool calls `turn.results` answer (counting the
+        run's streaks and failures), keep `turn.trace` if the run has none, apply the
+        admin budgets over `limits`, bound `turn.context`, then count the call and reserve
+        between min and max (plus the stored context) on every scope.
+
+        Raises LoopRefused or CeilingReached (call not counted, nothing reserved; the tool
+        calls stay closed and the error carries them in `closed` and the trace in `trace`)."""
         ...
 
     async def settle(
@@ -239,14 +347,16 @@ class Store(Protocol):
         *,
         run_totals: dict[str, int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        contexts: dict[str, int] | None = None,
     ) -> int:
         """Replace the reservation by `actual` on every scope; returns the overshoot
         (actual - reserved when positive, charged in full).
 
         In the same atomic step, for the admission's tenant and run: adds `run_totals`
-        as `run_add` would and remembers `tools` as `tools_put` would (one commit / one
-        round trip per answered call instead of three). A second settle of the same
-        admission is a no-op as a whole: no charge, no totals, no tool calls."""
+        as `run_add` would, remembers `tools` (open tool calls, closed by a later admit),
+        and remembers the size in tokens of each stored context this answer revealed
+        (`contexts`: ref -> tokens, the largest kept). A second settle of the same
+        admission is a no-op as a whole."""
         ...
 
     async def release(self, admission: Admission) -> None: ...
@@ -276,11 +386,6 @@ class Store(Protocol):
     ) -> Spend: ...
 
     async def run_calls(self, tenant: str, run_id: str) -> int: ...
-
-    async def run_begin(self, tenant: str, run_id: str, now: datetime, trace: dict[str, Any]) -> dict[str, Any]:
-        """Store `trace` if the run has none yet; return the stored one (shared by replicas)."""
-        ...
-
     async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None: ...
     async def run_totals(self, tenant: str, run_id: str) -> dict[str, int]: ...
 
@@ -293,8 +398,6 @@ class Store(Protocol):
     async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None: ...
     async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]: ...
     async def tools_pending(self, tenant: str, run_id: str) -> list[dict[str, Any]]: ...
-    async def streak(self, tenant: str, run_id: str, signature: str) -> int: ...
-    async def failures(self, tenant: str, run_id: str, failed: bool) -> int: ...
     async def budget_set(self, tenant: str, day: int | None, month: int | None) -> None: ...
     async def budget_get(self, tenant: str) -> tuple[int | None, int | None]: ...
     async def ping(self) -> None: ...
@@ -310,7 +413,7 @@ class DerivedOps:
         raise NotImplementedError
 
     async def settle(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
-                     tools: list[dict[str, Any]] | None = None) -> int:
+                     tools: list[dict[str, Any]] | None = None, contexts: dict[str, int] | None = None) -> int:
         raise NotImplementedError
 
     async def spend(

@@ -18,6 +18,7 @@ from proxy.model import (
     Call,
     Finish,
     MetaEvent,
+    Outcome,
     OutputSpec,
     Rewrite,
     StreamError,
@@ -29,7 +30,7 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.base import SseEvent, number, text_of
+from proxy.providers.base import MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number, text_of
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 
@@ -185,6 +186,7 @@ def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
 class AnthropicAdapter:
     api = "messages"
     upstream_setting = "anthropic_base_url"
+    text_part = "text"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))
@@ -195,7 +197,9 @@ class AnthropicAdapter:
             operation="chat",
             model=_str(body.get("model")),
             stream=body.get("stream") is True,
-            max_output_tokens=_int(body.get("max_tokens")),
+            max_output_tokens=count_field("max_tokens", body.get("max_tokens"), upper=MAX_TOKENS_LIMIT,
+                                          what="the most tokens the answer may have, thinking included"),
+            max_tokens_field="max_tokens",
             tools=tools,
             tool_results=_tool_results(messages) if isinstance(messages, list) else (),
             output=_output(body, tools),
@@ -207,11 +211,19 @@ class AnthropicAdapter:
             input_chars=_prompt_chars(body),
         )
 
-    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+    def prepare(self, ex: Exchange) -> list[Rewrite]:
         return []  # usage always streams in message_start / message_delta
 
-    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
-        body["max_tokens"] = value
+    def set_max_tokens(self, ex: Exchange, value: int) -> None:
+        ex.set_top("max_tokens", value)
+
+    def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
+        return [(block, "content") for m in body.get("messages") or () if isinstance(m, dict)
+                for block in _blocks(m.get("content"))
+                if block.get("type") == "tool_result" and block.get("tool_use_id") == call_id]
+
+    def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
+        return {}  # no context is stored by this API
 
     def parse_response(self, body: Any) -> list[StreamEvent]:
         if not isinstance(body, dict):

@@ -12,15 +12,36 @@ The handler parses the request body once (orjson) and hands the dict to
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
 
-from proxy.errors import ProxyError
-from proxy.model import Call, Rewrite, StreamEvent
+from proxy.errors import MalformedBody, ProxyError
+from proxy.model import Call, Outcome, Rewrite, StreamEvent
 
-__all__ = ["Framer", "ProviderAdapter", "SseEvent", "array", "integer", "number", "string", "text_of"]
+__all__ = [
+    "MAX_OUTPUT_MULTIPLIER",
+    "MAX_TOKENS_LIMIT",
+    "Exchange",
+    "Framer",
+    "ProviderAdapter",
+    "SseEvent",
+    "array",
+    "count_field",
+    "integer",
+    "number",
+    "open_exchange",
+    "string",
+    "text_of",
+]
+
+# The largest max-token value any API accepts is far below this; larger values are refused
+# at the edge rather than overflowing a 64-bit ledger column later.
+MAX_TOKENS_LIMIT = 2**31 - 1
+# OpenAI accepts n <= 128; Gemini candidateCount <= 8. A multiplier is bounded by the
+# larger, so a new provider limit still reserves exactly what the request asks for.
+MAX_OUTPUT_MULTIPLIER = 128
 
 
 _UNPARSED: Any = object()
@@ -95,25 +116,37 @@ def _parse(raw: bytes) -> SseEvent:
 
 
 class ProviderAdapter(Protocol):
-    """What the handler needs from a wire format.
+    """What the rest of spanmeter needs from a wire format; nothing else knows one.
 
     Example (chat)::
 
-        call = CHAT.parse_request({"model": "gpt-4o", "messages": [...]}, "/v1/chat/completions")
+        ex = CHAT.open(raw, "/v1/chat/completions")   # the request's facts in ex.call
         events = CHAT.parse_response(orjson.loads(upstream_body))
     """
 
     api: str  # one of proxy.model.Api
     upstream_setting: str  # which settings field holds this dialect's base URL
+    text_part: str  # the type of a text part in a tool result's content list
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call: ...
-
-    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
-        """Rewrite the upstream request in place (e.g. inject include_usage); say what changed."""
+    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+        """The call's facts; refuses (MalformedBody) a field that changes cost and is not
+        a value the API accepts."""
         ...
 
-    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
-        """Write a max-output-tokens value in this dialect's field (admission's clamp)."""
+    def prepare(self, ex: Exchange) -> list[Rewrite]:
+        """Patch the upstream request (e.g. inject include_usage); say what changed."""
+        ...
+
+    def set_max_tokens(self, ex: Exchange, value: int) -> None:
+        """Write a max-output-tokens value in the field this model family takes (the clamp)."""
+        ...
+
+    def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
+        """(holder, key) of each tool result for `call_id` in the request, in order."""
+        ...
+
+    def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
+        """Stored context this answer revealed the size of, in tokens (see Call.stored_context)."""
         ...
 
     def parse_response(self, body: Any) -> list[StreamEvent]: ...
@@ -131,6 +164,83 @@ class ProviderAdapter(Protocol):
     def auth_headers(self, key: str) -> dict[str, str]:
         """Headers carrying an upstream key in this dialect's own scheme."""
         ...
+
+
+def open_exchange(adapter: ProviderAdapter, raw: bytes, path: str) -> Exchange:
+    """The exchange of one call: the body parsed once, the facts read, bad values refused."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBody(
+            f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            f"(byte {exc.pos}). Send a JSON object as the {adapter.api} API expects.") from None
+    if not isinstance(body, dict):
+        raise MalformedBody(f"The request body must be a JSON object, not {type(body).__name__}.")
+    try:
+        call = adapter.parse_request(body, path)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise MalformedBody(f"The request body has a field of the wrong type ({exc}).") from None
+    return Exchange(adapter, replace(call, body_bytes=len(raw)), raw, body)
+
+
+class Exchange:
+    """One model call's request as it will go upstream: its facts and its patches.
+
+    Opened from the bytes exactly as received. A request nobody patches goes upstream byte
+    for byte; a new top-level field (a max-token clamp, stream_options) is spliced into the
+    bytes, so a 45 KB conversation is not re-serialised to add one field; only an edit
+    inside the conversation (a loop-guard reminder) re-serialises the body.
+    """
+
+    __slots__ = ("_added", "_edited", "adapter", "body", "call", "raw")
+
+    def __init__(self, adapter: ProviderAdapter, call: Call, raw: bytes, body: dict[str, Any]) -> None:
+        self.adapter = adapter
+        self.call = call
+        self.raw = raw
+        self.body = body
+        self._added: dict[str, Any] = {}
+        self._edited = False
+
+    def set_top(self, key: str, value: Any) -> None:
+        """Set a top-level field of the request."""
+        if key in self.body and key not in self._added:
+            self._edited = True
+        else:
+            self._added[key] = value
+        self.body[key] = value
+
+    def edited(self) -> None:
+        """Say that `body` was changed in place below the top level."""
+        self._edited = True
+
+    def prefix_tool_result(self, call_id: str, text: str) -> bool:
+        """Prefix `text` to the last tool result for `call_id`, in the dialect's own shape."""
+        slots = self.adapter.tool_result_slots(self.body, call_id)
+        if not slots:
+            return False
+        holder, key = slots[-1]
+        value = holder.get(key)
+        if isinstance(value, str):
+            holder[key] = text + value
+        elif isinstance(value, list):
+            value.insert(0, {"type": self.adapter.text_part, "text": text})
+        elif isinstance(value, dict):  # Gemini functionResponse.response
+            holder[key] = {"spanmeter_reminder": text.strip(), **value}
+        else:
+            holder[key] = text
+        self._edited = True
+        return True
+
+    def request_bytes(self) -> bytes:
+        if self._edited:
+            return orjson.dumps(self.body)
+        if not self._added:
+            return self.raw
+        end = self.raw.rindex(b"}")  # the body parsed as a JSON object: its last byte is `}`
+        fields = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in self._added.items())
+        sep = b"," if len(self.body) > len(self._added) else b""
+        return self.raw[:end] + sep + fields + self.raw[end:]
 
 
 def integer(value: Any) -> int | None:
@@ -151,6 +261,21 @@ def number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def count_field(name: str, value: Any, *, upper: int, what: str) -> int | None:
+    """A positive whole-number request field (a max-token value, a choice count), or None
+    when absent; anything else is refused, since it changes what the call may cost."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer() and value >= 1:
+        value = int(value)  # 512.0 is a whole number, as the APIs read it
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
+        shown = orjson.dumps(value).decode()[:40]  # parsed by orjson, so it serialises
+        raise MalformedBody(
+            f"`{name}` must be a whole number from 1 to {upper:,} ({what}), got {shown}. "
+            f"Send a positive integer, or leave `{name}` out.", param=name)
+    return value
 
 
 def text_of(content: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -11,6 +12,7 @@ from proxy.model import (
     Call,
     Finish,
     MetaEvent,
+    Outcome,
     OutputSpec,
     Rewrite,
     StreamError,
@@ -22,7 +24,15 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.base import SseEvent, number, text_of
+from proxy.providers.base import (
+    MAX_OUTPUT_MULTIPLIER,
+    MAX_TOKENS_LIMIT,
+    Exchange,
+    SseEvent,
+    count_field,
+    number,
+    text_of,
+)
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 
@@ -108,6 +118,27 @@ def _stops(stop: Any) -> tuple[str, ...]:
     return tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
 
 
+# OpenAI's reasoning and newer chat models refuse `max_tokens` and take
+# `max_completion_tokens`; OpenAI-compatible servers (vLLM, llama.cpp, Ollama) know only
+# `max_tokens`. A field the request already uses is kept whatever the model.
+_COMPLETION_TOKENS_MODELS = re.compile(r"^(?:o\d|gpt-4\.1|gpt-4o|gpt-5|chatgpt-|codex-|computer-use-)")
+
+
+def _max_tokens(body: dict[str, Any], model: str | None) -> tuple[int | None, str]:
+    """(the bound on each answer's output, the field a clamp writes)."""
+    what = "the most tokens each answer may have"
+    new = count_field("max_completion_tokens", body.get("max_completion_tokens"), upper=MAX_TOKENS_LIMIT, what=what)
+    old = count_field("max_tokens", body.get("max_tokens"), upper=MAX_TOKENS_LIMIT, what=what)
+    # Both set: which one a server honours differs, so the larger bounds the call.
+    bound = max(new or 0, old or 0) or None
+    if "max_completion_tokens" in body:
+        return bound, "max_completion_tokens"
+    if "max_tokens" in body:
+        return bound, "max_tokens"
+    family = model is not None and _COMPLETION_TOKENS_MODELS.match(model) is not None
+    return bound, "max_completion_tokens" if family else "max_tokens"
+
+
 def _error(err: dict[str, Any]) -> StreamError:
     return StreamError(str(err.get("type") or err.get("code") or "error"),
                        str(err.get("message") or ""))
@@ -169,6 +200,7 @@ def openai_stream_error(error: ProxyError) -> bytes:
 class ChatAdapter:
     api = "chat"
     upstream_setting = "openai_base_url"
+    text_part = "text"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         messages = body.get("messages")
@@ -176,13 +208,17 @@ class ChatAdapter:
         tools = _tools(body.get("tools"))
         so = body.get("stream_options")
         stop = body.get("stop")
-        model = body.get("model")
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        max_out, field = _max_tokens(body, model)
+        n = count_field("n", body.get("n"), upper=MAX_OUTPUT_MULTIPLIER, what="how many answers to generate")
         return Call(
             api="chat",
             operation="chat",
-            model=model if isinstance(model, str) else None,
+            model=model,
             stream=body.get("stream") is True,
-            max_output_tokens=_int(body.get("max_completion_tokens", body.get("max_tokens"))),
+            max_output_tokens=max_out,
+            max_tokens_field=field,
+            output_multiplier=n or 1,
             tools=tools,
             tool_results=_tool_results(messages),
             output=_output(body, tools),
@@ -190,24 +226,31 @@ class ChatAdapter:
             temperature=number(body.get("temperature")),
             top_p=number(body.get("top_p")),
             seed=_int(body.get("seed")),
-            choice_count=_int(body.get("n")),
+            choice_count=n,
             stop_sequences=_stops(stop),
             frequency_penalty=number(body.get("frequency_penalty")),
             presence_penalty=number(body.get("presence_penalty")),
             input_chars=_prompt_chars(messages, body.get("tools")),
         )
 
-    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
-        if not call.stream or call.include_usage:
+    def prepare(self, ex: Exchange) -> list[Rewrite]:
+        if not ex.call.stream or ex.call.include_usage:
             return []
         # Without it a chat stream never reports usage, and unknown usage can only be
         # settled at the reservation. The usage-only chunk is dropped on the way back.
-        so = body.get("stream_options")
-        body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
+        so = ex.body.get("stream_options")
+        ex.set_top("stream_options", {**(so if isinstance(so, dict) else {}), "include_usage": True})
         return [Rewrite("include_usage", "injected")]
 
-    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
-        body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = value
+    def set_max_tokens(self, ex: Exchange, value: int) -> None:
+        ex.set_top(ex.call.max_tokens_field, value)
+
+    def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
+        return [(m, "content") for m in _list(body.get("messages"))
+                if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id") == call_id]
+
+    def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
+        return {}  # no context is stored by this API
 
     def parse_response(self, body: Any) -> list[StreamEvent]:
         if not isinstance(body, dict):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.errors import ProxyError
-from proxy.model import Call, MetaEvent, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
-from proxy.providers.base import SseEvent
+from proxy.model import Call, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
+from proxy.providers.base import Exchange, SseEvent
 from proxy.providers.base import integer as _int
 from proxy.providers.chat import openai_error_body, openai_stream_error
 
@@ -30,6 +30,7 @@ def _input_chars(value: Any) -> int:
 class EmbeddingsAdapter:
     api = "embeddings"
     upstream_setting = "openai_base_url"
+    text_part = "text"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         model = body.get("model")
@@ -40,11 +41,17 @@ class EmbeddingsAdapter:
             input_chars=_input_chars(body.get("input")),
         )
 
-    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+    def prepare(self, ex: Exchange) -> list[Rewrite]:
         return []
 
-    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+    def set_max_tokens(self, ex: Exchange, value: int) -> None:
         """Embeddings produce no tokens: nothing to clamp."""
+
+    def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
+        return []
+
+    def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
+        return {}  # no context is stored by this API
 
     def parse_response(self, body: Any) -> list[StreamEvent]:
         if not isinstance(body, dict):

@@ -34,6 +34,7 @@ from proxy.model import (
     Call,
     Finish,
     MetaEvent,
+    Outcome,
     OutputSpec,
     Rewrite,
     StreamError,
@@ -45,7 +46,7 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.base import SseEvent, number
+from proxy.providers.base import MAX_OUTPUT_MULTIPLIER, MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
@@ -248,17 +249,25 @@ def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
 class GeminiAdapter:
     api = "gemini"
     upstream_setting = "gemini_base_url"
+    text_part = "text"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         m = _PATH.search(path)
         tools = tuple(_tool_spec(d) for d in _declarations(body.get("tools")))
         config = _get(body, "generationConfig")
+        candidates = count_field("generationConfig.candidateCount", _get(config, "candidateCount"),
+                                 upper=MAX_OUTPUT_MULTIPLIER, what="how many answers to generate")
+        cached = _get(body, "cachedContent")
         return Call(
             api="gemini",
             operation="generate_content",
             model=m["model"] if m else None,
             stream=m is not None and m["action"] == "streamGenerateContent",
-            max_output_tokens=_int(_get(config, "maxOutputTokens")),
+            max_output_tokens=count_field("generationConfig.maxOutputTokens", _get(config, "maxOutputTokens"),
+                                          upper=MAX_TOKENS_LIMIT, what="the most tokens each answer may have"),
+            max_tokens_field="generationConfig.maxOutputTokens",
+            output_multiplier=candidates or 1,
+            stored_context=(f"cached_content:{cached}",) if isinstance(cached, str) and cached else (),
             tools=tools,
             tool_results=_tool_results(_list(body.get("contents"))),
             output=_output(body, tools),
@@ -266,23 +275,38 @@ class GeminiAdapter:
             top_p=number(_get(config, "topP")),
             top_k=number(_get(config, "topK")),
             seed=_int(_get(config, "seed")),
-            choice_count=_int(_get(config, "candidateCount")),
+            choice_count=candidates,
             stop_sequences=_stops(config),
             frequency_penalty=number(_get(config, "frequencyPenalty")),
             presence_penalty=number(_get(config, "presencePenalty")),
             input_chars=_prompt_chars(body),
         )
 
-    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+    def prepare(self, ex: Exchange) -> list[Rewrite]:
         return []  # usageMetadata is always sent
 
-    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
+    def set_max_tokens(self, ex: Exchange, value: int) -> None:
+        body = ex.body
         key = "generation_config" if "generation_config" in body else "generationConfig"
         config = body.get(key)
         if not isinstance(config, dict):
-            config = body[key] = {}
+            ex.set_top(key, {"maxOutputTokens": value})
+            return
         config.pop("max_output_tokens", None)
         config["maxOutputTokens"] = value
+        ex.edited()
+
+    def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
+        # Matched by id, or by the name-based id of the module docstring.
+        return [(fr, "response") for c in _list(body.get("contents")) if isinstance(c, dict)
+                for fr, rid in _name_ids(_list(c.get("parts")), "functionResponse") if call_id in (rid, fr.get("id"))]
+
+    def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
+        """A cached content's size is the cached tokens the call reported reading."""
+        cached = outcome.usage.cache_read_tokens
+        if cached is None:
+            return {}
+        return {ref: cached for ref in call.stored_context if ref.startswith("cached_content:")}
 
     def parse_response(self, body: Any) -> list[StreamEvent]:
         # Without ?alt=sse, streamGenerateContent answers with a JSON array of chunks.

@@ -20,6 +20,7 @@ from proxy.model import (
     Call,
     Finish,
     MetaEvent,
+    Outcome,
     OutputSpec,
     Rewrite,
     StreamError,
@@ -30,7 +31,7 @@ from proxy.model import (
     ToolSpec,
     UsageEvent,
 )
-from proxy.providers.base import SseEvent, number, text_of
+from proxy.providers.base import MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number, text_of
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
@@ -69,6 +70,22 @@ def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | N
         if spec is not None:
             return OutputSpec("tool", spec.parameters, spec.name)
     return None
+
+
+def _stored_context(body: dict[str, Any]) -> tuple[str, ...]:
+    """Context OpenAI keeps server-side and bills as input, named but not carried here."""
+    refs = []
+    if isinstance(prev := body.get("previous_response_id"), str) and prev:
+        refs.append(f"response:{prev}")
+    conv = body.get("conversation")
+    conv = conv.get("id") if isinstance(conv, dict) else conv
+    if isinstance(conv, str) and conv:
+        refs.append(f"conversation:{conv}")
+    prompt = body.get("prompt")
+    if isinstance(prompt, dict) and isinstance(prompt.get("id"), str):
+        version = prompt.get("version")
+        refs.append(f"prompt:{prompt['id']}" + (f"@{version}" if isinstance(version, str) else ""))
+    return tuple(refs)
 
 
 def _is_model_item(item: dict[str, Any]) -> bool:
@@ -176,6 +193,7 @@ def _stream_item(index: int, item: Any) -> list[StreamEvent]:
 class ResponsesAdapter:
     api = "responses"
     upstream_setting = "openai_base_url"
+    text_part = "input_text"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))
@@ -185,7 +203,10 @@ class ResponsesAdapter:
             operation="chat",
             model=_str(body.get("model")),
             stream=body.get("stream") is True,
-            max_output_tokens=_int(body.get("max_output_tokens")),
+            max_output_tokens=count_field("max_output_tokens", body.get("max_output_tokens"),
+                                          upper=MAX_TOKENS_LIMIT, what="the most tokens the answer may have"),
+            max_tokens_field="max_output_tokens",
+            stored_context=_stored_context(body),
             tools=tools,
             tool_results=_tool_results(items) if isinstance(items, list) else (),
             output=_output(body, tools),
@@ -194,11 +215,28 @@ class ResponsesAdapter:
             input_chars=_prompt_chars(body),
         )
 
-    def prepare(self, body: dict[str, Any], call: Call) -> list[Rewrite]:
+    def prepare(self, ex: Exchange) -> list[Rewrite]:
         return []  # usage always arrives in response.completed
 
-    def set_max_tokens(self, body: dict[str, Any], value: int) -> None:
-        body["max_output_tokens"] = value
+    def set_max_tokens(self, ex: Exchange, value: int) -> None:
+        ex.set_top("max_output_tokens", value)
+
+    def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
+        return [(it, "output") for it in _list(body.get("input"))
+                if isinstance(it, dict) and it.get("type") == "function_call_output" and it.get("call_id") == call_id]
+
+    def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
+        """A stored response, and the conversation it extends, hold this call's input and
+        output; a stored prompt is at most this call's input."""
+        u = outcome.usage
+        if u.input_tokens is None:
+            return {}
+        held = u.input_tokens + (u.output_tokens or 0)
+        sizes = {ref: u.input_tokens for ref in call.stored_context if ref.startswith("prompt:")}
+        sizes |= {ref: held for ref in call.stored_context if ref.startswith("conversation:")}
+        if outcome.response_id:
+            sizes[f"response:{outcome.response_id}"] = held
+        return sizes
 
     def parse_response(self, body: Any) -> list[StreamEvent]:
         if not isinstance(body, dict):

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from proxy.errors import CeilingReached, ConfigError, StoreUnavailable
+from proxy.errors import CeilingReached, ConfigError, LoopRefused, StoreUnavailable
 from proxy.policy.sqlite import SqliteStore
-from proxy.policy.store import Admission, Limits, Spend, Store, open_store
+from proxy.policy.store import Admission, GuardRule, Limits, Spend, Store, Turn, open_store
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -357,9 +357,16 @@ async def test_a_late_settle_corrects_an_expired_reservation(store: Store, tenan
 
 
 async def test_run_state_is_shared_and_ends_once(store: Store, tenant: str) -> None:
-    first = {"trace_id": "a" * 32, "span_id": "b" * 16, "started_at": 1.5}
-    assert await store.run_begin(tenant, "r-1", T0, first) == first
-    assert await store.run_begin(tenant, "r-1", T0, {"trace_id": "c" * 32}) == first
+    first = {"ids": "first"}
+    a = await admit(store, tenant, turn=Turn(trace=first))
+    assert a.trace == first
+    b = await admit(store, tenant, turn=Turn(trace={"ids": "second"}))
+    assert b.trace == first, "the first trace stored wins, on every replica"
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, limits=Limits(run_max_calls=2), turn=Turn(trace={"ids": "third"}))
+    assert ei.value.trace == first, "a refusal still tells the run's trace"
+    await store.release(a)
+    await store.release(b)
     await store.run_add(tenant, "r-1", {"input_tokens": 10, "calls": 1})
     await store.run_add(tenant, "r-1", {"input_tokens": 5, "tool_calls": 2})
     assert await store.run_totals(tenant, "r-1") == {
@@ -368,7 +375,7 @@ async def test_run_state_is_shared_and_ends_once(store: Store, tenant: str) -> N
         "tool_calls": 2,
     }
     await store.settle(await admit(store, tenant, now=T0 + timedelta(seconds=5)), 42)
-    await store.run_begin(tenant, "r-2", T0 + timedelta(seconds=20), {"trace_id": "d" * 32})
+    await admit(store, tenant, "r-2", now=T0 + timedelta(seconds=20), turn=Turn(trace={"ids": "r2"}))
 
     idle = [r for t, r in await store.idle_runs(T0 + timedelta(seconds=15)) if t == tenant]
     assert idle == ["r-1"]
@@ -379,7 +386,7 @@ async def test_run_state_is_shared_and_ends_once(store: Store, tenant: str) -> N
     records = [r for r in ended if r is not None]
     assert len(records) == 1
     record = records[0]
-    assert record["trace"] == first and record["calls"] == 1 and record["spend"] == 42
+    assert record["trace"] == first and record["calls"] == 3 and record["spend"] == 42
     assert record["totals"]["input_tokens"] == 15 and record["ended"] is True
     assert [r for t, r in await store.idle_runs(T0 + timedelta(days=1)) if t == tenant] == ["r-2"]
     assert await store.run_end(tenant, "never-seen") is None
@@ -397,10 +404,92 @@ async def test_tool_calls_are_taken_once(store: Store, tenant: str) -> None:
     assert await store.tools_pending(tenant, "r-1") == []
 
 
-async def test_streaks_and_failures_count_consecutive_events(store: Store, tenant: str) -> None:
-    assert [await store.streak(tenant, "r-1", s) for s in "aaabaa"] == [1, 2, 3, 1, 1, 2]
-    flags = [True, True, False, True]
-    assert [await store.failures(tenant, "r-1", f) for f in flags] == [1, 2, 0, 1]
+async def _tool_turn(store: Store, tenant: str, sig: str, ok: bool = True, **kw: Any) -> Admission:
+    """One agent turn: the previous answer's tool call, then the request carrying its result."""
+    call_id = uuid.uuid4().hex[:8]
+    await store.settle(await admit(store, tenant), 1, tools=[{"id": call_id, "name": sig, "arguments": "{}",
+                                                               "sig": sig}])
+    return await admit(store, tenant, turn=Turn(results=((call_id, ok),), **kw))
+
+
+async def test_streaks_and_failures_are_counted_by_the_admission_that_closes_the_call(
+        store: Store, tenant: str) -> None:
+    streaks = [(await _tool_turn(store, tenant, s)).closed[0]["streak"] for s in "aaabaa"]
+    assert streaks == [1, 2, 3, 1, 1, 2]
+    failures = [(await _tool_turn(store, tenant, "c", ok)).closed[0]["failures"] for ok in (False, False, True, False)]
+    assert failures == [1, 2, 0, 1]
+
+
+async def test_one_admission_closes_every_result_of_a_turn_in_order(store: Store, tenant: str) -> None:
+    calls = [{"id": f"c{i}", "name": "read", "arguments": "{}", "sig": "read:same"} for i in range(4)]
+    await store.settle(await admit(store, tenant), 1, tools=calls)
+    a = await admit(store, tenant, turn=Turn(results=(("c0", True), ("zz", True), ("c1", False), ("c2", True))))
+    assert [(c["id"], c["streak"], c["failures"], c["ok"]) for c in a.closed] == [
+        ("c0", 1, 0, True), ("c1", 2, 1, False), ("c2", 3, 0, True)]
+    assert [c["id"] for c in await store.tools_pending(tenant, "r-1")] == ["c3"]
+    again = await admit(store, tenant, turn=Turn(results=(("c0", True),)))
+    assert again.closed == (), "a tool call is closed once"
+
+
+async def test_the_guard_refuses_inside_the_admission_and_the_results_stay_closed(store: Store, tenant: str) -> None:
+    rule = GuardRule(threshold=3, refuse=True)
+    for _ in range(2):
+        await _tool_turn(store, tenant, "loop", guard=rule)
+    calls = await store.run_calls(tenant, "r-1")
+    with pytest.raises(LoopRefused) as ei:
+        await _tool_turn(store, tenant, "loop", guard=rule)
+    assert "`loop` 3 times in a row" in ei.value.message
+    assert [c["streak"] for c in ei.value.closed] == [3]
+    assert await store.run_calls(tenant, "r-1") == calls + 1, "the refused call is not counted"
+    assert await store.tools_pending(tenant, "r-1") == [], "the result that arrived closed its call"
+    failing = GuardRule(threshold=3, refuse=False, max_failures=2)
+    await _tool_turn(store, tenant, "x", ok=False, guard=failing)
+    with pytest.raises(LoopRefused, match="2 tool failures in a row"):
+        await _tool_turn(store, tenant, "y", ok=False, guard=failing)
+
+
+async def test_admin_budgets_hold_from_the_next_admission_on_every_replica(url: str, tenant: str) -> None:
+    one, two = open_store(url), open_store(url)
+    try:
+        limits = Limits(day_budget=1_000_000)
+        await admit(one, tenant, min_reserve=100, max_reserve=100, limits=limits)
+        await two.budget_set(tenant, 150, None)  # the other replica cuts the daily budget
+        with pytest.raises(CeilingReached) as ei:
+            await admit(one, tenant, min_reserve=100, max_reserve=100, limits=limits)
+        assert ei.value.limit == "tenant_day" and "admin budget" in ei.value.message
+        await two.budget_set(tenant, None, None)
+        a = await admit(one, tenant, min_reserve=100, max_reserve=100, limits=limits)
+        assert a.limits is not None and a.limits.day_budget == 1_000_000
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_an_unpriced_model_is_refused_under_an_admin_budget_alone(store: Store, tenant: str) -> None:
+    unpriced = Turn(priced=False, model="mystery-1")
+    await admit(store, tenant, min_reserve=0, max_reserve=0, turn=unpriced)  # no cost limit: goes
+    await store.budget_set(tenant, 5_000_000, None)
+    with pytest.raises(CeilingReached, match="'mystery-1' has no known price") as ei:
+        await admit(store, tenant, min_reserve=0, max_reserve=0, turn=unpriced)
+    assert ei.value.limit == "unknown_price"
+
+
+async def test_stored_context_is_bounded_by_what_the_ledger_saw(store: Store, tenant: str) -> None:
+    ref = Turn(context=("response:resp_1",), input_rate=2_000_000)  # $2 per million tokens
+    costed = Limits(run_max_cost=10_000_000)
+    with pytest.raises(CeilingReached, match="response:resp_1") as ei:
+        await admit(store, tenant, limits=costed, turn=ref)
+    assert ei.value.limit == "stored_context"
+    free = await admit(store, tenant, turn=ref)  # no cost ceiling: forwarded, charged as billed
+    assert free.context_tokens == 0
+    await store.settle(free, 5, contexts={"response:resp_1": 300_000, "conversation:c": 10})
+    await store.settle(await admit(store, tenant), 5, contexts={"response:resp_1": 200})  # the largest stays
+    a = await admit(store, tenant, min_reserve=10, max_reserve=100, limits=costed, turn=ref)
+    assert a.context_tokens == 300_000
+    assert a.reserved == 100 + 600_000, "300k stored tokens at $2/M are reserved on top"
+    other = tenant + "-other"
+    with pytest.raises(CeilingReached):
+        await admit(store, other, limits=costed, turn=ref)  # another tenant's response is unknown
 
 
 async def test_budget_overrides_round_trip(store: Store, tenant: str) -> None:
@@ -414,13 +503,15 @@ async def test_budget_overrides_round_trip(store: Store, tenant: str) -> None:
 async def test_the_same_run_id_in_two_tenants_shares_nothing(store: Store, tenant: str) -> None:
     other = tenant + ":x"
     for t in (tenant, other):
-        await admit(store, t, "r-1", limits=Limits(run_max_calls=1))
-        assert await store.run_begin(t, "r-1", T0, {"trace_id": t}) == {"trace_id": t}
-        await store.tools_put(t, "r-1", [{"id": "call-1", "tenant": t}])
-        assert await store.streak(t, "r-1", "same") == 1
+        a = await admit(store, t, "r-1", limits=Limits(run_max_calls=1), turn=Turn(trace={"ids": t}))
+        assert a.trace == {"ids": t}
+        await store.tools_put(t, "r-1", [{"id": "call-1", "tenant": t, "name": "f", "sig": "same"}])
     assert await store.run_calls(tenant, "r-1") == await store.run_calls(other, "r-1") == 1
-    assert await store.tools_take(tenant, "r-1", ["call-1"]) == [{"id": "call-1", "tenant": tenant}]
-    assert await store.tools_pending(other, "r-1") == [{"id": "call-1", "tenant": other}]
+    taken = await admit(store, tenant, "r-2", turn=Turn(results=(("call-1", True),)))
+    assert taken.closed == (), "call-1 belongs to run r-1"
+    assert await store.tools_take(tenant, "r-1", ["call-1"]) == [{"id": "call-1", "tenant": tenant, "name": "f",
+                                                                  "sig": "same"}]
+    assert await store.tools_pending(other, "r-1") == [{"id": "call-1", "tenant": other, "name": "f", "sig": "same"}]
     assert await store.spend(other) == 100
     # Separators inside names cannot make two keys meet.
     await admit(store, tenant + ":a", "b")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from proxy.errors import CeilingReached, UpstreamTimeout
 from proxy.model import StreamError
-from proxy.providers.base import Framer, SseEvent
+from proxy.providers.base import Framer, SseEvent, open_exchange
 from tests.providers.cases import ADAPTERS
 
 ALL = list(ADAPTERS.items())
@@ -57,6 +57,9 @@ def test_an_empty_event_means_nothing(dialect: str, adapter: Any) -> None:
 MAX_TOKENS = [
     ("chat", {"max_tokens": 5}, {"max_tokens": 9}),
     ("chat", {"max_completion_tokens": 5}, {"max_completion_tokens": 9}),
+    ("chat", {"model": "gpt-5-mini"}, {"model": "gpt-5-mini", "max_completion_tokens": 9}),
+    ("chat", {"model": "o3"}, {"model": "o3", "max_completion_tokens": 9}),
+    ("chat", {"model": "llama-3.1-8b"}, {"model": "llama-3.1-8b", "max_tokens": 9}),
     ("responses", {}, {"max_output_tokens": 9}),
     ("anthropic", {"max_tokens": 5}, {"max_tokens": 9}),
     ("gemini", {}, {"generationConfig": {"maxOutputTokens": 9}}),
@@ -68,11 +71,23 @@ MAX_TOKENS = [
 
 @pytest.mark.parametrize(("dialect", "body", "expected"), MAX_TOKENS,
                          ids=[f"{d} {sorted(b)}" for d, b, _ in MAX_TOKENS])
-def test_set_max_tokens_writes_the_dialects_own_field(dialect, body, expected) -> None:
-    ADAPTERS[dialect].set_max_tokens(body, 9)  # type: ignore[attr-defined]
-    assert body == expected
-    call = ADAPTERS[dialect].parse_request(body, "/v1beta/models/m:generateContent")
+def test_set_max_tokens_writes_the_field_the_model_family_takes(dialect, body, expected) -> None:
+    adapter = ADAPTERS[dialect]
+    ex = open_exchange(adapter, orjson.dumps(body), "/v1beta/models/m:generateContent")
+    adapter.set_max_tokens(ex, 9)
+    sent = orjson.loads(ex.request_bytes())
+    assert sent == expected
+    call = adapter.parse_request(sent, "/v1beta/models/m:generateContent")
     assert call.max_output_tokens == (None if dialect == "embeddings" else 9)
+
+
+def test_a_new_top_level_field_is_spliced_into_the_bytes_as_they_came() -> None:
+    raw = b'{"model": "gpt-4o",  "messages": [{"role": "user", "content": "{literal} braces"}]}  '
+    ex = open_exchange(ADAPTERS["chat"], raw, "/v1/chat/completions")
+    ADAPTERS["chat"].set_max_tokens(ex, 77)
+    sent = ex.request_bytes()
+    assert sent.startswith(raw[: raw.rindex(b"}")]), "the conversation's bytes are not re-serialised"
+    assert orjson.loads(sent) == {**orjson.loads(raw), "max_completion_tokens": 77}
 
 
 AUTH = {"chat": {"Authorization": "Bearer up-key"}, "responses": {"Authorization": "Bearer up-key"},
@@ -88,9 +103,10 @@ def test_the_upstream_key_goes_in_the_dialects_own_header(dialect: str, adapter:
 @pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
 def test_no_rewrites_are_needed_outside_chat_streams(dialect: str, adapter: Any) -> None:
     body: dict[str, Any] = {"model": "m", "stream": True, "messages": [], "input": "x"}
-    call = adapter.parse_request(body, "/v1beta/models/m:streamGenerateContent")
-    rewrites = adapter.prepare(body, call)
+    ex = open_exchange(adapter, orjson.dumps(body), "/v1beta/models/m:streamGenerateContent")
+    rewrites = adapter.prepare(ex)
     assert (dialect == "chat") == bool(rewrites)
+    assert (ex.request_bytes() == orjson.dumps(body)) == (dialect != "chat")
 
 
 BUDGET = CeilingReached("Run R is over its $5.00 limit.", limit="run_cost")

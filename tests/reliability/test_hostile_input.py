@@ -145,6 +145,7 @@ class _Request:
         self.content = _Body(data, piece)
         self.content_length = len(data)
         self.path = path
+        self.match_info = {"tail": path.split("?")[0].removeprefix("/")}
         self.app = {SETTINGS: Settings(max_body_bytes=64 * 1024)}
 
 
@@ -152,7 +153,7 @@ def _read(data: bytes, d: Dialect, piece: int) -> Any:
     adapter = adapter_for(d.path(False).split("?")[0])
     assert adapter is not None
     request = _Request(data, d.path(False), piece)
-    return _LOOP.run_until_complete(steps.read_call(request, adapter, 64 * 1024))  # type: ignore[arg-type]
+    return _LOOP.run_until_complete(steps.open_call(request, adapter, 64 * 1024))  # type: ignore[arg-type]
 
 
 _LOOP = asyncio.new_event_loop()  # one loop for all examples: a loop per example is most of the cost
@@ -183,7 +184,8 @@ def test_any_bytes_read_as_a_call_or_a_request_error(d: Dialect, data: bytes, pi
 def test_any_json_object_reads_as_a_call_or_a_request_error(d: Dialect, body: dict[str, Any], piece: int) -> None:
     raw = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS) if body else b"{}"
     try:
-        got_raw, got_body, _ = _read(raw, d, piece)
+        ex = _read(raw, d, piece)
     except RequestError:
         return
-    assert got_raw == raw and got_body == orjson.loads(raw), "the reader hands on what it read, whole"
+    assert ex.raw == raw and ex.body == orjson.loads(raw), "the reader hands on what it read, whole"
+    assert ex.request_bytes() == raw, "a request nobody patches goes upstream byte for byte"

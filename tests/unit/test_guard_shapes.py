@@ -7,9 +7,29 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
-from proxy.guard import prefix_tool_result, reminder
+from proxy.guard import reminder
+from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.base import open_exchange
+from proxy.providers.chat import CHAT
+from proxy.providers.gemini import GEMINI
+from proxy.providers.responses import RESPONSES
+
+_OPEN = {"chat": (CHAT, "/v1/chat/completions"), "responses": (RESPONSES, "/v1/responses"),
+         "messages": (ANTHROPIC, "/v1/messages"),
+         "gemini": (GEMINI, "/v1beta/models/gemini-2.5-flash:generateContent")}
+
+
+def prefix_tool_result(api: str, body: dict[str, Any], call_id: str, text: str) -> bool:
+    """Through the exchange, as the proxy does; the forwarded bytes carry the same body."""
+    adapter, path = _OPEN[api]
+    ex = open_exchange(adapter, orjson.dumps(body), path)
+    done = ex.prefix_tool_result(call_id, text)
+    body.clear()
+    body.update(orjson.loads(ex.request_bytes()))
+    return done
 
 CASES = json.loads((Path(__file__).parent.parent / "data" / "guard" / "prefix_cases.json").read_text())
 

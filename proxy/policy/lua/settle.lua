@@ -3,9 +3,11 @@
 -- reservation hash is deleted, so a second settle (or a retry whose first reply was
 -- lost) finds nothing and changes nothing, totals and tool calls included.
 -- KEYS: 1 reservation hash, 2 expiry zset, 3 run totals hash, 4 tools hash
---       (id -> "seq<TAB>json"), 5 tools sequence counter
+--       (id -> "seq<TAB>json"), 5 tools sequence counter, 6.. one key per stored context
+--       whose size this call revealed
 -- ARGV: 1 actual micro-USD, 2 number of totals n, then n pairs name, delta,
---       then pairs tool id, tool json
+--       then the number of tool calls m, then m pairs tool id, tool json,
+--       then the context keys' ttl, then one token count per context key
 local f = redis.call('HMGET', KEYS[1], 'amount', 'expired', 'run', 'day', 'month', 'total')
 if not f[1] then
   return {0, 0}
@@ -29,7 +31,9 @@ for i = 3, 2 + 2 * n, 2 do
   redis.call('HINCRBY', KEYS[3], ARGV[i], ARGV[i + 1])
 end
 -- as tools_put.lua: a call already known keeps its place in the order
-for i = 3 + 2 * n, #ARGV, 2 do
+local t0 = 3 + 2 * n
+local m = tonumber(ARGV[t0])
+for i = t0 + 1, t0 + 2 * m, 2 do
   local cur = redis.call('HGET', KEYS[4], ARGV[i])
   local seq
   if cur then
@@ -38,5 +42,13 @@ for i = 3 + 2 * n, #ARGV, 2 do
     seq = tostring(redis.call('INCR', KEYS[5]))
   end
   redis.call('HSET', KEYS[4], ARGV[i], seq .. '\t' .. ARGV[i + 1])
+end
+-- the largest size seen: a conversation only grows, a prompt template is fixed
+local c0 = t0 + 2 * m + 1
+for i = 6, #KEYS do
+  local tokens = tonumber(ARGV[c0 + i - 5])
+  local cur = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tokens > cur then cur = tokens end
+  redis.call('SET', KEYS[i], string.format('%d', cur), 'EX', ARGV[c0])
 end
 return {1, amount}
