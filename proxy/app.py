@@ -146,13 +146,23 @@ def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], As
         s = app[SETTINGS]
         app[TEL] = tel = injected or setup_telemetry(TelemetryConfig.from_env(
             otlp_endpoint=s.otlp_endpoint,
-            local_dir=str(Path(s.data_dir) / "traces") if s.local_traces else None))
+            local_dir=str(Path(s.data_dir) / "traces") if s.local_traces else None,
+            known_model=_priced_name(app[PRICES])))
         yield
         if injected is None:
             # Shutdown flushes exporters and may block up to their timeout: not on the loop.
             await asyncio.get_running_loop().run_in_executor(None, tel.shutdown)
 
     return ctx
+
+
+def _priced_name(prices: PriceTable) -> Callable[[str], str | None]:
+    """For metric labels: the price table's name of a model, None when it has no price."""
+    def name(model: str) -> str | None:
+        price = prices.price(model)
+        return price.model if price is not None else None
+
+    return name
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -73,7 +73,13 @@ OPERATION_TEXT_COMPLETION: Final = "text_completion"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
-ERROR_OTHER: Final = "_OTHER"
+# The one value a metric label takes when what the caller, its model or an upstream sent is
+# not a known or bounded value (tracing/labels.py): a model that is not in the price table
+# (`gen_ai.request.model`, `gen_ai.response.model`), an error type, tool name or kind past
+# its bound. Spelled like semconv's `error.type` fallback. Spans keep the real value (cut to
+# SPAN_NAME_LIMIT); only metrics collapse it.
+LABEL_OTHER: Final = "_OTHER"
+ERROR_OTHER: Final = LABEL_OTHER
 ERROR_TOOL: Final = "tool_error"
 ERROR_TOOL_RESULT_MISSING: Final = "tool_result_missing"
 
@@ -117,6 +123,16 @@ SPANMETER_OUTCOME: Final = "spanmeter.outcome"  # tool.calls: ok | failed | miss
 SPANMETER_WINDOW: Final = "spanmeter.budget.window"  # day | month
 SPANMETER_SCOPE: Final = "spanmeter.scope"  # ledger.overshoot: run | day | month
 SPANMETER_EXPORTER: Final = "spanmeter.exporter"  # telemetry.dropped_spans: otlp | local
+
+# Span attributes a caller steers are cut (tracing/spans.py), and marked with a trailing
+# `…` when they were: names and ids (models, tools, tool call and response ids, error
+# types, finish reasons, stop sequences, run ids) at SPAN_NAME_LIMIT runes; messages and
+# free text (refusal reasons, tool descriptions, rewrite and repair records, observer
+# notes) at SPAN_TEXT_LIMIT; lists at SPAN_LIST_LIMIT items. Digests keep their own caps
+# (tracing/digests.py) and opt-in content its byte cap (TelemetryConfig.content_cap_bytes).
+SPAN_NAME_LIMIT: Final = 256
+SPAN_TEXT_LIMIT: Final = 1024
+SPAN_LIST_LIMIT: Final = 128
 
 TOOL_TIMING_INFERRED: Final = "inferred"
 USAGE_REPORTED: Final = "reported"

@@ -2,7 +2,9 @@
 
 Labels are low-cardinality only: operation, provider, request and response model,
 server address/port, error.type, tenant, and small enums of our own. Never a run id,
-conversation id, response id or trace id.
+conversation id, response id or trace id. Values a caller, its model or an upstream can
+steer (models, error types, tool names) pass through `Instruments.labels`
+(tracing/labels.py) first: known or bounded values only.
 
 Label sets are built once and reused (`LabelCache`): the SDK cleans, copies and hashes
 whatever mapping it is given on every point, so ours only has to exist, not be rebuilt.
@@ -23,6 +25,7 @@ from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Ob
 from opentelemetry.util.types import AttributeValue
 
 from tracing import attributes as A
+from tracing.labels import KnownModel, LabelBounds
 
 __all__ = ["BudgetValues", "CallKey", "CallLabels", "Instruments", "LabelCache", "build_kind_labels", "frozen_labels"]
 
@@ -148,12 +151,16 @@ class Instruments:
     ledger_overshoot: Counter
     dropped_spans: Counter
     budgets: BudgetValues
+    labels: LabelBounds = field(default_factory=LabelBounds)
     call_labels: LabelCache[CallKey, CallLabels] = field(default_factory=lambda: LabelCache(CallLabels.build))
     kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
 
     @classmethod
-    def create(cls, meter: Meter, *, semconv_latest: bool = False) -> Instruments:
-        """All instruments on `meter`; inference metrics use the post-1.41 names when opted in."""
+    def create(
+        cls, meter: Meter, *, semconv_latest: bool = False, known_model: KnownModel | None = None
+    ) -> Instruments:
+        """All instruments on `meter`; inference metrics use the post-1.41 names when opted in.
+        `known_model`: the price table's lookup, so unpriced models collapse in labels."""
         duration, ttfc, tpoc = (
             (
                 A.LATEST_GEN_AI_CLIENT_INFERENCE_DURATION,
@@ -184,6 +191,7 @@ class Instruments:
             ledger_overshoot=_counter(meter, A.SPANMETER_LEDGER_OVERSHOOT),
             dropped_spans=_counter(meter, A.SPANMETER_TELEMETRY_DROPPED_SPANS),
             budgets=budgets,
+            labels=LabelBounds(known_model),
         )
 
 

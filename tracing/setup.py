@@ -46,6 +46,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tracing import attributes as A
+from tracing.labels import KnownModel
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
 
@@ -92,6 +93,11 @@ class TelemetryConfig:
     content_cap_bytes: int = 16 * 1024  # per content attribute
     local_max_bytes: int = 32 << 20
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
+    # The price table's name for a model (itself, or the model a dated variant belongs to),
+    # None when unpriced: metric labels keep priced models and collapse the rest to
+    # `_OTHER` (tracing/labels.py). The proxy passes its PriceTable's lookup; None means no
+    # table, and models are then admitted first come, first served up to a bound.
+    known_model: KnownModel | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
@@ -322,7 +328,7 @@ def setup_telemetry(
     readers = [PrometheusMetricReader(registry=registry), *pushed]
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     meter = meter_provider.get_meter(SCOPE, schema_url=A.SCHEMA_URL)
-    instruments = Instruments.create(meter, semconv_latest=cfg.semconv_latest)
+    instruments = Instruments.create(meter, semconv_latest=cfg.semconv_latest, known_model=cfg.known_model)
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
     chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters

@@ -3,6 +3,11 @@
 Every public function here catches its own failures and logs them: telemetry never
 fails or slows a request (ending a span only queues it; see tracing/setup.py).
 
+Bounded. Metric labels a caller can steer (models, error types, tool names) go through
+`tel.instruments.labels` (tracing/labels.py): known or bounded values, never a new one
+for a refused call. Span attributes a caller steers keep their real value, cut to the
+limits in tracing/attributes.py (`SPAN_NAME_LIMIT`, `SPAN_TEXT_LIMIT`, `SPAN_LIST_LIMIT`).
+
 Parenting. A request with a W3C `traceparent` joins the agent's trace: its spans are
 children of the agent's span. Otherwise every span of a run is a child of the run's
 root span, whose ids are chosen when the run starts (`new_run_trace()`, stored by the
@@ -216,7 +221,7 @@ class CallSpan:
 
 
 def call_span_name(call: Call) -> str:
-    return f"{call.operation} {call.model}" if call.model else call.operation
+    return f"{call.operation} {_name(call.model)}" if call.model else call.operation
 
 
 def start_call(
@@ -283,7 +288,9 @@ def end_call(
         cs.span.set_attributes(attrs)
         if outcome.error_type:
             cs.span.set_status(Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller)))
-        _record_call_metrics(tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s)
+        _record_call_metrics(
+            tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s, admit=refusal is None
+        )
         if refusal:
             _count_refusal(tel, cs.caller, call, cs.provider, refusal, cs.context)
         cs.span.end(end_time=end)
@@ -324,7 +331,8 @@ def record_refusal(
             run_trace=run_trace,
             start_ns=start_ns,
         )
-        cs.span.set_attributes({A.ERROR_TYPE: error_type, A.SPANMETER_REFUSAL_REASON: _redact(message, caller)})
+        why = _text(_redact(message, caller))
+        cs.span.set_attributes({A.ERROR_TYPE: _name(error_type), A.SPANMETER_REFUSAL_REASON: why})
         cs.span.set_status(Status(StatusCode.ERROR, _status_text(message, caller)))
         _count_refusal(tel, caller, call, provider, reason or error_type, cs.context)
         cs.span.end()
@@ -335,8 +343,11 @@ def record_refusal(
 
 
 def _count_refusal(tel: Telemetry, caller: Caller, call: Call, provider: str, reason: str, ctx: Context) -> None:
-    labels = {A.SPANMETER_REASON: reason.removeprefix("spanmeter."), **_tenant(caller)}
-    labels.update(_model_labels(call, provider))
+    # A refused call never mints a label value: its model is one already known or `_OTHER`.
+    # The reason is spanmeter's own word (a ceiling or error code), bounded all the same.
+    bounds = tel.instruments.labels
+    labels = {A.SPANMETER_REASON: bounds.kind(reason.removeprefix("spanmeter.")), **_tenant(caller)}
+    labels.update(_model_labels(call, provider, bounds.model(call.model, admit=False)))
     tel.instruments.limit_rejections.add(1, labels, context=ctx)
 
 
@@ -348,7 +359,7 @@ def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port
         A.GEN_AI_PROVIDER_NAME: provider,
     }
     if call.model is not None:
-        attrs[A.GEN_AI_REQUEST_MODEL] = call.model
+        attrs[A.GEN_AI_REQUEST_MODEL] = _name(call.model)
     if address:
         attrs[A.SERVER_ADDRESS] = address
     if port:
@@ -361,7 +372,7 @@ def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port
     if provider == "openai" and (api_type := _API_TYPE.get(call.api)) is not None:
         attrs[A.OPENAI_API_TYPE] = api_type
     attrs[A.SPANMETER_TENANT_ID] = caller.tenant
-    attrs[A.SPANMETER_RUN_ID] = caller.run_id
+    attrs[A.SPANMETER_RUN_ID] = _name(caller.run_id)
     attrs[A.SPANMETER_RUN_ID_SOURCE] = caller.run_id_source
     return attrs
 
@@ -381,7 +392,7 @@ def _put_request_params(attrs: Attrs, call: Call) -> None:
     if call.choice_count is not None and call.choice_count != 1:
         attrs[A.GEN_AI_REQUEST_CHOICE_COUNT] = call.choice_count
     if call.stop_sequences:
-        attrs[A.GEN_AI_REQUEST_STOP_SEQUENCES] = call.stop_sequences
+        attrs[A.GEN_AI_REQUEST_STOP_SEQUENCES] = _names(call.stop_sequences)
     if call.frequency_penalty is not None:
         attrs[A.GEN_AI_REQUEST_FREQUENCY_PENALTY] = call.frequency_penalty
     if call.presence_penalty is not None:
@@ -402,18 +413,18 @@ def _end_attrs(
     """Response, usage, spanmeter and content attributes, in one dict without Nones."""
     attrs: Attrs = {}
     if outcome.response_id is not None:
-        attrs[A.GEN_AI_RESPONSE_ID] = outcome.response_id
+        attrs[A.GEN_AI_RESPONSE_ID] = _name(outcome.response_id)
     if outcome.response_model is not None:
-        attrs[A.GEN_AI_RESPONSE_MODEL] = outcome.response_model
+        attrs[A.GEN_AI_RESPONSE_MODEL] = _name(outcome.response_model)
     if outcome.finish_reasons:
-        attrs[A.GEN_AI_RESPONSE_FINISH_REASONS] = outcome.finish_reasons
+        attrs[A.GEN_AI_RESPONSE_FINISH_REASONS] = _names(outcome.finish_reasons)
     if call.stream and outcome.first_chunk_s is not None:
         attrs[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = outcome.first_chunk_s
     _put_usage(attrs, tel, outcome)
     if outcome.error_type is not None:
-        attrs[A.ERROR_TYPE] = outcome.error_type
+        attrs[A.ERROR_TYPE] = _name(outcome.error_type)
     if outcome.notes:
-        attrs[A.SPANMETER_OBSERVER_NOTES] = outcome.notes
+        attrs[A.SPANMETER_OBSERVER_NOTES] = _names(outcome.notes, A.SPAN_TEXT_LIMIT)
     if cost_micros is not None:
         attrs[A.SPANMETER_COST_USD] = cost_micros / 1e6
     if usage_source:
@@ -421,11 +432,11 @@ def _end_attrs(
     if budget_remaining_micros is not None:
         attrs[A.SPANMETER_BUDGET_REMAINING_USD] = budget_remaining_micros / 1e6
     if rewrites:
-        attrs[A.SPANMETER_REWRITES] = [r.header_value() for r in rewrites]
+        attrs[A.SPANMETER_REWRITES] = [_text(r.header_value()) for r in rewrites[: A.SPAN_LIST_LIMIT]]
     if repairs:
-        attrs[A.SPANMETER_REPAIRS] = [repair_text(r) for r in repairs]
+        attrs[A.SPANMETER_REPAIRS] = [_text(repair_text(r)) for r in repairs[: A.SPAN_LIST_LIMIT]]
     if refusal is not None:
-        attrs[A.SPANMETER_REFUSAL_REASON] = refusal
+        attrs[A.SPANMETER_REFUSAL_REASON] = _text(refusal)
     return attrs
 
 
@@ -477,18 +488,23 @@ def _record_call_metrics(
     rewrites: Sequence[Rewrite],
     repairs: Sequence[Repair],
     chunk_gaps_s: Sequence[float],
+    *,
+    admit: bool = True,
 ) -> None:
-    """Recorded with the call span as context so histogram points carry exemplars."""
+    """Recorded with the call span as context so histogram points carry exemplars.
+
+    `admit=False` for a refused call: its labels take only values already known."""
     m, ctx, tenant = tel.instruments, cs.context, cs.caller.tenant
+    bounds = m.labels
     key: CallKey = (
         tenant,
         call.operation,
         cs.provider,
-        call.model,
-        outcome.response_model,
+        bounds.model(call.model, admit=admit),
+        bounds.model(outcome.response_model, admit=admit),
         cs.server_address,
         cs.server_port,
-        outcome.error_type,
+        bounds.error_type(outcome.error_type, admit=admit),
     )
     labels = m.call_labels.get(key)
     m.operation_duration.record(max(0, end_ns - cs.start_ns) / 1e9, labels.timed, context=ctx)
@@ -508,27 +524,19 @@ def _record_call_metrics(
     if cost_micros:
         m.cost.add(cost_micros / 1e6, labels.money, context=ctx)
     for rewrite in rewrites:
-        m.rewrites.add(1, m.kind_labels.get((rewrite.kind, tenant)), context=ctx)
+        m.rewrites.add(1, m.kind_labels.get((bounds.kind(rewrite.kind), tenant)), context=ctx)
     for repair in repairs:
         for action in repair.actions:
-            m.repairs.add(1, m.kind_labels.get((action, tenant)), context=ctx)
+            m.repairs.add(1, m.kind_labels.get((bounds.kind(action), tenant)), context=ctx)
 
 
-def _model_labels(
-    call: Call,
-    provider: str,
-    response_model: str | None = None,
-    address: str = "",
-    port: int = 0,
-) -> Attrs:
+def _model_labels(call: Call, provider: str, model_label: str | None) -> Attrs:
+    """Operation, provider and the request model's (bounded) label value."""
     return _present(
         {
             A.GEN_AI_OPERATION_NAME: call.operation,
             A.GEN_AI_PROVIDER_NAME: provider or None,
-            A.GEN_AI_REQUEST_MODEL: call.model,
-            A.GEN_AI_RESPONSE_MODEL: response_model,
-            A.SERVER_ADDRESS: address or None,
-            A.SERVER_PORT: port or None,
+            A.GEN_AI_REQUEST_MODEL: model_label,
         }
     )
 
@@ -565,10 +573,11 @@ def tool_span(
         verdict = digests.tool_result_digest(result, is_error=is_error) if result is not None else None
         error_type = A.ERROR_TOOL_RESULT_MISSING if verdict is None else None if verdict.ok else A.ERROR_TOOL
         content = capture and tel.config.capture_content == "SPAN_ONLY"
-        attrs = _tool_attrs(caller, name, call_id, arguments, result, verdict, content, description, tool_type)
+        cap = tel.config.content_cap_bytes if content else None
+        attrs = _tool_attrs(caller, name, call_id, arguments, result, verdict, cap, description, tool_type)
         links = [Link(SpanContext(link.trace_id, link.span_id, is_remote=False))] if link else None
         span = tel.tracer.start_span(
-            f"{A.OPERATION_EXECUTE_TOOL} {name}",
+            f"{A.OPERATION_EXECUTE_TOOL} {_name(name)}",
             context=_parent_context(parent, run_trace),
             kind=SpanKind.INTERNAL,
             attributes={**attrs, A.ERROR_TYPE: error_type} if error_type else attrs,
@@ -595,34 +604,35 @@ def _tool_attrs(
     arguments: str,
     result: str | None,
     verdict: digests.ResultDigest | None,
-    content: bool,
+    content_cap: int | None,
     description: str | None,
     tool_type: str,
 ) -> Attrs:
+    """`content_cap`: bytes of opt-in content per attribute, None when content is not captured."""
     attrs: dict[str, AttributeValue | None] = {
         A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL,
-        A.GEN_AI_TOOL_NAME: name,
-        A.GEN_AI_TOOL_CALL_ID: call_id,
-        A.GEN_AI_TOOL_TYPE: tool_type,
-        A.GEN_AI_TOOL_DESCRIPTION: description,
+        A.GEN_AI_TOOL_NAME: _name(name),
+        A.GEN_AI_TOOL_CALL_ID: _name(call_id),
+        A.GEN_AI_TOOL_TYPE: _name(tool_type),
+        A.GEN_AI_TOOL_DESCRIPTION: _text(description) if description is not None else None,
         A.SPANMETER_TENANT_ID: caller.tenant,
-        A.SPANMETER_RUN_ID: caller.run_id,
+        A.SPANMETER_RUN_ID: _name(caller.run_id),
         A.SPANMETER_TOOL_TIMING: A.TOOL_TIMING_INFERRED,
         A.SPANMETER_TOOL_ARGUMENTS_DIGEST: _redact(digests.tool_arguments_digest(arguments), caller),
         A.SPANMETER_TOOL_ARGUMENTS_SHA256: digests.canonical_sha256(arguments),
         A.SPANMETER_TOOL_ARGUMENTS_SIZE: len(arguments.encode()),
         A.SPANMETER_TOOL_OK: verdict.ok if verdict else False,
     }
-    if content:
-        attrs[A.GEN_AI_TOOL_CALL_ARGUMENTS] = _redact(arguments, caller)
+    if content_cap is not None:
+        attrs[A.GEN_AI_TOOL_CALL_ARGUMENTS] = _cap_bytes(_redact(arguments, caller), content_cap)
     if result is not None and verdict is not None:
         attrs[A.SPANMETER_TOOL_RESULT_DIGEST] = _redact(verdict.digest, caller)
         attrs[A.SPANMETER_TOOL_RESULT_SHA256] = digests.canonical_sha256(result)
         attrs[A.SPANMETER_TOOL_RESULT_SIZE] = len(result.encode())
-        if content:
+        if content_cap is not None:
             attrs[A.SPANMETER_TOOL_RESULT_PREVIEW] = _redact(verdict.preview, caller)
             if verdict.ok:  # semconv: the result only if execution succeeded
-                attrs[A.GEN_AI_TOOL_CALL_RESULT] = _redact(result, caller)
+                attrs[A.GEN_AI_TOOL_CALL_RESULT] = _cap_bytes(_redact(result, caller), content_cap)
     return _present(attrs)
 
 
@@ -635,7 +645,9 @@ def _record_tool_metrics(
     seconds: float,
     ctx: Context,
 ) -> None:
-    labels: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL, A.GEN_AI_TOOL_NAME: name}
+    # Tool names come from a model's answer to an accepted call: admitted up to the bound.
+    tool = tel.instruments.labels.tool(name)
+    labels: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL, A.GEN_AI_TOOL_NAME: tool}
     labels.update(_tenant(caller))
     timed = {**labels, A.ERROR_TYPE: error_type} if error_type else labels
     tel.instruments.execute_tool_duration.record(max(0.0, seconds), timed, context=ctx)
@@ -669,7 +681,7 @@ def end_run(
         )
         attrs: Attrs = {
             A.SPANMETER_TENANT_ID: caller.tenant,
-            A.SPANMETER_RUN_ID: caller.run_id,
+            A.SPANMETER_RUN_ID: _name(caller.run_id),
             A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
             A.SPANMETER_RUN_STATUS: status,
             **_run_totals(totals),
@@ -714,11 +726,13 @@ def record_guard_action(
     """The loop guard reminded (`remind`) or refused (`refuse`); on the call span if given."""
     try:
         if cs is not None:
-            guard: Attrs = {A.SPANMETER_GUARD_ACTION: action, A.SPANMETER_GUARD_TOOL: tool_name}
+            guard: Attrs = {A.SPANMETER_GUARD_ACTION: action, A.SPANMETER_GUARD_TOOL: _name(tool_name)}
             cs.span.set_attributes({**guard, A.SPANMETER_GUARD_REPEATS: repeats})
+        bounds = tel.instruments.labels
         labels = {
-            A.SPANMETER_GUARD_ACTION: action,
-            A.GEN_AI_TOOL_NAME: tool_name,
+            A.SPANMETER_GUARD_ACTION: bounds.kind(action),
+            # A refusal refuses the call it is on: it takes only a tool name already known.
+            A.GEN_AI_TOOL_NAME: bounds.tool(tool_name, admit=action != "refuse"),
             **_tenant(caller),
         }
         tel.instruments.guard_actions.add(1, labels, context=cs.context if cs else None)
@@ -760,3 +774,30 @@ def _redact(text: str, caller: Caller) -> str:
 
 def _status_text(message: str | None, caller: Caller) -> str:
     return digests.cut(_redact(message or "", caller), _STATUS_LIMIT)
+
+
+def _name(text: str) -> str:
+    """A name or id a caller steers, as a span attribute: cut at SPAN_NAME_LIMIT runes."""
+    return text if len(text) <= A.SPAN_NAME_LIMIT else digests.cut(text, A.SPAN_NAME_LIMIT)
+
+
+def _text(text: str) -> str:
+    """A message or other free text a caller steers: cut at SPAN_TEXT_LIMIT runes."""
+    return text if len(text) <= A.SPAN_TEXT_LIMIT else digests.cut(text, A.SPAN_TEXT_LIMIT)
+
+
+def _names(items: Sequence[str], limit: int = A.SPAN_NAME_LIMIT) -> Sequence[str]:
+    """Each item cut at `limit` runes, at most SPAN_LIST_LIMIT items; as given when it fits."""
+    if len(items) <= A.SPAN_LIST_LIMIT and all(len(i) <= limit for i in items):
+        return items
+    return tuple(digests.cut(i, limit) for i in items[: A.SPAN_LIST_LIMIT])
+
+
+def _cap_bytes(text: str, cap: int) -> str:
+    """Opt-in content at most `cap` UTF-8 bytes (plus a `…` marker when it was cut)."""
+    if len(text) * 4 <= cap:
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= cap:
+        return text
+    return data[:cap].decode("utf-8", "ignore") + digests.ELLIPSIS
