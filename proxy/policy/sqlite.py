@@ -116,6 +116,7 @@ class SqliteStore(DerivedOps):
         self._synchronous = synchronous.upper()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
+        self.operations = 0  # store operations submitted since start (one transaction step each)
         self._thread = threading.Thread(target=self._serve, name="spanmeter-ledger", daemon=True)
         self._thread.start()
 
@@ -179,6 +180,7 @@ class SqliteStore(DerivedOps):
             raise StoreUnavailable(f"The ledger {self.path} is closed.")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
+        self.operations += 1
         self._jobs.put((op, loop, fut))
         return fut
 
