@@ -7,15 +7,19 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
-from proxy.appkeys import BUDGET_CACHE, KEYS, RUNS, SETTINGS, STORE, UPSTREAM
+from proxy.appkeys import KEYS, RUNS, SETTINGS, STORE, UPSTREAM
+from proxy.config import MAX_USD
 from proxy.errors import RequestError, Unauthorized
 from proxy.providers.base import ProviderAdapter
 from proxy.routes import target_for
 from proxy.tenants import identify, presented_key
-from proxy.upstream import request_headers, response_headers
+from proxy.upstream import forward_url, request_headers, response_headers, unreadable_body
 
 __all__ = ["add_routes", "end_run", "passthrough"]
+
+MAX_RUNS_LISTED = 1000
 
 
 def add_routes(app: web.Application) -> None:
@@ -74,20 +78,25 @@ async def _budget_set(request: web.Request) -> web.Response:
     tenant = _tenant(request)
     try:
         body = await request.json()
-        day = _usd(body.get("daily_usd"))
-        month = _usd(body.get("monthly_usd"))
-    except (ValueError, AttributeError, TypeError):
-        raise RequestError('Send {"daily_usd": number|null, "monthly_usd": number|null}.') from None
+    except ValueError:
+        body = None
+    except RequestPayloadError as exc:
+        raise unreadable_body(exc, request.headers.get("Content-Encoding")) from None
+    if not isinstance(body, dict):
+        raise RequestError('Send a JSON object: {"daily_usd": number|null, "monthly_usd": number|null}.')
+    day, month = _usd(body, "daily_usd"), _usd(body, "monthly_usd")
     await request.app[STORE].budget_set(tenant, day, month)
-    request.app[BUDGET_CACHE].pop(tenant, None)
     return await _budget_get(request)
 
 
-def _usd(v: object) -> int | None:
+def _usd(body: dict[str, object], field: str) -> int | None:
+    """A budget in micro-USD, within the range the config accepts too; null means "use the config"."""
+    v = body.get(field)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-        raise ValueError(v)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= MAX_USD:
+        raise RequestError(f"{field} must be a number of US dollars above 0 and at most {MAX_USD}, or null "
+                           f"to use the configured budget; got {str(v)[:40]}.", param=field)
     return round(v * 1_000_000)
 
 
@@ -112,8 +121,16 @@ async def _spend(request: web.Request) -> web.Response:
 async def _runs(request: web.Request) -> web.Response:
     _require_admin(request)
     tenant = request.query.get("tenant")
-    limit = min(int(request.query.get("limit", "50")), 1000)
+    limit = _limit(request.query.get("limit", "50"))
     return web.json_response({"runs": await request.app[STORE].list_runs(tenant, limit)})
+
+
+def _limit(value: str) -> int:
+    n = int(value) if value.isascii() and value.isdigit() and len(value) < 8 else 0
+    if not 1 <= n <= MAX_RUNS_LISTED:
+        raise RequestError(f"limit must be a whole number from 1 to {MAX_RUNS_LISTED}, got {value[:24]!r}.",
+                           param="limit")
+    return n
 
 
 async def _run(request: web.Request) -> web.Response:
@@ -139,13 +156,16 @@ async def passthrough(request: web.Request, adapter: ProviderAdapter, upstream_n
     caller = identify(request.headers, request.query, settings, request.app[KEYS])
     target = target_for(settings, adapter, caller, upstream_name)
     path = request.match_info.get("tail")
-    url = target.base_url + ("/" + path if path is not None else request.path)
-    if request.query_string:
-        url += "?" + request.query_string
+    url = forward_url(target.base_url, "/" + path if path is not None else request.path, request.query_string,
+                      presented_key(request.headers, request.query))
     headers = request_headers(request.headers, target.auth)
     if request.method == "GET":
         status, up_headers, body = await request.app[UPSTREAM].get(url, headers)
     else:
-        async with request.app[UPSTREAM].send(url, await request.read(), headers) as up:
+        try:
+            sent = await request.read()
+        except RequestPayloadError as exc:
+            raise unreadable_body(exc, request.headers.get("Content-Encoding")) from None
+        async with request.app[UPSTREAM].send(url, sent, headers, method=request.method) as up:
             status, up_headers, body = up.status, up.headers, await up.read()
     return web.Response(body=body, status=status, headers=response_headers(up_headers))

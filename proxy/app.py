@@ -10,9 +10,10 @@ from pathlib import Path
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import admin
-from proxy.appkeys import BACKGROUND, BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.background import Background
 from proxy.config import Settings
 from proxy.errors import ProxyError
@@ -46,6 +47,13 @@ class _NoRequestBytesInLogs(logging.Filter):
         if isinstance(exc, HttpProcessingError):
             record.msg, record.args = "rejected an unparsable HTTP request: %s %s", (exc.code, type(exc).__name__)
             record.exc_info, record.exc_text = None, None
+        elif isinstance(exc, RequestPayloadError):
+            # The caller already has its 400 (e.g. a body labelled gzip that is not gzip);
+            # aiohttp then fails to drain the rest and closes the connection. Not our fault.
+            record.msg, record.args = "closed a connection whose request body could not be read: %s", (
+                type(exc.__cause__ or exc).__name__,)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
         return True
 
 
@@ -60,7 +68,6 @@ def create_app(
     app = web.Application(middlewares=[_errors], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[KEYS] = KeyIndex(settings)
-    app[BUDGET_CACHE] = {}
     app[PRICES] = PriceTable.load(overrides=settings.prices)
     app.cleanup_ctx.append(_store_ctx(store))
     app.cleanup_ctx.append(_telemetry_ctx(telemetry))
@@ -122,8 +129,13 @@ def render(request: web.Request, exc: ProxyError) -> web.Response:
     adapter: ProviderAdapter = request.get(ADAPTER) or _guess_dialect(request)
     request_id = "req_" + uuid.uuid4().hex[:24]
     headers = {**exc.headers(), "x-request-id": request_id}
-    return web.Response(body=adapter.render_error(exc, request_id), status=exc.status,
-                        content_type="application/json", headers=headers)
+    response = web.Response(body=adapter.render_error(exc, request_id), status=exc.status,
+                            content_type="application/json", headers=headers)
+    if request.content.exception() is not None:
+        # The body broke on the way in (labelled gzip, not gzip): the rest of it cannot be
+        # read past, so say the connection closes rather than let the client reuse it.
+        response.force_close()
+    return response
 
 
 def _store_ctx(injected: Store | None) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from proxy.config import Policy
+from proxy.config import MAX_RUN_CALLS, MAX_USD, Policy
 from proxy.errors import RequestError
 from proxy.model import Call, Caller, Rewrite, Usage
 from proxy.policy.pricing import (
@@ -67,8 +67,9 @@ def _header_int(value: str, name: str) -> int:
         n = int(value.strip())
     except ValueError:
         n = 0
-    if n < 1:
-        raise RequestError(f"{name} must be a whole number of at least 1, got {value[:20]!r}.", param=name)
+    if not 1 <= n <= MAX_RUN_CALLS:
+        raise RequestError(f"{name} must be a whole number from 1 to {MAX_RUN_CALLS}, got {value[:24]!r}.",
+                           param=name)
     return n
 
 
@@ -77,8 +78,9 @@ def _header_usd(value: str, name: str) -> int:
         usd = float(value.strip())
     except ValueError:
         usd = -1.0
-    if not usd > 0 or usd != usd or usd == float("inf"):
-        raise RequestError(f"{name} must be a positive amount of US dollars, got {value[:20]!r}.", param=name)
+    if not 0 < usd <= MAX_USD:  # also refuses nan and inf
+        raise RequestError(f"{name} must be an amount of US dollars above 0 and at most {MAX_USD}, "
+                           f"got {value[:24]!r}.", param=name)
     return round(usd * 1_000_000)
 
 

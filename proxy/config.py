@@ -24,6 +24,8 @@ from pydantic_settings import (
 from proxy.errors import ConfigError
 
 __all__ = [
+    "MAX_RUN_CALLS",
+    "MAX_USD",
     "GuardPolicy",
     "Policy",
     "RepairPolicy",
@@ -42,14 +44,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The largest ceilings spanmeter accepts, wherever they are set (config, admin API, request
+# headers). The ledger keeps money as integer micro-USD exact below 2**53 (~$9e9, Redis Lua
+# numbers are doubles): $1e9 is 1e15 micro-USD, with room to add reservations on top.
+MAX_USD = 1_000_000_000
+MAX_RUN_CALLS = 1_000_000_000
+
+
 class RunPolicy(_Strict):
-    max_llm_calls: int | None = Field(None, ge=1)
-    max_cost_usd: float | None = Field(None, gt=0)
+    max_llm_calls: int | None = Field(None, ge=1, le=MAX_RUN_CALLS)
+    max_cost_usd: float | None = Field(None, gt=0, le=MAX_USD)
 
 
 class BudgetPolicy(_Strict):
-    daily_usd: float | None = Field(None, gt=0)
-    monthly_usd: float | None = Field(None, gt=0)
+    daily_usd: float | None = Field(None, gt=0, le=MAX_USD)
+    monthly_usd: float | None = Field(None, gt=0, le=MAX_USD)
 
 
 class RepairPolicy(_Strict):

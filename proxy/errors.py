@@ -5,6 +5,7 @@
     +-- RequestError              the request cannot be served as sent (4xx)
     |   +-- Unauthorized          401 unknown or missing spanmeter key
     |   +-- MalformedBody         400 body is not JSON / wrong types (with position)
+    |   |   +-- UndecodableBody   400 body is not in the Content-Encoding it is labelled with
     |   +-- UnknownRoute          404 path not served (lists supported routes)
     |   +-- BodyTooLarge          413 body over the configured limit
     |   +-- BodyTimeout           408 body did not arrive in time
@@ -17,6 +18,7 @@
         +-- UpstreamConnectError  502 upstream unreachable
         +-- UpstreamTimeout       504 upstream did not answer in time
         +-- UpstreamProtocolError 502 upstream broke the protocol
+        +-- UpstreamRedirect      502 upstream answered 3xx (never followed, never passed on)
 
 Adapters turn any of these into their dialect's error body (`render_error`). Errors
 raised by the upstream are never wrapped: they pass through unchanged.
@@ -40,9 +42,11 @@ __all__ = [
     "ServiceError",
     "StoreUnavailable",
     "Unauthorized",
+    "UndecodableBody",
     "UnknownRoute",
     "UpstreamConnectError",
     "UpstreamProtocolError",
+    "UpstreamRedirect",
     "UpstreamTimeout",
 ]
 
@@ -99,6 +103,16 @@ class BodyTimeout(RequestError):
 
 class MalformedBody(RequestError):
     code = "malformed_body"
+
+
+class UndecodableBody(MalformedBody):
+    code = "undecodable_body"
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(
+            f"The request body is labelled Content-Encoding: {encoding[:40]}, but it could not be decoded as "
+            "that encoding. Send the body uncompressed with no Content-Encoding header, or compressed as "
+            "labelled (spanmeter decodes gzip and deflate).", param="Content-Encoding")
 
 
 class UnknownRoute(RequestError):
@@ -177,3 +191,11 @@ class UpstreamTimeout(ServiceError):
 
 class UpstreamProtocolError(ServiceError):
     code = "upstream_protocol_error"
+
+
+class UpstreamRedirect(ServiceError):
+    """The upstream answered 3xx. Following it would send upstream keys to another address;
+    passing it back would let the SDK follow it with the caller's key, past every ceiling."""
+
+    code = "upstream_redirect"
+    retryable = False  # the same request gets the same redirect

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import content, outputs
 from proxy.appkeys import RUNS, SETTINGS, STORE, TEL
@@ -28,6 +29,8 @@ from proxy.providers.chat import CHAT
 from proxy.relay import Flow, Hooks
 from proxy.routes import Target
 from proxy.runs import pending_tools
+from proxy.tenants import presented_key
+from proxy.upstream import forward_url, unreadable_body
 from tracing import spans
 
 __all__ = ["finish", "open_call", "refused", "response_hooks", "stream_error", "upstream_url"]
@@ -50,13 +53,13 @@ async def _read_body(request: web.Request, n: int) -> bytes:
     """Up to `n` bytes of body, to its end. StreamReader.read(n) returns what has arrived
     so far, which for a body split over several TCP segments is only its first part."""
     # A sender that trickles its body would otherwise hold a connection and a task forever.
-    first = request.content.read_nowait(n)  # usually the whole body, with no timer to arm
-    if len(first) >= n or request.content.at_eof():
-        return first
     timeout = request.app[SETTINGS].body_timeout_s
-    parts: list[bytes] = [first]
-    size = len(first)
     try:
+        first = request.content.read_nowait(n)  # usually the whole body, with no timer to arm
+        if len(first) >= n or request.content.at_eof():
+            return first
+        parts: list[bytes] = [first]
+        size = len(first)
         async with asyncio.timeout(timeout):
             while size < n and (part := await request.content.read(n - size)):
                 parts.append(part)
@@ -65,6 +68,8 @@ async def _read_body(request: web.Request, n: int) -> bytes:
         raise BodyTimeout(
             f"The request body did not arrive within {timeout:g} s. Send it at once, or raise "
             "SPANMETER_BODY_TIMEOUT_S for very slow links.") from None
+    except RequestPayloadError as exc:  # e.g. labelled gzip but not gzip: aiohttp decodes as it reads
+        raise unreadable_body(exc, request.headers.get("Content-Encoding")) from None
     return b"".join(parts)
 
 
@@ -78,9 +83,7 @@ def _too_large(size: int | None, limit: int) -> BodyTooLarge:
 def upstream_url(target: Target, request: web.Request) -> str:
     path = request.match_info.get("tail")
     path = "/" + path if path is not None else request.path
-    # ?key= is the caller's spanmeter key (curl users); the upstream key goes in a header.
-    query = "&".join(p for p in request.query_string.split("&") if p and not p.startswith("key="))
-    return f"{target.base_url}{path}" + (f"?{query}" if query else "")
+    return forward_url(target.base_url, path, request.query_string, presented_key(request.headers, request.query))
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:

@@ -5,14 +5,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urljoin, urlsplit
 
 import aiohttp
+from aiohttp.http_exceptions import ContentEncodingError
 from multidict import CIMultiDict
 
-from proxy.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from proxy.errors import (
+    MalformedBody,
+    RequestError,
+    UndecodableBody,
+    UpstreamConnectError,
+    UpstreamProtocolError,
+    UpstreamRedirect,
+    UpstreamTimeout,
+)
 
-__all__ = ["HOP_BY_HOP", "Upstream", "UpstreamResponse", "host_port", "request_headers", "response_headers"]
+__all__ = ["HOP_BY_HOP", "Upstream", "UpstreamResponse", "forward_url", "host_port", "request_headers",
+           "response_headers", "unreadable_body"]
 
 # RFC 9110 7.6.1 hop-by-hop headers, plus what spanmeter recomputes or must not leak.
 HOP_BY_HOP = frozenset(
@@ -24,6 +34,11 @@ HOP_BY_HOP = frozenset(
 _STRIP_UP = HOP_BY_HOP | {"authorization", "x-api-key", "x-goog-api-key", "traceparent",
                           "tracestate", "baggage", "accept-encoding", "cookie"}
 _STRIP_DOWN = HOP_BY_HOP | {"content-encoding", "set-cookie"}
+# The request encodings aiohttp's server decodes before anyone reads the body
+# (http_parser.HttpRequestParser): a body sent with one of these is forwarded decoded,
+# so its label must go too. Any other encoding reaches us, and goes on, as sent.
+_DECODED_BY_SERVER = frozenset({"gzip", "deflate", "br", "zstd"})
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 def request_headers(incoming: Mapping[str, str], auth: Mapping[str, str]) -> CIMultiDict[str]:
@@ -31,6 +46,8 @@ def request_headers(incoming: Mapping[str, str], auth: Mapping[str, str]) -> CIM
     for k, v in incoming.items():
         lk = k.lower()
         if lk in _STRIP_UP or lk.startswith(("x-run-", "x-spanmeter-")):
+            continue
+        if lk == "content-encoding" and v.strip().lower() in _DECODED_BY_SERVER:
             continue
         out.add(k, v)
     out.update(auth)
@@ -40,6 +57,34 @@ def request_headers(incoming: Mapping[str, str], auth: Mapping[str, str]) -> CIM
 def response_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
     # aiohttp has already decompressed the body, so Content-Encoding no longer applies.
     return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in _STRIP_DOWN)
+
+
+def forward_url(base_url: str, path: str, query_string: str, presented_key: str | None = None) -> str:
+    """Where a request goes upstream, on every route: its query without spanmeter credentials.
+
+    `key=` is how curl users send their spanmeter key (and how Gemini takes an API key),
+    so it never goes upstream, whatever its case or percent-encoding: the upstream key
+    travels in a header. Nor does any parameter whose value is the key the caller presented.
+    """
+    kept = [pair for pair in query_string.split("&")
+            if pair and not any(_is_credential(part, presented_key) for part in pair.split(";"))]
+    return base_url + path + ("?" + "&".join(kept) if kept else "")
+
+
+def _is_credential(param: str, presented_key: str | None) -> bool:
+    # Some servers split a query on ';' as well as '&': a `;key=` inside a pair counts.
+    name, _, value = param.partition("=")
+    return unquote_plus(name).strip().casefold() == "key" or (
+        bool(presented_key) and unquote_plus(value) == presented_key)
+
+
+def unreadable_body(exc: Exception, content_encoding: str | None) -> RequestError:
+    """What a request body aiohttp's server could not deliver (its RequestPayloadError) is:
+    bytes that are not the encoding they are labelled with, or a body cut short."""
+    if isinstance(exc.__cause__, ContentEncodingError):
+        return UndecodableBody(content_encoding or "")
+    return MalformedBody("The request body ended before its declared length, or its chunked framing is "
+                         "broken. Send the whole body again.")
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -102,12 +147,19 @@ class Upstream:
             await self._session.close()
 
     @asynccontextmanager
-    async def send(self, url: str, body: bytes, headers: CIMultiDict[str]) -> AsyncIterator[UpstreamResponse]:
+    async def send(self, url: str, body: bytes, headers: CIMultiDict[str],
+                   method: str = "POST") -> AsyncIterator[UpstreamResponse]:
         assert self._session is not None, "Upstream.start() was not awaited"
         try:
-            resp = await self._session.post(url, data=body, headers=headers)
+            # Redirects are never followed: aiohttp would resend x-api-key / x-goog-api-key
+            # (it drops only Authorization) to whatever origin the upstream names.
+            resp = await self._session.request(method, url, data=body or None, headers=headers,
+                                               allow_redirects=False)
         except Exception as exc:
             raise _translate(exc, url) from exc
+        if resp.status in _REDIRECTS:
+            resp.release()
+            raise _redirect(url, resp.status, resp.headers.get("Location"))
         try:
             yield UpstreamResponse(resp)
         finally:
@@ -118,10 +170,24 @@ class Upstream:
     async def get(self, url: str, headers: CIMultiDict[str]) -> tuple[int, Mapping[str, str], bytes]:
         assert self._session is not None
         try:
-            async with self._session.get(url, headers=headers) as resp:
+            async with self._session.get(url, headers=headers, allow_redirects=False) as resp:
+                if resp.status in _REDIRECTS:
+                    raise _redirect(url, resp.status, resp.headers.get("Location"))
                 return resp.status, resp.headers, await resp.read()
+        except UpstreamRedirect:
+            raise
         except Exception as exc:
             raise _translate(exc, url) from exc
+
+
+def _redirect(url: str, status: int, location: str | None) -> UpstreamRedirect:
+    """A 3xx is not passed back either: the agent's SDK would follow it with the caller's
+    spanmeter key (httpx keeps x-api-key across origins), straight past every ceiling."""
+    where = f"a redirect to {_shown(url, location)}" if location else "a redirect with no Location"
+    return UpstreamRedirect(
+        f"The upstream ({_origin(url)}) answered {status}, {where}. spanmeter does not follow "
+        "redirects, so upstream keys never reach another address. Point the base URL setting for "
+        "this API (e.g. SPANMETER_OPENAI_BASE_URL, or the upstream's base_url) at the final address.")
 
 
 def _translate(exc: BaseException, url: str = "") -> Exception:
@@ -147,3 +213,13 @@ def _translate(exc: BaseException, url: str = "") -> Exception:
 def _origin(url: str) -> str:
     p = urlsplit(url)
     return f"{p.scheme}://{p.netloc}"
+
+
+def _shown(url: str, location: str) -> str:
+    """Scheme, host, port and path: a query or user info in a Location may carry a token."""
+    try:
+        p = urlsplit(urljoin(url, location))
+    except ValueError:
+        return "an address that is not a valid URL"
+    host = p.netloc.rpartition("@")[2]
+    return f"{p.scheme}://{host}{p.path}"[:200]

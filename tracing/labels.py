@@ -77,7 +77,8 @@ KNOWN_ERROR_TYPES: Final[frozenset[str]] = frozenset(
         "spanmeter.ledger_unavailable", "spanmeter.loop_detected", "spanmeter.malformed_body",
         "spanmeter.refused", "spanmeter.schema_violation", "spanmeter.spanmeter_error",
         "spanmeter.unknown_route", "spanmeter.upstream_error", "spanmeter.upstream_protocol_error",
-        "spanmeter.upstream_timeout", "spanmeter.upstream_unreachable",
+        "spanmeter.upstream_timeout", "spanmeter.upstream_unreachable", "spanmeter.undecodable_body",
+        "spanmeter.upstream_redirect",
         "client_disconnected", "cancelled", "error", A.ERROR_TOOL, A.ERROR_TOOL_RESULT_MISSING,
         "queue_full", "export_failed", A.LABEL_OTHER,
         # OpenAI error types and codes
