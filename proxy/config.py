@@ -152,7 +152,9 @@ class Settings(BaseSettings):
 
     tenants: dict[str, TenantConfig] = {}
     policy: Policy = Policy()
-    prices: dict[str, dict[str, float]] = {}  # model -> {input, cached_input, cache_write, output}
+    # model -> {input, cached_input, cache_write, cache_write_1h, output,
+    #           service_tiers: {tier: multiplier}, inference_geos: {geo: multiplier}}
+    prices: dict[str, dict[str, float | dict[str, float]]] = {}
     _policies: dict[str, Policy] = PrivateAttr(default_factory=dict)  # policy_for's cache
 
     otlp_endpoint: str | None = None  # else the standard OTEL_EXPORTER_OTLP_ENDPOINT
