@@ -80,6 +80,8 @@ _RUN_TOTALS: Final = {
     "model_calls": A.SPANMETER_RUN_MODEL_CALLS,
     "tool_calls": A.SPANMETER_RUN_TOOL_CALLS,
     "failures": A.SPANMETER_RUN_FAILURES,
+    "tool_failures": A.SPANMETER_RUN_TOOL_FAILURES,
+    "tool_results_missing": A.SPANMETER_RUN_TOOL_RESULTS_MISSING,
     "input_tokens": A.SPANMETER_RUN_INPUT_TOKENS,
     "output_tokens": A.SPANMETER_RUN_OUTPUT_TOKENS,
     "repairs": A.SPANMETER_RUN_REPAIRS,
@@ -657,8 +659,10 @@ def end_run(
 ) -> None:
     """Emit the run's root span (INTERNAL, named `run`) with the ids fixed at its start.
 
-    `totals` keys: model_calls, tool_calls, failures, input_tokens, output_tokens,
-    cost_micros, repairs, ceilings_hit (others become `spanmeter.run.<key>`).
+    `totals` keys: model_calls, tool_calls, failures (failed model calls), tool_failures
+    (failed tool results and tool calls never answered; tool_results_missing of them),
+    input_tokens, output_tokens, cost_micros, repairs, ceilings_hit (others become
+    `spanmeter.run.<key>`).
     `status`: e.g. ok | error | ceiling | idle_timeout; error/failed mark the span ERROR.
     """
     try:
