@@ -95,7 +95,8 @@ class Upstream(_Strict):
     dialect: Literal["openai", "anthropic", "gemini"]
     base_url: str
     key_env: str | None = None  # env var holding the upstream key
-    provider_name: str | None = None  # gen_ai.provider.name; default derived from host
+    # gen_ai.provider.name; default: the provider a well-known host names, else the dialect's API
+    provider_name: str | None = None
 
 
 class TenantConfig(_Strict):
