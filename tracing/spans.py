@@ -45,6 +45,7 @@ from tracing import attributes as A
 from tracing import digests
 from tracing.metrics import CallKey, LabelCache
 from tracing.setup import Telemetry
+from tracing.traceparent import TraceParent, parse_traceparent
 
 __all__ = [
     "CallSpan",
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 Attrs = dict[str, AttributeValue]
 
-_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 # Things that look like API keys, in case an upstream error message echoes one.
 _KEYLIKE = re.compile(r"\b(?:sk|sm|gsk|xai)[-_][A-Za-z0-9_\-*]{8,}|\bAIza[0-9A-Za-z_\-]{20,}")
 _STATUS_LIMIT: Final = 200
@@ -92,27 +92,6 @@ _NO_CONTEXT: Final = Context()  # never changed: OTel contexts are copied on eve
 
 
 # --- ids -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TraceParent:
-    """An incoming W3C trace context."""
-
-    trace_id: int
-    span_id: int
-    sampled: bool = True
-    tracestate: str | None = None
-
-
-def parse_traceparent(header: str | None, tracestate: str | None = None) -> TraceParent | None:
-    """The W3C `traceparent` header, or None when absent or invalid (then it is ignored)."""
-    m = _TRACEPARENT.match((header or "").strip().lower())
-    if m is None or m.group(1) == "ff":
-        return None
-    trace_id, span_id = int(m.group(2), 16), int(m.group(3), 16)
-    if trace_id == 0 or span_id == 0 or (m.group(1) == "00" and m.group(5)):
-        return None
-    return TraceParent(trace_id, span_id, bool(int(m.group(4), 16) & 1), tracestate)
 
 
 @dataclass(frozen=True, slots=True)

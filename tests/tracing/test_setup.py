@@ -44,29 +44,6 @@ def test_config_overrides_win_over_env() -> None:
     assert capture_mode(None) == "NO_CONTENT"
 
 
-@pytest.mark.parametrize(
-    ("header", "expected"),
-    [
-        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True)),
-        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
-         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, False)),
-        (" 00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01 ",
-         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True)),
-        ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future",
-         spans.TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True)),
-        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),
-        ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", None),
-        ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None),
-        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", None),
-        ("garbage", None),
-        (None, None),
-    ],
-)  # fmt: skip
-def test_parse_traceparent(header: str | None, expected: spans.TraceParent | None) -> None:
-    assert spans.parse_traceparent(header) == expected
-
-
 def test_run_trace_round_trips_through_its_stored_form() -> None:
     parent = spans.TraceParent(1, 2, False)
     for run in (spans.new_run_trace(), spans.new_run_trace(parent, start_ns=5)):
