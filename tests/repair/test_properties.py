@@ -82,10 +82,10 @@ def test_arbitrary_streams_are_split_invariant(text: str, size: int) -> None:
 def test_ten_thousand_deep_nesting_ends_cleanly(opener: str) -> None:
     closer = {"[": "]", '{"a":': "}", "{'a':": "}"}[opener]
     text = opener * 10_000 + "1" + closer * 10_000
-    try:
-        extract_json(text)
-    except ExtractError as err:
-        assert "nesting" in err.reason or "gave up" in err.reason
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
+        extract_json(text)  # refused whole: never a value cut at depth 1000, nor one inside it
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
+        extract_json("Here it is: " + text, allow_partial=True)
     r = StreamRepairer(OutputSpec("json_schema", schema={}))
     out = "".join(r.feed(text[i : i + 64]) for i in range(0, len(text), 64)) + r.finish()
     assert r.repair is not None and r.repair.valid is False
@@ -95,8 +95,12 @@ def test_ten_thousand_deep_nesting_ends_cleanly(opener: str) -> None:
 def test_deep_truncated_nesting_ends_cleanly() -> None:
     with pytest.raises(ExtractError):
         extract_json("[" * 10_000)
-    with contextlib.suppress(ExtractError):
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
         extract_json("[" * 10_000, allow_partial=True)
+    value, depth = extract_json("[" * 999, allow_partial=True), 0  # 999 levels fit: all of them kept
+    while value != []:
+        value, depth = value[0], depth + 1
+    assert depth == 998
 
 
 def test_ten_megabytes_of_clean_json_in_prose() -> None:
