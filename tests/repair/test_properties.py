@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.model import OutputSpec
 from proxy.repair import (
+    ACTIONS,
     ExtractError,
     StreamExtractor,
     StreamRepairer,
@@ -58,9 +59,13 @@ def test_valid_json_streams_through_the_repairer_byte_for_byte(value: Any, size:
 def test_arbitrary_text_never_raises_anything_but_extract_error(text: str) -> None:
     for partial in (False, True):
         with contextlib.suppress(ExtractError):
-            extract_json(text, partial)
-    extract_items(text, 0)
-    extract_jsonl(text)
+            report = extract_json_report(text, partial)
+            assert report.truncated <= partial, "a cut value only with allow_partial"
+            assert set(report.actions) <= set(ACTIONS)
+    with contextlib.suppress(ExtractError):
+        items, cursor = extract_items(text, 0)
+        assert isinstance(items, list) and 0 <= cursor <= len(text)
+    assert isinstance(extract_jsonl(text), list)
 
 
 @SETTINGS
