@@ -104,7 +104,8 @@ class Upstream(_Strict):
     dialect: Literal["openai", "anthropic", "gemini"]
     base_url: str
     key_env: str | None = None  # env var holding the upstream key
-    provider_name: str | None = None  # gen_ai.provider.name; default derived from host
+    # gen_ai.provider.name; default: the provider a well-known host names, else the dialect's API
+    provider_name: str | None = None
 
 
 class TenantConfig(_Strict):
@@ -161,7 +162,9 @@ class Settings(BaseSettings):
 
     tenants: dict[str, TenantConfig] = {}
     policy: Policy = Policy()
-    prices: dict[str, dict[str, float]] = {}  # model -> {input, cached_input, cache_write, output}
+    # model -> {input, cached_input, cache_write, cache_write_1h, output,
+    #           service_tiers: {tier: multiplier}, inference_geos: {geo: multiplier}}
+    prices: dict[str, dict[str, float | dict[str, float]]] = {}
     _policies: dict[str, Policy] = PrivateAttr(default_factory=dict)  # policy_for's cache
 
     otlp_endpoint: str | None = None  # else the standard OTEL_EXPORTER_OTLP_ENDPOINT

@@ -10,7 +10,7 @@ Provider adapters translate wire bytes into these types, policy and tracing read
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 __all__ = [
     "Api",
@@ -124,6 +124,11 @@ class Usage:
     """Token usage in gen_ai terms: input includes cached; cache and reasoning are subsets.
 
     `None` means the provider never reported the field: unknown is not zero.
+    `cache_write_1h_tokens` is the part of `cache_write_tokens` written with a 1-hour
+    lifetime (Anthropic bills it at 2x input, the 5-minute rest at 1.25x).
+    `service_tier` and `inference_geo` are what the provider says it billed the call as
+    (OpenAI `service_tier` flex/priority, Anthropic `usage.service_tier` and
+    `usage.inference_geo`); pricing applies the model's multiplier for them, if any.
     """
 
     input_tokens: int | None = None
@@ -131,21 +136,29 @@ class Usage:
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
     reasoning_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
+    service_tier: str | None = None
+    inference_geo: str | None = None
 
     def merge(self, newer: Usage) -> Usage:
         """Fields the newer report sets replace ours; providers report cumulative totals."""
         return Usage(
-            *(
-                n if n is not None else o
-                for o, n in (
-                    (self.input_tokens, newer.input_tokens),
-                    (self.output_tokens, newer.output_tokens),
-                    (self.cache_read_tokens, newer.cache_read_tokens),
-                    (self.cache_write_tokens, newer.cache_write_tokens),
-                    (self.reasoning_tokens, newer.reasoning_tokens),
-                )
-            )
+            input_tokens=_newer(self.input_tokens, newer.input_tokens),
+            output_tokens=_newer(self.output_tokens, newer.output_tokens),
+            cache_read_tokens=_newer(self.cache_read_tokens, newer.cache_read_tokens),
+            cache_write_tokens=_newer(self.cache_write_tokens, newer.cache_write_tokens),
+            reasoning_tokens=_newer(self.reasoning_tokens, newer.reasoning_tokens),
+            cache_write_1h_tokens=_newer(self.cache_write_1h_tokens, newer.cache_write_1h_tokens),
+            service_tier=_newer(self.service_tier, newer.service_tier),
+            inference_geo=_newer(self.inference_geo, newer.inference_geo),
         )
+
+
+_T = TypeVar("_T")
+
+
+def _newer(old: _T | None, new: _T | None) -> _T | None:
+    return old if new is None else new
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.upstream import host_port
 
-__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "dialect_of", "match", "target_for"]
+__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "dialect_of", "match", "provider_name", "target_for"]
 
 SUPPORTED = (
     "POST /v1/chat/completions",
@@ -105,12 +105,41 @@ class Target:
     server_port: int
 
 
-_KNOWN_PROVIDERS = {
+# gen_ai.provider.name: the well-known value when the host says which provider serves
+# the call, else the instrumentation's best knowledge, the API the client speaks (one
+# value per dialect); server.address still names the host. Never the host itself: the
+# value is a metric label, and hosts are not a bounded set.
+_KNOWN_HOSTS = {
     "api.openai.com": "openai",
     "api.anthropic.com": "anthropic",
     "generativelanguage.googleapis.com": "gcp.gemini",
     "aiplatform.googleapis.com": "gcp.vertex_ai",
+    "api.deepseek.com": "deepseek",
+    "api.groq.com": "groq",
+    "api.mistral.ai": "mistral_ai",
+    "api.x.ai": "x_ai",
+    "api.perplexity.ai": "perplexity",
 }
+_KNOWN_SUFFIXES = (
+    ("-aiplatform.googleapis.com", "gcp.vertex_ai"),  # regional Vertex endpoints
+    (".openai.azure.com", "azure.ai.openai"),
+    (".services.ai.azure.com", "azure.ai.inference"),
+)
+_BY_DIALECT = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini"}
+
+
+def provider_name(dialect: str, host: str, configured: str | None = None) -> str:
+    """gen_ai.provider.name for a call of `dialect` to `host` (semconv v1.41.1)."""
+    if configured:
+        return configured
+    host = host.lower()
+    known = _KNOWN_HOSTS.get(host)
+    if known is not None:
+        return known
+    for suffix, name in _KNOWN_SUFFIXES:
+        if host.endswith(suffix):
+            return name
+    return _BY_DIALECT[dialect]
 
 
 def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
@@ -118,6 +147,7 @@ def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, ups
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
     key_env: str | None
+    configured: str | None = None
     if name is not None:
         up = settings.upstreams.get(name)
         if up is None or up.dialect != dialect:
@@ -125,15 +155,12 @@ def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, ups
                 f"No upstream named {name!r} for the {dialect} dialect. Configured: "
                 f"{sorted(k for k, u in settings.upstreams.items() if u.dialect == dialect) or 'none'}."
             )
-        base, key_env, provider = up.base_url, up.key_env, up.provider_name
+        base, key_env, configured = up.base_url, up.key_env, up.provider_name
     else:
         base = getattr(settings, adapter.upstream_setting)
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
-        provider = None
     host, port = host_port(base)
-    # Semconv: the value names the API actually called; an unknown OpenAI-compatible
-    # server is not "openai".
-    provider = provider or _KNOWN_PROVIDERS.get(host) or (name or host.replace(".", "_").replace("-", "_"))
+    provider = provider_name(dialect, host, configured)
     return Target(base.rstrip("/"), _auth(settings, adapter, caller, key_env), provider, host, port)
 
 

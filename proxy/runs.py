@@ -82,16 +82,19 @@ class Runs:
             return False  # already ended, by us or another replica
         pending = await self._store.tools_take(tenant, run_id, [
             p["id"] for p in await self._store.tools_pending(tenant, run_id)])
-        totals = await self._store.run_totals(tenant, run_id)
+        if pending:  # tool calls never answered: failed, as their spans say
+            await self._store.run_add(tenant, run_id, {"tool_failures": len(pending),
+                                                       "tool_results_missing": len(pending)})
+        totals = {"failures": 0, "tool_failures": 0, **await self._store.run_totals(tenant, run_id)}
         if self._tel is not None:
             caller = Caller(tenant, run_id, "header")
-            run = spans.RunTrace.decode(rec["trace"]["ids"])
+            stored = rec.get("trace")
+            run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
             now = time.time_ns()
             for p in pending:
                 spans.tool_span(self._tel, caller, name=p["name"], call_id=p["id"], arguments=p["arguments"],
                                 result=None, is_error=True, start_ns=p["delivered_ns"], end_ns=now,
                                 parent=None, run_trace=run, link=_link(p))
-            totals = {**totals, "tool_results_missing": totals.get("tool_results_missing", 0) + len(pending)}
             spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
         return True
 

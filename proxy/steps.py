@@ -20,6 +20,7 @@ from proxy.errors import (
     BodyTooLarge,
     CeilingReached,
     ProxyError,
+    Refusal,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
@@ -112,11 +113,14 @@ async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc
     spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
                    budget_remaining_micros=None, rewrites=[], repairs=[],
                    refusal=exc.limit if isinstance(exc, CeilingReached) else exc.code)
-    if isinstance(exc, CeilingReached):
+    totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
+    if isinstance(exc, Refusal) and (failed := _failed_tools(exc.closed)):
+        totals["tool_failures"] = failed  # the results arrived, whatever became of the call
+    if totals:
         try:
-            await app[STORE].run_add(caller.tenant, caller.run_id, {"ceilings_hit": 1})
+            await app[STORE].run_add(caller.tenant, caller.run_id, totals)
         except ProxyError:
-            log.warning("could not record a ceiling hit for run %s", caller.run_id)
+            log.warning("could not record the totals of refused call of run %s", caller.run_id)
 
 
 def abandoned(app: web.Application, call: Call, cs: Any) -> None:
@@ -150,7 +154,8 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     remaining = None
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
-        overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=_totals(outcome, amount, hooks),
+        totals = _totals(outcome, amount, hooks, admitted.admission.closed)
+        overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
                                             tools=pending_tools(outcome, flow.delivered_ns, cs.ref) or None,
                                             contexts=ex.adapter.stored_sizes(call, outcome) or None)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
@@ -208,10 +213,16 @@ def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, am
     return min(left) if left else None
 
 
-def _totals(outcome: Outcome, amount: int, hooks: Hooks) -> dict[str, int]:
+def _failed_tools(closed: tuple[dict[str, Any], ...]) -> int:
+    """Tool results that came back failed: the run's totals count what its tool spans say."""
+    return sum(1 for c in closed if not c.get("ok", True))
+
+
+def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...]) -> dict[str, int]:
     u = outcome.usage
     return {
         "model_calls": 1,
+        "tool_failures": _failed_tools(closed),
         "tool_calls": len(outcome.tool_calls),
         "failures": 1 if outcome.error_type else 0,
         "input_tokens": u.input_tokens or 0,

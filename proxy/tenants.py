@@ -11,14 +11,14 @@ from typing import Literal
 from proxy.config import Settings, hash_key
 from proxy.errors import RequestError, Unauthorized
 from proxy.model import Caller
+from tracing.traceparent import parse_traceparent
 
 RunIdSource = Literal["header", "traceparent", "generated"]
 
-__all__ = ["TRACEPARENT", "KeyIndex", "identify", "new_key", "presented_key"]
+__all__ = ["KeyIndex", "identify", "new_key", "presented_key"]
 
 OPEN_TENANT = "default"
 KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
-TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
 
@@ -82,9 +82,8 @@ def _run(headers: Mapping[str, str]) -> tuple[str, RunIdSource]:
                 param="X-Run-Id",
             )
         return rid, "header"
-    tp = headers.get("traceparent")
-    if tp:
-        m = TRACEPARENT.match(tp.strip().lower())
-        if m:
-            return m.group(1), "traceparent"
+    # The tracer's own parser: a run is named after a trace only if its spans join it.
+    parent = parse_traceparent(headers.get("traceparent"))
+    if parent is not None:
+        return parent.trace_id_hex, "traceparent"
     return "run-" + uuid.uuid4().hex[:16], "generated"

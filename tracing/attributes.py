@@ -109,7 +109,10 @@ SPANMETER_GUARD_REPEATS: Final = "spanmeter.guard.repeats"
 SPANMETER_RUN_STATUS: Final = "spanmeter.run.status"
 SPANMETER_RUN_MODEL_CALLS: Final = "spanmeter.run.model_calls"
 SPANMETER_RUN_TOOL_CALLS: Final = "spanmeter.run.tool_calls"
-SPANMETER_RUN_FAILURES: Final = "spanmeter.run.failures"
+SPANMETER_RUN_FAILURES: Final = "spanmeter.run.failures"  # failed model calls
+# Failed tool results and tool calls never answered: the run's execute_tool spans with status ERROR.
+SPANMETER_RUN_TOOL_FAILURES: Final = "spanmeter.run.tool_failures"
+SPANMETER_RUN_TOOL_RESULTS_MISSING: Final = "spanmeter.run.tool_results_missing"  # of which never answered
 SPANMETER_RUN_INPUT_TOKENS: Final = "spanmeter.run.input_tokens"
 SPANMETER_RUN_OUTPUT_TOKENS: Final = "spanmeter.run.output_tokens"
 SPANMETER_RUN_COST_USD: Final = "spanmeter.run.cost.usd"

@@ -50,6 +50,7 @@ from tracing import attributes as A
 from tracing import digests
 from tracing.metrics import CallKey, LabelCache
 from tracing.setup import Telemetry
+from tracing.traceparent import TraceParent, parse_traceparent
 
 __all__ = [
     "CallSpan",
@@ -71,7 +72,6 @@ log = logging.getLogger(__name__)
 
 Attrs = dict[str, AttributeValue]
 
-_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 # Things that look like API keys, in case an upstream error message echoes one.
 _KEYLIKE = re.compile(r"\b(?:sk|sm|gsk|xai)[-_][A-Za-z0-9_\-*]{8,}|\bAIza[0-9A-Za-z_\-]{20,}")
 _STATUS_LIMIT: Final = 200
@@ -85,6 +85,8 @@ _RUN_TOTALS: Final = {
     "model_calls": A.SPANMETER_RUN_MODEL_CALLS,
     "tool_calls": A.SPANMETER_RUN_TOOL_CALLS,
     "failures": A.SPANMETER_RUN_FAILURES,
+    "tool_failures": A.SPANMETER_RUN_TOOL_FAILURES,
+    "tool_results_missing": A.SPANMETER_RUN_TOOL_RESULTS_MISSING,
     "input_tokens": A.SPANMETER_RUN_INPUT_TOKENS,
     "output_tokens": A.SPANMETER_RUN_OUTPUT_TOKENS,
     "repairs": A.SPANMETER_RUN_REPAIRS,
@@ -95,27 +97,6 @@ _NO_CONTEXT: Final = Context()  # never changed: OTel contexts are copied on eve
 
 
 # --- ids -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TraceParent:
-    """An incoming W3C trace context."""
-
-    trace_id: int
-    span_id: int
-    sampled: bool = True
-    tracestate: str | None = None
-
-
-def parse_traceparent(header: str | None, tracestate: str | None = None) -> TraceParent | None:
-    """The W3C `traceparent` header, or None when absent or invalid (then it is ignored)."""
-    m = _TRACEPARENT.match((header or "").strip().lower())
-    if m is None or m.group(1) == "ff":
-        return None
-    trace_id, span_id = int(m.group(2), 16), int(m.group(3), 16)
-    if trace_id == 0 or span_id == 0 or (m.group(1) == "00" and m.group(5)):
-        return None
-    return TraceParent(trace_id, span_id, bool(int(m.group(4), 16) & 1), tracestate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -669,8 +650,10 @@ def end_run(
 ) -> None:
     """Emit the run's root span (INTERNAL, named `run`) with the ids fixed at its start.
 
-    `totals` keys: model_calls, tool_calls, failures, input_tokens, output_tokens,
-    cost_micros, repairs, ceilings_hit (others become `spanmeter.run.<key>`).
+    `totals` keys: model_calls, tool_calls, failures (failed model calls), tool_failures
+    (failed tool results and tool calls never answered; tool_results_missing of them),
+    input_tokens, output_tokens, cost_micros, repairs, ceilings_hit (others become
+    `spanmeter.run.<key>`).
     `status`: e.g. ok | error | ceiling | idle_timeout; error/failed mark the span ERROR.
     """
     try:

@@ -38,7 +38,8 @@ class RunSummary:
     tool_calls: int
     tokens: int
     cost_usd: float
-    failures: int
+    failures: int  # failed model calls (the run span's spanmeter.run.failures)
+    tool_failures: int  # failed or never answered tool calls (spanmeter.run.tool_failures)
     status: str  # the run span's status, or `open` while the run has not ended
 
 
@@ -128,7 +129,8 @@ def _is_tool(s: Record) -> bool:
 def _summary(run_id: str, spans: list[Record]) -> RunSummary:
     run_span = next((s for s in spans if s["name"] == A.RUN_SPAN_NAME), None)
     calls = [s for s in spans if _is_call(s)]
-    failures = sum(1 for s in spans if s["status"] == "ERROR" and s is not run_span)
+    failures = sum(1 for s in calls if s["status"] == "ERROR")
+    tool_failures = sum(1 for s in spans if _is_tool(s) and s["status"] == "ERROR")
     tokens = sum(
         int(s["attributes"].get(k) or 0)
         for s in calls
@@ -138,7 +140,7 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
     status = "open"
     if run_span is not None:
         status = str(run_span["attributes"].get(A.SPANMETER_RUN_STATUS, run_span["status"]))
-    elif failures:
+    elif failures or tool_failures:
         status = "open, failures"
     return RunSummary(
         run_id=run_id,
@@ -150,6 +152,7 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
         tokens=tokens,
         cost_usd=cost,
         failures=failures,
+        tool_failures=tool_failures,
         status=status,
     )
 
@@ -180,7 +183,9 @@ def _run_line(r: RunSummary) -> str:
         r.status,
     ]
     if r.failures:
-        parts.append(f"{r.failures} failed")
+        parts.append(f"{r.failures} failed call{'s' if r.failures != 1 else ''}")
+    if r.tool_failures:
+        parts.append(f"{r.tool_failures} failed tool call{'s' if r.tool_failures != 1 else ''}")
     return "  ".join(parts)
 
 

@@ -28,8 +28,11 @@ Where it is NOT a bound (the call may overshoot; the overshoot is charged in ful
 counted): media referenced by URL or file id (an image URL costs up to ~1.6k tokens on
 Anthropic, ~1.5k on gpt-4o high detail, ~2.5k on gpt-4.1-mini; audio/video/PDF by file
 id are unbounded), server-side tools whose results are billed as input (web search,
-file search, code execution, Gemini grounding), and prompt caches created out of band
-(Gemini cachedContents) that the body only names.
+file search, code execution, Gemini grounding), prompt caches created out of band
+(Gemini cachedContents) that the body only names, and rates the response reveals:
+`reservation` prices input at the 5-minute cache-write rate, not the 1-hour one (2x
+input), and at the standard service tier and geography (OpenAI priority is up to 2.5x,
+Anthropic US-only inference 1.1x); `cost` charges what the usage says in full.
 
 Output is bounded by max_output_tokens, which for every provider includes reasoning /
 thinking tokens (OpenAI max_completion_tokens, Anthropic max_tokens, Gemini
@@ -48,6 +51,7 @@ import re
 from dataclasses import dataclass, replace
 from datetime import date
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +91,7 @@ class LongContext:
     cached_input: int
     cache_write: int
     output: int
+    cache_write_1h: int | None = None  # None: the provider has one write rate, cache_write
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +107,14 @@ class Price:
     as_of: str
     max_output_tokens: int | None = None
     long_context: LongContext | None = None
+    # Anthropic's 1-hour cache writes (2x input; cache_write is the 5-minute rate, 1.25x).
+    # None: the provider has one write rate, cache_write.
+    cache_write_1h: int | None = None
+    # Multipliers on every rate, by what the usage says the call was billed as:
+    # OpenAI service_tier (flex 0.5, priority 1.7-2.5 by model), Anthropic inference_geo
+    # (us 1.1 on Opus/Sonnet 4.6 and later). A tier or geo not listed bills at 1x.
+    service_tiers: tuple[tuple[str, Fraction], ...] = ()
+    inference_geos: tuple[tuple[str, Fraction], ...] = ()
 
     def rates(self, input_tokens: int) -> tuple[int, int, int, int]:
         """(input, cached_input, cache_write, output) for a request of this input size."""
@@ -109,6 +122,17 @@ class Price:
         if lc is not None and input_tokens > lc.threshold_tokens:
             return lc.input, lc.cached_input, lc.cache_write, lc.output
         return self.input, self.cached_input, self.cache_write, self.output
+
+    def cache_write_1h_rate(self, input_tokens: int) -> int:
+        """The 1-hour cache-write rate for a request of this input size."""
+        lc = self.long_context
+        if lc is not None and input_tokens > lc.threshold_tokens:
+            return lc.cache_write if lc.cache_write_1h is None else lc.cache_write_1h
+        return self.cache_write if self.cache_write_1h is None else self.cache_write_1h
+
+    def multiplier(self, usage: Usage) -> Fraction:
+        """The factor on every rate for the tier and geography the usage was billed as."""
+        return _lookup(self.service_tiers, usage.service_tier) * _lookup(self.inference_geos, usage.inference_geo)
 
 
 class PriceTable:
@@ -153,17 +177,23 @@ def cost(price: Price, usage: Usage) -> int:
     """Micro-USD for the usage a provider reported (gen_ai terms, see `Usage`).
 
     input_tokens includes cache reads and writes, so those are taken out of it and
-    priced at their own rates; output_tokens already includes reasoning tokens.
+    priced at their own rates (1-hour cache writes at theirs); output_tokens already
+    includes reasoning tokens. The whole is then scaled by the service tier and inference
+    geography the usage names (`Price.multiplier`).
     Fields the provider never reported count as zero here: when usage is unknown or the
     stream was cut, proxy.ceilings.settle_amount charges the reservation instead (unknown is not zero).
     """
     total_in = usage.input_tokens or 0
     cached = usage.cache_read_tokens or 0
     written = usage.cache_write_tokens or 0
+    written_1h = min(usage.cache_write_1h_tokens or 0, written)
     uncached = max(0, total_in - cached - written)
-    r_in, r_cached, r_write, r_out = price.rates(max(total_in, cached + written))
-    micro = uncached * r_in + cached * r_cached + written * r_write + (usage.output_tokens or 0) * r_out
-    return _ceil_div(micro, _SCALE)
+    size = max(total_in, cached + written)
+    r_in, r_cached, r_write, r_out = price.rates(size)
+    micro = (uncached * r_in + cached * r_cached + (written - written_1h) * r_write
+             + written_1h * price.cache_write_1h_rate(size) + (usage.output_tokens or 0) * r_out)
+    factor = price.multiplier(usage)
+    return _ceil_div(micro * factor.numerator, _SCALE * factor.denominator)
 
 
 def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int, multiplier: int = 1) -> int:
@@ -206,6 +236,37 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _lookup(factors: tuple[tuple[str, Fraction], ...], key: str | None) -> Fraction:
+    for name, factor in factors:
+        if name == key:
+            return factor
+    return Fraction(1)
+
+
+def _factors(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]:
+    """{name: multiplier} -> exact fractions, e.g. {flex: 0.5, priority: 2}."""
+    if not raw:
+        return ()
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping of name to multiplier, got {raw!r}")
+    out = []
+    for name, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+            raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}")
+        try:
+            factor = Fraction(Decimal(str(value)))
+        except (ArithmeticError, ValueError):
+            raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}") from None
+        if factor <= 0:
+            raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}")
+        out.append((str(name), factor))
+    return tuple(out)
+
+
+def _optional_rate(entry: dict[str, Any], key: str, where: str) -> int | None:
+    return _rate(entry[key], where) if entry.get(key) is not None else None
+
+
 def _rate(value: Any, where: str) -> int:
     """USD per million tokens -> integer micro-USD per million tokens, exactly."""
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
@@ -236,6 +297,9 @@ def _price(name: str, entry: dict[str, Any]) -> Price:
         as_of=entry["as_of"].isoformat() if isinstance(entry["as_of"], date) else str(entry["as_of"]),
         max_output_tokens=int(entry["max_output_tokens"]) if entry.get("max_output_tokens") else None,
         long_context=_long_context(lc, where) if lc else None,
+        cache_write_1h=_optional_rate(entry, "cache_write_1h", where),
+        service_tiers=_factors(entry.get("service_tiers"), f"{where}: service_tiers"),
+        inference_geos=_factors(entry.get("inference_geos"), f"{where}: inference_geos"),
     )
 
 
@@ -246,6 +310,7 @@ def _long_context(lc: dict[str, Any], where: str) -> LongContext:
         cached_input=_rate(lc.get("cached_input", lc["input"]), where),
         cache_write=_rate(lc.get("cache_write", lc["input"]), where),
         output=_rate(lc["output"], where),
+        cache_write_1h=_optional_rate(lc, "cache_write_1h", where),
     )
 
 
@@ -258,9 +323,12 @@ def _override(base: Price | None, name: str, entry: dict[str, Any]) -> Price:
         "source": str(entry.get("source", "config pricing.overrides")),
         "as_of": str(entry.get("as_of", "config")),
     }
-    for key in ("input", "cached_input", "cache_write", "output"):
+    for key in ("input", "cached_input", "cache_write", "cache_write_1h", "output"):
         if key in entry:
             changes[key] = _rate(entry[key], where)
+    for key in ("service_tiers", "inference_geos"):
+        if key in entry:
+            changes[key] = _factors(entry[key], f"{where}.{key}")
     if "max_output_tokens" in entry:
         changes["max_output_tokens"] = int(entry["max_output_tokens"]) or None
     return replace(base, **changes)

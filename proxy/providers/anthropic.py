@@ -43,11 +43,17 @@ def anthropic_usage(u: Any) -> Usage:
     raw_input = _int(u.get("input_tokens"))
     read = _int(u.get("cache_read_input_tokens"))
     created = _int(u.get("cache_creation_input_tokens"))
+    # cache_creation splits the writes by lifetime; 1-hour writes bill at 2x input, not 1.25x.
+    by_ttl = u.get("cache_creation")
+    written_1h = _int(by_ttl.get("ephemeral_1h_input_tokens")) if isinstance(by_ttl, dict) else None
     return Usage(
         input_tokens=None if raw_input is None else raw_input + (read or 0) + (created or 0),
         output_tokens=_int(u.get("output_tokens")),
         cache_read_tokens=read,
         cache_write_tokens=created,
+        cache_write_1h_tokens=written_1h,
+        service_tier=_str(u.get("service_tier")),
+        inference_geo=_str(u.get("inference_geo")),
     )
 
 

@@ -144,7 +144,8 @@ def _error(err: dict[str, Any]) -> StreamError:
                        str(err.get("message") or ""))
 
 
-def openai_usage(u: Any) -> Usage:
+def openai_usage(u: Any, service_tier: Any = None) -> Usage:
+    """`usage`, and the `service_tier` the response (not the usage object) says it ran at."""
     if not isinstance(u, dict):
         return Usage()
     pd = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
@@ -154,6 +155,7 @@ def openai_usage(u: Any) -> Usage:
         output_tokens=_int(u.get("completion_tokens", u.get("output_tokens"))),
         cache_read_tokens=_int(pd.get("cached_tokens")) if isinstance(pd, dict) else None,
         reasoning_tokens=_int(cd.get("reasoning_tokens")) if isinstance(cd, dict) else None,
+        service_tier=service_tier if isinstance(service_tier, str) else None,
     )
 
 
@@ -260,7 +262,7 @@ class ChatAdapter:
             if isinstance(ch, dict):
                 events += _choice_events(ch, ch.get("message"), complete=True)
         if "usage" in body:
-            events.append(UsageEvent(openai_usage(body["usage"])))
+            events.append(UsageEvent(openai_usage(body["usage"], body.get("service_tier"))))
         if isinstance(body.get("error"), dict):
             events.append(_error(body["error"]))
         return events
@@ -279,7 +281,7 @@ class ChatAdapter:
             if isinstance(ch, dict):
                 events += _choice_events(ch, ch.get("delta"), complete=False)
         if chunk.get("usage"):
-            events.append(UsageEvent(openai_usage(chunk["usage"])))
+            events.append(UsageEvent(openai_usage(chunk["usage"], chunk.get("service_tier"))))
         if isinstance(chunk.get("error"), dict):
             events.append(_error(chunk["error"]))
         return events

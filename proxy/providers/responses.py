@@ -158,7 +158,7 @@ def _summary(response: dict[str, Any]) -> list[StreamEvent]:
     """Meta, usage, finish and error of a whole response object (not its output)."""
     events: list[StreamEvent] = [MetaEvent(_str(response.get("id")), _str(response.get("model")))]
     if isinstance(response.get("usage"), dict):
-        events.append(UsageEvent(openai_usage(response["usage"])))
+        events.append(UsageEvent(openai_usage(response["usage"], response.get("service_tier"))))
     reason = _finish_reason(response)
     if reason:
         events.append(Finish(reason))

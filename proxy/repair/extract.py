@@ -12,7 +12,10 @@
 JSON5 accepted: single quotes, trailing commas, comments, unquoted keys, hex, `+`,
 `.5`, `Infinity`/`NaN` (and Python's `True`/`False`/`None`). A value cut off at the end is
 returned only with `allow_partial=True`: completed members kept, a cut string kept as
-received, a cut key, token or escape dropped. Anything else raises `ExtractError`.
+received, a cut key, token or escape dropped (a high surrogate escape whose low half was
+cut, too). Anything else raises `ExtractError`, including a value nested deeper than
+`MAX_DEPTH` (1,000) levels: it is refused whole, never returned cut at that depth, and
+no value inside it is returned in its place.
 
 Clean input costs one `orjson.loads`; fenced input a `str.find` more. Every other path
 scans each candidate once with `Scanner` (regex runs over clean stretches); candidates
@@ -32,8 +35,8 @@ from typing import Any
 import json5
 import orjson
 
-from proxy.repair.scan import DONE, Scanner
-from proxy.repair.stream import ValueStream
+from proxy.repair.scan import DONE, MAX_DEPTH, Scanner
+from proxy.repair.stream import TENTATIVE_LIMIT, ValueStream
 
 __all__ = [
     "ACTIONS",
@@ -212,6 +215,7 @@ class _Search:
                     return found
             span = self.first if (self.first and self.first.start == i) else None
             span = span or self.scan(text, i, scalars=False)
+            _refuse_too_deep(span.scanner)  # every later candidate is inside it
             if span.complete:
                 return self.value(span.scanner, self.around(i, span.end))
             sc = span.scanner
@@ -272,6 +276,13 @@ class _Search:
         raise ExtractError(pos, reason)
 
 
+def _refuse_too_deep(sc: Scanner) -> None:
+    """A value nested deeper than MAX_DEPTH is refused whole: a value cut at that depth,
+    or one found inside it, would be a different value returned as if it were the answer."""
+    if sc.too_deep and sc.error is not None:
+        raise ExtractError(sc.error[0], f"the JSON value is nested deeper than {MAX_DEPTH} levels")
+
+
 def _loads(text: str, special: bool) -> Any:
     # orjson refuses NaN/Infinity; the stdlib reads them (and raises RecursionError, not
     # crashing, if nesting is deep)
@@ -315,15 +326,17 @@ def _json5_last_resort(text: str) -> Extraction | None:
 # ---------------------------------------------------------------------- items, jsonl, enum
 
 _SEP = re.compile(r"[\s,]*")
+_TOKEN_END = re.compile(r"[\w$.+\-]*")
 _SKIP = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\[{}\],]")
 
 
 def extract_items(text: str, cursor: int = 0) -> tuple[list[Any], int]:
     """Elements of the first top-level array completed since `cursor` (Genkit's
     `extractItems`): returns them and the cursor for the next call with more text.
-    A bad element is skipped (not retried); the cursor stops before an unfinished one."""
+    A bad element is skipped (not retried); the cursor stops before an unfinished one;
+    an element nested deeper than MAX_DEPTH raises `ExtractError` (never dropped)."""
     if cursor == 0:
-        start = text.find("[")
+        start = _array_start(text)
         if start == -1:
             return [], 0
         cursor = start + 1
@@ -335,6 +348,7 @@ def extract_items(text: str, cursor: int = 0) -> tuple[list[Any], int]:
             return items, (i if i < n else cursor)
         sc = Scanner()
         sc.scan_from(text, i)
+        _refuse_too_deep(sc)
         if sc.state == DONE and not (sc.done_at == n and text[n - 1] not in "}]\"'"):
             items.append(_loads("".join(sc.out), "special_number" in sc.actions))
             cursor = sc.done_at
@@ -345,6 +359,34 @@ def extract_items(text: str, cursor: int = 0) -> tuple[list[Any], int]:
             cursor = end
         else:
             return items, cursor
+
+
+def _array_start(text: str) -> int:
+    """The `[` that opens the array, or -1 while no `[` is known to. A `[` with only
+    whitespace or a fence opener before it is the array. After prose, as in a stream, a
+    bracket group (`Here are [some] items:`) is skipped when its first element fails to
+    parse, and a `[` whose first element is still arriving is not committed to (up to
+    TENTATIVE_LIMIT characters of it)."""
+    start = text.find("[")
+    while start != -1:
+        if not _FENCE_INFO.sub("", text[:start]).strip():
+            return start  # nothing but a fence before it: the array the text is
+        i = _SEP.match(text, start + 1).end()  # type: ignore[union-attr]
+        if i >= len(text):
+            return -1  # the first element has not begun
+        if text[i] == "]":
+            return start
+        sc = Scanner()
+        sc.scan_from(text, i)
+        _refuse_too_deep(sc)
+        if sc.error is None:
+            if (sc.state == DONE and sc.done_at < len(text)) or sc.consumed - i > TENTATIVE_LIMIT:
+                return start
+            return -1  # the first element is still arriving: decide when it is whole
+        if _TOKEN_END.match(text, sc.error[0]).end() >= len(text):  # type: ignore[union-attr]
+            return -1  # the bad token may still grow into a good one (`tru` -> `true`)
+        start = text.find("[", start + 1)
+    return -1
 
 
 def _skip_element(text: str, i: int) -> int | None:

@@ -39,6 +39,7 @@ _STRICT_NUM = re.compile(_NUM)
 _IDENT = re.compile(r"(?:[^\W\d]|\$)[\w$]*")
 _STR_RUN = re.compile(r"[^\"'\\\x00-\x1f]+")
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+_LOW_HALF = re.compile(r"\\(?:u(?:[dD](?:[c-fC-F][0-9a-fA-F]{0,2})?)?)?")  # a prefix of \uDC00-\uDFFF
 _HEX2 = re.compile(r"[0-9a-fA-F]{2}")
 _IDENT_CHARS = re.compile(r"[\w$.]")
 _TOKEN = re.compile(r"[\w$.+\-]*")
@@ -82,6 +83,7 @@ class Scanner:
         self.values = 0  # values (or runs of them) started so far, the outermost included
         self.done_at = -1
         self.error: tuple[int, str] | None = None
+        self.too_deep = False  # the error is nesting deeper than MAX_DEPTH
         self.string_start = -1
         self.sent = 0  # index in `out` up to which `drain()` handed pieces out
         self.item_start = -1  # index in `out` where the current depth-1 array item starts
@@ -270,6 +272,7 @@ class Scanner:
 
     def _open(self, i: int, c: str) -> int:
         if len(self.stack) >= MAX_DEPTH:
+            self.too_deep = True
             return self._fail(i, f"nesting deeper than {MAX_DEPTH} levels")
         self._start_value()
         self.out.append(c)
@@ -444,6 +447,8 @@ class Scanner:
                 self._act("string_escape")
                 sink.append("u")
                 return i + 2
+            if "\ud800" <= chr(int(m.group(), 16)) <= "\udbff" and _cut_pair(buf, i + 6, n):
+                return i  # a high surrogate whose low half may follow: wait, or at the end drop both
             sink.append(buf[i : i + 6])
             return i + 6
         if c == "x":
@@ -529,3 +534,9 @@ class Scanner:
         # a held comma, a cut key, or a key without its value are dropped with `pending`
         pieces.extend("}" if b == "{" else "]" for b in reversed(self.stack))
         return pieces
+
+
+def _cut_pair(buf: str, j: int, n: int) -> bool:
+    """Does the buffer end at `j`, or inside what may be the low-surrogate escape that
+    completes the high surrogate before `j`? Then the pair is cut (so far)."""
+    return j == n or (n - j < 6 and _LOW_HALF.fullmatch(buf, j) is not None)

@@ -55,7 +55,9 @@ async def test_anthropic_tool_round_trip_gives_chat_and_tool_spans(traced):
     chats = _named(got, "chat claude-sonnet-5-5")
     tool = _named(got, "execute_tool get_weather")[0]
     assert [c["kind"] for c in chats] == ["SPAN_KIND_CLIENT"] * 2
-    assert chats[0]["attributes"]["gen_ai.provider.name"] == "127_0_0_1"  # not "anthropic": an unknown host
+    # An unknown host: the API the client speaks, the host itself in server.address.
+    assert chats[0]["attributes"]["gen_ai.provider.name"] == "anthropic"
+    assert chats[0]["attributes"]["server.address"] == "127.0.0.1"
     assert chats[0]["attributes"]["gen_ai.usage.input_tokens"] > 0
     assert chats[1]["attributes"]["gen_ai.request.stream"] is True
     assert tool["kind"] == "SPAN_KIND_INTERNAL"

@@ -9,9 +9,10 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.appkeys import RUNS, TEL
+from proxy.appkeys import RUNS, STORE, TEL
 from proxy.config import hash_key
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
+from tracing.viewer import load_runs, render_run_tree
 
 TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 ACME, BETA, ADMIN = "sm-acme-key-0001", "sm-beta-key-0002", "admin-token-xyz"
@@ -75,6 +76,37 @@ async def test_unanswered_tool_call_gets_a_missing_span_when_the_run_idles_out(o
     assert missing["attributes"]["error.type"] == "tool_result_missing"
     root = next(s for s in spans if s["name"] == "run")
     assert root["attributes"]["spanmeter.run.status"] == "idle_timeout"
+
+
+async def test_run_totals_count_failed_tool_results_as_the_spans_and_the_viewer_do(otlp_receiver, make_proxy):  # noqa: F811
+    """One failed model call, one failed tool result, one tool call never answered: the
+    run span, the ledger's totals and `spanmeter runs` all say the same."""
+    proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0,
+                                  default_headers={"X-Run-Id": "run-fails"}) as client:
+        msgs: Any = [{"role": "user", "content": "SCENARIO:loop"}]
+        first = await client.chat.completions.create(model="sim-small", messages=msgs, tools=TOOLS)
+        call = first.choices[0].message.tool_calls[0]
+        msgs += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": '{"ok": false, "error": "denied"}'}]
+        await client.chat.completions.create(model="sim-small", messages=msgs, tools=TOOLS)  # a call left open
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="sim-small",
+                                                 messages=[{"role": "user", "content": "SCENARIO:error:500"}])
+    await proxy.settled()
+    assert await proxy.app[RUNS].end("default", "run-fails")
+    spans = await _flush(proxy, otlp_receiver, 6)
+    tools = [s for s in spans if s["name"] == "execute_tool get_weather"]
+    assert sorted(s["attributes"]["error.type"] for s in tools) == ["tool_error", "tool_result_missing"]
+    attrs = next(s for s in spans if s["name"] == "run")["attributes"]
+    assert (attrs["spanmeter.run.failures"], attrs["spanmeter.run.tool_failures"],
+            attrs["spanmeter.run.tool_results_missing"]) == (1, 2, 1)
+    totals = await proxy.app[STORE].run_totals("default", "run-fails")
+    assert (totals["failures"], totals["tool_failures"]) == (1, 2)
+    [run] = load_runs(proxy.data_dir / "traces")
+    assert (run.failures, run.tool_failures) == (1, 2)
+    assert render_run_tree("run-fails", proxy.data_dir / "traces").splitlines()[0].endswith(
+        "1 failed call  2 failed tool calls")
 
 
 async def _tenants(make_proxy, monkeypatch_env):

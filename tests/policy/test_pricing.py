@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from proxy.config import Settings
 from proxy.model import Call, Usage
 from proxy.policy.pricing import (
     PROVIDER_OVERHEAD_TOKENS,
@@ -93,6 +94,30 @@ def test_overrides_change_fields_and_add_models() -> None:
     assert mine is not None and (mine.cached_input, mine.cache_write) == (1_000_000, 1_000_000)
 
 
+def test_overrides_set_the_one_hour_write_rate_and_the_tier_multipliers() -> None:
+    settings = Settings(prices={  # through the config's own validation
+        "claude-haiku-4-5": {"cache_write_1h": 3},
+        "my-model": {"input": 1, "output": 4, "service_tiers": {"priority": 3}, "inference_geos": {"eu": 1.2}},
+    })
+    table = PriceTable.load(overrides=settings.prices)
+    haiku, mine = table.price("claude-haiku-4-5"), table.price("my-model")
+    assert haiku is not None and mine is not None
+    assert cost(haiku, Usage(input_tokens=1000, cache_write_tokens=1000, cache_write_1h_tokens=1000)) == 3000
+    assert cost(mine, Usage(input_tokens=1000, service_tier="priority", inference_geo="eu")) == 3600
+    assert cost(mine, Usage(input_tokens=1000, service_tier="flex")) == 1000
+
+
+def test_every_shipped_one_hour_write_rate_is_twice_input() -> None:
+    for name in TABLE.models():
+        p = price(name)
+        if p.cache_write_1h is not None:
+            assert p.cache_write_1h == 2 * p.input, name
+            assert p.cache_write_1h_rate(0) == p.cache_write_1h
+        if p.long_context is not None and p.long_context.cache_write_1h is not None:
+            assert p.long_context.cache_write_1h == 2 * p.long_context.input, name
+    assert all(price(m).cache_write_1h for m in TABLE.models() if m.startswith("claude-"))
+
+
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
@@ -100,8 +125,12 @@ def test_overrides_change_fields_and_add_models() -> None:
         ({"input": -1, "output": 1}, "negative"),
         ({"input": 0.0000001, "output": 1}, "finer than"),
         ({"input": "x1", "output": 1}, "expected a number"),
+        ({"input": 1, "output": 1, "service_tiers": {"flex": 0}}, "positive multiplier"),
+        ({"input": 1, "output": 1, "service_tiers": {"flex": "half"}}, "positive multiplier"),
+        ({"input": 1, "output": 1, "inference_geos": ["us"]}, "mapping of name to multiplier"),
     ],
-    ids=["no input", "negative", "too fine", "not a number"],
+    ids=["no input", "negative", "too fine", "not a number", "zero multiplier", "word multiplier",
+         "geos not a mapping"],
 )
 def test_bad_overrides_are_refused(entry: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):

@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import CeilingReached, UpstreamTimeout
-from proxy.model import StreamError
+from proxy.model import Call, Finish, MetaEvent, StreamError, TextDelta, ToolCallDelta, UsageEvent
 from proxy.providers.base import Framer, SseEvent, open_exchange
 from tests.providers.cases import ADAPTERS
 
 ALL = list(ADAPTERS.items())
+EVENT_TYPES = (MetaEvent, TextDelta, ToolCallDelta, UsageEvent, Finish, StreamError)
 IDS = list(ADAPTERS)
 
 json_values = st.recursive(
@@ -37,10 +38,11 @@ json_values = st.recursive(
 @settings(max_examples=150, deadline=None)
 @given(value=json_values)
 def test_any_json_shape_never_breaks_an_adapter(dialect: str, adapter: Any, value: Any) -> None:
-    adapter.parse_event(SseEvent(b"", None, json.dumps(value)))
-    adapter.parse_response(value)
+    for events in (adapter.parse_event(SseEvent(b"", None, json.dumps(value))), adapter.parse_response(value)):
+        assert isinstance(events, list) and all(isinstance(e, EVENT_TYPES) for e in events), events
     if isinstance(value, dict):
-        adapter.parse_request(value, "/v1beta/models/m:generateContent")
+        call = adapter.parse_request(value, "/v1beta/models/m:generateContent")
+        assert isinstance(call, Call) and call.api == adapter.api
 
 
 @pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)

@@ -9,7 +9,6 @@ here the properties run through the proxy's own request reader (steps.read_call)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import aiohttp
@@ -22,6 +21,7 @@ from proxy import steps
 from proxy.appkeys import SETTINGS
 from proxy.config import Settings
 from proxy.errors import RequestError
+from proxy.model import Call
 from proxy.routes import adapter_for
 from tests.reliability.dialects import DIALECTS, Dialect, post
 
@@ -174,8 +174,12 @@ requests = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6)
 @settings(max_examples=100, deadline=None)
 @given(data=st.binary(max_size=300), piece=st.integers(1, 64))
 def test_any_bytes_read_as_a_call_or_a_request_error(d: Dialect, data: bytes, piece: int) -> None:
-    with contextlib.suppress(RequestError):
-        _read(data, d, piece)
+    try:
+        got_raw, got_body, call = _read(data, d, piece)
+    except RequestError:
+        return
+    assert got_raw == data, "the reader hands on what it read, whole"
+    assert isinstance(got_body, dict) and isinstance(call, Call)
 
 
 @pytest.mark.parametrize("d", DIALECTS, ids=lambda d: d.name)

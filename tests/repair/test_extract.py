@@ -111,3 +111,11 @@ def test_special_numbers_are_floats() -> None:
 def test_stream_extractor_rejects_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode"):
         StreamExtractor("yaml")
+
+
+def test_an_element_nested_too_deep_is_refused_not_dropped() -> None:
+    deep = "[" * 1100 + "1" + "]" * 1100
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
+        extract_items(f"[1, {deep}, 2]")
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
+        extract_items(f"Here: [{deep}, 2]")

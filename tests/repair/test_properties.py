@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.model import OutputSpec
 from proxy.repair import (
+    ACTIONS,
     ExtractError,
     StreamExtractor,
     StreamRepairer,
@@ -58,9 +59,13 @@ def test_valid_json_streams_through_the_repairer_byte_for_byte(value: Any, size:
 def test_arbitrary_text_never_raises_anything_but_extract_error(text: str) -> None:
     for partial in (False, True):
         with contextlib.suppress(ExtractError):
-            extract_json(text, partial)
-    extract_items(text, 0)
-    extract_jsonl(text)
+            report = extract_json_report(text, partial)
+            assert report.truncated <= partial, "a cut value only with allow_partial"
+            assert set(report.actions) <= set(ACTIONS)
+    with contextlib.suppress(ExtractError):
+        items, cursor = extract_items(text, 0)
+        assert isinstance(items, list) and 0 <= cursor <= len(text)
+    assert isinstance(extract_jsonl(text), list)
 
 
 @SETTINGS
@@ -82,10 +87,10 @@ def test_arbitrary_streams_are_split_invariant(text: str, size: int) -> None:
 def test_ten_thousand_deep_nesting_ends_cleanly(opener: str) -> None:
     closer = {"[": "]", '{"a":': "}", "{'a':": "}"}[opener]
     text = opener * 10_000 + "1" + closer * 10_000
-    try:
-        extract_json(text)
-    except ExtractError as err:
-        assert "nesting" in err.reason or "gave up" in err.reason
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
+        extract_json(text)  # refused whole: never a value cut at depth 1000, nor one inside it
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
+        extract_json("Here it is: " + text, allow_partial=True)
     r = StreamRepairer(OutputSpec("json_schema", schema={}))
     out = "".join(r.feed(text[i : i + 64]) for i in range(0, len(text), 64)) + r.finish()
     assert r.repair is not None and r.repair.valid is False
@@ -95,8 +100,12 @@ def test_ten_thousand_deep_nesting_ends_cleanly(opener: str) -> None:
 def test_deep_truncated_nesting_ends_cleanly() -> None:
     with pytest.raises(ExtractError):
         extract_json("[" * 10_000)
-    with contextlib.suppress(ExtractError):
+    with pytest.raises(ExtractError, match="nested deeper than 1000 levels"):
         extract_json("[" * 10_000, allow_partial=True)
+    value, depth = extract_json("[" * 999, allow_partial=True), 0  # 999 levels fit: all of them kept
+    while value != []:
+        value, depth = value[0], depth + 1
+    assert depth == 998
 
 
 def test_ten_megabytes_of_clean_json_in_prose() -> None:

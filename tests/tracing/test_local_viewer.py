@@ -42,7 +42,7 @@ def record_a_run(local_dir: Path) -> spans.RunTrace:
                     end_ns=T0 + 2 * S, run_trace=run)  # fmt: skip
     call(tel, run, T0 + 2 * S, T0 + 3 * S, Outcome(status=429, error_type="429", error_message="slow down"),
          cost_micros=0)  # fmt: skip
-    totals = {"model_calls": 2, "tool_calls": 2, "failures": 2, "cost_micros": 3600}
+    totals = {"model_calls": 2, "tool_calls": 2, "failures": 1, "tool_failures": 1, "cost_micros": 3600}
     spans.end_run(tel, CALLER, run, totals, "ok", end_ns=T0 + 4 * S)
     tel.shutdown()
     return run
@@ -63,8 +63,8 @@ def test_spans_are_written_as_json_lines(tmp_path: Path) -> None:
 def test_runs_table(tmp_path: Path) -> None:
     record_a_run(tmp_path)
     [run] = load_runs(tmp_path)
-    assert (run.run_id, run.tenant, run.calls, run.tool_calls, run.tokens, run.failures, run.status) == (
-        "run_view", "acme", 2, 2, 1926, 2, "ok")  # fmt: skip
+    assert (run.run_id, run.tenant, run.calls, run.tool_calls, run.tokens, run.failures, run.tool_failures,
+            run.status) == ("run_view", "acme", 2, 2, 1926, 1, 1, "ok")  # fmt: skip
     assert run.cost_usd == 0.0036
     table = render_runs_table([run]).splitlines()
     assert table[0].split() == ["RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "COST", "STATUS"]
@@ -76,7 +76,8 @@ def test_run_tree(tmp_path: Path) -> None:
     record_a_run(tmp_path)
     tree = render_run_tree("run_view", tmp_path)
     assert tree.splitlines() == [
-        "run run_view (acme)  4.00s  2 calls  2 tool calls  1,926 tokens  $0.0036  ok  2 failed",
+        "run run_view (acme)  4.00s  2 calls  2 tool calls  1,926 tokens  $0.0036  ok  1 failed call"
+        "  1 failed tool call",
         "├─ chat gpt-4o  1.20s  1,830→96 tok  $0.0036  finish: tool_calls",
         "│     repair tool:call_1: trailing_comma",
         "├─ execute_tool get_weather  0.80s  Paris  ✓ 3 lines",
