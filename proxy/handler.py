@@ -27,6 +27,9 @@ from tracing import spans
 
 __all__ = ["handle_call"]
 
+# Top-level fields spanmeter may add (a max-token clamp, stream_options): bytes are tokens.
+PATCH_BYTES = 128
+
 
 async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_name: str | None) -> web.StreamResponse:
     app, settings = request.app, request.app[SETTINGS]
@@ -67,7 +70,8 @@ class Forward:
         try:
             limits = limits_for(policy, request.headers, policy.budgets.daily_usd, policy.budgets.monthly_usd)
             admitted = await admit(app[STORE], app[PRICES], caller, call, limits, tz=app[SETTINGS].timezone,
-                                   turn=turn)
+                                   turn=turn, patch_bytes=PATCH_BYTES + guard.patch_bytes(
+                                       policy.guard, len(turn.results)))
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(ex, closed, stored)

@@ -117,6 +117,10 @@ class Call:
     stored_context: tuple[str, ...] = ()
     # The request field that bounds output for this model family (admission's clamp).
     max_tokens_field: str = ""
+    service_tier: str | None = None  # OpenAI `service_tier` as requested (None: the project's default)
+    # The prompt-cache writes the request may cause, billed above plain input: "" none
+    # (no cache breakpoint; automatic caches bill no write premium), "5m", or "1h".
+    cache_write: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,6 +193,7 @@ class AnthropicAdapter:
     api = "messages"
     upstream_setting = "anthropic_base_url"
     text_part = "text"
+    cache_marker: bytes | None = b"\"cache_control\""
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))

@@ -203,6 +203,7 @@ class ChatAdapter:
     api = "chat"
     upstream_setting = "openai_base_url"
     text_part = "text"
+    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         messages = body.get("messages")
@@ -219,6 +220,7 @@ class ChatAdapter:
             model=model,
             stream=body.get("stream") is True,
             max_output_tokens=max_out,
+            service_tier=_text(body.get("service_tier")),
             max_tokens_field=field,
             output_multiplier=n or 1,
             tools=tools,

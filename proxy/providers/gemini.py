@@ -250,6 +250,7 @@ class GeminiAdapter:
     api = "gemini"
     upstream_setting = "gemini_base_url"
     text_part = "text"
+    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         m = _PATH.search(path)

@@ -194,6 +194,7 @@ class ResponsesAdapter:
     api = "responses"
     upstream_setting = "openai_base_url"
     text_part = "input_text"
+    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))
@@ -205,6 +206,7 @@ class ResponsesAdapter:
             stream=body.get("stream") is True,
             max_output_tokens=count_field("max_output_tokens", body.get("max_output_tokens"),
                                           upper=MAX_TOKENS_LIMIT, what="the most tokens the answer may have"),
+            service_tier=_str(body.get("service_tier")),
             max_tokens_field="max_output_tokens",
             stored_context=_stored_context(body),
             tools=tools,
