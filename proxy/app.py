@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from proxy import admin
+from proxy import accesslog, admin
 from proxy.appkeys import BACKGROUND, BUDGET_CACHE, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.background import Background
 from proxy.config import Settings
@@ -103,19 +103,37 @@ def _guess_dialect(request: web.Request) -> ProviderAdapter:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = accesslog.request_started()
     try:
         return await handler(request)
     except ProxyError as exc:
+        _log_error(request, exc)
         return render(request, exc)
     except web.HTTPException as exc:
         if exc.status == 404:
-            return render(request, unknown_route(request.method, request.path))
+            not_found = unknown_route(request.method, request.path)
+            _log_error(request, not_found)
+            return render(request, not_found)
         raise
     except Exception:
         log.exception("unexpected failure serving %s %s", request.method, request.path)
-        return render(request, ProxyError(
-            "spanmeter failed unexpectedly while serving this call; the failure is in its log. "
-            "Nothing was charged for a call that was not forwarded."))
+        error = ProxyError("spanmeter failed unexpectedly while serving this call; the failure is in its log. "
+                           "Nothing was charged for a call that was not forwarded.")
+        _log_error(request, error)
+        return render(request, error)
+    finally:
+        accesslog.request_finished(token)
+
+
+def _log_error(request: web.Request, exc: ProxyError) -> None:
+    """The access line of a request that failed before a call was admitted (after that, the
+    call's own line, written by its bookkeeping or the refusal path, says it)."""
+    if accesslog.request_logged():
+        return
+    adapter = request.get(ADAPTER)
+    accesslog.access(tenant=None, run_id=None, api=adapter.api if adapter else None, model=None,
+                     status=exc.status, upstream_status=None, duration_s=accesslog.request_seconds(),
+                     error=exc.error_type, reason=exc.message)
 
 
 def render(request: web.Request, exc: ProxyError) -> web.Response:

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy import steps
+from proxy import accesslog, steps
 from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.ceilings import admit, limits_for
 from proxy.config import Policy
@@ -93,6 +93,7 @@ class Forward:
                 extra = {"x-spanmeter-run-id": caller.run_id}
                 return await relay(request, upstream, adapter, extra, hooks, flow, started), hooks
         except ProxyError as exc:
+            accesslog.answered(exc.status, flow.status)  # before flow.status takes exc.status
             flow.observer.feed([steps.stream_error(exc)])
             flow.status = flow.status or exc.status
             raise

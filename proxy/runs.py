@@ -96,6 +96,18 @@ class Runs:
             spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
         return True
 
+    async def after_call(self, caller: Caller, *, end: bool) -> None:
+        """After a call's bookkeeping: end its run when the caller asked to (X-Run-End), or
+        when the run was made for this one call (no X-Run-Id, no traceparent): such a run
+        has no next call, and would otherwise stay open until the idle timeout. Never
+        raises: the sweeper ends a run this could not."""
+        if not end and caller.run_id_source != "generated":
+            return
+        try:
+            await self.end(caller.tenant, caller.run_id)
+        except Exception:
+            log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+
     def start_sweeper(self, every_s: float = 15.0) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(every_s))
 

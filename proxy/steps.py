@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy import content, outputs
-from proxy.appkeys import BUDGET_CACHE, RUNS, SETTINGS, STORE, TEL
+from proxy import accesslog, content, outputs
+from proxy.appkeys import BACKGROUND, BUDGET_CACHE, RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
@@ -140,11 +140,16 @@ async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc
     spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
                    budget_remaining_micros=None, rewrites=[], repairs=[],
                    refusal=exc.limit if isinstance(exc, CeilingReached) else exc.code)
+    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model, status=exc.status,
+                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
+                     refusal=exc.limit if isinstance(exc, CeilingReached) else exc.code, error=exc.error_type,
+                     reason=exc.message)
     if isinstance(exc, CeilingReached):
         try:
             await app[STORE].run_add(caller.tenant, caller.run_id, {"ceilings_hit": 1})
         except ProxyError:
             log.warning("could not record a ceiling hit for run %s", caller.run_id)
+    app[BACKGROUND].spawn((caller.tenant, caller.run_id), app[RUNS].after_call(caller, end=False))
 
 
 def abandoned(app: web.Application, call: Call, cs: Any) -> None:
@@ -153,6 +158,9 @@ def abandoned(app: web.Application, call: Call, cs: Any) -> None:
                       error_message="the client closed the connection before the call was forwarded")
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=0, usage_source="", budget_remaining_micros=None,
                    rewrites=[], repairs=[])
+    accesslog.access(tenant=cs.caller.tenant, run_id=cs.caller.run_id, api=call.api, model=call.model, status=499,
+                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
+                     error=outcome.error_type, reason=outcome.error_message)
 
 
 def _refusal_outcome(exc: ProxyError) -> Outcome:
@@ -189,11 +197,13 @@ async def finish(app: web.Application, caller: Caller, call: Call, admitted: Adm
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s,
                    capture=_capture(app, policy, call, body, outcome))
-    if headers.get("x-run-end", "").lower() == "true":
-        try:
-            await app[RUNS].end(caller.tenant, caller.run_id)
-        except ProxyError:
-            log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
+                     status=outcome.status, upstream_status=outcome.status,
+                     duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
+                     output_tokens=outcome.usage.output_tokens, cost_micros=amount,
+                     rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
+                     reason=outcome.error_message)
+    await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
 
 
 def _final_usage(outcome: Outcome) -> Usage:

@@ -141,7 +141,7 @@ async def test_anthropic_ceiling_refusal_is_payment_required(make_proxy, monkeyp
     with pytest.raises(anthropic.PaymentRequiredError) as ei:
         await client.messages.create(model="claude-sonnet-5-5", max_tokens=10,
                                      messages=[{"role": "user", "content": "hi"}])
-    assert "ceiling of 1 model calls" in str(ei.value)
+    assert "ceiling of 1 model call (tenant setting runs.max_llm_calls)" in str(ei.value)
     await client.close()
 
 
