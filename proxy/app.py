@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -131,7 +132,11 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
     if accesslog.request_logged():
         return
     adapter = request.get(ADAPTER)
-    accesslog.access(tenant=None, run_id=None, api=adapter.api if adapter else None, model=None,
+    if adapter is None:  # the admin API and run control: not a model call
+        log.log(logging.ERROR if exc.status >= 500 else logging.INFO, "%s %s answered %d %s: %s",
+                request.method, json.dumps(request.path), exc.status, exc.error_type, exc.message)
+        return
+    accesslog.access(tenant=None, run_id=None, api=adapter.api, model=None,
                      status=exc.status, upstream_status=None, duration_s=accesslog.request_seconds(),
                      error=exc.error_type, reason=exc.message)
 

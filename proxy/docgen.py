@@ -154,9 +154,9 @@ def fields() -> Iterator[tuple[str, str, Any, Any]]:
     """(dotted path, env var, field info, default) of every setting, in reference order."""
     for name, info in Settings.model_fields.items():
         yield name, ENV_PREFIX + name.upper(), info, info.get_default(call_default_factory=True)
-    for path, model in (("policy", Policy),):
-        yield from _policy_fields(path, model)
-    for prefix, model in (("tenants", TenantConfig), ("upstreams", Upstream)):
+    yield from _policy_fields("policy", Policy)
+    models: tuple[tuple[str, type[BaseModel]], ...] = (("tenants", TenantConfig), ("upstreams", Upstream))
+    for prefix, model in models:
         for name, info in model.model_fields.items():
             yield f"{prefix}.{name}", "", info, info.get_default(call_default_factory=True)
 

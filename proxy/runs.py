@@ -17,6 +17,7 @@ from typing import Any
 
 from proxy.model import Call, Caller, Outcome
 from proxy.policy.store import Store
+from proxy.tenants import RunIdSource
 from tracing import spans
 from tracing.digests import tool_result_digest
 from tracing.setup import Telemetry
@@ -76,16 +77,17 @@ class Runs:
             closed.append((p, ok))
         return closed
 
-    async def end(self, tenant: str, run_id: str, status: str = "ended") -> bool:
+    async def end(self, tenant: str, run_id: str, status: str = "ended",
+                  source: RunIdSource = "header") -> bool:
         self._known.pop((tenant, run_id), None)
         rec = await self._store.run_end(tenant, run_id)
         if rec is None:
             return False  # already ended, by us or another replica
-        pending = await self._store.tools_take(tenant, run_id, [
-            p["id"] for p in await self._store.tools_pending(tenant, run_id)])
+        open_ids = [p["id"] for p in await self._store.tools_pending(tenant, run_id)]
+        pending = await self._store.tools_take(tenant, run_id, open_ids) if open_ids else []
         totals = await self._store.run_totals(tenant, run_id)
         if self._tel is not None:
-            caller = Caller(tenant, run_id, "header")
+            caller = Caller(tenant, run_id, source)
             run = spans.RunTrace.decode(rec["trace"]["ids"])
             now = time.time_ns()
             for p in pending:
@@ -104,7 +106,7 @@ class Runs:
         if not end and caller.run_id_source != "generated":
             return
         try:
-            await self.end(caller.tenant, caller.run_id)
+            await self.end(caller.tenant, caller.run_id, source=caller.run_id_source)
         except Exception:
             log.warning("could not end run %s; the idle sweeper will", caller.run_id)
 
