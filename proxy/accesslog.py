@@ -1,7 +1,7 @@
 """The access log: one line per model call, and the process's log set-up (text or JSON).
 
     2026-03-02T10:14:07.412Z INFO spanmeter.access tenant=acme run=r-42 api=chat model=gpt-4o-mini
-        status=200 upstream=200 duration=0.412s tokens=1830/96 cost=$0.000332 rewrites=include_usage=injected
+        status=200 upstream=200 duration=0.412s tokens=1830/96 cost=$0.000332 rewrites="max_tokens_clamp=4096"
 
 `access()` is the one function that writes it. It takes plain values, never request or
 call objects, and is called from the bookkeeping after a call, from the refusal path and

@@ -22,9 +22,12 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
 
 __all__ = ["main"]
 
@@ -285,7 +288,7 @@ def _loop_policy() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     """Settings as serve loads them, or ConfigError (tenant mode: upstream keys included)."""
     from proxy.config import load_settings, unset_keys_problem, unset_upstream_keys
 
@@ -312,7 +315,7 @@ def _serve(args: argparse.Namespace) -> None:
         f"{len(settings.tenants)} tenant(s)"
     where = f"http://{_url_host(settings.host)}:{port}"
     print(f"spanmeter listening on {where} - {mode}; ledger {_redact_url(settings.ledger)}", flush=True)
-    log.info("spanmeter %s listening on %s: %s; ledger %s; admin API %s", _version(), where, mode,
+    log.info("started (version %s): listening on %s, %s; ledger %s; admin API %s", _version(), where, mode,
              _redact_url(settings.ledger), "on" if settings.admin_token else "off")
     if settings.fail_open:
         log.warning("fail_open is on: calls are served unmetered, with no ceilings, while the ledger is down")
@@ -395,7 +398,7 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(settings: Any) -> str:
+def _describe(settings: Settings) -> str:
     from tracing.setup import ENV_ENDPOINT, ENV_TRACES_ENDPOINT
     from tracing.viewer import money
 
@@ -445,10 +448,10 @@ def _describe(settings: Any) -> str:
                   "ledger win over these)"]
     rows.append(("TENANT", "KEYS", "UPSTREAM", "CALLS/RUN", "COST/RUN", "DAILY", "MONTHLY", "GUARD", "REPAIR"))
     for name in sorted(settings.tenants) or ["default"]:
-        t = settings.tenants.get(name)
+        tc = settings.tenants.get(name)
         p = settings.policy_for(name)
         guard = f"{p.guard.action} at {p.guard.threshold}" if p.guard.action != "off" else "off"
-        rows.append((name, str(len(t.keys)) if t else "-", (t.upstream if t else None) or "-",
+        rows.append((name, str(len(tc.keys)) if tc else "-", (tc.upstream if tc else None) or "-",
                      str(p.runs.max_llm_calls or "none"), usd_or_none(p.runs.max_cost_usd),
                      usd_or_none(p.budgets.daily_usd), usd_or_none(p.budgets.monthly_usd), guard,
                      f"{p.repair.mode}, invalid: {p.repair.on_invalid}"))
@@ -482,10 +485,12 @@ def _simulate(args: argparse.Namespace) -> None:
 
     from proxy.simulator import create_simulator
 
-    print(f"spanmeter simulator on http://{args.host}:{args.port} (`spanmeter simulate --scenarios` lists what "
-          "it can do)", flush=True)
+    socks = _bind(args.host, args.port)
+    port = socks[0].getsockname()[1]
+    print(f"spanmeter simulator on http://{_url_host(args.host)}:{port} (`spanmeter simulate --scenarios` lists "
+          "what it can do)", flush=True)
     _loop_policy()
-    web.run_app(create_simulator(), host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(create_simulator(), sock=socks, print=None, access_log=None)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -188,6 +188,27 @@ async def test_access_lines_in_json_one_per_call_refusal_and_failure(json_log, m
         r.get("reason") for r in access]
 
 
+async def test_a_hostile_model_name_cannot_forge_a_log_line(proxy):
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    buffer = io.StringIO()
+    stop = configure_logging("INFO", "text", stream=buffer)
+    try:
+        async with aiohttp.ClientSession() as s, s.post(
+                f"{proxy.url}/v1/chat/completions", headers={"Authorization": "Bearer sk-caller-secret"},
+                json={"model": "m\n2026-01-01T00:00:00.000Z INFO spanmeter.access tenant=root",
+                      "messages": [{"role": "user", "content": "a secret prompt"}]}) as r:
+            assert r.status == 200
+        await proxy.settled()
+    finally:
+        stop()
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    [line] = [line for line in buffer.getvalue().splitlines() if "spanmeter.access" in line]
+    assert 'model="m\\n2026-01-01T00:00:00.000Z INFO spanmeter.access tenant=root"' in line
+    assert "sk-caller-secret" not in buffer.getvalue() and "a secret prompt" not in buffer.getvalue()
+
+
 def test_a_log_sink_that_stops_reading_never_blocks_the_caller():
     class Stuck(io.StringIO):
         def __init__(self) -> None:
