@@ -130,6 +130,7 @@ def tenant_config(tmp: Path) -> tuple[Path, str]:
     # Ceilings high enough never to refuse, low enough that every call is counted and
     # reserved against the run, the day and the month.
     path.write_text(
+        "upstream_keys: {openai: OPENAI_API_KEY}\n"  # the only API benched; spanmeter checks named keys are set
         "tenants:\n"
         "  bench:\n"
         f"    keys: ['{hash_key(key)}']\n"

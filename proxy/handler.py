@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from proxy import guard, steps
+from proxy import accesslog, guard, steps
 from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.ceilings import admit, limits_for
 from proxy.config import Policy
@@ -94,6 +94,7 @@ class Forward:
                 extra = {"x-spanmeter-run-id": caller.run_id}
                 return await relay(request, upstream, ex.adapter, extra, hooks, flow, started), hooks
         except ProxyError as exc:
+            accesslog.answered(exc.status, flow.status)  # before flow.status takes exc.status
             flow.observer.feed([steps.stream_error(exc)])
             flow.status = flow.status or exc.status
             raise

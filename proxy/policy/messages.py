@@ -37,11 +37,27 @@ def usd(micros: int) -> str:
     return f"${whole}.{frac.ljust(2, '0')}"
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _header(origin: str) -> str | None:
+    """The request header a limit came from, when it came from one."""
+    prefix = "request header "
+    return origin[len(prefix):] if origin.startswith(prefix) else None
+
+
 def call_ceiling(tenant: str, run_id: str, limit: int, origin: str | None = None) -> str:
     where = origin or DEFAULT_ORIGINS["run_calls"]
+    header = _header(where)
+    fix = (
+        f"Raise {header} on this run's requests (a header can only lower the tenant's ceiling, never raise "
+        "it), or start a new run."
+        if header else "Raise the ceiling for this tenant or start a new run."
+    )
     return (
-        f"Run {run_id} of tenant {tenant} reached its ceiling of {limit} model calls ({where}). "
-        f"{_NOT_SENT} Raise the ceiling for this tenant or start a new run."
+        f"Run {run_id} of tenant {tenant} reached its ceiling of {_plural(limit, 'model call')} ({where}). "
+        f"{_NOT_SENT} {fix}"
     )
 
 
@@ -66,9 +82,15 @@ def cost_ceiling(
         f"and this call needs at least {usd(needed)} (its input plus a minimal answer)."
     )
     if scope == "run_cost":
+        header = _header(where)
+        fix = (
+            f"Raise {header} on this run's requests (a header can only lower the tenant's ceiling, never raise "
+        "it), or start a new run."
+            if header else "Raise the ceiling for this tenant, or start a new run."
+        )
         return (
             f"Run {run_id} of tenant {tenant} reached its cost ceiling of {usd(limit)} ({where}): "
-            f"{numbers} {_NOT_SENT} Raise the ceiling for this tenant, or start a new run."
+            f"{numbers} {_NOT_SENT} {fix}"
         )
     period = "daily" if scope == "tenant_day" else "monthly"
     rolls = "day" if scope == "tenant_day" else "month"
