@@ -10,7 +10,7 @@ Provider adapters translate wire bytes into these types, policy and tracing read
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 __all__ = [
     "Api",
@@ -48,9 +48,9 @@ class Caller:
     upstream_key: str | None = None  # open mode: the caller's own key, passed upstream
 
 
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool the request declares."""
+class ToolSpec(NamedTuple):
+    """A tool the request declares. A NamedTuple: an agent turn declares dozens, and a
+    frozen dataclass costs several times more to build."""
 
     name: str
     description: str | None = None

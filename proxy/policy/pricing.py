@@ -47,6 +47,7 @@ size from the usage of the answers that created it and reserves it at
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from datetime import date
@@ -133,14 +134,26 @@ class Price:
     def reserve_factor(self, service_tier: str | None) -> Fraction:
         """The largest factor a call asking for `service_tier` may be billed at: a request
         without one (or `auto`) may run at any tier its project enables, and any geography."""
-        tiers = [f for _, f in self.service_tiers] if service_tier in (None, "auto") else [
-            _lookup(self.service_tiers, service_tier)]
-        geo = max([f for _, f in self.inference_geos], default=Fraction(1))
-        return max([*tiers, Fraction(1)]) * max(geo, Fraction(1))
+        if not self.service_tiers and not self.inference_geos:
+            return _ONE  # most models: no Fraction arithmetic on the hot path
+        return _reserve_factor(self.service_tiers, self.inference_geos, service_tier)
 
     def multiplier(self, usage: Usage) -> Fraction:
         """The factor on every rate for the tier and geography the usage was billed as."""
+        if usage.service_tier is None and usage.inference_geo is None:
+            return _ONE
         return _lookup(self.service_tiers, usage.service_tier) * _lookup(self.inference_geos, usage.inference_geo)
+
+
+_ONE = Fraction(1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reserve_factor(tiers: tuple[tuple[str, Fraction], ...], geos: tuple[tuple[str, Fraction], ...],
+                    service_tier: str | None) -> Fraction:
+    chosen = [f for _, f in tiers] if service_tier in (None, "auto") else [_lookup(tiers, service_tier)]
+    geo = max([f for _, f in geos], default=_ONE)
+    return max([*chosen, _ONE]) * max(geo, _ONE)
 
 
 class PriceTable:
