@@ -163,8 +163,8 @@ async def passthrough(request: web.Request, adapter: ProviderAdapter, upstream_n
     caller = identify(request.headers, request.query, settings, request.app[KEYS])
     target = target_for(settings, adapter, caller, upstream_name)
     path = request.match_info.get("tail")
-    url = forward_url(target.base_url, "/" + path if path is not None else request.path, request.query_string,
-                      presented_key(request.headers, request.query))
+    url = forward_url(target.base_url, "/" + path if path is not None else request.path,
+                      request.rel_url.raw_query_string, presented_key(request.headers, request.query))
     headers = request_headers(request.headers, target.auth)
     if request.method == "GET":
         status, up_headers, body = await request.app[UPSTREAM].get(url, headers)

@@ -85,7 +85,10 @@ def _too_large(size: int | None, limit: int) -> BodyTooLarge:
 def upstream_url(target: Target, request: web.Request) -> str:
     path = request.match_info.get("tail")
     path = "/" + path if path is not None else request.path
-    return forward_url(target.base_url, path, request.query_string, presented_key(request.headers, request.query))
+    # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
+    # and %23 into a fragment on the way out.
+    return forward_url(target.base_url, path, request.rel_url.raw_query_string,
+                       presented_key(request.headers, request.query))
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
