@@ -49,6 +49,11 @@ class Seen:
         return f"{self.method} {self.path}?{self.query} {self.headers} {self.body!r}"
 
 
+def _seen(request: web.Request, body: bytes) -> Seen:
+    """What the upstream received, its query still percent-encoded as sent."""
+    return Seen(request.method, request.path, request.rel_url.raw_query_string, dict(request.headers), body)
+
+
 @dataclass
 class Fake:
     url: str
@@ -70,9 +75,9 @@ async def recorder() -> AsyncIterator[Fake]:
         try:
             body = await request.read()
         except Exception as exc:  # a body its label does not match: keep what was seen, answer as a server would
-            fake.seen.append(Seen(request.method, request.path, request.rel_url.raw_query_string, dict(request.headers), b""))
+            fake.seen.append(_seen(request, b""))
             return web.json_response({"error": f"recorder could not read the body: {exc!r}"}, status=400)
-        fake.seen.append(Seen(request.method, request.path, request.rel_url.raw_query_string, dict(request.headers), body))
+        fake.seen.append(_seen(request, body))
         return web.json_response({"ok": True})
 
     runner, fake.url = await _serve(handle)
@@ -86,7 +91,7 @@ async def redirector(recorder: Fake) -> AsyncIterator[Fake]:
     fake = Fake("")
 
     async def handle(request: web.Request) -> web.Response:
-        fake.seen.append(Seen(request.method, request.path, request.rel_url.raw_query_string, dict(request.headers), b""))
+        fake.seen.append(_seen(request, b""))
         raise web.HTTPTemporaryRedirect(f"{recorder.url}{request.path}?token=LOCATIONSECRET")
 
     runner, fake.url = await _serve(handle)
