@@ -65,6 +65,7 @@ __all__ = [
     "Price",
     "PriceTable",
     "affordable_output_tokens",
+    "cache_savings",
     "cost",
     "dearest_input_rate",
     "input_bound",
@@ -194,6 +195,15 @@ def cost(price: Price, usage: Usage) -> int:
              + written_1h * price.cache_write_1h_rate(size) + (usage.output_tokens or 0) * r_out)
     factor = price.multiplier(usage)
     return _ceil_div(micro * factor.numerator, _SCALE * factor.denominator)
+
+
+def cache_savings(price: Price, usage: Usage) -> int:
+    """Micro-USD the usage's cache reads saved: what `cost` would be had they been billed
+    as uncached input, minus what it is (tier and long-context rates included). Cache
+    writes are not netted out: Anthropic's write premium is in the cost itself."""
+    if not usage.cache_read_tokens:
+        return 0
+    return max(0, cost(price, replace(usage, cache_read_tokens=0)) - cost(price, usage))
 
 
 def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int, multiplier: int = 1) -> int:
