@@ -30,7 +30,16 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.base import MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number, text_of
+from proxy.providers.base import (
+    MAX_TOKENS_LIMIT,
+    Exchange,
+    History,
+    HistoryCall,
+    SseEvent,
+    count_field,
+    number,
+    text_of,
+)
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 
@@ -119,6 +128,21 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
+def _history(messages: list[Any]) -> list[HistoryCall]:
+    h = History()
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            h.turn()
+        for j, b in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(b, dict):
+                continue
+            if m.get("role") == "assistant" and b.get("type") == "tool_use" and isinstance(b.get("id"), str):
+                # As the response's tool call reads (_content_events): the input as JSON text.
+                h.call(b["id"], str(b.get("name") or ""), orjson.dumps(b.get("input") or {}).decode())
+            elif b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str):
+                h.result(b["tool_use_id"], ("messages", i, "content", j, "content"))
+    return h.calls()
 
 
 def _content_events(content: Any) -> list[StreamEvent]:
@@ -205,6 +229,10 @@ class AnthropicAdapter:
         return [(block, "content") for m in body.get("messages") or () if isinstance(m, dict)
                 for block in _blocks(m.get("content"))
                 if block.get("type") == "tool_result" and block.get("tool_use_id") == call_id]
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        messages = body.get("messages")
+        return _history(messages if isinstance(messages, list) else [])
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API

@@ -31,7 +31,16 @@ from proxy.model import (
     ToolSpec,
     UsageEvent,
 )
-from proxy.providers.base import MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number, text_of
+from proxy.providers.base import (
+    MAX_TOKENS_LIMIT,
+    Exchange,
+    History,
+    HistoryCall,
+    SseEvent,
+    count_field,
+    number,
+    text_of,
+)
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
@@ -117,6 +126,26 @@ def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
+def _history(items: list[Any]) -> list[HistoryCall]:
+    # A model turn is a run of model items, as in _tool_results.
+    h = History()
+    previous_was_model = False
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        model = _is_model_item(item)
+        if model and not previous_was_model:
+            h.turn()
+        previous_was_model = model
+        if not isinstance(item.get("call_id"), str):
+            continue
+        if item.get("type") == "function_call":
+            args = item.get("arguments")
+            h.call(item["call_id"], str(item.get("name") or ""),
+                   args if isinstance(args, str) else orjson.dumps(args).decode())
+        elif item.get("type") == "function_call_output":
+            h.result(item["call_id"], ("input", i, "output"))
+    return h.calls()
 
 
 def _finish_reason(response: dict[str, Any]) -> str | None:
@@ -197,6 +226,9 @@ class ResponsesAdapter:
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         return [(it, "output") for it in _list(body.get("input"))
                 if isinstance(it, dict) and it.get("type") == "function_call_output" and it.get("call_id") == call_id]
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        return _history(_list(body.get("input")))
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """A stored response, and the conversation it extends, hold this call's input and
