@@ -106,6 +106,7 @@ class _BodyRepair:
         if apply:
             for i, (holder, key) in enumerate(slots):
                 holder[key] = new if i == 0 else ""
+            self.hooks.delivered_text = new
         return apply
 
     def _arguments(self, holder: Json, key: str, call_id: str, name: str | None) -> bool:
@@ -123,8 +124,9 @@ class _BodyRepair:
         new, rep = repair_arguments(value, schema, call_id, close_truncated=bool(self.policy.close_truncated))
         apply = new is not None and self.policy.mode == "repair"
         _record(self.hooks, self.policy, rep, apply)
-        if apply:
+        if apply and new is not None:
             holder[key] = new
+            self.hooks.delivered_arguments[call_id] = new
         return apply
 
 
@@ -210,6 +212,8 @@ class _StreamRepair:
             return ""
         tail = self.text.finish()
         _record(self.hooks, _no_raise(self.policy), self.text.repair, False)
+        if self.text.repair is not None and self.text.repair.actions:
+            self.hooks.delivered_text = self.text.emitted
         return tail
 
     def finish_args(self, key: Any) -> str:
@@ -221,6 +225,8 @@ class _StreamRepair:
         rep = repairer.repair
         if rep is not None:
             _record(self.hooks, _no_raise(self.policy), replace(rep, target=f"tool:{call_id}"), False)
+            if rep.actions:
+                self.hooks.delivered_arguments[call_id] = repairer.emitted
         return tail
 
 

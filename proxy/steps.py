@@ -156,7 +156,8 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
         # One store operation: the charge, the run's totals and its open tool calls.
         totals = _totals(outcome, amount, hooks, admitted.admission.closed)
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
-                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref) or None,
+                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref,
+                                                                hooks.delivered_arguments) or None,
                                             contexts=ex.adapter.stored_sizes(call, outcome) or None)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         remaining = _report_budgets(app, caller, admitted, amount)
@@ -166,8 +167,8 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
-                   end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s,
-                   capture=_capture(app, policy, call, ex.body, outcome))
+                   end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
+                   capture=_capture(app, policy, call, ex.body, outcome, hooks))
     if headers.get("x-run-end", "").lower() == "true":
         try:
             await app[RUNS].end(caller.tenant, caller.run_id)
@@ -189,11 +190,14 @@ def _final_usage(outcome: Outcome) -> Usage:
 _MAYBE_BILLED = frozenset({UpstreamTimeout("").error_type, UpstreamProtocolError("").error_type})
 
 
-def _capture(app: web.Application, policy: Policy, call: Call, body: dict[str, Any], outcome: Outcome) -> Any:
-    """Message content for the span, only when the process captures it and the tenant allows."""
+def _capture(app: web.Application, policy: Policy, call: Call, body: dict[str, Any], outcome: Outcome,
+             hooks: Hooks) -> Any:
+    """Message content for the span, only when the process captures it and the tenant allows:
+    the model's answer and, if a repair changed it, the answer the agent received."""
     if app[TEL].config.capture_content != "SPAN_ONLY" or policy.capture_content == "NO_CONTENT":
         return None
-    return content.capture(call.api, body, outcome)
+    return content.capture(call.api, body, outcome, delivered_text=hooks.delivered_text,
+                           delivered_arguments=hooks.delivered_arguments)
 
 
 def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, amount: int) -> int | None:

@@ -14,7 +14,7 @@ from tracing.local import JsonlSpanExporter, read_spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 from tracing.viewer import load_runs, render_run_tree, render_runs_table
 
-CALLER = Caller("acme", "run_view", "header")
+CALLER = Caller("acme", "run_view", "header", agent_name="weather-bot")
 CALL = Call(api="chat", operation="chat", model="gpt-4o")
 S = 1_000_000_000
 T0 = 1_786_000_000 * S
@@ -52,7 +52,7 @@ def test_spans_are_written_as_json_lines(tmp_path: Path) -> None:
     run = record_a_run(tmp_path)
     records = list(read_spans(tmp_path))
     assert [r["name"] for r in records] == ["chat gpt-4o", "execute_tool get_weather", "execute_tool read_file",
-                                            "chat gpt-4o", "run"]  # fmt: skip
+                                            "chat gpt-4o", "invoke_agent weather-bot"]  # fmt: skip
     root = records[-1]
     assert (root["trace_id"], root["span_id"]) == (f"{run.trace_id:032x}", f"{run.span_id:016x}")
     assert all(r["parent_span_id"] == root["span_id"] for r in records[:-1])
@@ -76,7 +76,7 @@ def test_run_tree(tmp_path: Path) -> None:
     record_a_run(tmp_path)
     tree = render_run_tree("run_view", tmp_path)
     assert tree.splitlines() == [
-        "run run_view (acme)  4.00s  2 calls  2 tool calls  1,926 tokens  $0.0036  ok  1 failed call"
+        "run run_view (acme, agent weather-bot)  4.00s  2 calls  2 tool calls  1,926 tokens  $0.0036  ok  1 failed call"
         "  1 failed tool call",
         "├─ chat gpt-4o  1.20s  1,830→96 tok  $0.0036  finish: tool_calls",
         "│     repair tool:call_1: trailing_comma",
