@@ -241,6 +241,10 @@ def _sse(event: SseEvent, data: Json) -> bytes:
 
 
 class _ChatStream(_StreamRepair):
+    def __init__(self, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
+        super().__init__(call, policy, hooks)
+        self.ids: dict[Any, str] = {}  # tool call index -> its id
+
     def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
         if not event.data.startswith("{"):
             return None
@@ -258,8 +262,10 @@ class _ChatStream(_StreamRepair):
         for tc in _list(delta.get("tool_calls")):
             fn = tc.get("function") or {}
             frag = fn.get("arguments")
+            if tc.get("id"):  # the first delta of a call names it, often with no arguments yet
+                self.ids[tc.get("index", 0)] = str(tc["id"])
             if isinstance(frag, str) and frag:
-                r = self.arg_repairer(tc.get("index", 0), str(tc.get("id") or self._id(tc)), fn.get("name"))
+                r = self.arg_repairer(tc.get("index", 0), self._id(tc), fn.get("name"))
                 out = r.feed(frag)
                 changed |= out != frag
                 fn["arguments"] = out
@@ -268,8 +274,8 @@ class _ChatStream(_StreamRepair):
         return _sse(event, chunk) if changed else None
 
     def _id(self, tc: Json) -> str:
-        found = self.args.get(tc.get("index", 0))
-        return found[1] if found else f"index-{tc.get('index', 0)}"
+        index = tc.get("index", 0)
+        return self.ids.get(index) or f"index-{index}"
 
     def _flush(self, delta: Json) -> bool:
         changed = False

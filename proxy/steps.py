@@ -168,6 +168,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
+                   delivered_arguments=hooks.delivered_arguments,
                    capture=_capture(app, policy, call, ex.body, outcome, hooks))
     if headers.get("x-run-end", "").lower() == "true":
         try:

@@ -253,6 +253,7 @@ def end_call(
     end_ns: int | None = None,
     chunk_gaps_s: Sequence[float] = (),
     delivered_text: str | None = None,
+    delivered_arguments: Mapping[str, str] | None = None,
 ) -> None:
     """Finish a model-call span with the outcome and record the call's metrics.
 
@@ -261,8 +262,9 @@ def end_call(
     answer); it is recorded only when the process runs with SPAN_ONLY, and with it the
     tools' descriptions and schemas in `gen_ai.tool.definitions` (names only otherwise).
     Pass None when the tenant lowered capture.
-    `delivered_text`: the answer's text as the agent received it, when repair changed it
-    (for the readable summary; `outcome.text` is what the model wrote).
+    `delivered_text`, `delivered_arguments` (by tool call id): the answer as the agent
+    received it, where repair changed it (for the readable summary; `outcome` is what the
+    model wrote).
     `chunk_gaps_s`: for streams, the time between consecutive chunks after the first;
     recorded as their mean, one `time_per_output_chunk` point per call.
     `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
@@ -274,7 +276,8 @@ def end_call(
                            refusal)  # fmt: skip
         content = _content_attrs(tel, capture)
         attrs.update(content)
-        attrs.update(_call_summary_attrs(cs.caller, call, outcome, repairs, delivered_text,
+        delivered = (delivered_text, delivered_arguments)
+        attrs.update(_call_summary_attrs(cs.caller, call, outcome, repairs, delivered,
                                          tel.config.content_cap_bytes, full_tools=bool(content)))
         cs.span.set_attributes(attrs)
         if outcome.error_type:
@@ -478,8 +481,8 @@ def _content_attrs(tel: Telemetry, capture: Mapping[str, Any] | None) -> Attrs:
 
 
 def _call_summary_attrs(
-    caller: Caller, call: Call, outcome: Outcome, repairs: Sequence[Repair], delivered_text: str | None,
-    cap: int, *, full_tools: bool,
+    caller: Caller, call: Call, outcome: Outcome, repairs: Sequence[Repair],
+    delivered: tuple[str | None, Mapping[str, str] | None], cap: int, *, full_tools: bool,
 ) -> Attrs:
     """What a UI shows of a model call whatever is captured: the tools offered
     (`gen_ai.tool.definitions`, `full_tools` under content capture) and readable
@@ -489,7 +492,7 @@ def _call_summary_attrs(
         attrs[A.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions(call, cap, full=full_tools)
     attrs[A.INPUT_VALUE] = _redact(summaries.call_input(call), caller)
     attrs[A.INPUT_MIME_TYPE] = A.MIME_TEXT
-    attrs[A.OUTPUT_VALUE] = _redact(summaries.call_output(outcome, repairs, delivered_text), caller)
+    attrs[A.OUTPUT_VALUE] = _redact(summaries.call_output(outcome, repairs, *delivered), caller)
     attrs[A.OUTPUT_MIME_TYPE] = A.MIME_TEXT
     return attrs
 

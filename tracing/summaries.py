@@ -4,7 +4,8 @@ attributes UIs show as a span's input and output (`input.value` / `output.value`
 Pure: no I/O, no clock, no OpenTelemetry. Built from digests only, so they are not
 content (tracing/digests.py) and are recorded whatever the capture setting; never empty.
 
-    call_input(call)             -> '1,204 characters of prompt text; tools: get_weather; result call_1: ✓ {temp_c, sky}'
+    call_input(call)             -> '1,204 characters of prompt text; tools: get_weather;
+                                     result get_weather: ✓ {temp_c, sky}'
     call_output(outcome, [])     -> 'tool call get_weather(Paris)'
     run_output(totals, 'ended')  -> 'ended: 2 model calls, 1 tool call, 1,530 tokens, $0.0031'
 """
@@ -48,16 +49,20 @@ def call_input(call: Call) -> str:
     return "; ".join(parts)
 
 
-def call_output(outcome: Outcome, repairs: Sequence[Repair], delivered_text: str | None = None) -> str:
-    """What the model answered, as the agent received it: tool calls with their argument
-    digests, the shape of its text, or the error; and the repairs made to it."""
+def call_output(outcome: Outcome, repairs: Sequence[Repair], delivered_text: str | None = None,
+                delivered_arguments: Mapping[str, str] | None = None) -> str:
+    """What the model answered, as the agent received it (`delivered_*`: where a repair
+    changed the text or a tool call's arguments): tool calls with their argument digests,
+    the shape of its text, or the error; and the repairs made to it."""
     parts: list[str] = []
     text = outcome.text if delivered_text is None else delivered_text
     if text:
         parts.append(f"text {digests.shape_digest(text)}")
     calls = outcome.tool_calls
     if calls:
-        shown = ", ".join(f"{_name(tc.name)}({digests.tool_arguments_digest(tc.arguments)})" for tc in calls[:SHOWN])
+        args = delivered_arguments or {}
+        shown = ", ".join(f"{_name(tc.name)}({digests.tool_arguments_digest(args.get(tc.id, tc.arguments))})"
+                          for tc in calls[:SHOWN])
         more = f" and {len(calls) - SHOWN} more" if len(calls) > SHOWN else ""
         parts.append(f"tool call{'s' if len(calls) > 1 else ''} {shown}{more}")
     if outcome.error_type:

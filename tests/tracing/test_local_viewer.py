@@ -112,3 +112,14 @@ def test_a_torn_line_is_skipped(tmp_path: Path) -> None:
         f.write('{"name": "cut in the mid')
     assert len(list(read_spans(tmp_path))) == 5
     json.dumps(load_runs(tmp_path)[0].run_id)
+
+
+def test_a_run_span_written_before_it_was_an_agent_invocation_is_still_the_run(tmp_path: Path) -> None:
+    # Earlier versions named the run's span `run`, with no gen_ai.operation.name.
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(tmp_path)))
+    tracer = provider.get_tracer("t")
+    tracer.start_span("run", attributes={"spanmeter.run.id": "old", "spanmeter.tenant.id": "acme",
+                                         "spanmeter.run.status": "idle_timeout"}).end()
+    [run] = load_runs(tmp_path)
+    assert (run.run_id, run.status, run.calls) == ("old", "idle_timeout", 0)
