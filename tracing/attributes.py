@@ -4,7 +4,9 @@
 (the last published GenAI release, see shared/reference/otel-genai.md section 0). Newer
 names from the semantic-conventions-genai repo appear only under
 `OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental` and are marked `LATEST_`.
-Our own names live under `spanmeter.` and never inside `gen_ai.*`.
+Our own names live under `spanmeter.` and never inside `gen_ai.*`. The only others are
+the few OpenInference names GenAI UIs read a span's summary and session from
+(`input.value`, `output.value`, `session.id`; see "UI summaries" below).
 
 Metric names: we are a *client* of the model API (we call the upstream on the agent's
 behalf), so the `gen_ai.client.*` family applies, as envoyproxy/ai-gateway argues too.

@@ -12,7 +12,12 @@ Parenting. A request with a W3C `traceparent` joins the agent's trace: its spans
 children of the agent's span. Otherwise every span of a run is a child of the run's
 root span, whose ids are chosen when the run starts (`new_run_trace()`, stored by the
 proxy in run state so every replica agrees) and which is emitted only when the run ends
-(`end_run()`), carrying the run's totals.
+(`end_run()`), carrying the run's totals: an `invoke_agent` span, the agent invocation the
+run is, named after the caller's X-Agent-Name.
+
+Readable. Every span also gets a one-line input and output summary built from digests
+(tracing/summaries.py), where GenAI UIs show a span's input and output: they are not
+content, so they are there whatever the capture setting.
 
     cs = start_call(tel, caller, call, provider="openai", server_address="api.openai.com",
                     server_port=443, parent=None, run_trace=run_trace)

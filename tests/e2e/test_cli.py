@@ -79,6 +79,7 @@ def test_demo_runs_offline_and_shows_the_tool_round_trip():
     assert "model asked for get_weather" in out.stdout
     assert "execute_tool get_weather" in out.stdout
     assert "repair=output:" in out.stdout
+    assert "run demo-run-1 (default, agent demo-agent)" in out.stdout  # the run, ended, as the agent's
 
 
 def test_invalid_config_exits_2_with_the_field_and_source(tmp_path):
