@@ -47,6 +47,8 @@ def remind(ex: Exchange, closed: tuple[dict[str, Any], ...], policy: GuardPolicy
     threshold = policy.threshold or DEFAULT_THRESHOLD
     rewrites = []
     for c in closed:
+        if c.get("mcp"):
+            continue  # executed on the MCP route, which put the reminder in the result itself
         name, streak = c["name"], c["streak"]
         if streak >= threshold and ex.prefix_tool_result(c["id"], reminder(name, streak)):
             spans.record_guard_action(tel, caller, "remind", tool_name=name, repeats=streak, cs=cs)

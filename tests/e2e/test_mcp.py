@@ -1,0 +1,203 @@
+"""Tool calls through MCP, observed and governed like model calls (issue 18).
+
+The outside world is real: the official MCP SDK's server (tests/fixtures/mcp_server.py)
+under uvicorn, its Streamable HTTP client, an openai-agents agent whose model is the
+simulator behind the proxy and whose tools come from that server through the proxy, and
+spans at a real OTLP receiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx2
+import pytest
+from agents import Agent, MaxTurnsExceeded, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+from agents.mcp import MCPServerStreamableHttp
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from openai import AsyncOpenAI
+
+from proxy.appkeys import RUNS, STORE, TEL
+from proxy.config import hash_key
+from tests.fixtures.mcp_server import WEATHER_DELAY_S, McpServerRunning, mcp_server  # noqa: F401
+from tests.fixtures.otlp import otlp_receiver  # noqa: F401
+
+set_tracing_disabled(True)  # the agents SDK's own tracing would export to OpenAI
+
+KEY, SERVER_KEY = "sm-acme-mcp-key-0001", "srv-weather-secret-42"
+
+
+async def _proxy(make_proxy, monkeypatch_env, server: McpServerRunning, receiver, **policy: Any):
+    monkeypatch_env("OPENAI_API_KEY", "sk-upstream-model-key")
+    monkeypatch_env("WEATHER_MCP_KEY", SERVER_KEY)
+    return await make_proxy(
+        otlp_endpoint=receiver.endpoint,
+        tenants={"acme": {"keys": [hash_key(KEY)], "policy": policy}},
+        mcp_servers={"weather": {"url": server.url, "key_env": "WEATHER_MCP_KEY",
+                                 "tool_costs": {"get_weather": 0.25}}})
+
+
+def _client(proxy, run_id: str, mode: str) -> Client:
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}", "X-Run-Id": run_id})
+    return Client(streamable_http_client(f"{proxy.url}/mcp/weather", http_client=http), mode=mode)
+
+
+async def _spans(proxy, receiver, n: int) -> list[dict[str, Any]]:
+    await proxy.settled()
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
+    return await asyncio.to_thread(receiver.wait_for_spans, n)
+
+
+def _by_name(spans: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in spans}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_every_request_of_the_sdk_client_is_a_span_with_the_mcp_conventions(
+        otlp_receiver, mcp_server, make_proxy, monkeypatch_env, mode):  # noqa: F811
+    """legacy: the 2025 handshake, a session, SSE answers, the GET stream and a DELETE;
+    auto: the 2026 stateless era (server/discover, JSON answers)."""
+    proxy = await _proxy(make_proxy, monkeypatch_env, mcp_server, otlp_receiver)
+    progress: list[float] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append(p)
+
+    async with _client(proxy, f"sdk-{mode}", mode) as c:
+        assert [t.name for t in (await c.list_tools()).tools][:2] == ["get_weather", "flaky"]
+        weather = await c.call_tool("get_weather", {"city": "Paris"})
+        flaky = await c.call_tool("flaky", {"city": "Oslo"})
+        steps = await c.call_tool("progress", {"steps": 3}, progress_callback=on_progress)
+    assert json.loads(weather.content[0].text)["city"] == "Paris" and not weather.is_error
+    assert flaky.is_error and steps.content[0].text == "3 steps done"
+    assert progress == [1, 2, 3], "server notifications on the call's SSE stream reach the client"
+
+    handshake = "initialize" if mode == "legacy" else "server/discover"
+    spans = _by_name(await _spans(proxy, otlp_receiver, 5))
+    assert set(spans) == {handshake, "tools/list", "tools/call get_weather", "tools/call flaky", "tools/call progress"}
+    w = spans["tools/call get_weather"]
+    a = w["attributes"]
+    assert w["kind"] == "SPAN_KIND_CLIENT" and w["status"] == "STATUS_CODE_UNSET"
+    assert (a["mcp.method.name"], a["gen_ai.operation.name"], a["gen_ai.tool.name"]) == (
+        "tools/call", "execute_tool", "get_weather")
+    assert a["jsonrpc.request.id"] and a["spanmeter.tool.timing"] == "observed"
+    assert (a["spanmeter.run.id"], a["spanmeter.tenant.id"], a["spanmeter.mcp.server"]) == (
+        f"sdk-{mode}", "acme", "weather")
+    assert a["spanmeter.tool.call.arguments.digest"] == "Paris" and a["spanmeter.tool.call.arguments.size"] > 0
+    assert len(a["spanmeter.tool.call.result.sha256"]) == 64 and a["spanmeter.tool.ok"] is True
+    assert (w["end_ns"] - w["start_ns"]) / 1e9 >= WEATHER_DELAY_S, "timed at the proxy, around the server's work"
+    f = spans["tools/call flaky"]
+    assert f["status"] == "STATUS_CODE_ERROR" and f["attributes"]["error.type"] == "tool_error"
+    assert f["attributes"]["spanmeter.tool.call.result.digest"] == "Error executing tool flaky"
+    assert "gen_ai.tool.name" not in spans["tools/list"]["attributes"]
+    trace_ids = {s["trace_id"] for s in spans.values()}
+    assert len(trace_ids) == 1, "every request of the run is in the run's one trace"
+    sessions = {s["attributes"].get("mcp.session.id") for s in spans.values()}
+    if mode == "legacy":
+        raw = next(r["headers"]["mcp-session-id"] for r in mcp_server.requests if "mcp-session-id" in r["headers"])
+        assert len(sessions) == 1 and None not in sessions and raw not in sessions, "one session, recorded hashed"
+        assert spans["tools/list"]["attributes"]["mcp.protocol.version"] == "2025-11-25"
+        assert [r["method"] for r in mcp_server.requests].count("DELETE") == 1, "the session's end is relayed"
+        assert "GET" in [r["method"] for r in mcp_server.requests], "the server's stream is relayed"
+    else:
+        assert sessions == {None}
+    for r in mcp_server.requests:  # the server's credential goes out, the tenant's key never does
+        assert r["headers"]["authorization"] == f"Bearer {SERVER_KEY}"
+        assert KEY not in json.dumps(r["headers"]) and "x-run-id" not in r["headers"]
+    totals = await proxy.app[STORE].run_totals("acme", f"sdk-{mode}")
+    assert {k: totals[k] for k in ("mcp_tool_calls", "tool_calls", "tool_failures", "cost_micros")} == {
+        "mcp_tool_calls": 3, "tool_calls": 3, "tool_failures": 1, "cost_micros": 250_000}
+
+
+async def test_the_tool_call_ceiling_refuses_with_a_json_rpc_error_the_sdk_raises(
+        otlp_receiver, mcp_server, make_proxy, monkeypatch_env):  # noqa: F811
+    proxy = await _proxy(make_proxy, monkeypatch_env, mcp_server, otlp_receiver, runs={"max_tool_calls": 2})
+    async with _client(proxy, "capped", "legacy") as c:
+        for city in ("Paris", "Oslo"):
+            await c.call_tool("read_file", {"path": city})
+        sent = [r["method"] for r in mcp_server.requests].count("POST")
+        with pytest.raises(MCPError) as ei:
+            await c.call_tool("read_file", {"path": "Rome"})
+        assert [r["method"] for r in mcp_server.requests].count("POST") == sent, "the refused call never left"
+    assert ei.value.error.code == -32050
+    assert "ceiling of 2 MCP tool calls" in ei.value.error.message
+    assert "Raise runs.max_tool_calls" in ei.value.error.message
+    assert ei.value.error.data == {"type": "spanmeter.budget_exceeded", "limit": "run_tool_calls"}
+    spans = await _spans(proxy, otlp_receiver, 4)
+    refused = [s for s in spans if s["status"] == "STATUS_CODE_ERROR"]
+    assert len(refused) == 1 and refused[0]["attributes"]["error.type"] == "spanmeter.budget_exceeded"
+    totals = await proxy.app[STORE].run_totals("acme", "capped")
+    assert (totals["mcp_tool_calls"], totals["ceilings_hit"]) == (2, 1)
+
+
+def _agent(proxy, run_id: str) -> tuple[Agent, MCPServerStreamableHttp]:
+    headers = {"X-Run-Id": run_id}
+    model = OpenAIChatCompletionsModel(model="sim-small", openai_client=AsyncOpenAI(
+        base_url=f"{proxy.url}/v1", api_key=KEY, default_headers=headers, max_retries=0))
+    tools = MCPServerStreamableHttp({"url": f"{proxy.url}/mcp/weather",
+                                     "headers": {"Authorization": f"Bearer {KEY}", **headers}},
+                                    cache_tools_list=True)
+    return Agent(name="weather-agent", instructions="Be brief.", model=model, mcp_servers=[tools]), tools
+
+
+async def test_an_agents_tool_calls_are_each_one_span_with_their_measured_duration(
+        otlp_receiver, mcp_server, make_proxy, monkeypatch_env):  # noqa: F811
+    """The model (the simulator, through the proxy) calls get_weather, then flaky; the
+    agent runs both on the MCP server through the proxy. Each call is told once: by the
+    MCP span, which carries the model's call id and links to the chat span that asked."""
+    proxy = await _proxy(make_proxy, monkeypatch_env, mcp_server, otlp_receiver)
+    agent, tools = _agent(proxy, "agent-1")
+    async with tools:
+        first = await Runner.run(agent, "SCENARIO:tool TOOL=get_weather")
+        second = await Runner.run(agent, "SCENARIO:tool TOOL=flaky")
+    assert '"temp": 14' in first.final_output and "Error executing tool flaky" in second.final_output
+    await proxy.settled()
+    assert await proxy.app[RUNS].end("acme", "agent-1")
+    spans = await _spans(proxy, otlp_receiver, 8)
+    names = sorted(s["name"] for s in spans)
+    assert "execute_tool get_weather" not in names and "execute_tool flaky" not in names, "no inferred twin"
+    assert names.count("chat sim-small") == 4 and names.count("tools/call get_weather") == 1
+    assert names.count("tools/call flaky") == 1
+    chats = {s["span_id"]: s for s in spans if s["name"] == "chat sim-small"}
+    for tool in ("get_weather", "flaky"):
+        span = next(s for s in spans if s["name"] == f"tools/call {tool}")
+        (link,) = span["links"]
+        asking = chats[link["span_id"]]
+        assert span["attributes"]["gen_ai.tool.call.id"].startswith("call_")
+        assert asking["end_ns"] <= span["start_ns"], "linked to the chat span whose answer made the call"
+    weather = next(s for s in spans if s["name"] == "tools/call get_weather")
+    assert (weather["end_ns"] - weather["start_ns"]) / 1e9 >= WEATHER_DELAY_S
+    flaky = next(s for s in spans if s["name"] == "tools/call flaky")
+    assert flaky["status"] == "STATUS_CODE_ERROR" and flaky["attributes"]["error.type"] == "tool_error"
+    run = next(s for s in spans if s["name"] == "run")["attributes"]
+    assert (run["spanmeter.run.model_calls"], run["spanmeter.run.tool_calls"], run["spanmeter.run.mcp_tool_calls"],
+            run["spanmeter.run.tool_failures"]) == (4, 2, 2, 1)
+    model_cost = sum(s["attributes"].get("spanmeter.cost.usd", 0) for s in chats.values())
+    assert run["spanmeter.run.cost.usd"] == pytest.approx(model_cost + 0.25), "the tool's cost is in the run's"
+    assert len({s["trace_id"] for s in spans}) == 1
+
+
+async def test_a_looping_agent_is_reminded_on_the_third_identical_call_and_capped_after(
+        otlp_receiver, mcp_server, sim, make_proxy, monkeypatch_env):  # noqa: F811
+    proxy = await _proxy(make_proxy, monkeypatch_env, mcp_server, otlp_receiver,
+                         guard={"action": "remind", "threshold": 3}, runs={"max_tool_calls": 3})
+    agent, tools = _agent(proxy, "looping")
+    async with tools:
+        with pytest.raises(MaxTurnsExceeded):
+            await Runner.run(agent, "SCENARIO:loop TOOL=read_file", max_turns=4)
+    # What the model was told after each of its four identical calls (the tool result of request k+1).
+    results = [json.dumps(r.json()["messages"][-1].get("content")) for r in sim.received[1:]]
+    assert len(results) == 3
+    assert "[spanmeter]" not in results[0] and "[spanmeter]" not in results[1]
+    assert "called the tool `read_file` 3 times in a row" in results[2] and "contents of /etc/config.yaml" in results[2]
+    assert results[2].count("[spanmeter]") == 1, "reminded once: by the MCP route, not again by the model route"
+    assert [r["method"] for r in mcp_server.requests].count("POST") == 3 + 2  # 3 calls, the handshake, tools/list
+    spans = await _spans(proxy, otlp_receiver, 9)
+    calls = sorted((s for s in spans if s["name"] == "tools/call read_file"), key=lambda s: s["start_ns"])
+    assert [s["attributes"].get("spanmeter.guard.action") for s in calls] == [None, None, "remind", None]
+    assert calls[2]["attributes"]["spanmeter.rewrites"] == ["loop_reminder=read_filex3"]
+    assert calls[3]["attributes"]["error.type"] == "spanmeter.budget_exceeded", "the 4th is past max_tool_calls"
