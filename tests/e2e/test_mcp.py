@@ -12,6 +12,7 @@ import asyncio
 import json
 from typing import Any
 
+import aiohttp
 import httpx2
 import pytest
 from agents import Agent, MaxTurnsExceeded, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
@@ -20,6 +21,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from openai import AsyncOpenAI
+from yarl import URL
 
 from proxy.appkeys import RUNS, STORE, TEL
 from proxy.config import hash_key
@@ -201,3 +203,33 @@ async def test_a_looping_agent_is_reminded_on_the_third_identical_call_and_cappe
     assert [s["attributes"].get("spanmeter.guard.action") for s in calls] == [None, None, "remind", None]
     assert calls[2]["attributes"]["spanmeter.rewrites"] == ["loop_reminder=read_filex3"]
     assert calls[3]["attributes"]["error.type"] == "spanmeter.budget_exceeded", "the 4th is past max_tool_calls"
+
+
+async def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    # encoded=True: the path goes out exactly as written (no dot-segment folding).
+    async with aiohttp.ClientSession() as http, http.post(URL(url, encoded=True), data=body, headers=headers) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+INIT = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/list"}'
+
+
+@pytest.mark.parametrize(("path", "body", "auth", "status", "code", "says"), [
+    ("/mcp/nope", INIT, True, 404, -32600, "No MCP server named 'nope'. Configured: ['weather']"),
+    ("/mcp/weather", INIT, False, 401, -32600, "No spanmeter key was sent"),
+    ("/mcp/weather", b"[" + INIT + b"]", True, 400, -32600, "batches"),
+    ("/mcp/weather", b'{"jsonrpc": "2.0", "id": 7, "method": ', True, 400, -32700, "not JSON"),
+    ("/mcp/weather", b'{"id": 7, "method": "tools/list"}', True, 400, -32700, "not a JSON-RPC 2.0 message"),
+    ("/mcp/weather/../weather", INIT, True, 404, -32600, "dot segments"),
+    ("/mcp/", INIT, True, 404, -32600, "is not an MCP server name"),
+], ids=["unknown server", "no key", "batch", "not json", "not json-rpc", "dot segments", "no name"])
+async def test_what_cannot_be_served_is_a_json_rpc_error_and_never_reaches_the_server(
+        otlp_receiver, mcp_server, make_proxy, monkeypatch_env, path, body, auth, status, code, says):  # noqa: F811
+    proxy = await _proxy(make_proxy, monkeypatch_env, mcp_server, otlp_receiver)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {KEY}"} if auth else {})}
+    got, answer = await _post(proxy.url + path, body, headers)
+    assert got == status
+    assert answer["jsonrpc"] == "2.0" and answer["error"]["code"] == code
+    assert says in answer["error"]["message"]
+    assert answer["id"] in (7, None)
+    assert mcp_server.requests == []
