@@ -123,7 +123,7 @@ async def test_the_tool_call_ceiling_refuses_with_a_json_rpc_error_the_sdk_raise
             await c.call_tool("read_file", {"path": city})
         sent = [r["method"] for r in mcp_server.requests].count("POST")
         with pytest.raises(MCPError) as ei:
-            await c.call_tool("read_file", {"path": "Rome"})
+            await c.call_tool("get_weather", {"city": "Rome"})
         assert [r["method"] for r in mcp_server.requests].count("POST") == sent, "the refused call never left"
     assert ei.value.error.code == -32050
     assert "ceiling of 2 MCP tool calls" in ei.value.error.message
@@ -134,6 +134,11 @@ async def test_the_tool_call_ceiling_refuses_with_a_json_rpc_error_the_sdk_raise
     assert len(refused) == 1 and refused[0]["attributes"]["error.type"] == "spanmeter.budget_exceeded"
     totals = await proxy.app[STORE].run_totals("acme", "capped")
     assert (totals["mcp_tool_calls"], totals["ceilings_hit"]) == (2, 1)
+    metrics = proxy.app[TEL].metrics_text().decode()
+    assert 'gen_ai_tool_name="get_weather"' not in metrics, "a refused call mints no label value"
+    refused = [line for line in metrics.splitlines()
+               if line.startswith("spanmeter_tool_calls_total") and 'spanmeter_outcome="refused"' in line]
+    assert len(refused) == 1 and 'gen_ai_tool_name="_OTHER"' in refused[0]
 
 
 def _agent(proxy, run_id: str) -> tuple[Agent, MCPServerStreamableHttp]:
@@ -233,3 +238,16 @@ async def test_what_cannot_be_served_is_a_json_rpc_error_and_never_reaches_the_s
     assert says in answer["error"]["message"]
     assert answer["id"] in (7, None)
     assert mcp_server.requests == []
+
+
+@pytest.mark.parametrize("key_env", [None, "WEATHER_MCP_KEY"], ids=["caller's own key", "server credential"])
+async def test_open_mode_forwards_the_callers_own_key_unless_the_server_has_a_credential(
+        mcp_server, make_proxy, monkeypatch_env, key_env):  # noqa: F811
+    monkeypatch_env("WEATHER_MCP_KEY", SERVER_KEY)
+    proxy = await make_proxy(mcp_servers={"weather": {"url": mcp_server.url, "key_env": key_env}})
+    await _post(f"{proxy.url}/mcp/weather", INIT, {"Content-Type": "application/json",
+                                                   "Accept": "application/json, text/event-stream",
+                                                   "Authorization": "Bearer my-own-tools-token"})
+    (seen,) = mcp_server.requests
+    assert seen["headers"]["authorization"] == ("Bearer my-own-tools-token" if key_env is None
+                                                else f"Bearer {SERVER_KEY}")
