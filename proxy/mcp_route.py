@@ -55,6 +55,7 @@ MCP_PREFIX = "/mcp"
 
 async def handle_mcp(request: web.Request) -> web.StreamResponse:
     """Serve one HTTP request of the MCP route; every spanmeter error is a JSON-RPC error."""
+    arrived_ns = time.time_ns()
     request_id: mcp.RequestId | None = None
     try:
         settings = request.app[SETTINGS]
@@ -68,7 +69,7 @@ async def handle_mcp(request: web.Request) -> web.StreamResponse:
             msg = mcp.parse(raw)
             request_id = msg.id
             if msg.kind == "request":
-                return await _Call(request, _with_meta_run(caller, msg), name, server, msg, raw).run()
+                return await _Call(request, _with_meta_run(caller, msg), name, server, msg, raw, arrived_ns).run()
         elif request.method not in ("GET", "DELETE"):
             raise UnknownRoute(f"spanmeter serves POST, GET and DELETE on /mcp/{name}, not {request.method[:20]}.")
         return await _pass(request, server, caller, raw)
@@ -138,6 +139,7 @@ class _Seen:
     answer: mcp.Answer | None = None
     error: ProxyError | None = None
     cancelled: bool = False
+    reminded: int = 0  # the streak the loop guard's reminder was added for
     rewrites: list[Rewrite] = field(default_factory=list)
 
     def message(self, data: Any) -> bytes | None:
@@ -167,7 +169,7 @@ class _Seen:
             rpc_code=a.code if a else None, rpc_message=a.message if a else "",
             error_type="client_disconnected" if self.cancelled else exc.error_type if exc else None,
             error_message=exc.message if exc else "", refusal=_reason(refusal) if refusal else None,
-            reminded=_repeats(self.rewrites), rewrites=[r.header_value() for r in self.rewrites])
+            reminded=self.reminded, rewrites=[r.header_value() for r in self.rewrites])
 
 
 @dataclass
@@ -180,7 +182,7 @@ class _Call:
     server: McpServer
     msg: mcp.Message
     raw: bytes
-    arrived_ns: int = field(default_factory=time.time_ns)
+    arrived_ns: int
 
     async def run(self) -> web.StreamResponse:
         app, msg = self.request.app, self.msg
@@ -238,6 +240,7 @@ class _Call:
                 policy.guard.threshold or guard.DEFAULT_THRESHOLD):
             return None
         seen.rewrites.append(Rewrite("loop_reminder", f"{self.msg.tool}x{streak}"))
+        seen.reminded = streak
         return guard.reminder(self.msg.tool, streak)
 
     async def _forward(self, seen: _Seen) -> web.StreamResponse:
@@ -330,13 +333,6 @@ def _reason(exc: ProxyError) -> str:
     if isinstance(exc, LoopRefused):
         return "loop_guard"
     return exc.limit if isinstance(exc, CeilingReached) else exc.code
-
-
-def _repeats(rewrites: list[Rewrite]) -> int:
-    for r in rewrites:
-        if r.kind == "loop_reminder":
-            return int(r.detail.rpartition("x")[2])
-    return 0
 
 
 async def _safely(work: Awaitable[None]) -> None:

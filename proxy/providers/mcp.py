@@ -176,7 +176,7 @@ def with_note(data: dict[str, Any], note: str) -> bytes:
 def sse_event(raw: bytes, data: bytes) -> bytes:
     """The SSE event `raw` with `data` as its one data line; its other fields (`event`,
     `id`, `retry`) and line ending kept as they were."""
-    ending = b"\r\n" if raw.endswith(b"\r\n\r\n") or raw.endswith(b"\r\n") else b"\n"
+    ending = b"\r\n" if b"\r\n" in raw else b"\n"
     kept = [line for line in raw.splitlines() if line and not line.startswith(b"data:")]
     return ending.join([*kept, b"data: " + data]) + ending + ending
 

@@ -251,3 +251,16 @@ async def test_open_mode_forwards_the_callers_own_key_unless_the_server_has_a_cr
     (seen,) = mcp_server.requests
     assert seen["headers"]["authorization"] == ("Bearer my-own-tools-token" if key_env is None
                                                 else f"Bearer {SERVER_KEY}")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["SSE answers", "JSON answers"])
+async def test_the_reminder_is_the_results_first_block_from_the_third_identical_call(
+        otlp_receiver, mcp_server, make_proxy, monkeypatch_env, mode):  # noqa: F811
+    proxy = await _proxy(make_proxy, monkeypatch_env, mcp_server, otlp_receiver, guard={"action": "remind"})
+    async with _client(proxy, f"remind-{mode}", mode) as c:
+        results = [await c.call_tool("read_file", {"path": "/a"}) for _ in range(4)]
+    texts = [[block.text for block in r.content] for r in results]
+    assert texts[0] == texts[1] == ["contents of /a: x: 1"]
+    for n, got in ((3, texts[2]), (4, texts[3])):
+        assert got[0].startswith(f"[spanmeter] Note: you have called the tool `read_file` {n} times in a row")
+        assert got[1:] == ["contents of /a: x: 1"], "the result itself follows, unchanged"
