@@ -264,3 +264,24 @@ async def test_the_reminder_is_the_results_first_block_from_the_third_identical_
     for n, got in ((3, texts[2]), (4, texts[3])):
         assert got[0].startswith(f"[spanmeter] Note: you have called the tool `read_file` {n} times in a row")
         assert got[1:] == ["contents of /a: x: 1"], "the result itself follows, unchanged"
+
+
+async def test_a_tool_call_run_on_mcp_is_not_missing_when_the_run_ends_before_the_model_hears_back(
+        otlp_receiver, mcp_server, make_proxy, monkeypatch_env):  # noqa: F811
+    proxy = await _proxy(make_proxy, monkeypatch_env, mcp_server, otlp_receiver)
+    tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+                  {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    async with AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, default_headers={"X-Run-Id": "cut"}) as model:
+        for tool in ("get_weather", "read_file"):  # two calls the model makes; only the first runs on MCP
+            await model.chat.completions.create(model="sim-small", tools=tools, messages=[
+                {"role": "user", "content": f"SCENARIO:tool TOOL={tool}"}])
+    await proxy.settled()
+    async with _client(proxy, "cut", "auto") as c:
+        await c.call_tool("get_weather", {"city": "Paris", "unit": "celsius"})
+    await proxy.settled()
+    assert await proxy.app[RUNS].end("acme", "cut")
+    spans = await _spans(proxy, otlp_receiver, 6)
+    assert sorted(s["name"] for s in spans if "read_file" in s["name"] or "get_weather" in s["name"]) == [
+        "execute_tool read_file", "tools/call get_weather"], "only the call never run is missing"
+    run = next(s for s in spans if s["name"] == "run")["attributes"]
+    assert (run["spanmeter.run.tool_calls"], run["spanmeter.run.tool_results_missing"]) == (2, 1)
