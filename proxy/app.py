@@ -19,6 +19,7 @@ from proxy.background import Background
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.handler import handle_call
+from proxy.mcp_route import MCP_PREFIX, handle_mcp
 from proxy.policy.failopen import FailOpenStore
 from proxy.policy.pricing import PriceTable
 from proxy.policy.store import Store, open_store
@@ -85,6 +86,8 @@ def create_app(
 
 
 async def _dispatch(request: web.Request) -> web.StreamResponse:
+    if request.raw_path.startswith(MCP_PREFIX):
+        return await handle_mcp(request)  # routes.match there too; its errors are JSON-RPC errors
     request[ADAPTER] = _guess_dialect(request)  # for errors before the route is known
     # The path exactly as sent, not aiohttp's decoded `request.path`: what is matched and
     # metered must be byte for byte what goes upstream.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +29,7 @@ __all__ = [
     "MAX_RUN_CALLS",
     "MAX_USD",
     "GuardPolicy",
+    "McpServer",
     "Policy",
     "RepairPolicy",
     "RunPolicy",
@@ -58,6 +60,9 @@ MAX_RUN_CALLS = 1_000_000_000
 class RunPolicy(_Strict):
     max_llm_calls: int | None = Field(None, ge=1, le=MAX_RUN_CALLS)
     max_cost_usd: float | None = Field(None, gt=0, le=MAX_USD)
+    # MCP tool calls through /mcp/{name} per run (0: none); tools the agent runs itself
+    # never pass through spanmeter, so they are counted in the run's totals but not refused.
+    max_tool_calls: int | None = Field(None, ge=0, le=MAX_RUN_CALLS)
 
 
 class BudgetPolicy(_Strict):
@@ -112,6 +117,22 @@ class Upstream(_Strict):
     provider_name: str | None = None
 
 
+class McpServer(_Strict):
+    """An MCP server served at /mcp/{name} (Streamable HTTP)."""
+
+    url: str  # the server's MCP endpoint, e.g. http://tools.internal:8000/mcp
+    key_env: str | None = None  # env var holding the server's own credential (sent as a Bearer token)
+    tool_costs: dict[str, float] = {}  # tool name -> USD per call, counted against run and tenant budgets
+
+    @field_validator("tool_costs")
+    @classmethod
+    def _costs(cls, v: dict[str, float]) -> dict[str, float]:
+        for tool, usd in v.items():
+            if not 0 <= usd <= MAX_USD:  # also refuses nan
+                raise ValueError(f"the cost of tool {tool!r} must be between 0 and {MAX_USD} USD, got {usd}")
+        return v
+
+
 class TenantConfig(_Strict):
     keys: list[str] = []  # sha256 hex of each spanmeter key; `spanmeter keys create` prints one
     upstream_keys: dict[str, str] = {}  # dialect -> env var name of the upstream key
@@ -143,6 +164,7 @@ class Settings(BaseSettings):
     anthropic_base_url: str = "https://api.anthropic.com"
     gemini_base_url: str = "https://generativelanguage.googleapis.com"
     upstreams: dict[str, Upstream] = {}
+    mcp_servers: dict[str, McpServer] = {}  # served at /mcp/{name}
     # Env vars holding upstream keys, per dialect, used in tenant mode when a tenant names none.
     upstream_keys: dict[str, str] = {
         "openai": "OPENAI_API_KEY",
@@ -230,7 +252,16 @@ class Settings(BaseSettings):
                     f"Tenant {name!r} names upstream {t.upstream!r}, which is not defined. "
                     f"Defined upstreams: {sorted(self.upstreams) or 'none'}. Add it under `upstreams:`."
                 )
+        for name in self.mcp_servers:
+            if not _ROUTE_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"MCP server name {name!r} cannot be part of the path /mcp/{{name}}: use letters, "
+                    "digits, `.`, `_` and `-` (not starting with `.`)."
+                )
         return self
+
+
+_ROUTE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 def _is_loopback(host: str) -> bool:

@@ -44,6 +44,8 @@ FIELD_DOCS: dict[str, str] = {
                        "incoming path is appended.",
     "anthropic_base_url": "Anthropic upstream.",
     "gemini_base_url": "Gemini upstream.",
+    "mcp_servers": "MCP servers served at `/mcp/NAME` over Streamable HTTP: `{NAME: {url, key_env, "
+                   "tool_costs: {tool: usd}}}`; see docs/mcp.md.",
     "upstreams": "Named extra upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path "
                  "prefix: `{NAME: {dialect, base_url, key_env, provider_name}}`.",
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
@@ -83,6 +85,8 @@ FIELD_DOCS: dict[str, str] = {
     "local_traces": "Keep spans in `{data_dir}/traces` for `spanmeter runs` (also when exporting over OTLP).",
     "policy.runs.max_llm_calls": "Model calls per run. A request may lower it with `X-Run-Max-Calls`.",
     "policy.runs.max_cost_usd": "Cost per run in USD. A request may lower it with `X-Run-Max-Cost-Usd`.",
+    "policy.runs.max_tool_calls": "MCP tool calls per run (through `/mcp/NAME`), refused with a JSON-RPC error "
+                                  "past it. Tools the agent runs itself are counted, not refused.",
     "policy.budgets.daily_usd": "The tenant's budget per calendar day in `timezone`, in USD (the admin API "
                                 "can override it).",
     "policy.budgets.monthly_usd": "The tenant's budget per calendar month in `timezone`, in USD (the admin "
@@ -132,6 +136,8 @@ METRIC_DOCS: dict[str, str] = {
     "spanmeter.cache.input_tokens": "Input tokens read from (`read`) or written to (`write`) the provider's "
                                     "prompt cache, by tenant and model. Divided by input tokens: the cache "
                                     "hit rate. A drop after a deploy: something rewrites the prompt's prefix.",
+    "mcp.client.operation.duration": "Each MCP request through `/mcp/NAME`, by method, tool and outcome. "
+                                     "Slow `tools/call`: the tool, not the model, is where the run waits.",
     "spanmeter.cost.saved": "US dollars the cache reads saved at the price table's rates, by tenant and model.",
     "spanmeter.limit.rejections": "Calls refused before reaching the upstream, by `spanmeter_reason`: "
                                   "`run_calls`, `run_cost`, `tenant_day`, `tenant_month` (ceilings), "

@@ -31,6 +31,7 @@ actions and `loop_reminder` rewrites; the reminders kept on older results are on
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import orjson
 
@@ -120,12 +121,27 @@ def remind(ex: Exchange, policy: GuardPolicy) -> Reminded:
     applied: Reminded = []
     try:
         for call, streak in streaks(history):
-            if streak >= threshold and call.result is not None \
+            # A result already carrying a reminder came through the MCP route, which put
+            # it there itself: one reminder per result.
+            if streak >= threshold and call.result is not None and not _reminded(ex, call) \
                     and ex.prefix_at(call.result, reminder(call.name, streak)):
                 applied.append((call, streak))
     except Exception:  # a reminder is never worth failing the call; what was applied is recorded
         log.exception("loop reminder failed; the request goes on with the reminders applied so far")
     return applied
+
+
+_MARK = "[spanmeter] Note: you have called the tool"
+
+
+def _reminded(ex: Exchange, call: HistoryCall) -> bool:
+    value: Any = ex.body
+    for step in call.result or ():
+        try:
+            value = value[step]
+        except (KeyError, IndexError, TypeError):
+            return False
+    return _MARK in (value if isinstance(value, str) else orjson.dumps(value).decode(errors="replace"))
 
 
 def record(applied: Reminded, tel: Telemetry, caller: Caller, cs: spans.CallSpan) -> list[Rewrite]:

@@ -28,6 +28,7 @@ SUPPORTED = (
     "POST /v1beta/models/{model}:streamGenerateContent?alt=sse",
     "GET /v1/models",
     "(any of these under /upstreams/{name}/ to pick a configured upstream)",
+    "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
 )
 
 _FIXED: dict[str, ProviderAdapter] = {
@@ -52,6 +53,7 @@ class Route:
     adapter: ProviderAdapter | None  # None: not a metered route
     upstream_name: str | None  # from an /upstreams/{name}/ prefix
     path: str  # the path as it goes upstream, prefix removed, exactly as received
+    mcp: str | None = None  # the MCP server of /mcp/{name}
 
 
 def match(raw_path: str) -> Route:
@@ -66,6 +68,12 @@ def match(raw_path: str) -> Route:
             "segments or percent-encoded `/`, `.`, `\\`, `?` or `#`, which HTTP clients rewrite "
             "before sending, so the path metered would not be the path served. Send the path "
             "in its plain form, e.g. /v1beta/models/gemini-2.5-flash:generateContent.")
+    if raw_path == "/mcp" or raw_path.startswith("/mcp/"):
+        server = raw_path.removeprefix("/mcp").removeprefix("/")
+        if not _UPSTREAM_NAME.fullmatch(server):
+            raise UnknownRoute(f"{server[:80]!r} is not an MCP server name: the route is /mcp/{{name}}, with the "
+                               "name of a server configured under mcp_servers.")
+        return Route(None, None, raw_path, mcp=server)
     name = None
     path = raw_path
     if raw_path.startswith("/upstreams/"):

@@ -3,6 +3,10 @@
 A tool call seen in response N is kept in run state (the shared store, so any replica
 can close it); the request that carries its result closes it with an `execute_tool`
 span timed from the delivery of N to the arrival of that request.
+
+A tool call executed through the MCP route is marked `mcp` there (Store.admit_tool), and
+its MCP span (tracing/mcp.py), measured and linked to the chat span that made the call,
+replaces the inferred one: no inferred span, no second count, no "missing" result.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ class Runs:
             found["conversation"] = caller.conversation_id
         return found
 
+    def known(self, caller: Caller) -> spans.RunTrace | None:
+        """The run's trace ids, when this process has begun the run (no store needed)."""
+        return self._known.get((caller.tenant, caller.run_id))
+
     def trace(self, caller: Caller, stored: dict[str, Any] | None, parent: spans.TraceParent | None) -> spans.RunTrace:
         """The run's trace ids as the store fixed them (whichever replica saw the run first);
         fresh ones when the store had none to give (fail-open)."""
@@ -79,7 +87,7 @@ class Runs:
         described = {t.name: t.description for t in call.tools if isinstance(t.description, str)}
         for p in closed:
             result = results.get(p["id"])
-            if result is None:
+            if result is None or p.get("mcp"):
                 continue
             spans.tool_span(
                 self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
@@ -94,7 +102,8 @@ class Runs:
         if rec is None:
             return False  # already ended, by us or another replica
         open_ids = [p["id"] for p in await self._store.tools_pending(tenant, run_id)]
-        pending = await self._store.tools_take(tenant, run_id, open_ids) if open_ids else []
+        taken = await self._store.tools_take(tenant, run_id, open_ids) if open_ids else []
+        pending = [p for p in taken if not p.get("mcp")]  # executed on the MCP route: its span says so
         if pending:  # tool calls never answered: failed, as their spans say
             await self._store.run_add(tenant, run_id, {"tool_failures": len(pending),
                                                        "tool_results_missing": len(pending)})

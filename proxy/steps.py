@@ -36,20 +36,26 @@ from proxy.tenants import presented_key
 from proxy.upstream import forward_url, unreadable_body
 from tracing import spans
 
-__all__ = ["finish", "open_call", "refused", "response_hooks", "stream_error", "upstream_url"]
+__all__ = ["finish", "open_call", "read_body", "refused", "response_hooks", "stream_error", "upstream_url"]
 
 log = logging.getLogger("spanmeter.handler")
 
 
 async def open_call(request: web.Request, adapter: ProviderAdapter, limit: int) -> Exchange:
     """The request's body, read whole (within `limit`), opened as an exchange of its API."""
+    raw = await read_body(request, limit)
+    # The path as routed: exactly what goes upstream (see routes.match).
+    return open_exchange(adapter, raw, "/" + request.match_info.get("tail", ""))
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request's body, read whole, or BodyTooLarge past `limit` bytes."""
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
     raw = await _read_body(request, limit + 1)
     if len(raw) > limit:
         raise _too_large(None, limit)
-    # The path as routed: exactly what goes upstream (see routes.match).
-    return open_exchange(adapter, raw, "/" + request.match_info.get("tail", ""))
+    return raw
 
 
 async def _read_body(request: web.Request, n: int) -> bytes:
@@ -235,8 +241,9 @@ def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, am
 
 
 def _failed_tools(closed: tuple[dict[str, Any], ...]) -> int:
-    """Tool results that came back failed: the run's totals count what its tool spans say."""
-    return sum(1 for c in closed if not c.get("ok", True))
+    """Tool results that came back failed: the run's totals count what its tool spans say.
+    A call executed on the MCP route was counted there, from the server's own verdict."""
+    return sum(1 for c in closed if not c.get("ok", True) and not c.get("mcp"))
 
 
 def _saved(admitted: Admitted, usage: Usage, source: str) -> int:

@@ -68,6 +68,17 @@ GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
 GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
 OPENAI_API_TYPE: Final = "openai.api.type"
 
+# MCP (semconv v1.41.1 mcp.md; the proxy is the server's client, so spans are CLIENT).
+MCP_METHOD_NAME: Final = "mcp.method.name"
+MCP_SESSION_ID: Final = "mcp.session.id"  # spanmeter records a hash of it: a session id is a credential
+MCP_PROTOCOL_VERSION: Final = "mcp.protocol.version"
+MCP_RESOURCE_URI: Final = "mcp.resource.uri"
+JSONRPC_REQUEST_ID: Final = "jsonrpc.request.id"
+RPC_RESPONSE_STATUS_CODE: Final = "rpc.response.status_code"  # the JSON-RPC error code, as a string
+GEN_AI_PROMPT_NAME: Final = "gen_ai.prompt.name"
+NETWORK_TRANSPORT: Final = "network.transport"
+NETWORK_PROTOCOL_NAME: Final = "network.protocol.name"
+
 SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 ERROR_TYPE: Final = "error.type"
@@ -118,6 +129,7 @@ SPANMETER_TOOL_RESULT_SHA256: Final = "spanmeter.tool.call.result.sha256"
 SPANMETER_TOOL_RESULT_SIZE: Final = "spanmeter.tool.call.result.size"
 SPANMETER_TOOL_RESULT_PREVIEW: Final = "spanmeter.tool.call.result.preview"
 SPANMETER_TOOL_OK: Final = "spanmeter.tool.ok"
+SPANMETER_MCP_SERVER: Final = "spanmeter.mcp.server"  # the configured name of /mcp/{name}
 SPANMETER_GUARD_ACTION: Final = "spanmeter.guard.action"  # remind | refuse
 SPANMETER_GUARD_TOOL: Final = "spanmeter.guard.tool"
 SPANMETER_GUARD_REPEATS: Final = "spanmeter.guard.repeats"
@@ -136,11 +148,12 @@ SPANMETER_RUN_CEILINGS_HIT: Final = "spanmeter.run.ceilings_hit"
 SPANMETER_RUN_CACHE_READ_INPUT_TOKENS: Final = "spanmeter.run.cache_read.input_tokens"
 SPANMETER_RUN_CACHE_READ_SHARE: Final = "spanmeter.run.cache_read.share"
 SPANMETER_RUN_COST_SAVED_USD: Final = "spanmeter.run.cost.saved_usd"
+SPANMETER_RUN_MCP_TOOL_CALLS: Final = "spanmeter.run.mcp_tool_calls"  # of the run's tool calls, through /mcp
 
 # Labels of our own metrics.
 SPANMETER_REASON: Final = "spanmeter.reason"  # limit.rejections: call_limit | cost_limit | ...
 SPANMETER_KIND: Final = "spanmeter.kind"  # repairs / rewrites: the kind of change
-SPANMETER_OUTCOME: Final = "spanmeter.outcome"  # tool.calls: ok | failed | missing
+SPANMETER_OUTCOME: Final = "spanmeter.outcome"  # tool.calls: ok | failed | missing | refused
 SPANMETER_WINDOW: Final = "spanmeter.budget.window"  # day | month
 SPANMETER_SCOPE: Final = "spanmeter.scope"  # ledger.overshoot: run | day | month
 SPANMETER_EXPORTER: Final = "spanmeter.exporter"  # telemetry.dropped_spans: otlp | local
@@ -159,6 +172,9 @@ SPAN_TEXT_LIMIT: Final = 1024
 SPAN_LIST_LIMIT: Final = 128
 
 TOOL_TIMING_INFERRED: Final = "inferred"
+# Measured on the MCP route, from the request's arrival to the answer's last byte; such a
+# span replaces the inferred one of the same model tool call (proxy/runs.py).
+TOOL_TIMING_OBSERVED: Final = "observed"
 USAGE_REPORTED: Final = "reported"
 USAGE_ESTIMATE: Final = "estimate"
 
@@ -193,6 +209,9 @@ LATEST_GEN_AI_CLIENT_INFERENCE_DURATION: Final = "gen_ai.client.inference.durati
 LATEST_GEN_AI_CLIENT_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.inference.time_to_first_chunk"
 LATEST_GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.inference.time_per_output_chunk"
 GEN_AI_EXECUTE_TOOL_DURATION: Final = "gen_ai.execute_tool.duration"
+# The MCP client metric, not mcp.server.*: the proxy calls the MCP server on the agent's
+# behalf, as it calls model APIs (gen_ai.client.*); the server side is the server's to report.
+MCP_CLIENT_OPERATION_DURATION: Final = "mcp.client.operation.duration"
 SPANMETER_COST: Final = "spanmeter.cost"
 SPANMETER_LIMIT_REJECTIONS: Final = "spanmeter.limit.rejections"
 SPANMETER_REPAIRS_METRIC: Final = "spanmeter.repairs"
@@ -217,6 +236,8 @@ SPANMETER_COST_SAVED: Final = "spanmeter.cost.saved"
 DURATION_BUCKETS: Final = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
+# semconv mcp.md: the MCP duration histograms' advisory boundaries.
+MCP_DURATION_BUCKETS: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_BUCKETS: Final = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
 )  # fmt: skip
@@ -267,7 +288,13 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         GEN_AI_EXECUTE_TOOL_DURATION,
         "histogram",
         "s",
-        "Tool execution duration, as inferred from the run.",
+        "Tool execution duration: measured on the MCP route, else inferred from the run.",
+    ),
+    MetricSpec(
+        MCP_CLIENT_OPERATION_DURATION,
+        "histogram",
+        "s",
+        "Duration of MCP requests relayed to MCP servers, from arrival to the answer's last byte.",
     ),
     MetricSpec(SPANMETER_COST, "counter", "{USD}", "Cost of model calls in US dollars."),
     MetricSpec(

@@ -13,6 +13,8 @@ through `LabelBounds` before it reaches an instrument:
   (`KNOWN_ERROR_TYPES`), then the first `MAX_ERROR_TYPES` other tokens; else `_OTHER`.
 - `gen_ai.tool.name`: the first `MAX_TOOL_NAMES` names that follow the providers'
   tool-name rule (`[A-Za-z0-9_.:-]`, at most `LABEL_VALUE_LIMIT` chars); else `_OTHER`.
+- `mcp.method.name`: the methods of the MCP specification (`MCP_METHODS`), then the first
+  `MAX_KINDS` other `a/b` tokens a server answered (not with "method not found"); else `_OTHER`.
 - `spanmeter.kind`, `spanmeter.reason`, `spanmeter.guard.action`: spanmeter's own words,
   set by its code; bounded all the same (the first `MAX_KINDS`), else `_OTHER`.
 
@@ -48,6 +50,7 @@ __all__ = [
     "MAX_KINDS",
     "MAX_MODEL_VARIANTS",
     "MAX_TOOL_NAMES",
+    "MCP_METHODS",
     "BoundedValues",
     "KnownModel",
     "LabelBounds",
@@ -67,6 +70,15 @@ _CACHED_NAME: Final = 256
 # carry `/` (`models/gemini-2.5-pro`, `meta-llama/Llama-3`) and `@` (`claude-...@20250929`).
 _TOKEN: Final = re.compile(r"[A-Za-z0-9_.:\-]+")
 _MODEL: Final = re.compile(r"[A-Za-z0-9_.:@/\-]+")
+_METHOD: Final = re.compile(r"[A-Za-z0-9_.:/\-]+")
+
+# Client-to-server requests of the MCP specification (2024-11-05 to 2026-07-28).
+MCP_METHODS: Final[frozenset[str]] = frozenset({
+    "initialize", "ping", "server/discover", "tools/list", "tools/call", "prompts/list", "prompts/get",
+    "resources/list", "resources/templates/list", "resources/read", "resources/subscribe",
+    "resources/unsubscribe", "completion/complete", "logging/setLevel", "tasks/get", "tasks/list",
+    "tasks/result", "tasks/cancel",
+})
 
 KNOWN_ERROR_TYPES: Final[frozenset[str]] = frozenset(
     {str(status) for status in range(100, 600)}
@@ -81,6 +93,9 @@ KNOWN_ERROR_TYPES: Final[frozenset[str]] = frozenset(
         "spanmeter.upstream_redirect",
         "client_disconnected", "cancelled", "error", A.ERROR_TOOL, A.ERROR_TOOL_RESULT_MISSING,
         "queue_full", "export_failed", A.LABEL_OTHER,
+        # JSON-RPC 2.0 and MCP error codes (MCP spans' error.type is the code)
+        "-32700", "-32600", "-32601", "-32602", "-32603", "-32000", "-32001", "-32002", "-32042",
+        "-32020", "-32021", "-32022",
         # OpenAI error types and codes
         "invalid_request_error", "authentication_error", "permission_error", "not_found_error",
         "rate_limit_error", "rate_limit_exceeded", "insufficient_quota", "server_error",
@@ -189,7 +204,7 @@ class ModelLabels:
 class LabelBounds:
     """Every steerable label of one process, bounded; see the module docstring."""
 
-    __slots__ = ("error_types", "kinds", "models", "tools")
+    __slots__ = ("error_types", "kinds", "mcp_methods", "models", "tools")
 
     def __init__(
         self,
@@ -204,6 +219,7 @@ class LabelBounds:
         self.error_types = BoundedValues(max_error_types, known=KNOWN_ERROR_TYPES)
         self.tools = BoundedValues(max_tool_names)
         self.kinds = BoundedValues(max_kinds)
+        self.mcp_methods = BoundedValues(max_kinds, known=MCP_METHODS, pattern=_METHOD)
 
     def model(self, model: str | None, *, admit: bool = True) -> str | None:
         return self.models.get(model, admit=admit)
@@ -216,3 +232,6 @@ class LabelBounds:
 
     def kind(self, kind: str, *, admit: bool = True) -> str:
         return self.kinds.get(kind, admit=admit)
+
+    def mcp_method(self, method: str, *, admit: bool = True) -> str:
+        return self.mcp_methods.get(method, admit=admit)

@@ -146,6 +146,7 @@ class Instruments:
     time_to_first_chunk: Histogram
     time_per_output_chunk: Histogram
     execute_tool_duration: Histogram
+    mcp_duration: Histogram
     cost: Counter
     limit_rejections: Counter
     repairs: Counter
@@ -188,6 +189,7 @@ class Instruments:
             time_to_first_chunk=_histogram(meter, ttfc, A.DURATION_BUCKETS),
             time_per_output_chunk=_histogram(meter, tpoc, A.DURATION_BUCKETS),
             execute_tool_duration=_histogram(meter, A.GEN_AI_EXECUTE_TOOL_DURATION, A.DURATION_BUCKETS),
+            mcp_duration=_histogram(meter, A.MCP_CLIENT_OPERATION_DURATION, A.MCP_DURATION_BUCKETS),
             cost=_counter(meter, A.SPANMETER_COST),
             limit_rejections=_counter(meter, A.SPANMETER_LIMIT_REJECTIONS),
             repairs=_counter(meter, A.SPANMETER_REPAIRS_METRIC),

@@ -30,6 +30,7 @@ def _unmetered(tenant: str, run_id: str, *args: Any, **kw: Any) -> Admission:
 # What each operation answers while the ledger is away: neutral values, never a refusal.
 _FALLBACKS: dict[str, Callable[..., Any]] = {
     "admit": _unmetered,
+    "admit_tool": _unmetered,
     "settle": lambda *a, **k: 0,
     "release": lambda *a, **k: None,
     "expire": lambda *a, **k: 0,

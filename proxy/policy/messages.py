@@ -14,6 +14,7 @@ __all__ = [
     "cost_ceiling",
     "failure_ceiling",
     "loop_ceiling",
+    "tool_call_ceiling",
     "unbounded_context",
     "unknown_price",
     "usd",
@@ -121,6 +122,14 @@ def unbounded_context(tenant: str, refs: list[str]) -> str:
         f"Responses and conversations created through spanmeter are remembered and bounded; send "
         f"the context inline instead (e.g. `store: false` and the full input), create it through "
         f"spanmeter first, or use a tenant without a cost ceiling."
+    )
+
+
+def tool_call_ceiling(tenant: str, run_id: str, limit: int) -> str:
+    return (
+        f"Run {run_id} of tenant {tenant} reached its ceiling of {limit} MCP tool calls "
+        f"(setting runs.max_tool_calls). The tool call was not forwarded and nothing was charged. "
+        f"Raise runs.max_tool_calls for this tenant, or start a new run."
     )
 
 

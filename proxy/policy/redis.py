@@ -37,11 +37,13 @@ from proxy.errors import StoreUnavailable
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
     NO_TURN,
+    SCOPES,
     Admission,
     Decision,
     DerivedOps,
     Limits,
     Spend,
+    ToolTurn,
     Turn,
     context_refusal,
     guard_refusal,
@@ -50,6 +52,8 @@ from proxy.policy.store import (
     release_if_cancelled,
     run_record,
     scope_of,
+    tool_ceiling,
+    tool_entry,
     unpriced_refusal,
     window_keys,
     with_budgets,
@@ -199,6 +203,65 @@ class RedisStore(DerivedOps):
         remaining = dict(zip(("run_cost", "tenant_day", "tenant_month"), left, strict=True))
         return Admission(rid, tenant, run_id, int(reply[5]), int(reply[6]), remaining, *windows,
                          closed=closed, trace=trace, context_tokens=int(reply[10]), limits=eff)
+
+    async def admit_tool(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        turn: ToolTurn,
+        limits: Limits,
+        now: datetime,
+        tz: str = "UTC",
+        ttl_s: int = 900,
+    ) -> Admission:
+        windows = window_keys(now, tz)
+        if turn.cost < 0:
+            raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
+        rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
+        ts = now.timestamp()
+        guard = turn.guard
+        keys = [*self._scope_keys(tenant, run_id, *windows), _k("sm", "res", rid), _EXP, _RUNS,
+                _k("sm", "runs", tenant), _ACTIVE, _k("sm", "tools", tenant, run_id), _k("sm", "budget", tenant),
+                _k("sm", "totals", tenant, run_id)]
+        args: list[Any] = [
+            turn.name or "", turn.sig, turn.cost, _limit(turn.max_calls), _limit(limits.run_max_cost),
+            _limit(limits.day_budget), _limit(limits.month_budget), repr(ts), repr(ts + ttl_s),
+            _member(tenant, run_id), run_id, _WINDOW_TTL_S, json.dumps(turn.trace) if turn.trace is not None else "",
+            guard.threshold if guard else -1, 1 if guard and guard.refuse else 0]
+
+        async def admitting() -> Admission:
+            reply = await self._script("admit_tool", keys, args, repeatable=True)
+            return self._tool_admission(reply, rid, tenant, run_id, limits, windows, tz, turn)
+
+        return await release_if_cancelled(self, admitting)
+
+    def _tool_admission(self, reply: list[Any], rid: str, tenant: str, run_id: str, limits: Limits,
+                        windows: tuple[str, str], tz: str, turn: ToolTurn) -> Admission:
+        kind, matched, streak, trace_json = reply[0], reply[1], int(reply[2]), reply[3]
+        trace = json.loads(trace_json) if trace_json else None
+        if kind == "trace":
+            return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits)
+        entry = (tool_entry(json.loads(matched) if matched else None, turn, streak),)
+        if kind == "dup":
+            return Admission(rid, tenant, run_id, int(reply[4]), int(reply[5]), dict.fromkeys(SCOPES), *windows,
+                             closed=entry, limits=limits)
+        if kind == "loop":
+            loop = guard_refusal(tenant, run_id, entry, turn.guard)
+            assert loop is not None, "admit_tool.lua and guard_refusal disagree"
+            raise refused_with(loop, entry, trace)
+        eff = with_budgets(limits, int(reply[4]) if reply[4] else None, int(reply[5]) if reply[5] else None)
+        if kind == "calls":
+            raise refused_with(tool_ceiling(tenant, run_id, turn.max_calls or 0), entry, trace)
+        if kind == "refused":
+            ledger: dict[str, Spend] = dict.fromkeys(SCOPES, Spend())
+            ledger[reply[6]] = Spend(int(reply[7]), int(reply[8]))
+            error = refusal(Decision(refused=reply[6]), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
+                            windows=windows, tz=tz, min_reserve=turn.cost)
+            raise refused_with(error, entry, trace)
+        left = [None if v == "none" else int(v) for v in reply[8:11]]
+        return Admission(rid, tenant, run_id, int(reply[6]), int(reply[7]), dict(zip(SCOPES, left, strict=True)),
+                         *windows, closed=entry, trace=trace, limits=eff)
 
     def _scope_keys(self, tenant: str, run_id: str, day: str, month: str) -> list[str]:
         return [

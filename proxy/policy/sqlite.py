@@ -34,29 +34,35 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
 from proxy.errors import Refusal, StoreUnavailable
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
+    MCP_TOOL_CALLS,
     NO_TURN,
     Admission,
     DerivedOps,
     Limits,
     Spend,
+    ToolTurn,
     Turn,
     context_micros,
     context_refusal,
     costed,
     decide,
     guard_refusal,
+    match_pending,
     refusal,
     refused_with,
     release_later,
     run_record,
     scope_of,
     streak_of,
+    tool_ceiling,
+    tool_entry,
     unpriced_refusal,
     window_keys,
     with_budgets,
@@ -98,6 +104,9 @@ CREATE TABLE IF NOT EXISTS tools (
     tenant TEXT NOT NULL, run_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL,
     call TEXT NOT NULL,
     PRIMARY KEY (tenant, run_id, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS mcp_guard (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, sig TEXT, streak INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, run_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS budgets (tenant TEXT PRIMARY KEY, day INTEGER, month INTEGER);
 CREATE TABLE IF NOT EXISTS contexts (
     tenant TEXT NOT NULL, ref TEXT NOT NULL, tokens INTEGER NOT NULL, seen_at REAL NOT NULL,
@@ -254,6 +263,68 @@ class SqliteStore(DerivedOps):
 
         # Shielding the thread's own future (no extra task): a caller cancelled while the
         # admission commits must not leak it, so it is released once it lands.
+        fut = self._submit(op)
+        try:
+            result = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda f: release_later(self, f))
+            raise
+        if isinstance(result, Refusal):
+            raise result
+        assert isinstance(result, Admission)
+        return result
+
+    async def admit_tool(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        turn: ToolTurn,
+        limits: Limits,
+        now: datetime,
+        tz: str = "UTC",
+        ttl_s: int = 900,
+    ) -> Admission:
+        windows = window_keys(now, tz)
+        if turn.cost < 0:
+            raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
+
+        def op(conn: sqlite3.Connection) -> Admission | Refusal:
+            ts = now.timestamp()
+            trace = _keep_trace(conn, tenant, run_id, turn.trace, ts) if turn.trace is not None else None
+            if turn.name is None:
+                return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits)
+            entry = (_take_for_mcp(conn, tenant, run_id, turn),)
+            loop = guard_refusal(tenant, run_id, entry, turn.guard)
+            if loop is not None:
+                return refused_with(loop, entry, trace)
+            budget = conn.execute("SELECT day, month FROM budgets WHERE tenant=?", (tenant,)).fetchone()
+            eff = with_budgets(limits, *(budget or (None, None)))
+            count = int(_one(conn, "SELECT value FROM run_totals WHERE tenant=? AND run_id=? AND name=?",
+                             tenant, run_id, MCP_TOOL_CALLS) or 0)
+            if turn.max_calls is not None and count >= turn.max_calls:
+                return refused_with(tool_ceiling(tenant, run_id, turn.max_calls), entry, trace)
+            keys = {"run_cost": ("run", run_id), "tenant_day": ("day", windows[0]),
+                    "tenant_month": ("month", windows[1])}
+            ledger = {s: _spend(conn, tenant, *k) for s, k in keys.items()}
+            d = decide(0, ledger, replace(eff, run_max_calls=None), min_reserve=turn.cost, max_reserve=turn.cost)
+            if d.refused:
+                error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
+                                tz=tz, min_reserve=turn.cost)
+                return refused_with(error, entry, trace)
+            for scope, key in (*keys.values(), ("total", "")):
+                _add(conn, tenant, scope, key, reserved=d.amount)
+            _run_add(conn, tenant, run_id, [(MCP_TOOL_CALLS, 1), ("tool_calls", 0 if "id" in entry[0] else 1)])
+            conn.execute(
+                "INSERT INTO runs (tenant, run_id, first_seen, last_seen) VALUES (?,?,?,?) "
+                "ON CONFLICT DO UPDATE SET last_seen = excluded.last_seen", (tenant, run_id, ts, ts))
+            rid = uuid.uuid4().hex
+            conn.execute(
+                "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at) "
+                "VALUES (?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s))
+            return Admission(rid, tenant, run_id, d.amount, count + 1, d.remaining, *windows, closed=entry,
+                             trace=trace, limits=eff)
+
         fut = self._submit(op)
         try:
             result = await asyncio.shield(fut)
@@ -542,6 +613,23 @@ def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,
             "ON CONFLICT DO UPDATE SET sig = excluded.sig, streak = excluded.streak, failures = excluded.failures",
             (tenant, run_id, *state, ts, ts))
     return tuple(closed)
+
+
+def _take_for_mcp(conn: sqlite3.Connection, tenant: str, run_id: str, turn: ToolTurn) -> dict[str, Any]:
+    """Mark the open model tool call this MCP call executes, and count the MCP streak."""
+    assert turn.name is not None
+    rows = conn.execute("SELECT id, call FROM tools WHERE tenant=? AND run_id=? ORDER BY seq",
+                        (tenant, run_id)).fetchall()
+    matched = match_pending([json.loads(body) for _, body in rows], turn.name, turn.sig)
+    if matched is not None:
+        conn.execute("UPDATE tools SET call=? WHERE tenant=? AND run_id=? AND id=?",
+                     (json.dumps({**matched, "mcp": True}), tenant, run_id, str(matched["id"])))
+    row = conn.execute("SELECT sig, streak FROM mcp_guard WHERE tenant=? AND run_id=?", (tenant, run_id)).fetchone()
+    streak = int(row[1]) + 1 if row is not None and row[0] == turn.sig else 1
+    conn.execute("INSERT INTO mcp_guard (tenant, run_id, sig, streak) VALUES (?,?,?,?) "
+                 "ON CONFLICT DO UPDATE SET sig = excluded.sig, streak = excluded.streak",
+                 (tenant, run_id, turn.sig, streak))
+    return tool_entry(matched, turn, streak)
 
 
 def _keep_trace(conn: sqlite3.Connection, tenant: str, run_id: str, trace: dict[str, Any],

@@ -41,6 +41,7 @@ __all__ = [
     "Limits",
     "Spend",
     "Store",
+    "ToolTurn",
     "Turn",
     "decide",
     "open_store",
@@ -113,6 +114,27 @@ class Turn:
 
 
 NO_TURN = Turn()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolTurn:
+    """One request on the MCP route as the ledger sees it (`Store.admit_tool`).
+
+    A `tools/call` names its tool (`name`, `sig` = name + sha256 of canonical arguments,
+    as the loop guard compares model tool calls). Any other request leaves `name` None:
+    only the run's trace ids are kept (`trace`), nothing is counted or reserved.
+    """
+
+    name: str | None = None
+    sig: str = ""
+    cost: int = 0  # micro-USD: the tool's fixed price (mcp_servers.X.tool_costs), reserved like a call's
+    max_calls: int | None = None  # policy runs.max_tool_calls
+    guard: GuardRule | None = None
+    trace: dict[str, Any] | None = None
+
+
+# The run total that counts MCP tool calls; `runs.max_tool_calls` is checked against it.
+MCP_TOOL_CALLS = "mcp_tool_calls"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +254,26 @@ def guard_refusal(tenant: str, run_id: str, closed: tuple[dict[str, Any], ...],
     return None
 
 
+def match_pending(pending: list[dict[str, Any]], name: str, sig: str) -> dict[str, Any] | None:
+    """The open model tool call (in the order the model made them) that an MCP `tools/call`
+    executes: the first with the same tool and arguments, else the first with the same tool;
+    never one an MCP call took already. admit_tool.lua mirrors it."""
+    free = [p for p in pending if not p.get("mcp")]
+    return next((p for p in free if p.get("sig") == sig), None) or next(
+        (p for p in free if p.get("name") == name), None)
+
+
+def tool_entry(matched: dict[str, Any] | None, turn: ToolTurn, streak: int) -> dict[str, Any]:
+    """What admit_tool answers about the call, in `Admission.closed[0]`: the model tool call
+    it executes (its id, link and arguments, marked `mcp`) when one matched, and the streak."""
+    base = {**matched, "mcp": True} if matched is not None else {"name": turn.name, "sig": turn.sig}
+    return {**base, "streak": streak, "failures": 0}
+
+
+def tool_ceiling(tenant: str, run_id: str, limit: int) -> CeilingReached:
+    return CeilingReached(messages.tool_call_ceiling(tenant, run_id, limit), limit="run_tool_calls")
+
+
 def context_refusal(tenant: str, unknown: list[str], limits: Limits) -> CeilingReached:
     return CeilingReached(messages.unbounded_context(tenant, unknown), limit="stored_context")
 
@@ -338,6 +380,30 @@ class Store(Protocol):
 
         Raises LoopRefused or CeilingReached (call not counted, nothing reserved; the tool
         calls stay closed and the error carries them in `closed` and the trace in `trace`)."""
+        ...
+
+    async def admit_tool(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        turn: ToolTurn,
+        limits: Limits,
+        now: datetime,
+        tz: str = "UTC",
+        ttl_s: int = 900,
+    ) -> Admission:
+        """One request on the MCP route, in one atomic step: keep `turn.trace` if the run
+        has none; for a `tools/call` (`turn.name` set) also take the open model tool call it
+        executes (`match_pending`, marked `mcp` so that the request carrying its result
+        emits no inferred span for it), count the run's streak of identical MCP calls,
+        then refuse (loop guard, `turn.max_calls`, a cost scope) or count it in the run's
+        `mcp_tool_calls` (and `tool_calls` when no model call matched) and reserve
+        `turn.cost` on every scope. `closed` holds one entry (`tool_entry`); settle the
+        admission as a model call's. A request that is not a tool call gets id "".
+
+        Raises LoopRefused or CeilingReached (nothing counted or reserved; the entry and
+        trace ride on the error as `closed` and `trace`)."""
         ...
 
     async def settle(

@@ -65,7 +65,9 @@ def _pieces(text: str, size: int = 6) -> tuple[str, ...]:
 
 
 def _tool_call(req: Request, args: str) -> Script:
-    name = req.tools[0] if req.tools else "get_weather"
+    # The first declared tool, or the one `TOOL=name` in the last user message names.
+    m = re.search(r"TOOL=([A-Za-z0-9_.:-]+)", req.last_user)
+    name = m.group(1) if m and m.group(1) in req.tools else req.tools[0] if req.tools else "get_weather"
     return Script(tool=(name, args), finish="tool")
 
 

@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx2
 from aiohttp import web
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from proxy.app import create_app
 from proxy.config import Settings, hash_key
 from proxy.demo import serve_on_free_port
 from proxy.simulator import create_simulator
+from tests.fixtures.mcp_server import serve_mcp
 
 __all__ = ["KEYS", "Running", "drive_load", "running_proxy", "upstream_keys"]
 
@@ -43,15 +47,16 @@ class Running:
     proxy_port: int
 
 
-def settings_for(sim_url: str, data_dir: Path) -> Settings:
+def settings_for(sim_url: str, data_dir: Path, mcp_url: str | None = None) -> Settings:
     budgets = {"daily_usd": 5.0, "monthly_usd": 100.0}
     # acme's loop guard reminds, globex's refuses: both guard actions show up.
     guard = {"acme": {"action": "remind", "threshold": 3}, "globex": {"action": "refuse", "threshold": 3}}
     tenants = {name: {"keys": [hash_key(key)],
                       "policy": {"budgets": budgets, "runs": {"max_llm_calls": 20}, "guard": guard[name]}}
                for name, key in KEYS.items()}
+    mcp = {"tools": {"url": mcp_url, "tool_costs": {"get_weather": 0.01}}} if mcp_url else {}
     return Settings(openai_base_url=sim_url, anthropic_base_url=sim_url, gemini_base_url=sim_url,
-                    data_dir=str(data_dir), port=0, tenants=tenants).check()
+                    data_dir=str(data_dir), port=0, tenants=tenants, mcp_servers=mcp).check()
 
 
 @contextmanager
@@ -73,13 +78,16 @@ def upstream_keys() -> Iterator[None]:
 @asynccontextmanager
 async def running_proxy(data_dir: Path) -> AsyncIterator[Running]:
     sim_runner, sim_url = await serve_on_free_port(create_simulator())
-    app: web.Application = create_app(settings_for(sim_url, data_dir))
+    mcp_server, mcp_task, mcp = await serve_mcp()
+    app: web.Application = create_app(settings_for(sim_url, data_dir, mcp.url))
     runner, url = await serve_on_free_port(app)
     try:
         yield Running(url, int(url.rsplit(":", 1)[1]))
     finally:
         await runner.cleanup()
         await sim_runner.cleanup()
+        mcp_server.should_exit = True
+        await mcp_task
 
 
 class Agent:
@@ -162,7 +170,18 @@ async def drive_load(url: str, tag: str = "1") -> dict[str, int]:
                                                   response_format={"type": "json_object"})
         for agent in (tools, failing, loop, refused, capped, repair):
             await agent.end()
+    statuses.update(await _mcp_calls(url, tag))
     return statuses
+
+
+async def _mcp_calls(url: str, tag: str) -> dict[str, int]:
+    """Tools on the MCP route, through the official SDK's client: one that answers, one
+    that fails (isError)."""
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEYS['acme']}", "X-Run-Id": f"dash-mcp-{tag}"})
+    async with Client(streamable_http_client(f"{url}/mcp/tools", http_client=http), mode="legacy") as mcp:
+        ok = await mcp.call_tool("get_weather", {"city": "Paris"})
+        failed = await mcp.call_tool("flaky", {"city": "Oslo"})
+    return {"mcp ok": 200 if not ok.is_error else 500, "mcp failed": 200 if failed.is_error else 500}
 
 
 async def _main() -> None:  # pragma: no cover - manual exploration helper

@@ -17,7 +17,7 @@ import pytest
 
 from proxy.errors import CeilingReached, ConfigError, LoopRefused, StoreUnavailable
 from proxy.policy.sqlite import SqliteStore
-from proxy.policy.store import Admission, GuardRule, Limits, Spend, Store, Turn, open_store
+from proxy.policy.store import Admission, GuardRule, Limits, Spend, Store, ToolTurn, Turn, open_store
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -662,3 +662,110 @@ async def test_an_admission_whose_caller_is_cancelled_is_released_not_leaked(sto
         await asyncio.sleep(0.01)
     assert calls == 1  # the call was counted...
     assert detail == Spend(0, 0)  # ...and its reservation released
+
+
+# --- MCP tool calls (admit_tool) ------------------------------------------------------
+
+
+def _mcp(name: str = "get_weather", args: str = "paris", **kw: Any) -> ToolTurn:
+    return ToolTurn(name=name, sig=f"{name}:{args}", **kw)
+
+
+async def admit_tool(store: Store, tenant: str, turn: ToolTurn, run_id: str = "r-1", **kw: Any) -> Admission:
+    kw.setdefault("limits", Limits())
+    kw.setdefault("now", T0)
+    return await store.admit_tool(tenant, run_id, turn=turn, **kw)
+
+
+async def test_a_tool_call_is_counted_reserved_at_its_cost_and_settled_like_a_model_call(
+        store: Store, tenant: str) -> None:
+    a = await admit_tool(store, tenant, _mcp(cost=250), limits=Limits(run_max_cost=1000))
+    assert (a.reserved, a.calls, a.remaining["run_cost"]) == (250, 1, 750)
+    assert await store.spend_detail(tenant, run_id="r-1") == Spend(0, 250)
+    assert await store.run_calls(tenant, "r-1") == 0, "a tool call is not a model call"
+    await store.settle(a, 250, run_totals={"tool_failures": 1})
+    assert await store.spend_detail(tenant, run_id="r-1") == Spend(250, 0)
+    b = await admit_tool(store, tenant, _mcp(args="oslo"))
+    assert b.calls == 2 and b.closed[0]["streak"] == 1
+    assert await store.run_totals(tenant, "r-1") == {"mcp_tool_calls": 2, "tool_calls": 2, "tool_failures": 1}
+
+
+async def test_the_tool_call_ceiling_refuses_exactly_past_max_calls_under_concurrency(
+        store: Store, tenant: str) -> None:
+    results = await asyncio.gather(*(admit_tool(store, tenant, _mcp(args=str(i), max_calls=5)) for i in range(20)),
+                                   return_exceptions=True)
+    admitted = [r for r in results if isinstance(r, Admission)]
+    refused = [r for r in results if isinstance(r, CeilingReached)]
+    assert (len(admitted), len(refused)) == (5, 15)
+    assert sorted(a.calls for a in admitted) == [1, 2, 3, 4, 5]
+    assert {r.limit for r in refused} == {"run_tool_calls"}
+    assert "ceiling of 5 MCP tool calls" in refused[0].message and "runs.max_tool_calls" in refused[0].message
+    assert (await store.run_totals(tenant, "r-1"))["mcp_tool_calls"] == 5
+
+
+async def test_a_tool_cost_counts_against_the_run_cost_ceiling_and_tenant_budgets(store: Store, tenant: str) -> None:
+    await admit_tool(store, tenant, _mcp(cost=600), limits=Limits(run_max_cost=1000))
+    with pytest.raises(CeilingReached) as ei:
+        await admit_tool(store, tenant, _mcp(cost=600), limits=Limits(run_max_cost=1000))
+    assert ei.value.limit == "run_cost"
+    await store.budget_set(tenant, 700, None)  # the admin API's day budget holds for tools too
+    with pytest.raises(CeilingReached) as ei:
+        await admit_tool(store, tenant, _mcp(cost=200), "r-2")
+    assert ei.value.limit == "tenant_day"
+    free = await admit_tool(store, tenant, _mcp(cost=0), "r-2")
+    assert free.reserved == 0
+
+
+async def test_a_tool_call_takes_the_model_call_it_executes_by_arguments_then_by_order(
+        store: Store, tenant: str) -> None:
+    calls = [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}', "sig": "get_weather:oslo",
+              "link": [2**127 + 3, 2**63 + 5]},
+             {"id": "c2", "name": "get_weather", "arguments": '{"city": "Paris"}', "sig": "get_weather:paris"},
+             {"id": "c3", "name": "read_file", "arguments": "{}", "sig": "read_file:x"}]
+    await store.tools_put(tenant, "r-1", calls)
+    by_args = await admit_tool(store, tenant, _mcp(args="paris"))
+    assert by_args.closed[0]["id"] == "c2" and by_args.closed[0]["mcp"] is True
+    by_order = await admit_tool(store, tenant, _mcp(args="rome"))  # no exact match: the earliest of that name
+    assert by_order.closed[0]["id"] == "c1"
+    assert by_order.closed[0]["link"] == [2**127 + 3, 2**63 + 5], "ids survive exactly (no float rounding)"
+    none_left = await admit_tool(store, tenant, _mcp(args="paris"))
+    assert "id" not in none_left.closed[0], "a model call is executed once"
+    # The request carrying the results still closes them, marked: no inferred span follows.
+    a = await admit(store, tenant, turn=Turn(results=(("c1", True), ("c2", True), ("c3", True))))
+    assert [(c["id"], c.get("mcp", False)) for c in a.closed] == [("c1", True), ("c2", True), ("c3", False)]
+    # Matched calls were counted when the model made them: only the unmatched one is new.
+    assert await store.run_totals(tenant, "r-1") == {"mcp_tool_calls": 3, "tool_calls": 1}
+
+
+async def test_the_loop_guard_counts_identical_tool_calls_and_refuses_from_the_threshold(
+        store: Store, tenant: str) -> None:
+    remind = GuardRule(threshold=3, refuse=False)
+    streaks = [(await admit_tool(store, tenant, _mcp(args=a, guard=remind))).closed[0]["streak"] for a in "xxxyxx"]
+    assert streaks == [1, 2, 3, 1, 1, 2]
+    refuse = GuardRule(threshold=3, refuse=True)
+    await admit_tool(store, tenant, _mcp(args="x", guard=refuse), "r-2")
+    await admit_tool(store, tenant, _mcp(args="x", guard=refuse), "r-2")
+    with pytest.raises(LoopRefused) as ei:
+        await admit_tool(store, tenant, _mcp(args="x", guard=refuse), "r-2")
+    assert "called the tool `get_weather` 3 times in a row" in ei.value.message
+    assert ei.value.closed[0]["streak"] == 3
+    assert (await store.run_totals(tenant, "r-2"))["mcp_tool_calls"] == 2, "a refused call is not counted"
+
+
+async def test_a_refused_tool_call_still_marks_its_model_call_and_fixes_the_trace(store: Store, tenant: str) -> None:
+    await store.tools_put(tenant, "r-1", [{"id": "c1", "name": "get_weather", "arguments": "{}", "sig": "x"}])
+    with pytest.raises(CeilingReached) as ei:
+        await admit_tool(store, tenant, _mcp(max_calls=0, trace={"ids": "first"}))
+    assert ei.value.closed[0]["id"] == "c1" and ei.value.trace == {"ids": "first"}
+    assert (await store.tools_pending(tenant, "r-1"))[0]["mcp"] is True
+    b = await admit(store, tenant, turn=Turn(trace={"ids": "second"}))
+    assert b.trace == {"ids": "first"}
+
+
+async def test_a_request_that_is_not_a_tool_call_only_keeps_the_trace(store: Store, tenant: str) -> None:
+    a = await admit_tool(store, tenant, ToolTurn(trace={"ids": "t1"}))
+    assert (a.id, a.reserved, a.closed, a.trace) == ("", 0, (), {"ids": "t1"})
+    again = await admit_tool(store, tenant, ToolTurn(trace={"ids": "t2"}))
+    assert again.trace == {"ids": "t1"}
+    assert await store.run_totals(tenant, "r-1") == {}
+    assert await store.spend(tenant, run_id="r-1") == 0

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.model import Call, Caller, Outcome, Repair, Rewrite, Usage
 from tracing import attributes as A
-from tracing import spans
+from tracing import mcp, spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 
 CALLER = Caller("acme", "run_p", "header")
@@ -29,6 +29,9 @@ def exercise(tel: Telemetry) -> None:
                     is_error=False, start_ns=1, end_ns=2)  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)
     spans.record_ledger_overshoot(tel, CALLER, 12)
+    request = mcp.McpRequest(server="weather", method="tools/call", request_id="1", server_address="127.0.0.1",
+                             server_port=8000, tool="get_weather", arguments="{}")
+    mcp.record_request(tel, CALLER, request, mcp.McpOutcome(status=200, result="{}"), start_ns=1, end_ns=2)
     tel.instruments.dropped_spans.add(1, {A.ERROR_TYPE: "queue_full"})
     tel.set_budget("acme", "day", 1_000, 2_000)
 
@@ -81,6 +84,8 @@ def test_histograms_use_the_spec_bucket_boundaries(tel: Telemetry) -> None:
         A.LATEST_GEN_AI_CLIENT_INFERENCE_DURATION if tel.config.semconv_latest
         else A.GEN_AI_CLIENT_OPERATION_DURATION
     )  # fmt: skip
-    for name, buckets in ((duration, A.DURATION_BUCKETS), ("gen_ai_client_token_usage", A.TOKEN_BUCKETS)):
+    mcp_duration = A.prometheus_base_name(A.MCP_CLIENT_OPERATION_DURATION)
+    for name, buckets in ((duration, A.DURATION_BUCKETS), ("gen_ai_client_token_usage", A.TOKEN_BUCKETS),
+                          (mcp_duration, A.MCP_DURATION_BUCKETS)):
         les = sorted({float(s.labels["le"]) for s in families[name].samples if "le" in s.labels})
         assert les == [*map(float, buckets), float("inf")]
