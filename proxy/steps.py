@@ -20,6 +20,7 @@ from proxy.errors import (
     BodyTooLarge,
     CeilingReached,
     ProxyError,
+    RateLimited,
     Refusal,
     UpstreamProtocolError,
     UpstreamTimeout,
@@ -112,7 +113,7 @@ def stream_error(exc: ProxyError) -> StreamEvent:
 async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
     spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
                    budget_remaining_micros=None, rewrites=[], repairs=[],
-                   refusal=exc.limit if isinstance(exc, CeilingReached) else exc.code)
+                   refusal=exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code)
     totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
     if isinstance(exc, Refusal) and (failed := _failed_tools(exc.closed)):
         totals["tool_failures"] = failed  # the results arrived, whatever became of the call
@@ -220,7 +221,13 @@ def _failed_tools(closed: tuple[dict[str, Any], ...]) -> int:
 
 def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...]) -> dict[str, int]:
     u = outcome.usage
-    return {
+    noticed = {}
+    if any(r.kind == "wrap_up" for r in hooks.rewrites):
+        # The run's outcome (spanmeter.runs.ended) tells a run that answered after its note
+        # from one cut off by a ceiling.
+        answered = not outcome.tool_calls and not outcome.error_type and 0 < outcome.status < 400
+        noticed = {"wrap_up_notices": 1, "answers_after_notice": 1 if answered else 0}
+    return noticed | {
         "model_calls": 1,
         "tool_failures": _failed_tools(closed),
         "tool_calls": len(outcome.tool_calls),

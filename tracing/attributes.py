@@ -118,6 +118,18 @@ SPANMETER_RUN_OUTPUT_TOKENS: Final = "spanmeter.run.output_tokens"
 SPANMETER_RUN_COST_USD: Final = "spanmeter.run.cost.usd"
 SPANMETER_RUN_REPAIRS: Final = "spanmeter.run.repairs"
 SPANMETER_RUN_CEILINGS_HIT: Final = "spanmeter.run.ceilings_hit"
+# Calls of the run that carried a wrap-up note, and of those the ones answered without a tool call.
+SPANMETER_RUN_WRAP_UP_NOTICES: Final = "spanmeter.run.wrap_up_notices"
+SPANMETER_RUN_ANSWERS_AFTER_NOTICE: Final = "spanmeter.run.answers_after_notice"
+# What was left of each ceiling when a call was admitted (only those that are set):
+# calls and run cost after this call (its worst case), tokens and seconds before it.
+SPANMETER_REMAINING_RUN_CALLS: Final = "spanmeter.remaining.run_calls"
+SPANMETER_REMAINING_RUN_COST_USD: Final = "spanmeter.remaining.run_cost_usd"
+SPANMETER_REMAINING_RUN_TOKENS: Final = "spanmeter.remaining.run_tokens"
+SPANMETER_REMAINING_RUN_SECONDS: Final = "spanmeter.remaining.run_seconds"
+SPANMETER_REMAINING_DAY_USD: Final = "spanmeter.remaining.day_usd"
+SPANMETER_REMAINING_MONTH_USD: Final = "spanmeter.remaining.month_usd"
+SPANMETER_WRAP_UP_REASON: Final = "spanmeter.wrap_up.reason"  # last_call | calls | cost | tokens | time
 
 # Labels of our own metrics.
 SPANMETER_REASON: Final = "spanmeter.reason"  # limit.rejections: call_limit | cost_limit | ...
@@ -126,6 +138,9 @@ SPANMETER_OUTCOME: Final = "spanmeter.outcome"  # tool.calls: ok | failed | miss
 SPANMETER_WINDOW: Final = "spanmeter.budget.window"  # day | month
 SPANMETER_SCOPE: Final = "spanmeter.scope"  # ledger.overshoot: run | day | month
 SPANMETER_EXPORTER: Final = "spanmeter.exporter"  # telemetry.dropped_spans: otlp | local
+# runs.ended: answered_after_notice | ceiling_after_notice | ceiling | other
+SPANMETER_RUN_OUTCOME: Final = "spanmeter.run.outcome"
+RUN_OUTCOMES: Final = ("answered_after_notice", "ceiling_after_notice", "ceiling", "other")
 
 # Span attributes a caller steers are cut (tracing/spans.py), and marked with a trailing
 # `…` when they were: names and ids (models, tools, tool call and response ids, error
@@ -166,6 +181,8 @@ SPANMETER_LEDGER_OVERSHOOT: Final = "spanmeter.ledger.overshoot"
 SPANMETER_TELEMETRY_DROPPED_SPANS: Final = "spanmeter.telemetry.dropped_spans"
 SPANMETER_BUDGET_SPENT_USD: Final = "spanmeter.budget.spent_usd"
 SPANMETER_BUDGET_LIMIT_USD: Final = "spanmeter.budget.limit_usd"
+SPANMETER_WRAP_UP_NOTICES: Final = "spanmeter.wrap_up.notices"
+SPANMETER_RUNS_ENDED: Final = "spanmeter.runs.ended"
 
 DURATION_BUCKETS: Final = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -249,6 +266,18 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "counter",
         "{span}",
         "Spans dropped instead of exported (queue full or export failed).",
+    ),
+    MetricSpec(
+        SPANMETER_WRAP_UP_NOTICES,
+        "counter",
+        "{notice}",
+        "Wrap-up notes added to requests, by the ceiling whose share was reached (spanmeter.reason).",
+    ),
+    MetricSpec(
+        SPANMETER_RUNS_ENDED,
+        "counter",
+        "{run}",
+        "Runs ended, by outcome: answered after a wrap-up note, or cut off by a ceiling (with or without one).",
     ),
     MetricSpec(SPANMETER_BUDGET_SPENT_USD, "gauge", "{USD}", "Tenant spend in the current budget window."),
     MetricSpec(SPANMETER_BUDGET_LIMIT_USD, "gauge", "{USD}", "Tenant budget limit for the window."),

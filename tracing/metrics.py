@@ -151,6 +151,8 @@ class Instruments:
     ledger_overshoot: Counter
     dropped_spans: Counter
     budgets: BudgetValues
+    wrap_up_notices: Counter
+    runs_ended: Counter
     labels: LabelBounds = field(default_factory=LabelBounds)
     call_labels: LabelCache[CallKey, CallLabels] = field(default_factory=lambda: LabelCache(CallLabels.build))
     kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
@@ -191,6 +193,8 @@ class Instruments:
             ledger_overshoot=_counter(meter, A.SPANMETER_LEDGER_OVERSHOOT),
             dropped_spans=_counter(meter, A.SPANMETER_TELEMETRY_DROPPED_SPANS),
             budgets=budgets,
+            wrap_up_notices=_counter(meter, A.SPANMETER_WRAP_UP_NOTICES),
+            runs_ended=_counter(meter, A.SPANMETER_RUNS_ENDED),
             labels=LabelBounds(known_model),
         )
 

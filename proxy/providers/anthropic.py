@@ -228,6 +228,25 @@ class AnthropicAdapter:
                 for block in _blocks(m.get("content"))
                 if block.get("type") == "tool_result" and block.get("tool_use_id") == call_id]
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """Roles must alternate: a text block at the end of the last turn when it is the
+        user's (after its tool results, as the API requires), else a new user turn."""
+        messages = ex.body.get("messages")
+        if not isinstance(messages, list):
+            return False
+        block = {"type": "text", "text": text}
+        last = messages[-1] if messages else None
+        if not (isinstance(last, dict) and last.get("role") == "user"):
+            return ex.append_item(("messages",), {"role": "user", "content": [block]})
+        content = last.get("content")
+        if isinstance(content, list):
+            return ex.append_item(("messages", -1, "content"), block)
+        path = ("messages", -1, "content")
+        if isinstance(content, str) and (raw := ex.raw_value(path)) is not None:
+            encoded = b'[{"type":"text","text":' + raw + b"}," + orjson.dumps(block) + b"]"
+            return ex.replace_value(path, [{"type": "text", "text": content}, block], encoded)
+        return False
+
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API
 

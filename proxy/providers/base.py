@@ -11,7 +11,9 @@ The handler parses the request body once (orjson) and hands the dict to
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -145,6 +147,12 @@ class ProviderAdapter(Protocol):
         """(holder, key) of each tool result for `call_id` in the request, in order."""
         ...
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """Place a note for the model after the request's last message, in the dialect's own
+        shape, leaving every earlier byte as it was (the provider's prompt cache keeps
+        matching); False when the request has no conversation to add it to."""
+        ...
+
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """Stored context this answer revealed the size of, in tokens (see Call.stored_context)."""
         ...
@@ -232,6 +240,39 @@ class Exchange:
         self._edited = True
         return True
 
+    def raw_value(self, path: Path) -> bytes | None:
+        """The exact bytes of the value at `path` (keys and indexes, -1 = last) in the request
+        as it will go upstream; None when the path is not there."""
+        text = self.raw.decode()
+        span = _locate(text, path)
+        return None if span is None else text[span[0]:span[1]].encode()
+
+    def append_item(self, path: Path, item: Any) -> bool:
+        """Append `item` to the array at `path`: in `body`, and spliced into the bytes before
+        the array's closing bracket, so every byte before it is forwarded unchanged."""
+        array = _follow(self.body, path)
+        text = self.raw.decode()
+        span = _locate(text, path)
+        if not isinstance(array, list) or span is None or text[span[0]] != "[":
+            return False
+        close = span[1] - 1
+        sep = "," if text[span[0] + 1:close].strip() else ""
+        self.raw = (text[:close] + sep + orjson.dumps(item).decode() + text[close:]).encode()
+        array.append(item)
+        return True
+
+    def replace_value(self, path: Path, value: Any, encoded: bytes) -> bool:
+        """Put `value` at `path` in `body` and its JSON text `encoded` in place of the old
+        value's bytes (so `encoded` may keep parts of them, byte for byte)."""
+        text = self.raw.decode()
+        span = _locate(text, path)
+        holder = _follow(self.body, path[:-1])
+        if span is None or not path or not isinstance(holder, dict | list):
+            return False
+        self.raw = (text[:span[0]] + encoded.decode() + text[span[1]:]).encode()
+        holder[path[-1]] = value  # type: ignore[index]
+        return True
+
     def request_bytes(self) -> bytes:
         if self._edited:
             return orjson.dumps(self.body)
@@ -241,6 +282,72 @@ class Exchange:
         fields = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in self._added.items())
         sep = b"," if len(self.body) > len(self._added) else b""
         return self.raw[:end] + sep + fields + self.raw[end:]
+
+
+Path = Sequence[str | int]
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, i: int) -> int:
+    """The position of the first non-whitespace character from `i`."""
+    m = _WS.match(text, i)
+    return m.end() if m else i
+
+
+def _follow(body: Any, path: Path) -> Any:
+    """The value at `path` in parsed JSON, or None."""
+    for step in path:
+        if isinstance(step, str) and isinstance(body, dict):
+            body = body.get(step)
+        elif isinstance(step, int) and isinstance(body, list) and -len(body) <= step < len(body):
+            body = body[step]
+        else:
+            return None
+    return body
+
+
+def _members(text: str, start: int) -> list[tuple[str | int, int, int]]:
+    """(key or index, start, end) of each member of the object or array opening at `start`.
+
+    Positions in the JSON text of a body that already parsed: the stdlib's C scanner
+    (`raw_decode`) measures each value, so nothing is re-serialised."""
+    opener = text[start]
+    close = "}" if opener == "{" else "]"
+    i = _skip(text, start + 1)
+    out: list[tuple[str | int, int, int]] = []
+    if text[i] == close:
+        return out
+    while True:
+        name: str | int = len(out)
+        if opener == "{":
+            name, i = _DECODER.raw_decode(text, i)
+            i = _skip(text, _skip(text, i) + 1)  # past the colon
+        _, end = _DECODER.raw_decode(text, i)
+        out.append((name, i, end))
+        i = _skip(text, end)
+        if text[i] != ",":
+            return out
+        i = _skip(text, i + 1)
+
+
+def _locate(text: str, path: Path) -> tuple[int, int] | None:
+    """[start, end) of the value at `path` in JSON `text`; of repeated keys the last one,
+    which is the one a parser keeps."""
+    start = _skip(text, 0)
+    end = len(text.rstrip())
+    for step in path:
+        if text[start] not in "{[" or (isinstance(step, str)) != (text[start] == "{"):
+            return None
+        members = _members(text, start)
+        if isinstance(step, str):
+            found = [(s, e) for name, s, e in members if name == step]
+        else:
+            found = [(s, e) for _, s, e in members[step:][:1]] if -len(members) <= step < len(members) else []
+        if not found:
+            return None
+        start, end = found[-1]
+    return start, end
 
 
 def integer(value: Any) -> int | None:

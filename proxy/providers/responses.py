@@ -225,6 +225,21 @@ class ResponsesAdapter:
         return [(it, "output") for it in _list(body.get("input"))
                 if isinstance(it, dict) and it.get("type") == "function_call_output" and it.get("call_id") == call_id]
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """A new final user input item. A string `input` is one user message: it becomes
+        the list of that message (its text byte for byte) and the note."""
+        item = {"role": "user", "content": text}
+        given = ex.body.get("input")
+        if isinstance(given, list):
+            return ex.append_item(("input",), item)
+        if isinstance(given, str) and (raw := ex.raw_value(("input",))) is not None:
+            encoded = b'[{"role":"user","content":' + raw + b"}," + orjson.dumps(item) + b"]"
+            return ex.replace_value(("input",), [{"role": "user", "content": given}, item], encoded)
+        if "input" not in ex.body:  # a stored prompt alone
+            ex.set_top("input", [item])
+            return True
+        return False
+
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """A stored response, and the conversation it extends, hold this call's input and
         output; a stored prompt is at most this call's input."""
