@@ -286,13 +286,13 @@ class Settings(BaseSettings):
                 "hash under tenants.NAME.keys in the file named by SPANMETER_CONFIG)."
             )
         for name, t in self.tenants.items():
-            ids = [k.key_id for k in t.key_configs()]
+            hashes = {k.hash for k in t.key_configs()}
+            ids = [key_id_of(h) for h in hashes]
             if len(set(ids)) != len(ids):
                 raise ConfigError(
-                    f"Two keys of tenant {name!r} share the key id (the first 8 hex digits of the hash) "
-                    f"{sorted(i for i in ids if ids.count(i) > 1)[0]}, which names a key in spans and in the "
-                    "ledger of per-key budgets. Create another key with `spanmeter keys create`, or list a "
-                    "key once.")
+                    f"Two keys of tenant {name!r} share the key id {sorted(i for i in ids if ids.count(i) > 1)[0]} "
+                    "(the first 8 hex digits of their hashes), which names a key in spans and in the ledger of "
+                    "per-key budgets. Create another key with `spanmeter keys create` and drop one of the two.")
             if t.upstream and t.upstream not in self.upstreams:
                 raise ConfigError(
                     f"Tenant {name!r} names upstream {t.upstream!r}, which is not defined. "

@@ -29,6 +29,8 @@ def exercise(tel: Telemetry) -> None:
                     is_error=False, start_ns=1, end_ns=2)  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)
     spans.record_ledger_overshoot(tel, CALLER, 12)
+    spans.record_wrap_up(tel, CALLER, "calls", cs=cs)
+    spans.record_run_end(tel, CALLER, {"wrap_up_notices": 1, "answers_after_notice": 1})
     tel.instruments.dropped_spans.add(1, {A.ERROR_TYPE: "queue_full"})
     tel.set_budget("acme", "day", 1_000, 2_000)
 

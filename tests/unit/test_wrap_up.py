@@ -21,6 +21,7 @@ from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.simulator.script import WRAP_UP_MARK
 from proxy.wrapup import MARK, Remaining, notice, remaining
+from tracing import spans
 
 DATA = Path(__file__).parent.parent / "data" / "wrapup"
 PLACEMENTS = json.loads((DATA / "placement.json").read_text())
@@ -93,3 +94,14 @@ def test_remaining_headers_show_each_ceiling_that_is_set_and_the_tighter_budget(
     }
     assert remaining(Limits(), _admission(remaining={"run_cost": None}), 0) == Remaining()
     assert Remaining().headers() == {}
+
+
+@pytest.mark.parametrize(("totals", "outcome"), [
+    ({"wrap_up_notices": 2, "answers_after_notice": 1}, "answered_after_notice"),
+    ({"wrap_up_notices": 2, "answers_after_notice": 1, "ceilings_hit": 1}, "ceiling_after_notice"),
+    ({"ceilings_hit": 1}, "ceiling"),
+    ({"wrap_up_notices": 1, "answers_after_notice": 0}, "other"),  # left before answering (idle timeout)
+    ({"model_calls": 3}, "other"),
+])
+def test_a_runs_outcome_tells_an_answer_after_a_note_from_a_ceiling(totals, outcome):
+    assert spans.run_outcome(totals) == outcome
