@@ -127,6 +127,8 @@ def apply(ex: Exchange, admitted: Admitted, tel: Telemetry, caller: Caller, cs: 
     """Place the note this call carries (if any) and say what is left: the rewrites made,
     and the headers for the answer. Both also go on the call's span."""
     adm, limits = admitted.admission, admitted.limits
+    if adm.calls < 1:  # admitted unmetered (fail-open, ledger away): nothing is known of what is left
+        return [], {}
     now_s = admitted.now.timestamp() if admitted.now is not None else 0.0
     left = remaining(limits, adm, now_s)
     spans.record_remaining(cs, calls=left.run_calls, cost_micros=left.run_cost_micros, tokens=left.run_tokens,

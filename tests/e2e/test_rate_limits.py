@@ -20,8 +20,9 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from proxy.appkeys import STORE
+from proxy.appkeys import STORE, TEL
 from proxy.config import hash_key
+from tracing.local import read_spans
 
 KEY = "sm-rate-test-key"
 LIMITED_KEY = "sm-rate-test-key-limited"
@@ -53,9 +54,14 @@ async def test_the_openai_sdk_retries_a_429_and_succeeds_once_the_window_gives_a
         make_proxy, sim, monkeypatch_env, ledger):
     proxy = await _proxy(make_proxy, monkeypatch_env, ledger, rate_limits={"requests_per_minute": 60})
     hasty = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0)
+    started = time.monotonic()
     results = await asyncio.gather(*(_ask(hasty) for _ in range(65)), return_exceptions=True)
+    took = time.monotonic() - started
     limited = [r for r in results if isinstance(r, openai.RateLimitError)]
-    assert len(limited) == 5 and len(sim.received) == 60, "exactly the limit goes through"
+    assert len(limited) + len(sim.received) == 65
+    # The limit, plus one request for each second the burst took on a busy machine (exactly
+    # 60 of 500 at one instant: tests/policy/test_store_contract.py).
+    assert 60 <= len(sim.received) <= 60 + int(took), (len(sim.received), took)
     headers = limited[0].response.headers
     assert headers["x-should-retry"] == "true" and headers["x-ratelimit-limit-requests"] == "60"
     assert headers["x-ratelimit-remaining-requests"] == "0"
@@ -64,12 +70,16 @@ async def test_the_openai_sdk_retries_a_429_and_succeeds_once_the_window_gives_a
     assert "rate limit of 60 requests per minute (tenant setting rate_limits.requests_per_minute)" in (
         limited[0].message)
     patient = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY)  # the default: 2 retries
-    started = time.monotonic()
     answer = await _ask(patient)
     assert answer.choices[0].message.content
-    assert len(sim.received) == 61
+    assert len(sim.received) == 66 - len(limited)
     assert sim.last.headers["x-stainless-retry-count"] == "1", "refused once, then admitted on the retry"
-    assert time.monotonic() - started >= 0.3, "it waited for the bucket, as Retry-After said"
+    await proxy.settled()
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
+    refused = [s for s in read_spans(proxy.data_dir / "traces")
+               if s["attributes"].get("error.type") == "spanmeter.rate_limit_exceeded"]
+    assert len(refused) == len(limited) + 1, "the hasty calls refused and the patient call's first attempt"
+    assert {s["attributes"]["spanmeter.refusal.reason"] for s in refused} == {"rate_requests"}
     await hasty.close()
     await patient.close()
 
