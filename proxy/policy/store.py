@@ -400,11 +400,14 @@ class Store(Protocol):
     ) -> Admission:
         """In one atomic step: close the tool calls `turn.results` answer (counting the
         run's streaks and failures), keep `turn.trace` if the run has none, apply the
-        admin budgets over `limits`, bound `turn.context`, then count the call and reserve
-        between min and max (plus the stored context) on every scope.
+        admin budgets over `limits`, bound `turn.context`, check the run's calls, settled
+        tokens and wall time, then the headroom of every scope (the key's too, with
+        `turn.key`), then draw on `turn.rates` (GCRA, proxy/policy/rates.py), and count the
+        call and reserve between min and max (plus the stored context) on every scope.
 
-        Raises LoopRefused or CeilingReached (call not counted, nothing reserved; the tool
-        calls stay closed and the error carries them in `closed` and the trace in `trace`)."""
+        Raises LoopRefused, CeilingReached or RateLimited (call not counted, nothing
+        reserved, no rate bucket drawn on; the tool calls stay closed and the error
+        carries them in `closed` and the trace in `trace`)."""
         ...
 
     async def settle(
