@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import orjson
 
-__all__ = ["JSON_BODY", "MODEL", "REQUEST_JSON", "REQUEST_SSE", "SSE_EVENTS", "STREAM_EVENTS"]
+__all__ = ["JSON_BODY", "MODEL", "REQUEST_AGENT", "REQUEST_JSON", "REQUEST_SSE", "SSE_EVENTS", "STREAM_EVENTS"]
 
 MODEL = "gpt-4o-mini"
 STREAM_EVENTS = 50
@@ -33,6 +33,40 @@ def _request(stream: bool) -> bytes:
 
 REQUEST_JSON = _request(stream=False)
 REQUEST_SSE = _request(stream=True)
+
+
+def _tool(i: int) -> dict[str, object]:
+    what = f"what parameter {{}} of tool {i} selects, and in which form"
+    props = {f"field_{j}": {"type": "string", "description": what.format(j)} for j in range(8)}
+    return {"type": "function", "function": {
+        "name": f"tool_{i:02d}", "description": f"Tool number {i}: reads or changes one part of the workspace.",
+        "parameters": {"type": "object", "properties": props, "required": ["field_0"]}}}
+
+
+def _round(i: int, calls: int) -> list[dict[str, object]]:
+    """One agent round: the model's tool calls, then each tool's result (a JSON envelope)."""
+    ids = [f"call_{i:02d}_{k}" for k in range(calls)]
+    assistant = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": cid, "type": "function",
+         "function": {"name": f"tool_{(i + k) % 20:02d}", "arguments": orjson.dumps({"field_0": f"item {i}"}).decode()}}
+        for k, cid in enumerate(ids)]}
+    results = [{"role": "tool", "tool_call_id": cid, "content": orjson.dumps(
+        {"ok": True, "rows": [{"id": r, "name": f"row {r} of round {i}", "value": r * 3.5} for r in range(22)]}
+    ).decode()} for cid in ids]
+    return [assistant, *results]
+
+
+def _agent_turn() -> bytes:
+    """An agent's 17th request: 20 tool definitions, 15 earlier rounds, 2 new tool results (~45 KB)."""
+    messages: list[dict[str, object]] = [*_MESSAGES]
+    for i in range(15):
+        messages += _round(i, 1)
+    messages += _round(15, 2)
+    return orjson.dumps({"model": MODEL, "messages": messages, "tools": [_tool(i) for i in range(20)],
+                         "max_tokens": 256, "temperature": 0.2})
+
+
+REQUEST_AGENT = _agent_turn()
 
 _WORDS = ("Pooling ", "keeps ", "TCP ", "connections ", "open ", "so ", "each ", "request ", "skips ",
           "the ", "handshake.")

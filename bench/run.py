@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from payloads import REQUEST_JSON, REQUEST_SSE  # noqa: E402
+from payloads import REQUEST_AGENT, REQUEST_JSON, REQUEST_SSE  # noqa: E402
 from procs import HZ, Proc, Procs, cpu_times, free_port, http_post  # noqa: E402
 from upstream import nginx_available, nginx_conf  # noqa: E402
 
@@ -63,6 +63,8 @@ SCENARIOS = [
     Scenario("json_c64", REQUEST_JSON, "", 64, "non-stream, 64 connections"),
     Scenario("sse_c64", REQUEST_SSE, "?s=sse", 64, "50-event stream (one upstream write), 64 connections"),
     Scenario("slow_c256", REQUEST_JSON, "?s=slow", 256, "50 ms upstream, 256 connections"),
+    Scenario("agent_c1", REQUEST_AGENT, "", 1, "agent turn (45 KB, 20 tools, 15 rounds, 2 tool results), 1 connection"),
+    Scenario("agent_c64", REQUEST_AGENT, "", 64, "agent turn (45 KB, 20 tools, 2 tool results), 64 connections"),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -130,6 +132,7 @@ def tenant_config(tmp: Path) -> tuple[Path, str]:
     # Ceilings high enough never to refuse, low enough that every call is counted and
     # reserved against the run, the day and the month.
     path.write_text(
+        "upstream_keys: {openai: OPENAI_API_KEY}\n"  # the only API benched; spanmeter checks named keys are set
         "tenants:\n"
         "  bench:\n"
         f"    keys: ['{hash_key(key)}']\n"
@@ -333,7 +336,7 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
     direct = out["direct"]
     for m in out.values():  # what the proxy adds over calling the upstream directly
         for k in ("json_c1.p50_ms", "json_c1.p99_ms", "sse_c1.p50_ms", "sse_c1.p99_ms", "sse50_c1.p50_ms",
-                  "sse50_c1.p99_ms", "ttfb.p50_ms", "ttfb.p99_ms"):
+                  "sse50_c1.p99_ms", "ttfb.p50_ms", "ttfb.p99_ms", "agent_c1.p50_ms"):
             if k in m and k in direct:
                 m["added." + k] = m[k] - direct[k]
         if "slow_c256.rps" in m:
@@ -372,6 +375,10 @@ TABLES = [
       ("256c req/s", "slow_c256.rps", 0),
       ("% of ideal", "slow_c256.pct_ideal", 1), ("256c errors", "slow_c256.errors", 0),
       ("peak RSS MB", "peak_rss_mb", 1)]),
+    ("Agent turn (45 KB: 20 tools, 15 rounds, 2 tool results): CPU per request, ms; latency, ms (ratio to bare)",
+     [("CPU agent c64", "agent_c64.cpu_ms", 3), ("agent req/s c64", "agent_c64.rps", 0),
+      ("agent p50 c64", "agent_c64.p50_ms", 2), ("CPU agent c1", "agent_c1.cpu_ms", 3),
+      ("added p50 agent c1", "added.agent_c1.p50_ms", 3)]),
     ("Is the bench itself sound? Other work on the proxy's CPU 0 (%, median) and load on CPU 1 (%, median)",
      [("foreign CPU0 JSON c64", "json_c64.foreign_cpu0_pct", 0),
       ("foreign CPU0 SSE c64", "sse_c64.foreign_cpu0_pct", 0),

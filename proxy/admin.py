@@ -70,12 +70,17 @@ async def _budget_get(request: web.Request) -> web.Response:
         "tenant": tenant,
         "daily_usd": day / 1e6 if day is not None else policy.daily_usd,
         "monthly_usd": month / 1e6 if month is not None else policy.monthly_usd,
-        "source": "admin" if day is not None or month is not None else "config"})
+        "source": "admin" if day is not None or month is not None else "config",
+        "sources": {"daily_usd": "admin" if day is not None else "config",
+                    "monthly_usd": "admin" if month is not None else "config"},
+        "config": {"daily_usd": policy.daily_usd, "monthly_usd": policy.monthly_usd}})
 
 
 async def _budget_set(request: web.Request) -> web.Response:
     _require_admin(request)
     tenant = _tenant(request)
+    # A field left out keeps its admin setting; null clears it (the config's value applies).
+    current = await request.app[STORE].budget_get(tenant)
     try:
         body = await request.json()
     except ValueError:
@@ -83,8 +88,10 @@ async def _budget_set(request: web.Request) -> web.Response:
     except RequestPayloadError as exc:
         raise unreadable_body(exc, request.headers.get("Content-Encoding")) from None
     if not isinstance(body, dict):
-        raise RequestError('Send a JSON object: {"daily_usd": number|null, "monthly_usd": number|null}.')
-    day, month = _usd(body, "daily_usd"), _usd(body, "monthly_usd")
+        raise RequestError('Send a JSON object: {"daily_usd": number|null, "monthly_usd": number|null}; '
+                           "a field left out keeps its setting.")
+    day = _usd(body, "daily_usd") if "daily_usd" in body else current[0]
+    month = _usd(body, "monthly_usd") if "monthly_usd" in body else current[1]
     await request.app[STORE].budget_set(tenant, day, month)
     return await _budget_get(request)
 
@@ -156,8 +163,8 @@ async def passthrough(request: web.Request, adapter: ProviderAdapter, upstream_n
     caller = identify(request.headers, request.query, settings, request.app[KEYS])
     target = target_for(settings, adapter, caller, upstream_name)
     path = request.match_info.get("tail")
-    url = forward_url(target.base_url, "/" + path if path is not None else request.path, request.query_string,
-                      presented_key(request.headers, request.query))
+    url = forward_url(target.base_url, "/" + path if path is not None else request.path,
+                      request.rel_url.raw_query_string, presented_key(request.headers, request.query))
     headers = request_headers(request.headers, target.auth)
     if request.method == "GET":
         status, up_headers, body = await request.app[UPSTREAM].get(url, headers)

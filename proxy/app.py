@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,7 +13,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from proxy import admin
+from proxy import accesslog, admin
 from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.background import Background
 from proxy.config import Settings
@@ -110,19 +111,41 @@ def _guess_dialect(request: web.Request) -> ProviderAdapter:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = accesslog.request_started()
     try:
         return await handler(request)
     except ProxyError as exc:
+        _log_error(request, exc)
         return render(request, exc)
     except web.HTTPException as exc:
         if exc.status == 404:
-            return render(request, unknown_route(request.method, request.path))
+            not_found = unknown_route(request.method, request.path)
+            _log_error(request, not_found)
+            return render(request, not_found)
         raise
     except Exception:
         log.exception("unexpected failure serving %s %s", request.method, request.path)
-        return render(request, ProxyError(
-            "spanmeter failed unexpectedly while serving this call; the failure is in its log. "
-            "Nothing was charged for a call that was not forwarded."))
+        error = ProxyError("spanmeter failed unexpectedly while serving this call; the failure is in its log. "
+                           "Nothing was charged for a call that was not forwarded.")
+        _log_error(request, error)
+        return render(request, error)
+    finally:
+        accesslog.request_finished(token)
+
+
+def _log_error(request: web.Request, exc: ProxyError) -> None:
+    """The access line of a request that failed before a call was admitted (after that, the
+    call's own line, written by its bookkeeping or the refusal path, says it)."""
+    if accesslog.request_logged():
+        return
+    adapter = request.get(ADAPTER)
+    if adapter is None:  # the admin API and run control: not a model call
+        log.log(logging.ERROR if exc.status >= 500 else logging.INFO, "%s %s answered %d %s: %s",
+                request.method, json.dumps(request.path), exc.status, exc.error_type, exc.message)
+        return
+    accesslog.access(tenant=None, run_id=None, api=adapter.api, model=None,
+                     status=exc.status, upstream_status=None, duration_s=accesslog.request_seconds(),
+                     error=exc.error_type, reason=exc.message)
 
 
 def render(request: web.Request, exc: ProxyError) -> web.Response:

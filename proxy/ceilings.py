@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from fractions import Fraction
 
 from proxy.config import MAX_RUN_CALLS, MAX_RUN_SECONDS, MAX_RUN_TOKENS, MAX_USD, KeyPolicy, Policy, RunPolicy
 from proxy.errors import RequestError
@@ -180,8 +181,8 @@ def _header_usd(value: str, name: str) -> int:
 
 
 async def admit(
-    store: Store, prices: PriceTable, caller: Caller, call: Call, plan: Plan | Limits, *, tz: str,
-    turn: Turn = NO_TURN, now: datetime | None = None,
+    store: Store, prices: PriceTable, caller: Caller, call: Call, plan: Plan, *, tz: str,
+    turn: Turn = NO_TURN, now: datetime | None = None, patch_bytes: int = 0,
 ) -> Admitted:
     """One store operation: the turn's tool results and the call's reservation together.
 
@@ -190,28 +191,28 @@ async def admit(
     model's cap also bounds a larger request value, since no answer can exceed it. The
     same bounds, in tokens, are what the call draws from a tokens-per-minute limit.
     """
-    if isinstance(plan, Limits):
-        plan = Plan(plan)
     limits = plan.limits
     price = prices.price(call.model) if call.model else None
-    # A wrap-up note may be added after the admission: its bytes are in the bound already.
-    bound = input_bound(call) + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
+    # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder, a
+    # wrap-up note): they are input too, so the bound covers the bytes they may add.
+    bound = input_bound(call) + patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
     n = call.output_multiplier
+    factor = price.reserve_factor(call.service_tier) if price else Fraction(1)
     if price is None:
         lo = hi = 0
     else:
         cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
         asked = call.max_output_tokens
         if asked is not None or call.api == "embeddings":
-            lo = hi = reservation(price, bound, min(asked or 0, cap), n)
+            lo = hi = reservation(price, bound, min(asked or 0, cap), n, factor, call.cache_write)
         else:
-            lo = reservation(price, bound, MIN_ANSWER_TOKENS, n)
-            hi = reservation(price, bound, cap, n)
+            lo = reservation(price, bound, MIN_ANSWER_TOKENS, n, factor, call.cache_write)
+            hi = reservation(price, bound, cap, n, factor, call.cache_write)
     rates = tuple(Rate(owner, "requests" if unit == "requests" else "tokens", limit,
                        1 if unit == "requests" else rate_tokens(call, bound, price))
                   for owner, unit, limit in plan.rates)
     turn = replace(turn, priced=price is not None, model=call.model, context=call.stored_context,
-                   input_rate=dearest_input_rate(price) if price else 0, key=caller.key_id, rates=rates)
+                   input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates)
     now = now or datetime.now(UTC)
     adm = await store.admit(caller.tenant, caller.run_id, min_reserve=min(lo, MAX_RESERVE),
                             max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now, tz=tz, turn=turn)
@@ -220,7 +221,8 @@ async def admit(
     rewrites: tuple[Rewrite, ...] = ()
     if price is not None and costed(in_force) and call.max_output_tokens is None and call.api != "embeddings":
         cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
-        affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n)
+        affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
+                                              call.cache_write)
         clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
         rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
     return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now)

@@ -10,15 +10,16 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from proxy.errors import ConfigError
@@ -42,6 +43,9 @@ __all__ = [
     "hash_key",
     "key_id_of",
     "load_settings",
+    "read_config_file",
+    "unset_keys_problem",
+    "unset_upstream_keys",
 ]
 
 ENV_PREFIX = "SPANMETER_"
@@ -221,6 +225,7 @@ class Settings(BaseSettings):
     run_idle_timeout_s: float = Field(600.0, gt=0)
     admin_token: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"  # json: one object per line, for log pipelines
 
     tenants: dict[str, TenantConfig] = {}
     policy: Policy = Policy()
@@ -245,7 +250,7 @@ class Settings(BaseSettings):
         path = os.environ.get(f"{ENV_PREFIX}CONFIG")
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if path:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            sources.append(InitSettingsSource(settings_cls, read_config_file(path)))
         return tuple(sources)
 
     @property
@@ -336,8 +341,109 @@ def _explain(exc: ValidationError) -> str:
         source = f"environment variable {env}" if env in os.environ else (
             f"config file {path}" if path else "defaults")
         if err["type"] == "extra_forbidden":
-            fix = "remove it, or check its spelling against the configuration reference in README.md"
+            fix = "remove it, or check its spelling against the configuration reference in docs/operations.md"
         else:
             fix = f"expected {err['msg'].lower()}"
         lines.append(f"- {'.'.join(loc)} (from {source}): got {err.get('input')!r}; {fix}.")
     return "\n".join(lines)
+
+
+_CHECK_HINT = "`spanmeter check-config` checks a configuration without starting the proxy."
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The settings in the YAML file named by SPANMETER_CONFIG, or a ConfigError that says
+    what is wrong with it. A file that is named must exist and hold settings: starting in
+    open mode because of a typo in its name would drop every tenant key and budget."""
+    import yaml
+
+    shown = repr(path) if Path(path).is_absolute() else f"{path!r} ({Path(path).absolute()})"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"The config file {shown} named by SPANMETER_CONFIG (or --config) does not exist. "
+            "spanmeter will not fall back to open mode, which has no tenant keys and no budgets. "
+            "Check the path (relative paths start from the directory spanmeter runs in), or unset "
+            "SPANMETER_CONFIG to run on defaults.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"The config file {shown} cannot be read: {reason}. {_CHECK_HINT}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        raise ConfigError(_yaml_problem(shown, text, exc)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"The config file {shown} is not valid YAML: {exc}. {_CHECK_HINT}") from None
+    if data is None:
+        raise ConfigError(
+            f"The config file {shown} is empty (no settings, only comments or blank lines). "
+            "spanmeter will not start from it in open mode, which has no tenant keys and no budgets. "
+            "Add the settings (see docs/operations.md#configuration-reference), or unset "
+            "SPANMETER_CONFIG to run on defaults.")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"The config file {shown} holds a {type(data).__name__}, not a mapping of settings "
+            f"(`host: ...`, `tenants: ...`). {_CHECK_HINT}")
+    return {str(k): v for k, v in data.items()}
+
+
+def _yaml_problem(shown: str, text: str, exc: Any) -> str:
+    mark = exc.problem_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "an unknown place"
+    lines = text.splitlines()
+    quoted = ""
+    if mark and mark.line < len(lines) and lines[mark.line].strip():
+        quoted = f" (the line reads `{lines[mark.line].rstrip()[:120]}`)"
+    problem = exc.problem or "a syntax error"
+    context = ""
+    if exc.context and exc.context_mark and exc.context_mark.line != (mark.line if mark else -1):
+        context = f", {exc.context} that starts at line {exc.context_mark.line + 1}, " \
+                  f"column {exc.context_mark.column + 1}"
+    elif exc.context:
+        context = f", {exc.context}"
+    return (f"The config file {shown} is not valid YAML: at {where}: {problem}{context}{quoted}. "
+            f"Fix the file and start again; {_CHECK_HINT}")
+
+
+def unset_upstream_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Tenant mode: environment variables the config names for upstream keys that are not
+    set, each with who needs it ("openai API of tenants acme, beta"). Empty in open mode,
+    where callers bring their own keys. A variable set to an empty string counts as set:
+    calls then go upstream without a key (a local server that needs none)."""
+    env = os.environ if environ is None else environ
+    if settings.open_mode:
+        return {}
+    needs: dict[str, dict[str, list[str]]] = {}  # variable -> what needs it -> tenants
+
+    def need(var: str, what: str, tenant: str) -> None:
+        needs.setdefault(var, {}).setdefault(what, []).append(tenant)
+
+    for name, tenant in sorted(settings.tenants.items()):
+        if tenant.upstream:
+            up = settings.upstreams.get(tenant.upstream)
+            if up is not None and up.key_env:
+                need(up.key_env, f"{up.dialect} API (upstream {tenant.upstream})", name)
+            continue
+        for dialect in ("openai", "anthropic", "gemini"):
+            var = tenant.upstream_keys.get(dialect) or settings.upstream_keys.get(dialect)
+            if var:
+                need(var, f"{dialect} API", name)
+    out: dict[str, list[str]] = {}
+    for var, whats in needs.items():
+        if var not in env:
+            out[var] = [f"{what} of tenant{'s' if len(ts) > 1 else ''} {', '.join(ts)}" for what, ts in whats.items()]
+    for up_name, up in sorted(settings.upstreams.items()):
+        if up.key_env and up.key_env not in env:
+            out.setdefault(up.key_env, []).append(f"upstream {up_name}, {up.dialect} API, for any tenant")
+    return out
+
+
+def unset_keys_problem(missing: Mapping[str, list[str]]) -> str:
+    listed = "; ".join(f"{var} ({', '.join(who)})" for var, who in sorted(missing.items()))
+    return (
+        f"Refusing to start: in tenant mode spanmeter injects the upstream keys itself, and these "
+        f"environment variables named by the config are not set: {listed}. Every call to those APIs "
+        "would fail with 500 config_error. Set each variable in spanmeter's environment (an empty "
+        "value sends calls without a key, for a local server that needs none), or list under "
+        "`upstream_keys:` only the APIs your tenants use, e.g. `upstream_keys: {openai: OPENAI_API_KEY}`.")

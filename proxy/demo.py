@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import secrets
+import shlex
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +37,22 @@ def get_weather(city: str, unit: str = "celsius") -> dict[str, Any]:
     return {"ok": True, "city": city, "temperature": 14, "unit": unit, "conditions": "light rain"}
 
 
-async def run_demo() -> int:
+async def run_demo(data_dir: str = ".spanmeter") -> int:
+    """The demo against the simulator. Its spans go to `data_dir`/traces, where `spanmeter
+    runs` reads them, so the run it shows can be drawn again afterwards; its ledger is a
+    scratch one (the demo's made-up spend never mixes with a real proxy's)."""
     try:
         from openai import AsyncOpenAI
     except ImportError:
         print("The demo drives the real openai SDK: pip install 'spanmeter[demo]'")
         return 2
+    run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     with tempfile.TemporaryDirectory(prefix="spanmeter-demo-") as tmp:
         sim_runner, sim_url = await serve_on_free_port(create_simulator())
-        settings = Settings(openai_base_url=sim_url, data_dir=tmp, port=0)
+        settings = Settings(openai_base_url=sim_url, data_dir=data_dir, port=0,
+                            ledger_url=f"sqlite:///{Path(tmp) / 'ledger.db'}")
         proxy_runner, proxy_url = await serve_on_free_port(create_app(settings))
         print(f"simulated model API at {sim_url}\nspanmeter proxy at     {proxy_url}\n")
-        run_id = "demo-run-1"
         client = AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="sk-demo-not-a-real-key",
                              default_headers={"X-Run-Id": run_id})
         try:
@@ -56,10 +63,12 @@ async def run_demo() -> int:
             await client.close()
             await proxy_runner.cleanup()  # ends telemetry: spans flushed to the local file
             await sim_runner.cleanup()
-        from tracing.viewer import render_run_tree
+    from tracing.viewer import render_run_tree
 
-        print("\n`spanmeter runs " + run_id + "` draws the run from the local trace file:\n")
-        print(render_run_tree(run_id, Path(tmp) / "traces"))
+    traces = Path(data_dir) / "traces"
+    again = f"spanmeter runs {run_id}" + ("" if data_dir == ".spanmeter" else f" --data-dir {shlex.quote(data_dir)}")
+    print(f"\nThe run, as `{again}` draws it again from {traces}:\n")
+    print(render_run_tree(run_id, traces))
     return 0
 
 

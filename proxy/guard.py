@@ -18,17 +18,29 @@ from proxy.providers.base import Exchange
 from tracing import spans
 from tracing.setup import Telemetry
 
-__all__ = ["DEFAULT_THRESHOLD", "remind", "reminder", "rule"]
+__all__ = ["DEFAULT_THRESHOLD", "patch_bytes", "remind", "reminder", "rule"]
 
 DEFAULT_THRESHOLD = 3
 
 
+TOOL_NAME_CHARS = 128  # a tool name in a reminder is cut here: reminders have a bounded size
+
+
 def reminder(tool: str, count: int) -> str:
+    tool = tool[:TOOL_NAME_CHARS]
     return (
         f"[spanmeter] Note: you have called the tool `{tool}` {count} times in a row with identical "
         "arguments, and the result below will not change if you call it again. Change the arguments, "
         "use a different tool, or answer with what you already have.\n\n"
     )
+
+
+def patch_bytes(policy: GuardPolicy, results: int) -> int:
+    """The most bytes reminders may add to a request carrying `results` tool results."""
+    if policy.action != "remind" or not results:
+        return 0
+    # JSON-escaped, the reminder grows at most 6x (\uXXXX); a part wrapper adds < 64 bytes.
+    return results * (6 * len(reminder("x" * TOOL_NAME_CHARS, 10**6)) + 64)
 
 
 def rule(policy: GuardPolicy) -> GuardRule | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from proxy import guard, steps, wrapup
+from proxy import accesslog, guard, steps, wrapup
 from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.ceilings import admit, plan
 from proxy.config import KeyPolicy, Policy
@@ -26,6 +26,9 @@ from proxy.upstream import request_headers
 from tracing import spans
 
 __all__ = ["handle_call"]
+
+# Top-level fields spanmeter may add (a max-token clamp, stream_options): bytes are tokens.
+PATCH_BYTES = 128
 
 
 async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_name: str | None) -> web.StreamResponse:
@@ -66,8 +69,10 @@ class Forward:
         app = request.app
         hooks = Hooks(rewrites=[Rewrite("repair_retry", "schema")] if retry else [])
         try:
-            admitted = await admit(app[STORE], app[PRICES], caller, call, plan(policy, request.headers, self.key,
-                                   caller.key_id), tz=app[SETTINGS].timezone, turn=turn)
+            admitted = await admit(app[STORE], app[PRICES], caller, call,
+                                   plan(policy, request.headers, self.key, caller.key_id),
+                                   tz=app[SETTINGS].timezone, turn=turn,
+                                   patch_bytes=PATCH_BYTES + guard.patch_bytes(policy.guard, len(turn.results)))
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(ex, closed, stored)
@@ -91,6 +96,7 @@ class Forward:
                 extra = {"x-spanmeter-run-id": caller.run_id, **left}
                 return await relay(request, upstream, ex.adapter, extra, hooks, flow, started), hooks
         except ProxyError as exc:
+            accesslog.answered(exc.status, flow.status)  # before flow.status takes exc.status
             flow.observer.feed([steps.stream_error(exc)])
             flow.status = flow.status or exc.status
             raise

@@ -10,7 +10,7 @@ Provider adapters translate wire bytes into these types, policy and tracing read
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 __all__ = [
     "Api",
@@ -48,9 +48,9 @@ class Caller:
     upstream_key: str | None = None  # open mode: the caller's own key, passed upstream
 
 
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool the request declares."""
+class ToolSpec(NamedTuple):
+    """A tool the request declares. A NamedTuple: an agent turn declares dozens, and a
+    frozen dataclass costs several times more to build."""
 
     name: str
     description: str | None = None
@@ -117,6 +117,10 @@ class Call:
     stored_context: tuple[str, ...] = ()
     # The request field that bounds output for this model family (admission's clamp).
     max_tokens_field: str = ""
+    service_tier: str | None = None  # OpenAI `service_tier` as requested (None: the project's default)
+    # The prompt-cache writes the request may cause, billed above plain input: "" none
+    # (no cache breakpoint; automatic caches bill no write premium), "5m", or "1h".
+    cache_write: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from proxy.model import Call, Caller, Outcome
 from proxy.policy.store import Store
+from proxy.tenants import RunIdSource
 from tracing import spans
 from tracing.digests import canonical_sha256, tool_result_digest
 from tracing.setup import Telemetry
@@ -75,19 +76,20 @@ class Runs:
                 result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
                 end_ns=arrived_ns, parent=parent, run_trace=run, link=_link(p), capture=capture)
 
-    async def end(self, tenant: str, run_id: str, status: str = "ended") -> bool:
+    async def end(self, tenant: str, run_id: str, status: str = "ended",
+                  source: RunIdSource = "header") -> bool:
         self._known.pop((tenant, run_id), None)
         rec = await self._store.run_end(tenant, run_id)
         if rec is None:
             return False  # already ended, by us or another replica
-        pending = await self._store.tools_take(tenant, run_id, [
-            p["id"] for p in await self._store.tools_pending(tenant, run_id)])
+        open_ids = [p["id"] for p in await self._store.tools_pending(tenant, run_id)]
+        pending = await self._store.tools_take(tenant, run_id, open_ids) if open_ids else []
         if pending:  # tool calls never answered: failed, as their spans say
             await self._store.run_add(tenant, run_id, {"tool_failures": len(pending),
                                                        "tool_results_missing": len(pending)})
         totals = {"failures": 0, "tool_failures": 0, **await self._store.run_totals(tenant, run_id)}
         if self._tel is not None:
-            caller = Caller(tenant, run_id, "header")
+            caller = Caller(tenant, run_id, source)
             stored = rec.get("trace")
             run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
             now = time.time_ns()
@@ -98,6 +100,18 @@ class Runs:
             spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
             spans.record_run_end(self._tel, caller, totals)
         return True
+
+    async def after_call(self, caller: Caller, *, end: bool) -> None:
+        """After a call's bookkeeping: end its run when the caller asked to (X-Run-End), or
+        when the run was made for this one call (no X-Run-Id, no traceparent): such a run
+        has no next call, and would otherwise stay open until the idle timeout. Never
+        raises: the sweeper ends a run this could not."""
+        if not end and caller.run_id_source != "generated":
+            return
+        try:
+            await self.end(caller.tenant, caller.run_id, source=caller.run_id_source)
+        except Exception:
+            log.warning("could not end run %s; the idle sweeper will", caller.run_id)
 
     def start_sweeper(self, every_s: float = 15.0) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(every_s))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -11,8 +12,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from proxy import content, outputs
-from proxy.appkeys import RUNS, SETTINGS, STORE, TEL
+from proxy import accesslog, content, outputs
+from proxy.appkeys import BACKGROUND, RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
@@ -85,7 +86,10 @@ def _too_large(size: int | None, limit: int) -> BodyTooLarge:
 def upstream_url(target: Target, request: web.Request) -> str:
     path = request.match_info.get("tail")
     path = "/" + path if path is not None else request.path
-    return forward_url(target.base_url, path, request.query_string, presented_key(request.headers, request.query))
+    # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
+    # and %23 into a fragment on the way out.
+    return forward_url(target.base_url, path, request.rel_url.raw_query_string,
+                       presented_key(request.headers, request.query))
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
@@ -113,7 +117,10 @@ def stream_error(exc: ProxyError) -> StreamEvent:
 async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
     spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
                    budget_remaining_micros=None, rewrites=[], repairs=[],
-                   refusal=exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code)
+                   refusal=_reason(exc))
+    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model, status=exc.status,
+                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
+                     refusal=_reason(exc), error=exc.error_type, reason=exc.message)
     totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
     if isinstance(exc, Refusal) and (failed := _failed_tools(exc.closed)):
         totals["tool_failures"] = failed  # the results arrived, whatever became of the call
@@ -122,6 +129,12 @@ async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc
             await app[STORE].run_add(caller.tenant, caller.run_id, totals)
         except ProxyError:
             log.warning("could not record the totals of refused call of run %s", caller.run_id)
+    app[BACKGROUND].spawn((caller.tenant, caller.run_id), app[RUNS].after_call(caller, end=False))
+
+
+def _reason(exc: ProxyError) -> str:
+    """Why a call was refused, in spanmeter's words: the limit (run_calls, rate_tokens, ...)."""
+    return exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code
 
 
 def abandoned(app: web.Application, call: Call, cs: Any) -> None:
@@ -130,6 +143,9 @@ def abandoned(app: web.Application, call: Call, cs: Any) -> None:
                       error_message="the client closed the connection before the call was forwarded")
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=0, usage_source="", budget_remaining_micros=None,
                    rewrites=[], repairs=[])
+    accesslog.access(tenant=cs.caller.tenant, run_id=cs.caller.run_id, api=call.api, model=call.model, status=499,
+                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
+                     error=outcome.error_type, reason=outcome.error_message)
 
 
 def _refusal_outcome(exc: ProxyError) -> Outcome:
@@ -169,11 +185,13 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s,
                    capture=_capture(app, policy, call, ex.body, outcome))
-    if headers.get("x-run-end", "").lower() == "true":
-        try:
-            await app[RUNS].end(caller.tenant, caller.run_id)
-        except ProxyError:
-            log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
+                     status=outcome.status, upstream_status=outcome.status,
+                     duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
+                     output_tokens=outcome.usage.output_tokens, cost_micros=amount,
+                     rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
+                     reason=outcome.error_message)
+    await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
 
 
 def _final_usage(outcome: Outcome) -> Usage:

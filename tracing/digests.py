@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 __all__ = [
     "ARGUMENTS_LIMIT",
     "PREVIEW_LIMIT",
@@ -153,6 +155,10 @@ def capped_json(value: Any, cap: int) -> str:
 
 
 def _parse(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass  # NaN, Infinity and integers past 64 bits: the standard library reads those
     try:
         return json.loads(text)
     except (ValueError, TypeError):

@@ -85,6 +85,8 @@ class TelemetryConfig:
     max_queue: int = 16384
     max_export_batch: int = 512
     schedule_delay_ms: int = 1000
+    # The local file is read by `spanmeter runs` right after a call: written within 0.1 s.
+    local_schedule_delay_ms: int = 100
     export_timeout: float = 5.0  # seconds, per OTLP export including retries
     # gzip by default (a remote collector); OTEL_EXPORTER_OTLP_COMPRESSION=none saves the
     # export thread's gzip (level 9 in the SDK) when the collector is on localhost.
@@ -218,7 +220,7 @@ class DropCountingProcessor(SpanProcessor):
         self._batch = BatchSpanProcessor(
             _CountingExporter(exporter, self),
             max_queue_size=cfg.max_queue,
-            schedule_delay_millis=cfg.schedule_delay_ms,
+            schedule_delay_millis=cfg.local_schedule_delay_ms if name == "local" else cfg.schedule_delay_ms,
             max_export_batch_size=min(cfg.max_export_batch, cfg.max_queue),
         )
 

@@ -3,9 +3,9 @@
 Everything here is plain text in, plain text out; the CLI prints what it returns.
 
     RUN                 TENANT  STARTED              CALLS  TOKENS  COST       STATUS
-    run_01J8            acme    2026-11-29 20:14:37      3   2,130  $0.0123    ok
+    run_01J8            acme    2026-11-29 20:14:37      3   2,130  $0.012345  ended
 
-    run run_01J8 (acme)  4.20s  3 calls  2,130 tokens  $0.0123  ok
+    run run_01J8 (acme)  4.20s  3 calls  2,130 tokens  $0.012345  ended
     ├─ chat gpt-4o  1.20s  1,830→96 tok  $0.0036
     ├─ execute_tool get_weather  0.74s  Paris  ✓ 12 lines
     └─ chat gpt-4o  ERROR 429  0.31s
@@ -23,7 +23,7 @@ from typing import Any
 from tracing import attributes as A
 from tracing.local import DEFAULT_LOCAL_DIR, read_spans
 
-__all__ = ["RunSummary", "load_runs", "render_run_tree", "render_runs_table"]
+__all__ = ["RunSummary", "load_runs", "money", "render_run_tree", "render_runs_table", "run_trees"]
 
 Record = dict[str, Any]
 
@@ -62,7 +62,7 @@ def render_runs_table(runs: list[RunSummary]) -> str:
             _clock(r.start_ns),
             str(r.calls),
             f"{r.tokens:,}",
-            _money(r.cost_usd),
+            money(r.cost_usd),
             r.status,
         )
         for r in runs
@@ -80,11 +80,16 @@ def render_run_tree(run_id: str, local_dir: str | Path = DEFAULT_LOCAL_DIR, *, t
     """The run as a tree: model calls and tool spans with durations, tokens, cost,
     digests, repairs and failures. Run ids are per tenant: each tenant's run with this
     id is drawn on its own (only `tenant`'s when given)."""
-    groups = [spans for (t, r), spans in _group(read_spans(local_dir)).items()
-              if r == run_id and tenant in (None, t)]
-    if not groups:
+    trees = run_trees(run_id, local_dir, tenant=tenant)
+    if not trees:
         return f"No run {run_id!r} in {local_dir}."
-    return "\n\n".join(_tree(run_id, spans) for spans in groups)
+    return "\n\n".join(trees)
+
+
+def run_trees(run_id: str, local_dir: str | Path = DEFAULT_LOCAL_DIR, *, tenant: str | None = None) -> list[str]:
+    """One drawn tree per tenant that has a run `run_id` (none: no such run)."""
+    return [_tree(run_id, spans) for (t, r), spans in _group(read_spans(local_dir)).items()
+            if r == run_id and tenant in (None, t)]
 
 
 def _tree(run_id: str, spans: list[Record]) -> str:
@@ -140,6 +145,8 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
     status = "open"
     if run_span is not None:
         status = str(run_span["attributes"].get(A.SPANMETER_RUN_STATUS, run_span["status"]))
+    elif calls and all(s["attributes"].get(A.SPANMETER_RUN_ID_SOURCE) == "generated" for s in calls):
+        status = "ended"  # a call without a run id is a run of its own, over when the call is
     elif failures or tool_failures:
         status = "open, failures"
     return RunSummary(
@@ -179,7 +186,7 @@ def _run_line(r: RunSummary) -> str:
         f"{r.calls} call{'s' if r.calls != 1 else ''}",
         f"{r.tool_calls} tool call{'s' if r.tool_calls != 1 else ''}",
         f"{r.tokens:,} tokens",
-        _money(r.cost_usd),
+        money(r.cost_usd),
         r.status,
     ]
     if r.failures:
@@ -209,7 +216,7 @@ def _call_parts(a: Record) -> list[str]:
         estimate = " (estimate)" if a.get(A.SPANMETER_USAGE_SOURCE) == A.USAGE_ESTIMATE else ""
         parts.append(f"{_count(inp)}→{_count(out)} tok{estimate}")
     if a.get(A.SPANMETER_COST_USD) is not None:
-        parts.append(_money(float(a[A.SPANMETER_COST_USD])))
+        parts.append(money(float(a[A.SPANMETER_COST_USD])))
     if a.get(A.GEN_AI_RESPONSE_FINISH_REASONS):
         parts.append("finish: " + ",".join(a[A.GEN_AI_RESPONSE_FINISH_REASONS]))
     return parts
@@ -242,8 +249,17 @@ def _count(n: Any) -> str:
     return "?" if n is None else f"{int(n):,}"
 
 
-def _money(usd: float) -> str:
-    return f"${usd:.4f}"
+def money(usd: float) -> str:
+    """US dollars to the micro-dollar spanmeter accounts in, at least cents, no trailing
+    zeros beyond them: $0.000045, $0.0123, $3.30. A non-zero amount never reads as zero."""
+    micros = round(usd * 1_000_000)
+    if micros == 0 and usd > 0:
+        return "<$0.000001"
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
+    return f"{sign}${whole:,}.{digits}"
+
 
 
 def _clock(ns: int) -> str:

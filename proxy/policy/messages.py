@@ -44,11 +44,34 @@ def usd(micros: int) -> str:
     return f"${whole}.{frac.ljust(2, '0')}"
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _header(origin: str) -> str | None:
+    """The request header a limit came from, when it came from one."""
+    prefix = "request header "
+    return origin[len(prefix):] if origin.startswith(prefix) else None
+
+
+def _fix(where: str, tenant_fix: str) -> str:
+    """How to raise a run ceiling that came from `where`: a request header, a key's policy, or the tenant's."""
+    header = _header(where)
+    if header:
+        return (f"Raise {header} on this run's requests (a header can only lower the tenant's ceiling, never "
+                "raise it), or start a new run.")
+    if where.startswith("key setting "):
+        return (f"Raise {where.removeprefix('key setting ')} in the policy of this key (under the tenant's `keys` "
+                "in the config; a key's ceiling can only lower the tenant's), use another key, or start a new run.")
+    return tenant_fix
+
+
 def call_ceiling(tenant: str, run_id: str, limit: int, origin: str | None = None) -> str:
     where = origin or DEFAULT_ORIGINS["run_calls"]
+    fix = _fix(where, "Raise the ceiling for this tenant or start a new run.")
     return (
-        f"Run {run_id} of tenant {tenant} reached its ceiling of {limit} model calls ({where}). "
-        f"{_NOT_SENT} Raise the ceiling for this tenant or start a new run."
+        f"Run {run_id} of tenant {tenant} reached its ceiling of {_plural(limit, 'model call')} ({where}). "
+        f"{_NOT_SENT} {fix}"
     )
 
 
@@ -75,9 +98,10 @@ def cost_ceiling(
         f"and this call needs at least {usd(needed)} (its input plus a minimal answer)."
     )
     if scope == "run_cost":
+        fix = _fix(where, "Raise the ceiling for this tenant, or start a new run.")
         return (
             f"Run {run_id} of tenant {tenant} reached its cost ceiling of {usd(limit)} ({where}): "
-            f"{numbers} {_NOT_SENT} Raise the ceiling for this tenant, or start a new run."
+            f"{numbers} {_NOT_SENT} {fix}"
         )
     period = "daily" if scope.endswith("_day") else "monthly"
     rolls = "day" if scope.endswith("_day") else "month"
@@ -99,8 +123,8 @@ def token_ceiling(tenant: str, run_id: str, limit: int, used: int, origin: str |
     where = origin or DEFAULT_ORIGINS["run_tokens"]
     return (
         f"Run {run_id} of tenant {tenant} reached its ceiling of {limit:,} tokens ({where}): its answered "
-        f"calls used {used:,} input and output tokens. {_NOT_SENT} Raise runs.max_tokens for this tenant "
-        f"or start a new run."
+        f"calls used {used:,} input and output tokens. {_NOT_SENT} "
+        f"{_fix(where, 'Raise runs.max_tokens for this tenant or start a new run.')}"
     )
 
 
@@ -108,8 +132,8 @@ def time_ceiling(tenant: str, run_id: str, limit: float, elapsed: float, origin:
     where = origin or DEFAULT_ORIGINS["run_seconds"]
     return (
         f"Run {run_id} of tenant {tenant} reached its ceiling of {limit:g} s of wall time ({where}): its "
-        f"first call arrived {elapsed:,.0f} s ago. {_NOT_SENT} Raise runs.max_seconds for this tenant or "
-        f"start a new run."
+        f"first call arrived {elapsed:,.0f} s ago. {_NOT_SENT} "
+        f"{_fix(where, 'Raise runs.max_seconds for this tenant or start a new run.')}"
     )
 
 

@@ -47,6 +47,7 @@ size from the usage of the answers that created it and reserves it at
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from datetime import date
@@ -130,9 +131,29 @@ class Price:
             return lc.cache_write if lc.cache_write_1h is None else lc.cache_write_1h
         return self.cache_write if self.cache_write_1h is None else self.cache_write_1h
 
+    def reserve_factor(self, service_tier: str | None) -> Fraction:
+        """The largest factor a call asking for `service_tier` may be billed at: a request
+        without one (or `auto`) may run at any tier its project enables, and any geography."""
+        if not self.service_tiers and not self.inference_geos:
+            return _ONE  # most models: no Fraction arithmetic on the hot path
+        return _reserve_factor(self.service_tiers, self.inference_geos, service_tier)
+
     def multiplier(self, usage: Usage) -> Fraction:
         """The factor on every rate for the tier and geography the usage was billed as."""
+        if usage.service_tier is None and usage.inference_geo is None:
+            return _ONE
         return _lookup(self.service_tiers, usage.service_tier) * _lookup(self.inference_geos, usage.inference_geo)
+
+
+_ONE = Fraction(1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reserve_factor(tiers: tuple[tuple[str, Fraction], ...], geos: tuple[tuple[str, Fraction], ...],
+                    service_tier: str | None) -> Fraction:
+    chosen = [f for _, f in tiers] if service_tier in (None, "auto") else [_lookup(tiers, service_tier)]
+    geo = max([f for _, f in geos], default=_ONE)
+    return max([*chosen, _ONE]) * max(geo, _ONE)
 
 
 class PriceTable:
@@ -196,28 +217,45 @@ def cost(price: Price, usage: Usage) -> int:
     return _ceil_div(micro * factor.numerator, _SCALE * factor.denominator)
 
 
-def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int, multiplier: int = 1) -> int:
-    """Worst-case micro-USD: every input token at the dearest input rate, full output for
-    each of `multiplier` answers."""
-    r_in, r_cached, r_write, r_out = price.rates(input_bound_tokens)
-    # A cache write (Anthropic 1.25x) can cost more than plain input.
-    worst_in = max(r_in, r_cached, r_write)
-    return _ceil_div(input_bound_tokens * worst_in + max_output_tokens * multiplier * r_out, _SCALE)
-
-
-def dearest_input_rate(price: Price) -> int:
-    """The highest rate any input token of this model can be billed at, in any tier."""
-    rates = [price.input, price.cached_input, price.cache_write]
-    if price.long_context is not None:
-        lc = price.long_context
-        rates += [lc.input, lc.cached_input, lc.cache_write]
+def _worst_input(price: Price, input_tokens: int, cache_write: str) -> int:
+    """The dearest rate an input token of this request can bill at. Cache writes bill above
+    input (Anthropic 1.25x for 5 minutes, 2x for an hour) only where the request marks a
+    breakpoint (Call.cache_write)."""
+    r_in, r_cached, r_write, _ = price.rates(input_tokens)
+    rates = [r_in, r_cached]
+    if cache_write:
+        rates.append(r_write)
+    if cache_write == "1h":
+        rates.append(price.cache_write_1h_rate(input_tokens))
     return max(rates)
 
 
-def affordable_output_tokens(price: Price, budget_micros: int, input_bound: int, multiplier: int = 1) -> int:
+def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int, multiplier: int = 1,
+                factor: Fraction = Fraction(1), cache_write: str = "5m") -> int:
+    """Worst-case micro-USD: every input token at the dearest input rate, full output for
+    each of `multiplier` answers, all at the dearest tier `factor` (Price.reserve_factor)."""
+    r_out = price.rates(input_bound_tokens)[3]
+    micro = (input_bound_tokens * _worst_input(price, input_bound_tokens, cache_write)
+             + max_output_tokens * multiplier * r_out)
+    return _ceil_div(micro * factor.numerator, _SCALE * factor.denominator)
+
+
+def dearest_input_rate(price: Price, factor: Fraction = Fraction(1)) -> int:
+    """The highest rate a stored-context token of this model can be billed at, in any size
+    tier, times the tier `factor` (rounded up). Stored context is read, never written."""
+    rates = [price.input, price.cached_input]
+    if price.long_context is not None:
+        rates += [price.long_context.input, price.long_context.cached_input]
+    return _ceil_div(max(rates) * factor.numerator, factor.denominator)
+
+
+def affordable_output_tokens(price: Price, budget_micros: int, input_bound: int, multiplier: int = 1,
+                             factor: Fraction = Fraction(1), cache_write: str = "5m") -> int:
     """The largest max_output_tokens whose `reservation` fits in `budget_micros` (>= 0)."""
-    r_in, r_cached, r_write, r_out = price.rates(input_bound)
-    room = budget_micros * _SCALE - input_bound * max(r_in, r_cached, r_write)
+    r_out = price.rates(input_bound)[3]
+    # budget >= (input x worst + out x n x r_out) x factor / SCALE, solved for out.
+    room = budget_micros * _SCALE * factor.denominator // factor.numerator - input_bound * _worst_input(
+        price, input_bound, cache_write)
     if room < 0:
         return 0
     if r_out == 0:

@@ -119,28 +119,6 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
-def _block_chars(block: dict[str, Any]) -> int:
-    kind = block.get("type")
-    if kind == "text":
-        return len(str(block.get("text") or ""))
-    if kind == "tool_use":
-        return len(orjson.dumps(block.get("input")))
-    if kind == "tool_result":
-        content = block.get("content")
-        return len(content) if isinstance(content, str) else len(text_of(content))
-    return 0
-
-
-def _prompt_chars(body: dict[str, Any]) -> int:
-    system = body.get("system")
-    n = len(system) if isinstance(system, str) else len(text_of(system))
-    messages = body.get("messages")
-    for m in messages if isinstance(messages, list) else ():
-        if isinstance(m, dict):
-            n += sum(_block_chars(b) for b in _blocks(m.get("content")))
-    if body.get("tools"):
-        n += len(orjson.dumps(body["tools"]))
-    return n
 
 
 def _content_events(content: Any) -> list[StreamEvent]:
@@ -193,6 +171,7 @@ class AnthropicAdapter:
     api = "messages"
     upstream_setting = "anthropic_base_url"
     text_part = "text"
+    cache_marker: bytes | None = b"\"cache_control\""
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))
@@ -214,7 +193,6 @@ class AnthropicAdapter:
             top_k=number(body.get("top_k")),
             stop_sequences=tuple(s for s in stop if isinstance(s, str))
             if isinstance(stop, list) else (),
-            input_chars=_prompt_chars(body),
         )
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:

@@ -129,6 +129,9 @@ class ProviderAdapter(Protocol):
     api: str  # one of proxy.model.Api
     upstream_setting: str  # which settings field holds this dialect's base URL
     text_part: str  # the type of a text part in a tool result's content list
+    # Bytes that mark an explicit prompt-cache breakpoint (Anthropic `cache_control`),
+    # whose writes bill above plain input; None when the API bills no write premium.
+    cache_marker: bytes | None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         """The call's facts; refuses (MalformedBody) a field that changes cost and is not
@@ -188,7 +191,15 @@ def open_exchange(adapter: ProviderAdapter, raw: bytes, path: str) -> Exchange:
         call = adapter.parse_request(body, path)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise MalformedBody(f"The request body has a field of the wrong type ({exc}).") from None
-    return Exchange(adapter, replace(call, body_bytes=len(raw)), raw, body)
+    return Exchange(adapter, replace(call, body_bytes=len(raw), cache_write=_cache_write(adapter, raw)), raw, body)
+
+
+def _cache_write(adapter: ProviderAdapter, raw: bytes) -> str:
+    """The dearest cache write the request may cause: a byte scan (the body is JSON text,
+    so a breakpoint's key appears verbatim; a false positive only reserves more)."""
+    if adapter.cache_marker is None or adapter.cache_marker not in raw:
+        return ""
+    return "1h" if b'"1h"' in raw else "5m"
 
 
 class Exchange:

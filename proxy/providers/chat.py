@@ -82,15 +82,18 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
     # Only the results after the last assistant turn are new in this request; the
     # earlier ones were already seen in earlier requests of the run. Tool messages
     # rarely carry a name, so it comes from the assistant's tool call of that id.
-    results: list[ToolResult] = []
+    # Read from the end back to that turn: a long conversation costs only its tail.
+    start = len(messages)
     names: dict[str, str] = {}
-    for m in messages:
-        if not isinstance(m, dict):
-            continue
-        if m.get("role") == "assistant":
-            results = []
+    while start > 0:
+        m = messages[start - 1]
+        if isinstance(m, dict) and m.get("role") == "assistant":
             names = _call_names(m)
-        elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+            break
+        start -= 1
+    results: list[ToolResult] = []
+    for m in messages[start:]:
+        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
             content = m.get("content")
             text = content if isinstance(content, str) else text_of(content)
             call_id = m["tool_call_id"]
@@ -99,17 +102,6 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
-def _prompt_chars(messages: list[Any], tools: Any) -> int:
-    n = 0
-    for m in messages:
-        if isinstance(m, dict):
-            c = m.get("content")
-            n += len(c) if isinstance(c, str) else len(orjson.dumps(c)) if c else 0
-            if m.get("tool_calls"):
-                n += len(orjson.dumps(m["tool_calls"]))
-    if tools:
-        n += len(orjson.dumps(tools))
-    return n
 
 
 def _stops(stop: Any) -> tuple[str, ...]:
@@ -203,6 +195,7 @@ class ChatAdapter:
     api = "chat"
     upstream_setting = "openai_base_url"
     text_part = "text"
+    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         messages = body.get("messages")
@@ -219,6 +212,7 @@ class ChatAdapter:
             model=model,
             stream=body.get("stream") is True,
             max_output_tokens=max_out,
+            service_tier=_text(body.get("service_tier")),
             max_tokens_field=field,
             output_multiplier=n or 1,
             tools=tools,
@@ -232,7 +226,6 @@ class ChatAdapter:
             stop_sequences=_stops(stop),
             frequency_penalty=number(body.get("frequency_penalty")),
             presence_penalty=number(body.get("presence_penalty")),
-            input_chars=_prompt_chars(messages, body.get("tools")),
         )
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:

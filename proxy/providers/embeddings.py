@@ -31,6 +31,7 @@ class EmbeddingsAdapter:
     api = "embeddings"
     upstream_setting = "openai_base_url"
     text_part = "text"
+    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         model = body.get("model")

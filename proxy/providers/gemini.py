@@ -173,26 +173,6 @@ def _tool_results(contents: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
-def _part_chars(part: Any) -> int:
-    if not isinstance(part, dict):
-        return 0
-    if isinstance(part.get("text"), str):
-        return len(part["text"])
-    for key in ("functionCall", "functionResponse"):
-        item = _get(part, key)
-        if item is not None:
-            return len(orjson.dumps(item))
-    return 0
-
-
-def _prompt_chars(body: dict[str, Any]) -> int:
-    system = _get(body, "systemInstruction")
-    n = sum(_part_chars(p) for p in _list(_get(system, "parts")))
-    for content in _list(body.get("contents")):
-        n += sum(_part_chars(p) for p in _list(_get(content, "parts")))
-    if body.get("tools"):
-        n += len(orjson.dumps(body["tools"]))
-    return n
 
 
 def _stops(config: Any) -> tuple[str, ...]:
@@ -250,6 +230,7 @@ class GeminiAdapter:
     api = "gemini"
     upstream_setting = "gemini_base_url"
     text_part = "text"
+    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         m = _PATH.search(path)
@@ -279,7 +260,6 @@ class GeminiAdapter:
             stop_sequences=_stops(config),
             frequency_penalty=number(_get(config, "frequencyPenalty")),
             presence_penalty=number(_get(config, "presencePenalty")),
-            input_chars=_prompt_chars(body),
         )
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:

@@ -117,34 +117,6 @@ def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
-def _item_chars(item: Any) -> int:
-    if isinstance(item, str):
-        return len(item)
-    if not isinstance(item, dict):
-        return 0
-    n = 0
-    content = item.get("content")
-    if isinstance(content, str):
-        n += len(content)
-    elif isinstance(content, list):
-        n += len(text_of(content))
-    for key in ("arguments", "output"):
-        value = item.get(key)
-        if isinstance(value, str):
-            n += len(value)
-        elif value is not None:
-            n += len(orjson.dumps(value))
-    return n
-
-
-def _prompt_chars(body: dict[str, Any]) -> int:
-    n = len(body["instructions"]) if isinstance(body.get("instructions"), str) else 0
-    items = body.get("input")
-    n += len(items) if isinstance(items, str) else sum(
-        _item_chars(i) for i in (items if isinstance(items, list) else ()))
-    if body.get("tools"):
-        n += len(orjson.dumps(body["tools"]))
-    return n
 
 
 def _finish_reason(response: dict[str, Any]) -> str | None:
@@ -194,6 +166,7 @@ class ResponsesAdapter:
     api = "responses"
     upstream_setting = "openai_base_url"
     text_part = "input_text"
+    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))
@@ -205,6 +178,7 @@ class ResponsesAdapter:
             stream=body.get("stream") is True,
             max_output_tokens=count_field("max_output_tokens", body.get("max_output_tokens"),
                                           upper=MAX_TOKENS_LIMIT, what="the most tokens the answer may have"),
+            service_tier=_str(body.get("service_tier")),
             max_tokens_field="max_output_tokens",
             stored_context=_stored_context(body),
             tools=tools,
@@ -212,7 +186,6 @@ class ResponsesAdapter:
             output=_output(body, tools),
             temperature=number(body.get("temperature")),
             top_p=number(body.get("top_p")),
-            input_chars=_prompt_chars(body),
         )
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:

@@ -17,7 +17,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-__all__ = ["SCENARIOS", "WRAPPED_UP", "WRAP_UP_MARK", "Request", "Script", "said", "script_for"]
+__all__ = ["SCENARIOS", "SCENARIO_HELP", "WRAPPED_UP", "WRAP_UP_MARK", "Request", "Script", "render_scenarios",
+           "said", "script_for"]
 
 _SCENARIO = re.compile(r"SCENARIO:([a-z_]+)(?::([0-9.]+))?")
 
@@ -158,3 +159,69 @@ SCENARIOS: dict[str, Callable[[Request, str | None], Script]] = {
     "gzip": lambda r, a: Script(_words(GREETING), encoding="gzip"),
     "br": lambda r, a: Script(_words(GREETING), encoding="br"),
 }
+
+
+# What each marker does, for `spanmeter simulate --scenarios` and docs/simulator.md; a
+# test holds this to SCENARIOS, so a scenario cannot be added without saying what it does.
+SCENARIO_HELP: dict[str, tuple[str, str]] = {
+    "text": ("(no marker)", "A short greeting as plain text. Any message without a marker gets it."),
+    "tool": ("SCENARIO:tool", "Asks for the request's first tool (get_weather when it declares none) with "
+             '{"city": "Paris", "unit": "celsius"}; once the request carries the tool\'s result, '
+             "answers with a sentence that quotes it."),
+    "loop": ("SCENARIO:loop", "A stuck model: asks for the same tool with the same arguments every time "
+             '({"path": "/etc/config.yaml"}; PATH=/x in the message changes the path). Trips the loop guard.'),
+    "bad_args": ("SCENARIO:bad_args", "A tool call whose arguments are JSON5, not JSON "
+                 "({'city': 'Paris', unit: \"celsius\",}); after the result, a short thanks."),
+    "wrap_up": ("SCENARIO:wrap_up", "An agent that sees its budget coming: asks for the request's first tool "
+                '({"city": "Paris", "step": N}, N new each turn) until the last user turn carries spanmeter\'s '
+                "wrap-up note ([spanmeter] Budget notice), then answers with a final answer. The note's turn "
+                "is not what the user said: the marker still comes from the text before it."),
+    "json": ("SCENARIO:json", 'Clean JSON: {"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poetry"]}. '
+             "A message saying it \"did not match the required JSON schema\" (a repair retry) also gets it."),
+    "json_extra": ("SCENARIO:json_extra", 'The JSON with an extra "nickname" property: valid JSON that '
+                   "violates a schema with additionalProperties: false."),
+    "json_fenced": ("SCENARIO:json_fenced", "The JSON in a ```json fence with prose around it, single quotes "
+                    "and trailing commas: what structured-output repair is for."),
+    "truncated": ("SCENARIO:truncated", "The JSON cut mid-string, with the dialect's finish reason for "
+                  "hitting the token limit."),
+    "braces": ("SCENARIO:braces", 'Plain text with literal braces (Use the format {"name": "value"} ...): '
+               "must reach the client untouched."),
+    "long": ("SCENARIO:long:N", "N words, tok0 tok1 ... (default 50): a long answer or stream."),
+    "slow": ("SCENARIO:slow:S", "The greeting, streamed with S seconds between events (default 0.05)."),
+    "stall": ("SCENARIO:stall:S", "Waits S seconds before the status line (default 5): a slow or hung upstream."),
+    "hang": ("SCENARIO:hang:N", "Streams N events, then stalls for an hour (default 2): a body that stops."),
+    "reset": ("SCENARIO:reset:N", "Streams N events, then resets the connection (default 3)."),
+    "error": ("SCENARIO:error:STATUS", "Answers HTTP STATUS (default 500) with the dialect's error body; "
+              "429 adds retry-after: 0."),
+    "cached": ("SCENARIO:cached", "The greeting, with 8 of its input tokens reported as read from the "
+               "prompt cache."),
+    "garbage": ("SCENARIO:garbage", "Not JSON: a body cut mid-object, or, streamed, junk between events "
+                "(a cut JSON line, a line with no field, bytes that are not UTF-8, an event with no data)."),
+    "gzip": ("SCENARIO:gzip", "The greeting with Content-Encoding: gzip, flushed per event."),
+    "br": ("SCENARIO:br", "Content-Encoding: br with bytes no brotli decoder accepts."),
+}
+
+
+def render_scenarios(markdown: bool = False) -> str:
+    """The scenario list: a table for the terminal, or Markdown for docs/simulator.md."""
+    rows = [SCENARIO_HELP[name] for name in SCENARIOS]
+    if markdown:
+        lines = ["| marker | what the simulated model does |", "|---|---|"]
+        pipe, tick = "\\|", "\\`"
+        lines += [f"| `{m}` | {d.replace('|', pipe).replace('`', tick)} |" for m, d in rows]
+        return "\n".join(lines) + "\n"
+    width = max(len(m) for m, _ in rows)
+    out = ["Put a marker in the last user message; the simulator answers in the dialect of the route it",
+           "was called on (chat, responses, messages, generateContent). N and S are numbers.", ""]
+    for marker, text in rows:
+        words, line, lines = text.split(), "", []
+        for w in words:
+            if line and len(line) + len(w) + 1 > 100 - width:
+                lines.append(line)
+                line = w
+            else:
+                line = f"{line} {w}" if line else w
+        lines.append(line)
+        out.append(f"  {marker.ljust(width)}  {lines[0]}")
+        out += [f"  {' ' * width}  {rest}" for rest in lines[1:]]
+    return "\n".join(out)

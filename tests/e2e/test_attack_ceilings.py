@@ -47,6 +47,12 @@ BOUNDED: dict[str, tuple[Any, Any]] = {
         gemini, lambda s: {**GEMINI_BODY, "generationConfig": {"candidateCount": 8}}),
     "anthropic max_tokens far above the cap": (
         lambda s: MESSAGES, lambda s: {"model": "sim-small", "messages": HI, "max_tokens": 2**31 - 1, "stream": s}),
+    "chat on a priority-enabled project, no service_tier": (
+        lambda s: CHAT, lambda s: {"model": "gpt-4o", "messages": HI, "max_tokens": 300, "stream": s}),
+    "anthropic writing every input token to a 1-hour cache": (
+        lambda s: MESSAGES, lambda s: {"model": "sim-small", "max_tokens": 300, "stream": s, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi " * 300,
+                                          "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}]}),
     "responses without max_output_tokens": (
         lambda s: RESPONSES, lambda s: {"model": "sim-small", "input": "hi", "stream": s}),
     "responses continuing a stored response it saw": (

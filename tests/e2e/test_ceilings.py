@@ -113,7 +113,9 @@ async def test_request_header_can_tighten_but_not_loosen(make_proxy, sim, monkey
     await _ask(tight)
     with pytest.raises(openai.APIStatusError) as ei:
         await _ask(tight)
-    assert "ceiling of 1 model calls (request header X-Run-Max-Calls)" in ei.value.message
+    assert "ceiling of 1 model call (request header X-Run-Max-Calls)" in ei.value.message
+    assert "Raise X-Run-Max-Calls on this run's requests" in ei.value.message
+    assert "for this tenant" not in ei.value.message  # the header is the knob, not the tenant's setting
     loose = _client(proxy, "r-loose", **{"X-Run-Max-Calls": "100"})
     for _ in range(3):
         await _ask(loose)

@@ -143,7 +143,7 @@ async def test_anthropic_ceiling_refusal_is_payment_required(make_proxy, monkeyp
     with pytest.raises(anthropic.PaymentRequiredError) as ei:
         await client.messages.create(model="claude-sonnet-5-5", max_tokens=10,
                                      messages=[{"role": "user", "content": "hi"}])
-    assert "ceiling of 1 model calls" in str(ei.value)
+    assert "ceiling of 1 model call (tenant setting runs.max_llm_calls)" in str(ei.value)
     await client.close()
 
 
@@ -160,7 +160,9 @@ async def test_content_is_captured_only_when_opted_in_and_a_tenant_can_lower_it(
                 {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}])
     await proxy.settled()
     await asyncio.to_thread(proxy.app[TEL].force_flush)
-    got = {s["attributes"]["spanmeter.tenant.id"]: s for s in await asyncio.to_thread(otlp_receiver.wait_for_spans, 2)}
+    # Each call without a run id is a run of its own: a call span and a run span per tenant.
+    spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 4)
+    got = {s["attributes"]["spanmeter.tenant.id"]: s for s in spans if s["name"] != "run"}
     captured = json.loads(got["open"]["attributes"]["gen_ai.input.messages"])
     assert captured[1] == {"role": "user", "parts": [{"type": "text", "content": "hi there"}]}
     assert "Hello!" in got["open"]["attributes"]["gen_ai.output.messages"]

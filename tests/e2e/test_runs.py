@@ -152,7 +152,9 @@ async def test_admin_api_needs_the_admin_token_and_reports_spend(make_proxy, mon
 async def test_admin_budget_override_takes_effect(make_proxy, monkeypatch_env):
     proxy = await _tenants(make_proxy, monkeypatch_env)
     status, body = await _get(f"{proxy.url}/admin/budgets/acme", ADMIN)
-    assert body == {"tenant": "acme", "daily_usd": 10, "monthly_usd": None, "source": "config"}
+    assert body == {"tenant": "acme", "daily_usd": 10, "monthly_usd": None, "source": "config",
+                    "sources": {"daily_usd": "config", "monthly_usd": "config"},
+                    "config": {"daily_usd": 10, "monthly_usd": None}}
     status, body = await _get(f"{proxy.url}/admin/budgets/acme", ADMIN, "PUT", json={"daily_usd": 0.000001})
     assert status == 200 and body["source"] == "admin"
     async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=ACME, max_retries=0) as c:

@@ -77,8 +77,20 @@ def stream_cases() -> list[Case]:
 
 
 def normalised(obj: Any) -> Any:
-    """A dataclass as plain JSON values (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(obj)))
+    """A dataclass as plain JSON values (tuples become lists, named tuples objects)."""
+    return json.loads(json.dumps(_plain(obj)))
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple) and hasattr(obj, "_asdict"):
+        return {k: _plain(v) for k, v in obj._asdict().items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
 
 
 def expected_call(fields: dict[str, Any]) -> Any:

@@ -49,6 +49,11 @@ class Seen:
         return f"{self.method} {self.path}?{self.query} {self.headers} {self.body!r}"
 
 
+def _seen(request: web.Request, body: bytes) -> Seen:
+    """What the upstream received, its query still percent-encoded as sent."""
+    return Seen(request.method, request.path, request.rel_url.raw_query_string, dict(request.headers), body)
+
+
 @dataclass
 class Fake:
     url: str
@@ -70,9 +75,9 @@ async def recorder() -> AsyncIterator[Fake]:
         try:
             body = await request.read()
         except Exception as exc:  # a body its label does not match: keep what was seen, answer as a server would
-            fake.seen.append(Seen(request.method, request.path, request.query_string, dict(request.headers), b""))
+            fake.seen.append(_seen(request, b""))
             return web.json_response({"error": f"recorder could not read the body: {exc!r}"}, status=400)
-        fake.seen.append(Seen(request.method, request.path, request.query_string, dict(request.headers), body))
+        fake.seen.append(_seen(request, body))
         return web.json_response({"ok": True})
 
     runner, fake.url = await _serve(handle)
@@ -86,7 +91,7 @@ async def redirector(recorder: Fake) -> AsyncIterator[Fake]:
     fake = Fake("")
 
     async def handle(request: web.Request) -> web.Response:
-        fake.seen.append(Seen(request.method, request.path, request.query_string, dict(request.headers), b""))
+        fake.seen.append(_seen(request, b""))
         raise web.HTTPTemporaryRedirect(f"{recorder.url}{request.path}?token=LOCATIONSECRET")
 
     runner, fake.url = await _serve(handle)
@@ -129,6 +134,8 @@ QUERIES = [
     (f"a=1;key={KEY}&b=2", "b=2"),
     (f"api_key={KEY}&a=1", "a=1"),
     (f"a=1&token={KEY.replace('-', '%2D')}", "a=1"),
+    # Encoded separators stay encoded: decoded, %26 would split a value and %23 cut the query.
+    ("x=a%26b%23c&alt=sse", "x=a%26b%23c&alt=sse"),
 ]
 # Metered routes of every dialect, and pass-through routes (GET /v1/models always; the
 # others because SPANMETER_ALLOW_PASSTHROUGH is on).

@@ -82,7 +82,7 @@ def test_run_tree(tmp_path: Path) -> None:
         "│     repair tool:call_1: trailing_comma",
         "├─ execute_tool get_weather  0.80s  Paris  ✓ 3 lines",
         "├─ execute_tool read_file  ERROR tool_error  0.80s  a.py  ✗ denied",
-        "└─ chat gpt-4o  ERROR 429  1.00s  $0.0000",
+        "└─ chat gpt-4o  ERROR 429  1.00s  $0.00",
         "      error: slow down",
     ]
 

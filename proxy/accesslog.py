@@ -1,0 +1,267 @@
+"""The access log: one line per model call, and the process's log set-up (text or JSON).
+
+    2026-03-02T10:14:07.412Z INFO spanmeter.access tenant=acme run=r-42 api=chat model=gpt-4o-mini
+        status=200 upstream=200 duration=0.412s tokens=1830/96 cost=$0.000332 rewrites="max_tokens_clamp=4096"
+
+`access()` is the one function that writes it. It takes plain values, never request or
+call objects, and is called from the bookkeeping after a call, from the refusal path and
+from the app's error middleware (errors raised before a call was admitted). A line
+carries no message content and no key: the reason text is spanmeter's own message, and
+for an upstream's error only its status (an upstream's message may quote the request, or
+a masked key). Calls that end in 5xx are logged at ERROR, everything else at INFO.
+
+Log records are formatted where they are made and written by a thread of their own, from
+a bounded queue: a log sink that stops reading (a full pipe, a stuck log driver) never
+blocks the event loop; lines that do not fit are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from proxy.errors import StoreUnavailable, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from proxy.policy.messages import usd
+
+__all__ = [
+    "access",
+    "answered",
+    "configure_logging",
+    "request_finished",
+    "request_logged",
+    "request_seconds",
+    "request_started",
+]
+
+log = logging.getLogger("spanmeter.access")
+
+_SAFE = re.compile(r"^[A-Za-z0-9._:/@+\-$,]+$")
+_MAX_VALUE = 200  # model names and tool names come from callers: bounded, quoted
+
+
+@dataclass(slots=True)
+class _Request:
+    """Whether this request's access line is written (or will be, by the bookkeeping), and
+    the statuses of an error spanmeter raised after the call was admitted."""
+
+    started: float
+    covered: bool = False
+    status: int | None = None  # what the caller got when an error was raised after admission
+    upstream_status: int | None = None
+
+
+_CURRENT: contextvars.ContextVar[_Request | None] = contextvars.ContextVar("spanmeter_access", default=None)
+
+
+def request_started() -> contextvars.Token[_Request | None]:
+    """The error middleware opens each request with this; `request_logged()` then tells it
+    whether a call's own line already covers the request."""
+    return _CURRENT.set(_Request(time.perf_counter()))
+
+
+def request_finished(token: contextvars.Token[_Request | None]) -> None:
+    _CURRENT.reset(token)
+
+
+def answered(status: int, upstream_status: int | None) -> None:
+    """An admitted call ended in an error spanmeter raised (upstream unreachable, timed
+    out, output that violates its schema): the caller got `status`, the upstream had
+    answered `upstream_status` (0 or None: nothing). The call's line is written by the
+    bookkeeping after it, which runs with this context and reads both; the error middleware
+    writes none. Called before the bookkeeping is spawned, so each call of a request (a
+    repair retry makes two) sees its own."""
+    current = _CURRENT.get()
+    started = current.started if current is not None else time.perf_counter()
+    _CURRENT.set(_Request(started, True, status, upstream_status or None))
+
+
+def request_logged() -> bool:
+    current = _CURRENT.get()
+    return current is not None and current.covered
+
+
+def request_seconds() -> float:
+    current = _CURRENT.get()
+    return time.perf_counter() - current.started if current is not None else 0.0
+
+
+def access(
+    *,
+    tenant: str | None,
+    run_id: str | None,
+    api: str | None,
+    model: str | None,
+    status: int,
+    upstream_status: int | None,
+    duration_s: float,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    cost_micros: int | None = None,
+    rewrites: Sequence[str] = (),
+    refusal: str | None = None,
+    error: str | None = None,
+    reason: str | None = None,
+) -> None:
+    """Log one call. `status` is what the caller got, `upstream_status` what the upstream
+    answered (None when nothing was sent or no answer came). `refusal` is why spanmeter said
+    no (run_calls, tenant_day, loop_detected, ...); `error` the call's error.type; `reason`
+    spanmeter's own message, logged only for spanmeter's errors (error.type `spanmeter.*`)."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.covered = True
+        if current.status is not None:
+            status, upstream_status = current.status, current.upstream_status
+    failed = status >= 500 or (upstream_status or 0) >= 500 or error in _SERVICE_ERRORS
+    level = logging.ERROR if failed else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    own = reason if reason and (error is None or error.startswith("spanmeter.") or refusal) else None
+    fields: dict[str, Any] = {
+        "tenant": tenant, "run_id": run_id, "api": api, "model": _bounded(model), "status": status,
+        "upstream_status": upstream_status or None, "duration_s": round(max(0.0, duration_s), 4),
+        "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "cost_usd": cost_micros / 1e6 if cost_micros is not None else None,
+        "rewrites": [_bounded(r) for r in rewrites], "refusal": refusal, "error": error, "reason": own,
+    }
+    text = {
+        "tenant": tenant, "run": run_id, "api": api, "model": fields["model"], "status": status,
+        "upstream": upstream_status or None, "duration": f"{fields['duration_s']:.3f}s",
+        "tokens": f"{_n(input_tokens)}/{_n(output_tokens)}" if input_tokens is not None
+        or output_tokens is not None else None,
+        "cost": usd(cost_micros) if cost_micros is not None else None,
+        "rewrites": ",".join(fields["rewrites"]) or None, "refused": refusal, "error": error, "reason": own,
+    }
+    log.log(level, " ".join(f"{k}={_quote(v)}" for k, v in text.items() if v is not None or k in _ALWAYS),
+            extra={"access": fields})
+
+
+# A stream that failed after its 200 went out: the upstream timed out, broke or vanished.
+_SERVICE_ERRORS = frozenset(cls("").error_type for cls in (
+    StoreUnavailable, UpstreamConnectError, UpstreamTimeout, UpstreamProtocolError))
+_ALWAYS = frozenset({"tenant", "run", "api", "model", "status", "upstream"})
+
+
+def _n(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def _bounded(v: str | None) -> str | None:
+    return v[:_MAX_VALUE] if v is not None else None
+
+
+def _quote(v: object) -> str:
+    if v is None:
+        return "-"
+    text = str(v)
+    # json.dumps escapes newlines and control characters: a hostile model name cannot
+    # forge a log line.
+    return text if _SAFE.match(text) else json.dumps(text, ensure_ascii=False)
+
+
+# --- set-up -------------------------------------------------------------------------------
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso(record.created)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and an access line's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"time": _iso(record.created), "level": record.levelname, "logger": record.name,
+                               "message": record.getMessage()}
+        fields = getattr(record, "access", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def _iso(created: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
+
+
+class _Offloaded(logging.Handler):
+    """Formats on the emitting thread, writes on a thread of its own from a bounded queue."""
+
+    def __init__(self, stream: TextIO, capacity: int) -> None:
+        super().__init__()
+        self._stream = stream
+        self._queue: queue.Queue[str | None] = queue.Queue(maxsize=capacity)
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._write, name="spanmeter-log", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            self._queue.put_nowait(line)
+        except queue.Full:
+            self._dropped += 1
+
+    def _write(self) -> None:
+        while True:
+            lines = [self._queue.get()]
+            while len(lines) < 256:
+                try:
+                    lines.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = None in lines
+            text = "".join(line + "\n" for line in lines if line is not None)
+            if self._dropped:
+                dropped, self._dropped = self._dropped, 0
+                text += f"spanmeter: {dropped} log lines dropped: the log output was not being read fast enough\n"
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed or broken sink: nothing left to tell
+            if done:
+                return
+
+    def stop(self, timeout_s: float) -> None:
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)
+
+
+def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
+                      capacity: int = 10_000) -> Callable[[], None]:
+    """Route every log record of the process to `stream` (stderr) in `fmt` (text | json).
+    Returns the function that flushes and stops the writer (bounded: a stuck sink cannot
+    hold up the exit)."""
+    handler = _Offloaded(stream or sys.stderr, capacity)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+    def stop() -> None:
+        root.removeHandler(handler)
+        handler.stop(2.0)
+
+    return stop
