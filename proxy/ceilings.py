@@ -67,7 +67,7 @@ def _micros(usd: float | None) -> int | None:
     return None if usd is None else round(usd * 1_000_000)
 
 
-# run ceiling -> (policy field, header, parse the header, to the ledger's unit)
+# run ceiling -> (its field of RunPolicy, the request header that may lower it)
 _RUN_FIELDS = {
     "run_calls": ("max_llm_calls", "X-Run-Max-Calls"),
     "run_cost": ("max_cost_usd", "X-Run-Max-Cost-Usd"),

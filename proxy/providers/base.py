@@ -344,7 +344,15 @@ def _members(text: str, start: int) -> list[tuple[str | int, int, int]]:
 
 def _locate(text: str, path: Path) -> tuple[int, int] | None:
     """[start, end) of the value at `path` in JSON `text`; of repeated keys the last one,
-    which is the one a parser keeps."""
+    which is the one a parser keeps. None when it is not there, or the text is nested
+    deeper than the stdlib's scanner goes (orjson takes 1024 levels, Python's ~1000)."""
+    try:
+        return _walk(text, path)
+    except (ValueError, IndexError, RecursionError):
+        return None
+
+
+def _walk(text: str, path: Path) -> tuple[int, int] | None:
     start = _skip(text, 0)
     end = len(text.rstrip())
     for step in path:

@@ -105,3 +105,11 @@ def test_remaining_headers_show_each_ceiling_that_is_set_and_the_tighter_budget(
 ])
 def test_a_runs_outcome_tells_an_answer_after_a_note_from_a_ceiling(totals, outcome):
     assert spans.run_outcome(totals) == outcome
+
+
+def test_a_conversation_nested_too_deep_to_walk_gets_no_note_and_goes_unchanged() -> None:
+    deep = "[" * 1000 + "]" * 1000  # orjson takes it (1024 levels); the stdlib's scanner does not
+    raw = ('{"model":"m","messages":[{"role":"user","content":"hi","extra":' + deep + "}]}").encode()
+    ex = open_exchange(CHAT, raw, "/v1/chat/completions")
+    assert CHAT.append_note(ex, "NOTE") is False
+    assert ex.request_bytes() == raw
