@@ -140,6 +140,10 @@ METRIC_DOCS: dict[str, str] = {
                                     "asked for the tool to the request that brought its result (includes the "
                                     "agent's own work).",
     "spanmeter.cost": "US dollars charged, by tenant and model. `rate(...[1h]) * 3600` is spend per hour.",
+    "spanmeter.cache.input_tokens": "Input tokens read from (`read`) or written to (`write`) the provider's "
+                                    "prompt cache, by tenant and model. Divided by input tokens: the cache "
+                                    "hit rate. A drop after a deploy: something rewrites the prompt's prefix.",
+    "spanmeter.cost.saved": "US dollars the cache reads saved at the price table's rates, by tenant and model.",
     "spanmeter.limit.rejections": "Calls refused before reaching the upstream, by `spanmeter_reason`: "
                                   "`run_calls`, `run_cost`, `run_tokens`, `run_seconds`, `tenant_day`, "
                                   "`tenant_month`, `key_day`, `key_month` (ceilings), `rate_requests`, "

@@ -27,8 +27,8 @@ from tracing import spans
 
 __all__ = ["handle_call"]
 
-# Top-level fields spanmeter may add (a max-token clamp, stream_options): bytes are tokens.
-PATCH_BYTES = 128
+# The most bytes a max-token clamp adds after admission (`,"max_completion_tokens":2147483647`).
+CLAMP_BYTES = 64
 
 
 async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_name: str | None) -> web.StreamResponse:
@@ -68,11 +68,14 @@ class Forward:
         request, caller, call, policy = self.request, self.caller, ex.call, self.policy
         app = request.app
         hooks = Hooks(rewrites=[Rewrite("repair_retry", "schema")] if retry else [])
+        # Patches that need no ledger go first: what they add is input the reservation covers.
+        reminded = guard.remind(ex, policy.guard)
+        hooks.rewrites += ex.adapter.prepare(ex)
+        grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
         try:
             admitted = await admit(app[STORE], app[PRICES], caller, call,
                                    plan(policy, request.headers, self.key, caller.key_id),
-                                   tz=app[SETTINGS].timezone, turn=turn,
-                                   patch_bytes=PATCH_BYTES + guard.patch_bytes(policy.guard, len(turn.results)))
+                                   tz=app[SETTINGS].timezone, turn=turn, patch_bytes=CLAMP_BYTES + grown)
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(ex, closed, stored)
@@ -82,9 +85,8 @@ class Forward:
             steps.abandoned(app, call, self._start(ex, (), None))  # the client left before the call was forwarded
             raise
         cs = self._start(ex, admitted.admission.closed, admitted.admission.trace)
-        hooks.rewrites += guard.remind(ex, admitted.admission.closed, policy.guard, app[TEL], caller, cs)
         notes, left = wrapup.apply(ex, admitted, app[TEL], caller, cs)  # what is left, and the note if due
-        hooks.rewrites += notes + ex.adapter.prepare(ex) + list(admitted.rewrites)
+        hooks.rewrites += guard.record(reminded, app[TEL], caller, cs) + notes + list(admitted.rewrites)
         if admitted.clamp_to is not None:
             ex.adapter.set_max_tokens(ex, admitted.clamp_to)
         steps.response_hooks(ex.adapter, call, policy, hooks, retry=retry)

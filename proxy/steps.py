@@ -27,6 +27,7 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.model import Call, Caller, Outcome, Rewrite, StreamError, StreamEvent, Usage
+from proxy.policy.pricing import cache_savings
 from proxy.providers.base import Exchange, ProviderAdapter, SseEvent, open_exchange
 from proxy.providers.chat import CHAT
 from proxy.relay import Flow, Hooks
@@ -168,10 +169,11 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, embeddings=call.api == "embeddings")
+    saved = _saved(admitted, outcome.usage, source)
     remaining = None
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
-        totals = _totals(outcome, amount, hooks, admitted.admission.closed)
+        totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved)
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
                                             tools=pending_tools(outcome, flow.delivered_ns, cs.ref) or None,
                                             contexts=ex.adapter.stored_sizes(call, outcome) or None)
@@ -184,7 +186,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s,
-                   capture=_capture(app, policy, call, ex.body, outcome))
+                   capture=_capture(app, policy, call, ex.body, outcome), saved_micros=saved)
     accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
                      status=outcome.status, upstream_status=outcome.status,
                      duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
@@ -237,7 +239,15 @@ def _failed_tools(closed: tuple[dict[str, Any], ...]) -> int:
     return sum(1 for c in closed if not c.get("ok", True))
 
 
-def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...]) -> dict[str, int]:
+def _saved(admitted: Admitted, usage: Usage, source: str) -> int:
+    """What the call's cache reads saved, when it was charged from reported usage."""
+    if admitted.price is None or source != "reported":
+        return 0
+    return cache_savings(admitted.price, usage)
+
+
+def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...],
+            saved: int = 0) -> dict[str, int]:
     u = outcome.usage
     noticed = {}
     if any(r.kind == "wrap_up" for r in hooks.rewrites):
@@ -254,4 +264,7 @@ def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str,
         "output_tokens": u.output_tokens or 0,
         "cost_micros": amount,
         "repairs": len(hooks.repairs),
+        # The prompt cache: the run span's cached share is cache_read_tokens / input_tokens.
+        "cache_read_tokens": u.cache_read_tokens or 0,
+        "cost_saved_micros": saved,
     }

@@ -88,6 +88,9 @@ SPANMETER_TENANT_ID: Final = "spanmeter.tenant.id"
 SPANMETER_RUN_ID: Final = "spanmeter.run.id"
 SPANMETER_RUN_ID_SOURCE: Final = "spanmeter.run.id_source"
 SPANMETER_COST_USD: Final = "spanmeter.cost.usd"
+# What the call's cache reads saved: its cache-read tokens at the input rate minus at the
+# cache-read rate (the price table's), in USD. Cache writes are not netted out.
+SPANMETER_COST_SAVED_USD: Final = "spanmeter.cost.saved_usd"
 SPANMETER_BUDGET_REMAINING_USD: Final = "spanmeter.budget.remaining_usd"
 SPANMETER_REWRITES: Final = "spanmeter.rewrites"
 SPANMETER_REPAIRS: Final = "spanmeter.repairs"
@@ -130,6 +133,11 @@ SPANMETER_REMAINING_RUN_SECONDS: Final = "spanmeter.remaining.run_seconds"
 SPANMETER_REMAINING_DAY_USD: Final = "spanmeter.remaining.day_usd"
 SPANMETER_REMAINING_MONTH_USD: Final = "spanmeter.remaining.month_usd"
 SPANMETER_WRAP_UP_REASON: Final = "spanmeter.wrap_up.reason"  # last_call | calls | cost | tokens | time
+# Prompt cache over the run: input tokens read from the provider's cache, their share of
+# the run's input tokens (0..1, only when the run had input), and the money they saved.
+SPANMETER_RUN_CACHE_READ_INPUT_TOKENS: Final = "spanmeter.run.cache_read.input_tokens"
+SPANMETER_RUN_CACHE_READ_SHARE: Final = "spanmeter.run.cache_read.share"
+SPANMETER_RUN_COST_SAVED_USD: Final = "spanmeter.run.cost.saved_usd"
 
 # Labels of our own metrics.
 SPANMETER_REASON: Final = "spanmeter.reason"  # limit.rejections: call_limit | cost_limit | ...
@@ -141,6 +149,9 @@ SPANMETER_EXPORTER: Final = "spanmeter.exporter"  # telemetry.dropped_spans: otl
 # runs.ended: answered_after_notice | ceiling_after_notice | ceiling | other
 SPANMETER_RUN_OUTCOME: Final = "spanmeter.run.outcome"
 RUN_OUTCOMES: Final = ("answered_after_notice", "ceiling_after_notice", "ceiling", "other")
+SPANMETER_CACHE_OPERATION: Final = "spanmeter.cache.operation"  # cache.input_tokens: read | write
+CACHE_READ: Final = "read"
+CACHE_WRITE: Final = "write"
 
 # Span attributes a caller steers are cut (tracing/spans.py), and marked with a trailing
 # `…` when they were: names and ids (models, tools, tool call and response ids, error
@@ -183,6 +194,16 @@ SPANMETER_BUDGET_SPENT_USD: Final = "spanmeter.budget.spent_usd"
 SPANMETER_BUDGET_LIMIT_USD: Final = "spanmeter.budget.limit_usd"
 SPANMETER_WRAP_UP_NOTICES: Final = "spanmeter.wrap_up.notices"
 SPANMETER_RUNS_ENDED: Final = "spanmeter.runs.ended"
+# Prompt-cache tokens as a counter of their own, not a `gen_ai.token.type` value of
+# gen_ai.client.token.usage: semconv v1.41.1 allows only `input` | `output` there, and
+# cached tokens are a subset of input, so a third value would be counted twice by every
+# query that sums the histogram over its types (our "Tokens" panels, Grafana's GenAI
+# apps). Cached share of input per model and tenant (`by (m, t)` = by model and tenant label):
+#     sum by (m, t) (rate(spanmeter_cache_input_tokens_total{spanmeter_cache_operation="read"}[5m]))
+#   / sum by (m, t) (rate(gen_ai_client_token_usage_sum{gen_ai_token_type="input"}[5m]))
+SPANMETER_CACHE_INPUT_TOKENS: Final = "spanmeter.cache.input_tokens"
+# Money the cache reads saved, from the price table (PromQL has no prices to do it with).
+SPANMETER_COST_SAVED: Final = "spanmeter.cost.saved"
 
 DURATION_BUCKETS: Final = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -278,6 +299,18 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "counter",
         "{run}",
         "Runs ended, by outcome: answered after a wrap-up note, or cut off by a ceiling (with or without one).",
+    ),
+    MetricSpec(
+        SPANMETER_CACHE_INPUT_TOKENS,
+        "counter",
+        "{token}",
+        "Input tokens read from (read) or written to (write) the provider's prompt cache.",
+    ),
+    MetricSpec(
+        SPANMETER_COST_SAVED,
+        "counter",
+        "{USD}",
+        "Money saved by prompt-cache reads: cached tokens at the input rate minus the cache-read rate.",
     ),
     MetricSpec(SPANMETER_BUDGET_SPENT_USD, "gauge", "{USD}", "Tenant spend in the current budget window."),
     MetricSpec(SPANMETER_BUDGET_LIMIT_USD, "gauge", "{USD}", "Tenant budget limit for the window."),

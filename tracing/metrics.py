@@ -86,6 +86,8 @@ class CallLabels:
     input_tokens: FrozenLabels
     output_tokens: FrozenLabels
     money: FrozenLabels  # provider, request model, tenant: cost needs no more
+    cache_read: FrozenLabels  # money plus spanmeter.cache.operation=read
+    cache_write: FrozenLabels
 
     @staticmethod
     def build(key: CallKey) -> CallLabels:
@@ -110,6 +112,8 @@ class CallLabels:
             input_tokens=frozen_labels({**base, A.GEN_AI_TOKEN_TYPE: A.TOKEN_TYPE_INPUT}),
             output_tokens=frozen_labels({**base, A.GEN_AI_TOKEN_TYPE: A.TOKEN_TYPE_OUTPUT}),
             money=frozen_labels(money),
+            cache_read=frozen_labels({**money, A.SPANMETER_CACHE_OPERATION: A.CACHE_READ}),
+            cache_write=frozen_labels({**money, A.SPANMETER_CACHE_OPERATION: A.CACHE_WRITE}),
         )
 
 
@@ -150,6 +154,8 @@ class Instruments:
     rewrites: Counter
     ledger_overshoot: Counter
     dropped_spans: Counter
+    cache_tokens: Counter
+    cost_saved: Counter
     budgets: BudgetValues
     wrap_up_notices: Counter
     runs_ended: Counter
@@ -192,6 +198,8 @@ class Instruments:
             rewrites=_counter(meter, A.SPANMETER_REWRITES_METRIC),
             ledger_overshoot=_counter(meter, A.SPANMETER_LEDGER_OVERSHOOT),
             dropped_spans=_counter(meter, A.SPANMETER_TELEMETRY_DROPPED_SPANS),
+            cache_tokens=_counter(meter, A.SPANMETER_CACHE_INPUT_TOKENS),
+            cost_saved=_counter(meter, A.SPANMETER_COST_SAVED),
             budgets=budgets,
             wrap_up_notices=_counter(meter, A.SPANMETER_WRAP_UP_NOTICES),
             runs_ended=_counter(meter, A.SPANMETER_RUNS_ENDED),

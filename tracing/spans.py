@@ -91,6 +91,7 @@ _RUN_TOTALS: Final = {
     "output_tokens": A.SPANMETER_RUN_OUTPUT_TOKENS,
     "repairs": A.SPANMETER_RUN_REPAIRS,
     "ceilings_hit": A.SPANMETER_RUN_CEILINGS_HIT,
+    "cache_read_tokens": A.SPANMETER_RUN_CACHE_READ_INPUT_TOKENS,
 }
 _FAILED_RUN: Final = frozenset({"error", "failed"})
 _NO_CONTEXT: Final = Context()  # never changed: OTel contexts are copied on every set
@@ -249,6 +250,7 @@ def end_call(
     capture: Mapping[str, Any] | None = None,
     end_ns: int | None = None,
     chunk_gaps_s: Sequence[float] = (),
+    saved_micros: int = 0,
 ) -> None:
     """Finish a model-call span with the outcome and record the call's metrics.
 
@@ -259,6 +261,7 @@ def end_call(
     recorded as their mean, one `time_per_output_chunk` point per call.
     `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
     `spanmeter.limit.rejections`.
+    `saved_micros`: what the call's prompt-cache reads saved at the price table's rates.
     """
     try:
         end = time.time_ns() if end_ns is None else end_ns
@@ -266,12 +269,15 @@ def end_call(
                            refusal)  # fmt: skip
         if capture:
             attrs.update(_content_attrs(tel, capture))
+        if saved_micros:
+            attrs[A.SPANMETER_COST_SAVED_USD] = saved_micros / 1e6
         cs.span.set_attributes(attrs)
         if outcome.error_type:
             cs.span.set_status(Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller)))
         _record_call_metrics(
             tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s, admit=refusal is None
         )
+        _record_cache_metrics(tel, cs, call, outcome, saved_micros, admit=refusal is None)
         if refusal:
             _count_refusal(tel, cs.caller, call, cs.provider, refusal, cs.context)
         cs.span.end(end_time=end)
@@ -511,6 +517,27 @@ def _record_call_metrics(
             m.repairs.add(1, m.kind_labels.get((bounds.kind(action), tenant)), context=ctx)
 
 
+def _record_cache_metrics(tel: Telemetry, cs: CallSpan, call: Call, outcome: Outcome, saved_micros: int,
+                          *, admit: bool) -> None:
+    """Prompt-cache tokens and savings, labelled as cost is. A cache-read point (0 when
+    the provider reported none) goes with every call that reported input tokens, so the
+    cached share of input exists for every model, not only those that hit the cache."""
+    usage = outcome.usage
+    if usage.input_tokens is None:
+        return
+    m = tel.instruments
+    bounds = m.labels
+    key: CallKey = (cs.caller.tenant, call.operation, cs.provider, bounds.model(call.model, admit=admit),
+                    bounds.model(outcome.response_model, admit=admit), cs.server_address, cs.server_port,
+                    bounds.error_type(outcome.error_type, admit=admit))
+    labels = m.call_labels.get(key)
+    m.cache_tokens.add(usage.cache_read_tokens or 0, labels.cache_read, context=cs.context)
+    if usage.cache_write_tokens:
+        m.cache_tokens.add(usage.cache_write_tokens, labels.cache_write, context=cs.context)
+    if saved_micros > 0:
+        m.cost_saved.add(saved_micros / 1e6, labels.money, context=cs.context)
+
+
 def _model_labels(call: Call, provider: str, model_label: str | None) -> Attrs:
     """Operation, provider and the request model's (bounded) label value."""
     return _present(
@@ -652,7 +679,8 @@ def end_run(
 
     `totals` keys: model_calls, tool_calls, failures (failed model calls), tool_failures
     (failed tool results and tool calls never answered; tool_results_missing of them),
-    input_tokens, output_tokens, cost_micros, repairs, ceilings_hit (others become
+    input_tokens, output_tokens, cost_micros, repairs, ceilings_hit, cache_read_tokens
+    (with input_tokens: the run's cached share of input), cost_saved_micros (others become
     `spanmeter.run.<key>`).
     `status`: e.g. ok | error | ceiling | idle_timeout; error/failed mark the span ERROR.
     """
@@ -689,8 +717,13 @@ def _run_totals(totals: Mapping[str, int]) -> Attrs:
     for key, value in totals.items():
         if key == "cost_micros":
             out[A.SPANMETER_RUN_COST_USD] = value / 1e6
+        elif key == "cost_saved_micros":
+            out[A.SPANMETER_RUN_COST_SAVED_USD] = value / 1e6
         else:
             out[_RUN_TOTALS.get(key, f"spanmeter.run.{key}")] = value
+    cached, total = totals.get("cache_read_tokens"), totals.get("input_tokens")
+    if cached is not None and total:
+        out[A.SPANMETER_RUN_CACHE_READ_SHARE] = min(1.0, cached / total)
     return out
 
 

@@ -2,11 +2,11 @@
 
 Everything here is plain text in, plain text out; the CLI prints what it returns.
 
-    RUN                 TENANT  STARTED              CALLS  TOKENS  COST       STATUS
-    run_01J8            acme    2026-11-29 20:14:37      3   2,130  $0.012345  ended
+    RUN                 TENANT  STARTED              CALLS  TOKENS  CACHED  COST       STATUS
+    run_01J8            acme    2026-11-29 20:14:37      3   2,130     48%  $0.012345  ended
 
-    run run_01J8 (acme)  4.20s  3 calls  2,130 tokens  $0.012345  ended
-    ├─ chat gpt-4o  1.20s  1,830→96 tok  $0.0036
+    run run_01J8 (acme)  4.20s  3 calls  2,130 tokens  48% of input cached  $0.012345  ended
+    ├─ chat gpt-4o  1.20s  1,830→96 tok (1,024 cached)  $0.0036
     ├─ execute_tool get_weather  0.74s  Paris  ✓ 12 lines
     └─ chat gpt-4o  ERROR 429  0.31s
 """
@@ -41,6 +41,9 @@ class RunSummary:
     failures: int  # failed model calls (the run span's spanmeter.run.failures)
     tool_failures: int  # failed or never answered tool calls (spanmeter.run.tool_failures)
     status: str  # the run span's status, or `open` while the run has not ended
+    # Share of the run's input tokens read from the provider's prompt cache (0..1): the run
+    # span's spanmeter.run.cache_read.share, else summed over its call spans; None: no input.
+    cached_share: float | None = None
 
 
 def load_runs(local_dir: str | Path = DEFAULT_LOCAL_DIR, *, limit: int = 50) -> list[RunSummary]:
@@ -54,7 +57,7 @@ def load_runs(local_dir: str | Path = DEFAULT_LOCAL_DIR, *, limit: int = 50) -> 
 def render_runs_table(runs: list[RunSummary]) -> str:
     if not runs:
         return "No runs recorded yet (spans are written under the local directory)."
-    header = ("RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "COST", "STATUS")
+    header = ("RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "CACHED", "COST", "STATUS")
     rows = [
         (
             r.run_id,
@@ -62,13 +65,14 @@ def render_runs_table(runs: list[RunSummary]) -> str:
             _clock(r.start_ns),
             str(r.calls),
             f"{r.tokens:,}",
+            _share(r.cached_share),
             money(r.cost_usd),
             r.status,
         )
         for r in runs
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    right = {3, 4, 5}
+    right = {3, 4, 5, 6}
     lines = [
         "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         for row in [header, *rows]
@@ -143,8 +147,11 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
     )
     cost = sum(float(s["attributes"].get(A.SPANMETER_COST_USD) or 0.0) for s in calls)
     status = "open"
+    share = _cached_share(calls)
     if run_span is not None:
         status = str(run_span["attributes"].get(A.SPANMETER_RUN_STATUS, run_span["status"]))
+        stored = run_span["attributes"].get(A.SPANMETER_RUN_CACHE_READ_SHARE)
+        share = float(stored) if isinstance(stored, int | float) else share
     elif calls and all(s["attributes"].get(A.SPANMETER_RUN_ID_SOURCE) == "generated" for s in calls):
         status = "ended"  # a call without a run id is a run of its own, over when the call is
     elif failures or tool_failures:
@@ -161,7 +168,18 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
         failures=failures,
         tool_failures=tool_failures,
         status=status,
+        cached_share=share,
     )
+
+
+def _cached_share(calls: list[Record]) -> float | None:
+    inputs = sum(int(s["attributes"].get(A.GEN_AI_USAGE_INPUT_TOKENS) or 0) for s in calls)
+    cached = sum(int(s["attributes"].get(A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) or 0) for s in calls)
+    return min(1.0, cached / inputs) if inputs else None
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _start(s: Record) -> int:
@@ -186,6 +204,7 @@ def _run_line(r: RunSummary) -> str:
         f"{r.calls} call{'s' if r.calls != 1 else ''}",
         f"{r.tool_calls} tool call{'s' if r.tool_calls != 1 else ''}",
         f"{r.tokens:,} tokens",
+        *([f"{_share(r.cached_share)} of input cached"] if r.cached_share is not None else []),
         money(r.cost_usd),
         r.status,
     ]
@@ -214,7 +233,9 @@ def _call_parts(a: Record) -> list[str]:
     inp, out = a.get(A.GEN_AI_USAGE_INPUT_TOKENS), a.get(A.GEN_AI_USAGE_OUTPUT_TOKENS)
     if inp is not None or out is not None:
         estimate = " (estimate)" if a.get(A.SPANMETER_USAGE_SOURCE) == A.USAGE_ESTIMATE else ""
-        parts.append(f"{_count(inp)}→{_count(out)} tok{estimate}")
+        cached = a.get(A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)
+        cached_text = f" ({_count(cached)} cached)" if cached else ""
+        parts.append(f"{_count(inp)}→{_count(out)} tok{cached_text}{estimate}")
     if a.get(A.SPANMETER_COST_USD) is not None:
         parts.append(money(float(a[A.SPANMETER_COST_USD])))
     if a.get(A.GEN_AI_RESPONSE_FINISH_REASONS):

@@ -66,6 +66,7 @@ __all__ = [
     "Price",
     "PriceTable",
     "affordable_output_tokens",
+    "cache_savings",
     "cost",
     "dearest_input_rate",
     "input_bound",
@@ -215,6 +216,15 @@ def cost(price: Price, usage: Usage) -> int:
              + written_1h * price.cache_write_1h_rate(size) + (usage.output_tokens or 0) * r_out)
     factor = price.multiplier(usage)
     return _ceil_div(micro * factor.numerator, _SCALE * factor.denominator)
+
+
+def cache_savings(price: Price, usage: Usage) -> int:
+    """Micro-USD the usage's cache reads saved: what `cost` would be had they been billed
+    as uncached input, minus what it is (tier and long-context rates included). Cache
+    writes are not netted out: Anthropic's write premium is in the cost itself."""
+    if not usage.cache_read_tokens:
+        return 0
+    return max(0, cost(price, replace(usage, cache_read_tokens=0)) - cost(price, usage))
 
 
 def _worst_input(price: Price, input_tokens: int, cache_write: str) -> int:

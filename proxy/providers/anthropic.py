@@ -30,7 +30,16 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.base import MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number, text_of
+from proxy.providers.base import (
+    MAX_TOKENS_LIMIT,
+    Exchange,
+    History,
+    HistoryCall,
+    SseEvent,
+    count_field,
+    number,
+    text_of,
+)
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 
@@ -119,6 +128,21 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
+def _history(messages: list[Any]) -> list[HistoryCall]:
+    h = History()
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            h.turn()
+        for j, b in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(b, dict):
+                continue
+            if m.get("role") == "assistant" and b.get("type") == "tool_use" and isinstance(b.get("id"), str):
+                # As the response's tool call reads (_content_events): the input as JSON text.
+                h.call(b["id"], str(b.get("name") or ""), orjson.dumps(b.get("input") or {}).decode())
+            elif b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str):
+                h.result(b["tool_use_id"], ("messages", i, "content", j, "content"))
+    return h.calls()
 
 
 def _content_events(content: Any) -> list[StreamEvent]:
@@ -219,11 +243,15 @@ class AnthropicAdapter:
         content = last.get("content")
         if isinstance(content, list):
             return ex.append_item(("messages", -1, "content"), block)
-        path = ("messages", -1, "content")
-        if isinstance(content, str) and (raw := ex.raw_value(path)) is not None:
-            encoded = b'[{"type":"text","text":' + raw + b"}," + orjson.dumps(block) + b"]"
-            return ex.replace_value(path, [{"type": "text", "text": content}, block], encoded)
+        if isinstance(content, str):  # its text block keeps the string's bytes as they came
+            note = orjson.dumps(block).decode()
+            return ex.replace_value(("messages", -1, "content"), [{"type": "text", "text": content}, block],
+                                    lambda old: '[{"type":"text","text":' + old + "}," + note + "]")
         return False
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        messages = body.get("messages")
+        return _history(messages if isinstance(messages, list) else [])
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API

@@ -11,9 +11,7 @@ The handler parses the request body once (orjson) and hands the dict to
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -21,12 +19,16 @@ import orjson
 
 from proxy.errors import MalformedBody, ProxyError
 from proxy.model import Call, Outcome, Rewrite, StreamEvent
+from proxy.providers.splice import Edit, Path, splice
 
 __all__ = [
     "MAX_OUTPUT_MULTIPLIER",
     "MAX_TOKENS_LIMIT",
     "Exchange",
     "Framer",
+    "History",
+    "HistoryCall",
+    "Path",
     "ProviderAdapter",
     "SseEvent",
     "array",
@@ -117,6 +119,17 @@ def _parse(raw: bytes) -> SseEvent:
     return SseEvent(raw, name, "\n".join(data))
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryCall:
+    """One tool call of the conversation a request carries, and where its result is."""
+
+    call_id: str
+    name: str
+    arguments: str  # JSON text of the arguments as the model gave them
+    result: Path | None  # path of the result's value in the body; None: no result in this request
+    latest: bool = False  # the result is new in this request: it follows the model's last turn
+
+
 class ProviderAdapter(Protocol):
     """What the rest of spanmeter needs from a wire format; nothing else knows one.
 
@@ -154,6 +167,11 @@ class ProviderAdapter(Protocol):
         """Place a note for the model after the request's last message, in the dialect's own
         shape, leaving every earlier byte as it was (the provider's prompt cache keeps
         matching); False when the request has no conversation to add it to."""
+        ...
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        """Every tool call of the conversation in the request, in the order the model made
+        them, each with the path of its result's value (what a reminder is prefixed to)."""
         ...
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
@@ -206,12 +224,14 @@ class Exchange:
     """One model call's request as it will go upstream: its facts and its patches.
 
     Opened from the bytes exactly as received. A request nobody patches goes upstream byte
-    for byte; a new top-level field (a max-token clamp, stream_options) is spliced into the
-    bytes, so a 45 KB conversation is not re-serialised to add one field; only an edit
-    inside the conversation (a loop-guard reminder) re-serialises the body.
+    for byte. A patch never re-serialises the request (see proxy/providers/splice.py): a
+    new top-level field (a max-token clamp, stream_options) is spliced in before the final
+    `}`, and an edited value (a loop-guard reminder in a tool result, a changed top-level
+    field) replaces only that value's bytes, so the rest of the conversation, and with it
+    the provider's cached prefix, is kept to the byte. `body` is kept equal to what is sent.
     """
 
-    __slots__ = ("_added", "_edited", "adapter", "body", "call", "raw")
+    __slots__ = ("_added", "_edited", "_edits", "adapter", "body", "call", "raw")
 
     def __init__(self, adapter: ProviderAdapter, call: Call, raw: bytes, body: dict[str, Any]) -> None:
         self.adapter = adapter
@@ -219,18 +239,21 @@ class Exchange:
         self.raw = raw
         self.body = body
         self._added: dict[str, Any] = {}
+        self._edits: dict[Path, Edit] = {}
         self._edited = False
 
     def set_top(self, key: str, value: Any) -> None:
         """Set a top-level field of the request."""
         if key in self.body and key not in self._added:
-            self._edited = True
+            text = orjson.dumps(value).decode()
+            self._edits[(key,)] = lambda _old: text
         else:
             self._added[key] = value
         self.body[key] = value
 
     def edited(self) -> None:
-        """Say that `body` was changed in place below the top level."""
+        """Say that `body` was changed in place below the top level, somewhere not told:
+        the request is then re-serialised whole (prefer `set_top` or `prefix_at`)."""
         self._edited = True
 
     def prefix_tool_result(self, call_id: str, text: str) -> bool:
@@ -239,134 +262,180 @@ class Exchange:
         if not slots:
             return False
         holder, key = slots[-1]
-        value = holder.get(key)
+        path = _path_of(self.body, holder)
+        if path is None:
+            return False
+        return self.prefix_at((*path, key), text)
+
+    def prefix_at(self, path: Path, text: str) -> bool:
+        """Prefix `text` to the tool result whose value is at `path`, in the dialect's own
+        shape: a string gets it in front, a list of parts a text part first, an object
+        (Gemini functionResponse.response) a `spanmeter_reminder` member first. False when
+        the value already starts with it (a second spanmeter in the chain) or is not there."""
+        holder: Any = self.body
+        for step in path[:-1]:
+            if not _has(holder, step):
+                return False
+            holder = holder[step]
+        key = path[-1]
+        if not isinstance(holder, dict) or not isinstance(key, str):
+            return False
+        if key not in holder:  # a result with no content: the member is added, last
+            member = ("," if holder else "") + orjson.dumps(key).decode() + ":" + orjson.dumps(text).decode()
+            holder[key] = text
+            self._add_edit(path[:-1], lambda old: old[:-1] + member + old[-1])
+            return True
+        value = holder[key]
+        part = {"type": self.adapter.text_part, "text": text}
         if isinstance(value, str):
+            if value.startswith(text):
+                return False
             holder[key] = text + value
+            inner = orjson.dumps(text).decode()[1:-1]
+            edit: Edit = lambda old: old[0] + inner + old[1:]  # noqa: E731
         elif isinstance(value, list):
-            value.insert(0, {"type": self.adapter.text_part, "text": text})
-        elif isinstance(value, dict):  # Gemini functionResponse.response
-            holder[key] = {"spanmeter_reminder": text.strip(), **value}
+            if value and value[0] == part:
+                return False
+            value.insert(0, part)
+            first = orjson.dumps(part).decode() + ("," if len(value) > 1 else "")
+            edit = lambda old: old[0] + first + old[1:]  # noqa: E731
+        elif isinstance(value, dict):
+            if _REMINDER_KEY in value:
+                return False
+            holder[key] = {_REMINDER_KEY: text.strip(), **value}
+            member = f'"{_REMINDER_KEY}":' + orjson.dumps(text.strip()).decode() + ("," if value else "")
+            edit = lambda old: old[0] + member + old[1:]  # noqa: E731
         else:
             holder[key] = text
-        self._edited = True
+            whole = orjson.dumps(text).decode()
+            edit = lambda _old: whole  # noqa: E731
+        self._add_edit(path, edit)
         return True
-
-    def raw_value(self, path: Path) -> bytes | None:
-        """The exact bytes of the value at `path` (keys and indexes, -1 = last) in the request
-        as it will go upstream; None when the path is not there."""
-        text = self.raw.decode()
-        span = _locate(text, path)
-        return None if span is None else text[span[0]:span[1]].encode()
 
     def append_item(self, path: Path, item: Any) -> bool:
-        """Append `item` to the array at `path`: in `body`, and spliced into the bytes before
-        the array's closing bracket, so every byte before it is forwarded unchanged."""
-        array = _follow(self.body, path)
-        text = self.raw.decode()
-        span = _locate(text, path)
-        if not isinstance(array, list) or span is None or text[span[0]] != "[":
+        """Append `item` to the array at `path` (-1 for the last element on the way): in
+        `body`, and in the bytes before the array's closing bracket, so every byte before
+        it goes as it came."""
+        at = _absolute(self.body, path)
+        array = _follow(self.body, at) if at is not None else None
+        if at is None or not isinstance(array, list):
             return False
-        close = span[1] - 1
-        sep = "," if text[span[0] + 1:close].strip() else ""
-        self.raw = (text[:close] + sep + orjson.dumps(item).decode() + text[close:]).encode()
+        encoded = orjson.dumps(item).decode()
         array.append(item)
+        self._add_edit(at, lambda old: old[:-1] + ("," if old[1:-1].strip() else "") + encoded + old[-1])
         return True
 
-    def replace_value(self, path: Path, value: Any, encoded: bytes) -> bool:
-        """Put `value` at `path` in `body` and its JSON text `encoded` in place of the old
-        value's bytes (so `encoded` may keep parts of them, byte for byte)."""
-        text = self.raw.decode()
-        span = _locate(text, path)
-        holder = _follow(self.body, path[:-1])
-        if span is None or not path or not isinstance(holder, dict | list):
+    def replace_value(self, path: Path, value: Any, edit: Edit) -> bool:
+        """Put `value` at `path` (-1 for the last element on the way) in `body`, and in the
+        bytes `edit` of the old value's JSON text (which may keep it, byte for byte)."""
+        at = _absolute(self.body, path)
+        if not at:
             return False
-        self.raw = (text[:span[0]] + encoded.decode() + text[span[1]:]).encode()
-        holder[path[-1]] = value  # type: ignore[index]
+        holder: Any = _follow(self.body, at[:-1])  # `_absolute` found every step: it holds the key
+        holder[at[-1]] = value
+        self._add_edit(at, edit)
         return True
+
+    def _add_edit(self, path: Path, edit: Edit) -> None:
+        before = self._edits.get(path)
+        self._edits[path] = edit if before is None else lambda old: edit(before(old))
 
     def request_bytes(self) -> bytes:
         if self._edited:
             return orjson.dumps(self.body)
+        out = self.raw
+        if self._edits:
+            try:
+                out = splice(out, self._edits)
+            except (ValueError, IndexError, UnicodeDecodeError, RecursionError):
+                return orjson.dumps(self.body)  # cannot happen for a body orjson parsed; never fail a call
         if not self._added:
-            return self.raw
-        end = self.raw.rindex(b"}")  # the body parsed as a JSON object: its last byte is `}`
+            return out
+        end = out.rindex(b"}")  # the body parsed as a JSON object: its last byte is `}`
         fields = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in self._added.items())
         sep = b"," if len(self.body) > len(self._added) else b""
-        return self.raw[:end] + sep + fields + self.raw[end:]
+        return out[:end] + sep + fields + out[end:]
 
 
-Path = Sequence[str | int]
-_DECODER = json.JSONDecoder()
-_WS = re.compile(r"[ \t\n\r]*")
+_REMINDER_KEY = "spanmeter_reminder"
 
 
-def _skip(text: str, i: int) -> int:
-    """The position of the first non-whitespace character from `i`."""
-    m = _WS.match(text, i)
-    return m.end() if m else i
+def _absolute(body: Any, path: Path) -> Path | None:
+    """`path` with negative indexes counted from the end, or None when it is not in `body`."""
+    out: list[str | int] = []
+    node = body
+    for step in path:
+        if isinstance(step, int) and isinstance(node, list) and -len(node) <= step < len(node):
+            step %= len(node)
+        if not _has(node, step):
+            return None
+        out.append(step)
+        node = node[step]
+    return tuple(out)
 
 
 def _follow(body: Any, path: Path) -> Any:
-    """The value at `path` in parsed JSON, or None."""
+    """The value at `path` in parsed JSON (a path `_absolute` returned)."""
     for step in path:
-        if isinstance(step, str) and isinstance(body, dict):
-            body = body.get(step)
-        elif isinstance(step, int) and isinstance(body, list) and -len(body) <= step < len(body):
-            body = body[step]
-        else:
-            return None
+        body = body[step]
     return body
 
 
-def _members(text: str, start: int) -> list[tuple[str | int, int, int]]:
-    """(key or index, start, end) of each member of the object or array opening at `start`.
-
-    Positions in the JSON text of a body that already parsed: the stdlib's C scanner
-    (`raw_decode`) measures each value, so nothing is re-serialised."""
-    opener = text[start]
-    close = "}" if opener == "{" else "]"
-    i = _skip(text, start + 1)
-    out: list[tuple[str | int, int, int]] = []
-    if text[i] == close:
-        return out
-    while True:
-        name: str | int = len(out)
-        if opener == "{":
-            name, i = _DECODER.raw_decode(text, i)
-            i = _skip(text, _skip(text, i) + 1)  # past the colon
-        _, end = _DECODER.raw_decode(text, i)
-        out.append((name, i, end))
-        i = _skip(text, end)
-        if text[i] != ",":
-            return out
-        i = _skip(text, i + 1)
+def _has(container: Any, step: str | int) -> bool:
+    if isinstance(container, dict):
+        return isinstance(step, str) and step in container
+    return isinstance(container, list) and isinstance(step, int) and 0 <= step < len(container)
 
 
-def _locate(text: str, path: Path) -> tuple[int, int] | None:
-    """[start, end) of the value at `path` in JSON `text`; of repeated keys the last one,
-    which is the one a parser keeps. None when it is not there, or the text is nested
-    deeper than the stdlib's scanner goes (orjson takes 1024 levels, Python's ~1000)."""
-    try:
-        return _walk(text, path)
-    except (ValueError, IndexError, RecursionError):
-        return None
+_SLOT_DEPTH = 8  # a tool result's holder sits at most this deep (Gemini: contents/i/parts/j/functionResponse)
 
 
-def _walk(text: str, path: Path) -> tuple[int, int] | None:
-    start = _skip(text, 0)
-    end = len(text.rstrip())
-    for step in path:
-        if text[start] not in "{[" or (isinstance(step, str)) != (text[start] == "{"):
-            return None
-        members = _members(text, start)
-        if isinstance(step, str):
-            found = [(s, e) for name, s, e in members if name == step]
-        else:
-            found = [(s, e) for _, s, e in members[step:][:1]] if -len(members) <= step < len(members) else []
-        if not found:
-            return None
-        start, end = found[-1]
-    return start, end
+def _path_of(body: Any, target: Any) -> Path | None:
+    """Where the object `target` (by identity) sits in `body`, searched no deeper than a
+    tool result can be (a hostile body may nest a thousand deep)."""
+    stack: list[tuple[Any, Path]] = [(body, ())]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if len(path) >= _SLOT_DEPTH:
+            continue
+        items: Any = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack += [(child, (*path, step)) for step, child in items if isinstance(child, dict | list)]
+    return None
+
+
+class History:
+    """Builds a request's `HistoryCall`s: calls in order, each result matched by call id."""
+
+    __slots__ = ("_calls", "_open", "_turns")
+
+    def __init__(self) -> None:
+        # [call id, name, arguments, result path, the model turn its result follows]
+        self._calls: list[list[Any]] = []
+        self._open: dict[str, int] = {}
+        self._turns = 0
+
+    def turn(self, *, scoped_ids: bool = False) -> None:
+        """The model speaks again. `scoped_ids`: call ids repeat from turn to turn (Gemini's
+        name-based ids), so later results match only this turn's calls."""
+        self._turns += 1
+        if scoped_ids:
+            self._open = {}
+
+    def call(self, call_id: str, name: str, arguments: str) -> None:
+        self._open[call_id] = len(self._calls)
+        self._calls.append([call_id, name, arguments, None, -1])
+
+    def result(self, call_id: str, path: Path) -> None:
+        """The result of `call_id` is at `path`; a result with no call seen is ignored."""
+        at = self._open.get(call_id)
+        if at is not None:
+            self._calls[at][3:] = [path, self._turns]
+
+    def calls(self) -> list[HistoryCall]:
+        last = self._turns
+        return [HistoryCall(cid, name, args, path, turn == last > 0) for cid, name, args, path, turn in self._calls]
 
 
 def integer(value: Any) -> int | None:

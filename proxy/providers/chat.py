@@ -28,6 +28,8 @@ from proxy.providers.base import (
     MAX_OUTPUT_MULTIPLIER,
     MAX_TOKENS_LIMIT,
     Exchange,
+    History,
+    HistoryCall,
     SseEvent,
     count_field,
     number,
@@ -102,6 +104,22 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
+def _history(messages: list[Any]) -> list[HistoryCall]:
+    h = History()
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "assistant":
+            h.turn()
+            for tc in _list(m.get("tool_calls")):
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if isinstance(fn, dict) and isinstance(tc.get("id"), str):
+                    args = fn.get("arguments")
+                    h.call(tc["id"], str(fn.get("name") or ""),
+                           args if isinstance(args, str) else orjson.dumps(args).decode())
+        elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+            h.result(m["tool_call_id"], ("messages", i, "content"))
+    return h.calls()
 
 
 def _stops(stop: Any) -> tuple[str, ...]:
@@ -247,6 +265,9 @@ class ChatAdapter:
     def append_note(self, ex: Exchange, text: str) -> bool:
         """A new final user message (a system message would move up front and break the cache)."""
         return ex.append_item(("messages",), {"role": "user", "content": text})
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        return _history(_list(body.get("messages")))
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API

@@ -6,7 +6,7 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.model import Call, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
-from proxy.providers.base import Exchange, SseEvent
+from proxy.providers.base import Exchange, HistoryCall, SseEvent
 from proxy.providers.base import integer as _int
 from proxy.providers.chat import openai_error_body, openai_stream_error
 
@@ -54,6 +54,9 @@ class EmbeddingsAdapter:
     def append_note(self, ex: Exchange, text: str) -> bool:
         """Embeddings have no conversation: no note."""
         return False
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        return []
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API

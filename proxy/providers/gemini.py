@@ -46,7 +46,16 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.base import MAX_OUTPUT_MULTIPLIER, MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number
+from proxy.providers.base import (
+    MAX_OUTPUT_MULTIPLIER,
+    MAX_TOKENS_LIMIT,
+    Exchange,
+    History,
+    HistoryCall,
+    SseEvent,
+    count_field,
+    number,
+)
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
@@ -173,6 +182,39 @@ def _tool_results(contents: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
+def _part_key(part: Any, camel: str) -> str | None:
+    """The key `part` spells `camel` with (camelCase or snake_case), if it has it."""
+    if not isinstance(part, dict):
+        return None
+    snake = _SNAKE.sub("_", camel).lower()
+    return camel if isinstance(part.get(camel), dict) else snake if isinstance(part.get(snake), dict) else None
+
+
+def _history(contents: list[Any]) -> list[HistoryCall]:
+    # Ids per the module docstring: given, or name-based within one turn, so results are
+    # matched only to the calls of the model turn before them.
+    h = History()
+    for i, content in enumerate(contents):
+        if not isinstance(content, dict):
+            continue
+        parts = _list(content.get("parts"))
+        if content.get("role") == "model":
+            h.turn(scoped_ids=True)
+            for call, call_id in _name_ids(parts, "functionCall"):
+                h.call(call_id, str(call.get("name") or ""), orjson.dumps(call.get("args") or {}).decode())
+            continue
+        seen: dict[str, int] = {}
+        for j, part in enumerate(parts):
+            key = _part_key(part, "functionResponse")
+            if key is None:
+                continue
+            resp = part[key]
+            name = str(resp.get("name") or "")
+            seen[name] = seen.get(name, 0) + 1
+            given = resp.get("id")
+            call_id = given if isinstance(given, str) and given else name if seen[name] == 1 else f"{name}#{seen[name]}"
+            h.result(call_id, ("contents", i, "parts", j, key, "response"))
+    return h.calls()
 
 
 def _stops(config: Any) -> tuple[str, ...]:
@@ -272,9 +314,9 @@ class GeminiAdapter:
         if not isinstance(config, dict):
             ex.set_top(key, {"maxOutputTokens": value})
             return
-        config.pop("max_output_tokens", None)
+        config = {k: v for k, v in config.items() if k != "max_output_tokens"}
         config["maxOutputTokens"] = value
-        ex.edited()
+        ex.set_top(key, config)  # only the config's bytes change, never the conversation's
 
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         # Matched by id, or by the name-based id of the module docstring.
@@ -284,6 +326,9 @@ class GeminiAdapter:
     def append_note(self, ex: Exchange, text: str) -> bool:
         """A new final user content."""
         return ex.append_item(("contents",), {"role": "user", "parts": [{"text": text}]})
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        return _history(_list(body.get("contents")))
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """A cached content's size is the cached tokens the call reported reading."""

@@ -31,7 +31,16 @@ from proxy.model import (
     ToolSpec,
     UsageEvent,
 )
-from proxy.providers.base import MAX_TOKENS_LIMIT, Exchange, SseEvent, count_field, number, text_of
+from proxy.providers.base import (
+    MAX_TOKENS_LIMIT,
+    Exchange,
+    History,
+    HistoryCall,
+    SseEvent,
+    count_field,
+    number,
+    text_of,
+)
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
@@ -117,6 +126,26 @@ def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
     return tuple(results)
 
 
+def _history(items: list[Any]) -> list[HistoryCall]:
+    # A model turn is a run of model items, as in _tool_results.
+    h = History()
+    previous_was_model = False
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        model = _is_model_item(item)
+        if model and not previous_was_model:
+            h.turn()
+        previous_was_model = model
+        if not isinstance(item.get("call_id"), str):
+            continue
+        if item.get("type") == "function_call":
+            args = item.get("arguments")
+            h.call(item["call_id"], str(item.get("name") or ""),
+                   args if isinstance(args, str) else orjson.dumps(args).decode())
+        elif item.get("type") == "function_call_output":
+            h.result(item["call_id"], ("input", i, "output"))
+    return h.calls()
 
 
 def _finish_reason(response: dict[str, Any]) -> str | None:
@@ -205,13 +234,17 @@ class ResponsesAdapter:
         given = ex.body.get("input")
         if isinstance(given, list):
             return ex.append_item(("input",), item)
-        if isinstance(given, str) and (raw := ex.raw_value(("input",))) is not None:
-            encoded = b'[{"role":"user","content":' + raw + b"}," + orjson.dumps(item) + b"]"
-            return ex.replace_value(("input",), [{"role": "user", "content": given}, item], encoded)
+        if isinstance(given, str):  # its message keeps the string's bytes as they came
+            note = orjson.dumps(item).decode()
+            return ex.replace_value(("input",), [{"role": "user", "content": given}, item],
+                                    lambda old: '[{"role":"user","content":' + old + "}," + note + "]")
         if "input" not in ex.body:  # a stored prompt alone
             ex.set_top("input", [item])
             return True
         return False
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        return _history(_list(body.get("input")))
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """A stored response, and the conversation it extends, hold this call's input and

@@ -33,6 +33,7 @@ MODEL = "sim-small"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CACHED_PROMPT = "a long agent context the provider has seen before " * 4  # ~50 input tokens, 8 cached
 READ_TOOL = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
@@ -139,6 +140,8 @@ async def drive_load(url: str, tag: str = "1") -> dict[str, int]:
                 extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
                 statuses[f"{tenant} stream={stream}"], _ = await agent.chat(_user("hello"), **extra)
             statuses[f"{tenant} error"], _ = await agent.chat(_user("SCENARIO:error:500"))
+            # A prompt-cache hit: the simulator reports 8 of the call's input tokens as cached.
+            statuses[f"{tenant} cached"], _ = await agent.chat(_user("SCENARIO:cached " + CACHED_PROMPT))
             await agent.end()
         # A tool round trip: the call in response 1, its result in request 2.
         tools = Agent(http, url, "acme", f"dash-tool-{tag}")

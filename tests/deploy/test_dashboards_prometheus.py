@@ -164,8 +164,32 @@ def test_the_load_covered_every_scenario(evaluated: Evaluated) -> None:
     assert s["capped 2"] == 402, "the third call of a run capped at two is refused"
     assert s["loop refuse"] == 409, "globex's loop guard refuses the repeated tool call"
     assert s["loop remind"] == s["tool ok"] == s["tool failed"] == 200
+    assert s["acme cached"] == s["globex cached"] == 200
     assert s["wrap up"] == 200, "the run answered after acme's wrap-up note, within its 4 calls"
     assert s["rate 1"] == 429, "the second request of a key limited to one a minute"
+
+
+def _panel_values(evaluated: Evaluated, title: str) -> dict[str, float]:
+    """Each series of a panel's (only) query: its model label (or "") -> value."""
+    [q] = [q for q in QUERIES if q.dashboard == "spanmeter-overview" and q.panel == title]
+    rows = evaluated.results[q.id]["data"]["result"]
+    return {r["metric"].get("gen_ai_request_model", ""): float(r["value"][1]) for r in rows}
+
+
+def test_the_prompt_cache_panels_show_the_cached_share_and_the_savings(evaluated: Evaluated) -> None:
+    """Every call reports input; the `cached` ones report 8 of it as read from the cache, each
+    saving 7 micro-USD on sim-small ($1.00/M input, $0.10/M cached). The share is a true
+    share (above 0, below 1), and the money saved is what the price table says."""
+    by_model = _panel_values(evaluated, "Cached share of input tokens by model")
+    assert 0 < by_model["sim-small"] < 1
+    [share] = _panel_values(evaluated, "Cached input share").values()
+    assert 0 < share < 1
+    [saved] = _panel_values(evaluated, "Saved by prompt cache").values()
+    # Two tenants x one cached call per load pass, 7 micro-USD each. Prometheus first scrapes
+    # after pass 1, so increase() sees pass 2 (14 micro-USD, extrapolated up a little), and
+    # never more than both passes.
+    assert 2 * 7e-6 * 0.99 <= saved <= 4 * 7e-6
+    assert _panel_values(evaluated, "Saved by prompt cache per hour by model")["sim-small"] > 0
 
 
 # Panels whose metric the proxy does not emit yet: xfail with the reason while it is

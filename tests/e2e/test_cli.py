@@ -163,10 +163,14 @@ async def test_serve_then_calls_then_runs_spend_and_budgets(sim, tmp_path):
     assert f"spanmeter listening on http://127.0.0.1:{port}" in out
 
     # runs: what the tree view shows, at once; the call without a run id is a run that ended.
+    header = runs.stdout.splitlines()[0].split()
     rows = {line.split()[0]: line.split() for line in runs.stdout.splitlines()[1:]}
-    assert rows["cli-run"][1] == "acme" and rows["cli-run"][4:6] == ["3", "38"] and rows["cli-run"][-1] == "ceiling"
-    assert rows[lone_run][4] == "1" and rows[lone_run][-1] == "ended"
-    assert "$0.0000 " not in runs.stdout and re.search(r"\$0\.0000[1-9]", rows["cli-run"][6])
+    # STARTED takes two words (date and time): columns after it sit one further right.
+    at = {name: i + (1 if i > header.index("STARTED") else 0) for i, name in enumerate(header)}
+    assert rows["cli-run"][1] == "acme" and rows["cli-run"][-1] == "ceiling"
+    assert [rows["cli-run"][at["CALLS"]], rows["cli-run"][at["TOKENS"]]] == ["3", "38"]
+    assert rows[lone_run][at["CALLS"]] == "1" and rows[lone_run][-1] == "ended"
+    assert "$0.0000 " not in runs.stdout and re.search(r"\$0\.0000[1-9]", rows["cli-run"][at["COST"]])
     assert tree.stdout.startswith("run cli-run (acme)") and tree.stdout.count("chat sim-small") == 3
     assert "refused: run_calls" in tree.stdout and "rewrite max_tokens_clamp=" in tree.stdout
     assert missing.returncode == 1 and missing.stderr.startswith(f"No run 'no-such-run' in {data / 'traces'}.")

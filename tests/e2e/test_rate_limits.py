@@ -22,7 +22,7 @@ from google.genai import types as genai_types
 
 from proxy.appkeys import STORE, TEL
 from proxy.config import hash_key
-from proxy.handler import PATCH_BYTES
+from proxy.handler import CLAMP_BYTES
 from proxy.policy.pricing import PROVIDER_OVERHEAD_TOKENS
 from tracing.local import read_spans
 
@@ -109,7 +109,7 @@ async def test_a_429_speaks_each_dialect(make_proxy, sim, monkeypatch_env):
 async def test_tokens_per_minute_count_the_input_bound_and_the_output_asked_for(make_proxy, sim, monkeypatch_env):
     body = b'{"model":"sim-small","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}'
     # The input bound (bytes, the provider's overhead, room for spanmeter's own patches) and the output.
-    cost = len(body) + PROVIDER_OVERHEAD_TOKENS + PATCH_BYTES + 100
+    cost = len(body) + PROVIDER_OVERHEAD_TOKENS + CLAMP_BYTES + 100
     proxy = await _proxy(make_proxy, monkeypatch_env, rate_limits={"tokens_per_minute": 2 * cost + cost // 2})
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     async with aiohttp.ClientSession() as http:

@@ -14,6 +14,7 @@ from proxy.policy.pricing import (
     PROVIDER_OVERHEAD_TOKENS,
     PriceTable,
     affordable_output_tokens,
+    cache_savings,
     cost,
     input_bound,
     reservation,
@@ -42,6 +43,11 @@ def test_lookup(case: dict[str, Any]) -> None:
 @cases("cost")
 def test_cost(case: dict[str, Any]) -> None:
     assert cost(price(case["model"]), Usage(**case["usage"])) == case["want"]
+
+
+@cases("savings")
+def test_cache_savings(case: dict[str, Any]) -> None:
+    assert cache_savings(price(case["model"]), Usage(**case["usage"])) == case["want"]
 
 
 @cases("reservation")

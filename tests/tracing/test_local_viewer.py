@@ -32,7 +32,7 @@ def call(tel: Telemetry, run: spans.RunTrace, start: int, end: int, outcome: Out
 def record_a_run(local_dir: Path) -> spans.RunTrace:
     tel = setup_telemetry(TelemetryConfig(local_dir=str(local_dir)), environ={})
     run = spans.new_run_trace(start_ns=T0)
-    first = call(tel, run, T0, T0 + int(1.2 * S), Outcome(status=200, usage=Usage(1830, 96),
+    first = call(tel, run, T0, T0 + int(1.2 * S), Outcome(status=200, usage=Usage(1830, 96, cache_read_tokens=1024),
                  finish_reasons=("tool_calls",)), repairs=[Repair("tool:call_1", ("trailing_comma",))])  # fmt: skip
     spans.tool_span(tel, CALLER, name="get_weather", call_id="call_1", arguments='{"city": "Paris"}',
                     result="l1\nl2\nl3", is_error=False, start_ns=T0 + int(1.2 * S), end_ns=T0 + 2 * S,
@@ -42,7 +42,8 @@ def record_a_run(local_dir: Path) -> spans.RunTrace:
                     end_ns=T0 + 2 * S, run_trace=run)  # fmt: skip
     call(tel, run, T0 + 2 * S, T0 + 3 * S, Outcome(status=429, error_type="429", error_message="slow down"),
          cost_micros=0)  # fmt: skip
-    totals = {"model_calls": 2, "tool_calls": 2, "failures": 1, "tool_failures": 1, "cost_micros": 3600}
+    totals = {"model_calls": 2, "tool_calls": 2, "failures": 1, "tool_failures": 1, "cost_micros": 3600,
+              "input_tokens": 1830, "cache_read_tokens": 1024}
     spans.end_run(tel, CALLER, run, totals, "ok", end_ns=T0 + 4 * S)
     tel.shutdown()
     return run
@@ -66,19 +67,44 @@ def test_runs_table(tmp_path: Path) -> None:
     assert (run.run_id, run.tenant, run.calls, run.tool_calls, run.tokens, run.failures, run.tool_failures,
             run.status) == ("run_view", "acme", 2, 2, 1926, 1, 1, "ok")  # fmt: skip
     assert run.cost_usd == 0.0036
+    assert run.cached_share == 1024 / 1830, "the run span's share, spanmeter.run.cache_read.share"
     table = render_runs_table([run]).splitlines()
-    assert table[0].split() == ["RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "COST", "STATUS"]
+    assert table[0].split() == ["RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "CACHED", "COST", "STATUS"]
     assert table[1].split()[:2] == ["run_view", "acme"]
-    assert table[1].split()[-4:] == ["2", "1,926", "$0.0036", "ok"]
+    assert table[1].split()[-5:] == ["2", "1,926", "56%", "$0.0036", "ok"]
+
+
+def test_an_open_run_shows_the_cached_share_of_its_calls(tmp_path: Path) -> None:
+    tel = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path)), environ={})
+    run = spans.new_run_trace(start_ns=T0)
+    call(tel, run, T0, T0 + S, Outcome(status=200, usage=Usage(1000, 10, cache_read_tokens=900)))
+    call(tel, run, T0 + S, T0 + 2 * S, Outcome(status=200, usage=Usage(1000, 10, cache_read_tokens=0)))
+    call(tel, run, T0 + 2 * S, T0 + 3 * S, Outcome(status=500, error_type="500"))  # no usage: not counted
+    tel.shutdown()
+    [summary] = load_runs(tmp_path)
+    assert summary.status == "open, failures" and summary.cached_share == 0.45
+    assert render_runs_table([summary]).splitlines()[1].split()[-5:-2] == ["2,020", "45%", "$0.0108"]
+    assert "2,020 tokens  45% of input cached  $0.0108  open, failures" in render_run_tree("run_view", tmp_path)
+
+
+def test_a_run_without_input_shows_no_share(tmp_path: Path) -> None:
+    tel = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path)), environ={})
+    run = spans.new_run_trace(start_ns=T0)
+    call(tel, run, T0, T0 + S, Outcome(status=500, error_type="500"), cost_micros=0)
+    tel.shutdown()
+    [summary] = load_runs(tmp_path)
+    assert summary.cached_share is None
+    assert render_runs_table([summary]).splitlines()[1].split()[-4] == "-"
+    assert "of input cached" not in render_run_tree("run_view", tmp_path)
 
 
 def test_run_tree(tmp_path: Path) -> None:
     record_a_run(tmp_path)
     tree = render_run_tree("run_view", tmp_path)
     assert tree.splitlines() == [
-        "run run_view (acme)  4.00s  2 calls  2 tool calls  1,926 tokens  $0.0036  ok  1 failed call"
-        "  1 failed tool call",
-        "├─ chat gpt-4o  1.20s  1,830→96 tok  $0.0036  finish: tool_calls",
+        "run run_view (acme)  4.00s  2 calls  2 tool calls  1,926 tokens  56% of input cached  $0.0036  ok"
+        "  1 failed call  1 failed tool call",
+        "├─ chat gpt-4o  1.20s  1,830→96 tok (1,024 cached)  $0.0036  finish: tool_calls",
         "│     repair tool:call_1: trailing_comma",
         "├─ execute_tool get_weather  0.80s  Paris  ✓ 3 lines",
         "├─ execute_tool read_file  ERROR tool_error  0.80s  a.py  ✗ denied",

@@ -20,10 +20,10 @@ def exercise(tel: Telemetry) -> None:
     call = Call(api="chat", operation="chat", model="gpt-4o", stream=True)
     where = {"provider": "openai", "server_address": "api.openai.com", "server_port": 443}
     cs = spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None)  # type: ignore[arg-type]
-    outcome = Outcome(status=200, usage=Usage(10, 5), first_chunk_s=0.2)
+    outcome = Outcome(status=200, usage=Usage(10, 5, cache_read_tokens=4, cache_write_tokens=2), first_chunk_s=0.2)
     spans.end_call(tel, cs, call, outcome, cost_micros=5, usage_source="reported",
                    budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
-                   repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01])  # fmt: skip
+                   repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3)  # fmt: skip
     spans.record_refusal(tel, CALLER, call, "spanmeter.call_limit_exceeded", "too many calls")
     spans.tool_span(tel, CALLER, name="t", call_id="c", arguments="{}", result="ok",
                     is_error=False, start_ns=1, end_ns=2)  # fmt: skip
@@ -70,6 +70,9 @@ def test_known_names_match_the_reference_note() -> None:
     assert A.prometheus_series(A.SPANMETER_BUDGET_SPENT_USD) == ("spanmeter_budget_spent_usd",)
     assert A.prometheus_label(A.GEN_AI_TOKEN_TYPE) == "gen_ai_token_type"
     assert "spanmeter_telemetry_dropped_spans_total" in A.all_prometheus_series()
+    assert A.prometheus_series(A.SPANMETER_CACHE_INPUT_TOKENS) == ("spanmeter_cache_input_tokens_total",)
+    assert A.prometheus_series(A.SPANMETER_COST_SAVED) == ("spanmeter_cost_saved_total",)
+    assert A.prometheus_label(A.SPANMETER_CACHE_OPERATION) == "spanmeter_cache_operation"
 
 
 def test_histograms_use_the_spec_bucket_boundaries(tel: Telemetry) -> None:

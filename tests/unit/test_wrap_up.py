@@ -107,9 +107,21 @@ def test_a_runs_outcome_tells_an_answer_after_a_note_from_a_ceiling(totals, outc
     assert spans.run_outcome(totals) == outcome
 
 
-def test_a_conversation_nested_too_deep_to_walk_gets_no_note_and_goes_unchanged() -> None:
-    deep = "[" * 1000 + "]" * 1000  # orjson takes it (1024 levels); the stdlib's scanner does not
+def test_a_conversation_nested_a_thousand_deep_gets_its_note_and_keeps_its_bytes() -> None:
+    deep = "[" * 1000 + "]" * 1000  # orjson takes it (1024 levels); the stdlib's own scanner would not
     raw = ('{"model":"m","messages":[{"role":"user","content":"hi","extra":' + deep + "}]}").encode()
     ex = open_exchange(CHAT, raw, "/v1/chat/completions")
-    assert CHAT.append_note(ex, "NOTE") is False
-    assert ex.request_bytes() == raw
+    assert CHAT.append_note(ex, "NOTE") is True
+    assert ex.request_bytes() == raw[:-2] + b',{"role":"user","content":"NOTE"}]}'
+
+
+def test_a_reminder_inside_the_conversation_and_the_note_after_it_are_both_spliced() -> None:
+    raw = (b'{"model": "m", "messages": [{"role": "user", "content": "go"},\n'
+           b' {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", '
+           b'"function": {"name": "f", "arguments": "{}"}}]},\n {"role": "tool", "tool_call_id": "c1", '
+           b'"content": "1.10"}], "temperature": 1E2}')
+    ex = open_exchange(CHAT, raw, "/v1/chat/completions")
+    assert ex.prefix_tool_result("c1", "R: ")  # the loop guard's reminder, inside the last message
+    assert CHAT.append_note(ex, "NOTE")  # the note, around it in the messages array
+    assert ex.request_bytes() == raw.replace(b'"content": "1.10"}]', b'"content": "R: 1.10"},'
+                                             b'{"role":"user","content":"NOTE"}]')
