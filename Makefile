@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: serve test demo simulate bench lint system-deps clean
+.PHONY: serve test test-integrations demo simulate bench lint system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,20 @@ system-deps:
 test: $(VENV)/.test system-deps
 	$(BIN)/pytest -q
 
+# The backends people read spanmeter's traces in, for real: Arize Phoenix (the version
+# docs/integrations.md records) in a virtualenv of its own, as it pins many packages; the
+# test starts it on ephemeral ports and reads the spans back through its REST API.
+PHOENIX_VENV    := .venv-phoenix
+PHOENIX_VERSION ?= 20.26.1
+
+$(PHOENIX_VENV)/bin/phoenix:
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/pip install -q --upgrade pip
+	$(PHOENIX_VENV)/bin/pip install -q 'arize-phoenix==$(PHOENIX_VERSION)'
+
+test-integrations: $(VENV)/.test $(PHOENIX_VENV)/bin/phoenix
+	PHOENIX_BIN=$(PHOENIX_VENV)/bin/phoenix $(BIN)/pytest -q -m phoenix
+
 # The bench prefers nginx (+ echo module) as the fast upstream and py-spy for the profile;
 # without them it falls back to an aiohttp upstream and skips the profile, and says so.
 bench: $(VENV)/.test
@@ -54,4 +68,4 @@ lint: $(VENV)/.test
 	$(BIN)/mypy proxy tracing
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) .pytest_cache .mypy_cache .ruff_cache

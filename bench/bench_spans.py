@@ -72,7 +72,7 @@ class NoopExporter(SpanExporter):
 def make_tel(otlp_metrics: bool, *extra: SpanExporter) -> Telemetry:
     # The OTLP metric reader points at a closed port and never fires before shutdown; its
     # one export at shutdown fails fast (0.1 s timeout) and is not measured.
-    env = {} if otlp_metrics else {"OTEL_METRICS_EXPORTER": "none"}
+    env = {"OTEL_METRICS_EXPORTER": "otlp"} if otlp_metrics else {}
     cfg = TelemetryConfig(
         otlp_endpoint="http://127.0.0.1:9", export_timeout=0.1, metric_export_interval_ms=3_600_000,
         schedule_delay_ms=200,

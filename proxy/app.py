@@ -181,6 +181,8 @@ def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], As
         s = app[SETTINGS]
         app[TEL] = tel = injected or setup_telemetry(TelemetryConfig.from_env(
             otlp_endpoint=s.otlp_endpoint,
+            push_metrics=s.otlp_metrics,
+            project_name=s.project_name,
             local_dir=str(Path(s.data_dir) / "traces") if s.local_traces else None,
             known_model=_priced_name(app[PRICES])))
         yield

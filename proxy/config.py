@@ -236,6 +236,12 @@ class Settings(BaseSettings):
     _key_policies: dict[tuple[str, str], KeyPolicy] | None = PrivateAttr(default=None)  # key_policy's index
 
     otlp_endpoint: str | None = None  # else the standard OTEL_EXPORTER_OTLP_ENDPOINT
+    # Metrics are pulled from /metrics; pushed over OTLP only when asked: this, or the
+    # standard OTEL_METRICS_EXPORTER=otlp / OTEL_EXPORTER_OTLP_METRICS_ENDPOINT.
+    otlp_metrics: bool = False
+    # The project the spans land in, for backends that sort by project (Phoenix reads the
+    # resource attribute openinference.project.name; Langfuse takes it from the key pair).
+    project_name: str | None = Field(None, min_length=1, max_length=256)
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
 
     @classmethod

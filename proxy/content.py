@@ -4,10 +4,17 @@
 `{"role", "parts": [{"type": "text", "content"} | {"type": "tool_call", "id", "name", "arguments"}
 | {"type": "tool_call_response", "id", "response"}]}`; system text goes to
 `gen_ai.system_instructions` when the API carries it separately.
+
+Repair changes what the agent receives, never what the model said: `output_messages` is
+the model's answer as it came (semconv: "messages returned by the model"), and, when a
+repair changed it, `output_messages_repaired` is the answer as the agent received it,
+in the same shape (`spanmeter.output.messages.repaired`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -20,12 +27,28 @@ __all__ = ["capture"]
 Json = dict[str, Any]
 
 
-def capture(api: str, body: Json, outcome: Outcome) -> Json:
+def capture(api: str, body: Json, outcome: Outcome, *, delivered_text: str | None = None,
+            delivered_arguments: Mapping[str, str] | None = None) -> Json:
+    """`delivered_*`: the answer's text and tool-call arguments (by call id) as the agent
+    received them, where a repair changed them."""
     system, messages = _INPUT.get(api, _none)(body)
     out: Json = {"input_messages": messages, "output_messages": [_output(outcome)]}
     if system:
         out["system_instructions"] = [{"type": "text", "content": system}]
+    delivered = _delivered(outcome, delivered_text, delivered_arguments or {})
+    if delivered is not None:
+        out["output_messages_repaired"] = [_output(delivered)]
     return out
+
+
+def _delivered(o: Outcome, text: str | None, arguments: Mapping[str, str]) -> Outcome | None:
+    """The outcome as the agent received it, or None when no repair changed it."""
+    changed_text = text is not None and text != o.text
+    calls = tuple(replace(tc, arguments=arguments[tc.id]) if arguments.get(tc.id, tc.arguments) != tc.arguments
+                  else tc for tc in o.tool_calls)
+    if not changed_text and calls == o.tool_calls:
+        return None
+    return replace(o, text=text if changed_text and text is not None else o.text, tool_calls=calls)
 
 
 def _text(text: str) -> Json:

@@ -54,7 +54,7 @@ async def run_demo(data_dir: str = ".spanmeter") -> int:
         proxy_runner, proxy_url = await serve_on_free_port(create_app(settings))
         print(f"simulated model API at {sim_url}\nspanmeter proxy at     {proxy_url}\n")
         client = AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="sk-demo-not-a-real-key",
-                             default_headers={"X-Run-Id": run_id})
+                             default_headers={"X-Run-Id": run_id, "X-Agent-Name": "demo-agent"})
         try:
             await _agent_loop(client)
             await _stream(client)

@@ -49,6 +49,11 @@ FIELD_DOCS: dict[str, str] = {
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
                      "`anthropic`, `gemini`). Every variable named here must be set when spanmeter starts "
                      "(empty: calls go without a key); list only the dialects your tenants use.",
+    "otlp_metrics": "Also push metrics over OTLP (as do OTEL_METRICS_EXPORTER=otlp or "
+                    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT). Off by default: trace-only backends (Phoenix, "
+                    "Langfuse, Tempo) refuse metrics; `/metrics` always serves them.",
+    "project_name": "The project spans land in: the resource attribute `openinference.project.name` "
+                    "(Phoenix). Langfuse takes its project from the key pair.",
     "connect_timeout_s": "Seconds to connect to an upstream (502 after).",
     "read_timeout_s": "Seconds an upstream may stay silent between bytes (504 after).",
     "max_connections": "Pooled upstream connections (in-flight upstream calls).",

@@ -46,6 +46,8 @@ class Caller:
     run_id_source: Literal["header", "traceparent", "generated"]
     key_id: str | None = None  # short id of the spanmeter key, never the key itself
     upstream_key: str | None = None  # open mode: the caller's own key, passed upstream
+    agent_name: str | None = None  # X-Agent-Name: the agent the run belongs to (gen_ai.agent.name)
+    conversation_id: str | None = None  # X-Conversation-Id, never invented (gen_ai.conversation.id)
 
 
 class ToolSpec(NamedTuple):

@@ -106,6 +106,7 @@ class _BodyRepair:
         if apply:
             for i, (holder, key) in enumerate(slots):
                 holder[key] = new if i == 0 else ""
+            self.hooks.delivered_text = new
         return apply
 
     def _arguments(self, holder: Json, key: str, call_id: str, name: str | None) -> bool:
@@ -123,8 +124,9 @@ class _BodyRepair:
         new, rep = repair_arguments(value, schema, call_id, close_truncated=bool(self.policy.close_truncated))
         apply = new is not None and self.policy.mode == "repair"
         _record(self.hooks, self.policy, rep, apply)
-        if apply:
+        if apply and new is not None:
             holder[key] = new
+            self.hooks.delivered_arguments[call_id] = new
         return apply
 
 
@@ -210,6 +212,8 @@ class _StreamRepair:
             return ""
         tail = self.text.finish()
         _record(self.hooks, _no_raise(self.policy), self.text.repair, False)
+        if self.text.repair is not None and self.text.repair.actions:
+            self.hooks.delivered_text = self.text.emitted
         return tail
 
     def finish_args(self, key: Any) -> str:
@@ -221,6 +225,8 @@ class _StreamRepair:
         rep = repairer.repair
         if rep is not None:
             _record(self.hooks, _no_raise(self.policy), replace(rep, target=f"tool:{call_id}"), False)
+            if rep.actions:
+                self.hooks.delivered_arguments[call_id] = repairer.emitted
         return tail
 
 
@@ -235,6 +241,10 @@ def _sse(event: SseEvent, data: Json) -> bytes:
 
 
 class _ChatStream(_StreamRepair):
+    def __init__(self, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
+        super().__init__(call, policy, hooks)
+        self.ids: dict[Any, str] = {}  # tool call index -> its id
+
     def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
         if not event.data.startswith("{"):
             return None
@@ -252,8 +262,10 @@ class _ChatStream(_StreamRepair):
         for tc in _list(delta.get("tool_calls")):
             fn = tc.get("function") or {}
             frag = fn.get("arguments")
+            if tc.get("id"):  # the first delta of a call names it, often with no arguments yet
+                self.ids[tc.get("index", 0)] = str(tc["id"])
             if isinstance(frag, str) and frag:
-                r = self.arg_repairer(tc.get("index", 0), str(tc.get("id") or self._id(tc)), fn.get("name"))
+                r = self.arg_repairer(tc.get("index", 0), self._id(tc), fn.get("name"))
                 out = r.feed(frag)
                 changed |= out != frag
                 fn["arguments"] = out
@@ -262,8 +274,8 @@ class _ChatStream(_StreamRepair):
         return _sse(event, chunk) if changed else None
 
     def _id(self, tc: Json) -> str:
-        found = self.args.get(tc.get("index", 0))
-        return found[1] if found else f"index-{tc.get('index', 0)}"
+        index = tc.get("index", 0)
+        return self.ids.get(index) or f"index-{index}"
 
     def _flush(self, delta: Json) -> bool:
         changed = False

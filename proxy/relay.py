@@ -63,6 +63,10 @@ class Hooks:
     repairs: list[Repair] = field(default_factory=list)
     retry_feedback: str | None = None  # set when repaired output should be asked for again
     retry_output: str = ""  # the answer that did not match, shown to the model with the feedback
+    # What the agent received where a repair changed the model's answer (the observer keeps
+    # what the model sent): the answer's text, and tool-call arguments by call id.
+    delivered_text: str | None = None
+    delivered_arguments: dict[str, str] = field(default_factory=dict)
 
 
 async def relay(

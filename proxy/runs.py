@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,9 +41,16 @@ class Runs:
 
     def candidate(self, caller: Caller, parent: spans.TraceParent | None, start_ns: int) -> dict[str, Any]:
         """Trace ids for the run (starting at its first call's arrival), kept by the
-        admission if the run has none yet."""
+        admission if the run has none yet, with what the run span says of the run's
+        caller: how the run was named, its agent and conversation (the first call's)."""
         known = self._known.get((caller.tenant, caller.run_id))
-        return {"ids": (known or spans.new_run_trace(parent, start_ns=start_ns)).encode()}
+        found: dict[str, Any] = {"ids": (known or spans.new_run_trace(parent, start_ns=start_ns)).encode(),
+                                 "source": caller.run_id_source}
+        if caller.agent_name is not None:
+            found["agent"] = caller.agent_name
+        if caller.conversation_id is not None:
+            found["conversation"] = caller.conversation_id
+        return found
 
     def trace(self, caller: Caller, stored: dict[str, Any] | None, parent: spans.TraceParent | None) -> spans.RunTrace:
         """The run's trace ids as the store fixed them (whichever replica saw the run first);
@@ -67,6 +75,8 @@ class Runs:
         if self._tel is None or not closed:
             return
         results = {r.call_id: r for r in call.tool_results}
+        # The request that answers a tool call usually declares the tools again.
+        described = {t.name: t.description for t in call.tools if isinstance(t.description, str)}
         for p in closed:
             result = results.get(p["id"])
             if result is None:
@@ -74,7 +84,8 @@ class Runs:
             spans.tool_span(
                 self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
                 result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
-                end_ns=arrived_ns, parent=parent, run_trace=run, link=_link(p), capture=capture)
+                end_ns=arrived_ns, parent=parent, run_trace=run, link=_link(p), capture=capture,
+                description=described.get(p["name"]))
 
     async def end(self, tenant: str, run_id: str, status: str = "ended",
                   source: RunIdSource = "header") -> bool:
@@ -89,8 +100,8 @@ class Runs:
                                                        "tool_results_missing": len(pending)})
         totals = {"failures": 0, "tool_failures": 0, **await self._store.run_totals(tenant, run_id)}
         if self._tel is not None:
-            caller = Caller(tenant, run_id, source)
             stored = rec.get("trace")
+            caller = _run_caller(tenant, run_id, stored, source)
             run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
             now = time.time_ns()
             for p in pending:
@@ -141,17 +152,35 @@ class Runs:
                 log.warning("run sweeper failed; will retry", exc_info=True)
 
 
-def pending_tools(outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None) -> list[dict[str, Any]]:
-    """The tool calls a response made, as kept in run state until their results arrive.
-    `sig` (name + hash of canonical arguments) is what the loop guard's streak compares."""
+def pending_tools(outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None,
+                  delivered: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The tool calls a response made, as kept in run state until their results arrive,
+    with the arguments the agent received (`delivered`: by call id, where a repair changed
+    them): the tool ran with those. `sig` (name + hash of canonical arguments) is what the
+    loop guard's streak compares."""
     link = [ref.trace_id, ref.span_id] if ref else None  # the chat span that made the call
-    return [{"id": tc.id, "name": tc.name, "arguments": tc.arguments, "delivered_ns": delivered_ns, "link": link,
-             "sig": f"{tc.name}:{canonical_sha256(tc.arguments)}"} for tc in outcome.tool_calls]
+    found = []
+    for tc in outcome.tool_calls:
+        args = (delivered or {}).get(tc.id, tc.arguments)
+        found.append({"id": tc.id, "name": tc.name, "arguments": args, "delivered_ns": delivered_ns, "link": link,
+                      "sig": f"{tc.name}:{canonical_sha256(args)}"})
+    return found
 
 
 def results_ok(call: Call) -> tuple[tuple[str, bool], ...]:
     """(call id, not a failure) for each tool result the request carries."""
     return tuple((r.call_id, tool_result_digest(r.content, is_error=r.is_error).ok) for r in call.tool_results)
+
+
+def _run_caller(tenant: str, run_id: str, stored: dict[str, Any] | None,
+                source: RunIdSource = "header") -> Caller:
+    """The run's caller as its first call recorded it in run state (see `Runs.candidate`)."""
+    stored = stored or {}
+    source = stored.get("source") or source
+    agent, conversation = stored.get("agent"), stored.get("conversation")
+    return Caller(tenant, run_id, source if source in ("header", "traceparent", "generated") else "header",
+                  agent_name=agent if isinstance(agent, str) else None,
+                  conversation_id=conversation if isinstance(conversation, str) else None)
 
 
 def _link(pending: dict[str, Any]) -> spans.SpanRef | None:

@@ -175,7 +175,8 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
         # One store operation: the charge, the run's totals and its open tool calls.
         totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved)
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
-                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref) or None,
+                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref,
+                                                                hooks.delivered_arguments) or None,
                                             contexts=ex.adapter.stored_sizes(call, outcome) or None)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         remaining = _report_budgets(app, caller, admitted, amount)
@@ -185,8 +186,9 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
-                   end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s,
-                   capture=_capture(app, policy, call, ex.body, outcome), saved_micros=saved)
+                   end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
+                   delivered_arguments=hooks.delivered_arguments,
+                   capture=_capture(app, policy, call, ex.body, outcome, hooks), saved_micros=saved)
     accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
                      status=outcome.status, upstream_status=outcome.status,
                      duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
@@ -210,11 +212,14 @@ def _final_usage(outcome: Outcome) -> Usage:
 _MAYBE_BILLED = frozenset({UpstreamTimeout("").error_type, UpstreamProtocolError("").error_type})
 
 
-def _capture(app: web.Application, policy: Policy, call: Call, body: dict[str, Any], outcome: Outcome) -> Any:
-    """Message content for the span, only when the process captures it and the tenant allows."""
+def _capture(app: web.Application, policy: Policy, call: Call, body: dict[str, Any], outcome: Outcome,
+             hooks: Hooks) -> Any:
+    """Message content for the span, only when the process captures it and the tenant allows:
+    the model's answer and, if a repair changed it, the answer the agent received."""
     if app[TEL].config.capture_content != "SPAN_ONLY" or policy.capture_content == "NO_CONTENT":
         return None
-    return content.capture(call.api, body, outcome)
+    return content.capture(call.api, body, outcome, delivered_text=hooks.delivered_text,
+                           delivered_arguments=hooks.delivered_arguments)
 
 
 def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, amount: int) -> int | None:

@@ -20,6 +20,9 @@ __all__ = ["KeyIndex", "identify", "new_key", "presented_key"]
 OPEN_TENANT = "default"
 KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
 _RUN_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+AGENT_NAME_MAX = 128
+CONVERSATION_ID_MAX = 256
+_CONVERSATION_ID = re.compile(rf"[\x21-\x7e]{{1,{CONVERSATION_ID_MAX}}}")
 
 
 class KeyIndex:
@@ -68,7 +71,37 @@ def identify(
             )
         tenant, upstream_key, key_id = found, None, key_id_of(hash_key(key))
     run_id, source = _run(headers)
-    return Caller(tenant, run_id, source, key_id, upstream_key)
+    return Caller(tenant, run_id, source, key_id, upstream_key,
+                  agent_name=_agent_name(headers.get("x-agent-name")),
+                  conversation_id=_conversation_id(headers.get("x-conversation-id")))
+
+
+def _agent_name(value: str | None) -> str | None:
+    """X-Agent-Name: printable text, AGENT_NAME_MAX characters at most (it names the run's span)."""
+    if value is None:
+        return None
+    name = value.strip()
+    if not name or len(name) > AGENT_NAME_MAX or not name.isprintable():
+        raise RequestError(
+            f"X-Agent-Name {value[:40]!r} is not a valid agent name: use 1 to {AGENT_NAME_MAX} printable "
+            "characters (no control characters or line breaks), e.g. `X-Agent-Name: support-bot`.",
+            param="X-Agent-Name",
+        )
+    return name
+
+
+def _conversation_id(value: str | None) -> str | None:
+    """X-Conversation-Id: the caller's own conversation (session, thread) id, kept as sent."""
+    if value is None:
+        return None
+    cid = value.strip()
+    if not _CONVERSATION_ID.fullmatch(cid):
+        raise RequestError(
+            f"X-Conversation-Id {value[:40]!r} is not a valid conversation id: use 1 to "
+            f"{CONVERSATION_ID_MAX} visible ASCII characters without spaces (your session or thread id).",
+            param="X-Conversation-Id",
+        )
+    return cid
 
 
 def _run(headers: Mapping[str, str]) -> tuple[str, RunIdSource]:

@@ -30,9 +30,11 @@ HOP_BY_HOP = frozenset(
      "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 )
 # Never forwarded upstream: the caller's credentials (spanmeter injects the upstream's),
-# the agent's trace context (semconv 6.1: no agent traceparent at the provider) and ours.
+# the agent's trace context (semconv 6.1: no agent traceparent at the provider) and ours
+# (x-run-*, x-spanmeter-*, and the run's agent name and conversation id).
 _STRIP_UP = HOP_BY_HOP | {"authorization", "x-api-key", "x-goog-api-key", "traceparent",
-                          "tracestate", "baggage", "accept-encoding", "cookie"}
+                          "tracestate", "baggage", "accept-encoding", "cookie",
+                          "x-agent-name", "x-conversation-id"}
 _STRIP_DOWN = HOP_BY_HOP | {"content-encoding", "set-cookie"}
 # The request encodings aiohttp's server decodes before anyone reads the body
 # (http_parser.HttpRequestParser): a body sent with one of these is forwarded decoded,

@@ -4,7 +4,9 @@
 (the last published GenAI release, see shared/reference/otel-genai.md section 0). Newer
 names from the semantic-conventions-genai repo appear only under
 `OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental` and are marked `LATEST_`.
-Our own names live under `spanmeter.` and never inside `gen_ai.*`.
+Our own names live under `spanmeter.` and never inside `gen_ai.*`. The only others are
+the few OpenInference names GenAI UIs read a span's summary and session from
+(`input.value`, `output.value`, `session.id`; see "UI summaries" below).
 
 Metric names: we are a *client* of the model API (we call the upstream on the agent's
 behalf), so the `gen_ai.client.*` family applies, as envoyproxy/ai-gateway argues too.
@@ -25,7 +27,8 @@ SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
 # --- gen_ai.* (semconv v1.41.1) -------------------------------------------------------
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
-GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"  # only from the caller (X-Conversation-Id)
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"  # from X-Agent-Name, on the run (invoke_agent) span
 GEN_AI_OUTPUT_TYPE: Final = "gen_ai.output.type"
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
@@ -52,6 +55,10 @@ GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tok
 GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
 GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
+# Opt-in by the letter of the table, yet v1.41.1 only advises against its *non-required*
+# properties by default: each tool's `type` and `name` always, `description` and
+# `parameters` only under content capture.
+GEN_AI_TOOL_DEFINITIONS: Final = "gen_ai.tool.definitions"
 GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
@@ -71,6 +78,7 @@ OPERATION_GENERATE_CONTENT: Final = "generate_content"
 OPERATION_EMBEDDINGS: Final = "embeddings"
 OPERATION_TEXT_COMPLETION: Final = "text_completion"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
 # The one value a metric label takes when what the caller, its model or an upstream sent is
@@ -94,6 +102,10 @@ SPANMETER_COST_SAVED_USD: Final = "spanmeter.cost.saved_usd"
 SPANMETER_BUDGET_REMAINING_USD: Final = "spanmeter.budget.remaining_usd"
 SPANMETER_REWRITES: Final = "spanmeter.rewrites"
 SPANMETER_REPAIRS: Final = "spanmeter.repairs"
+# Under content capture, beside gen_ai.output.messages (the answer as the model returned it):
+# the answer as the agent received it after repair, in the same JSON shape; set only when a
+# repair changed it.
+SPANMETER_OUTPUT_MESSAGES_REPAIRED: Final = "spanmeter.output.messages.repaired"
 SPANMETER_OBSERVER_NOTES: Final = "spanmeter.observer.notes"  # e.g. unparsed_event: the upstream sent unreadable data
 SPANMETER_USAGE_SOURCE: Final = "spanmeter.usage.source"  # reported | estimate
 SPANMETER_REFUSAL_REASON: Final = "spanmeter.refusal.reason"
@@ -116,8 +128,6 @@ SPANMETER_RUN_FAILURES: Final = "spanmeter.run.failures"  # failed model calls
 # Failed tool results and tool calls never answered: the run's execute_tool spans with status ERROR.
 SPANMETER_RUN_TOOL_FAILURES: Final = "spanmeter.run.tool_failures"
 SPANMETER_RUN_TOOL_RESULTS_MISSING: Final = "spanmeter.run.tool_results_missing"  # of which never answered
-SPANMETER_RUN_INPUT_TOKENS: Final = "spanmeter.run.input_tokens"
-SPANMETER_RUN_OUTPUT_TOKENS: Final = "spanmeter.run.output_tokens"
 SPANMETER_RUN_COST_USD: Final = "spanmeter.run.cost.usd"
 SPANMETER_RUN_REPAIRS: Final = "spanmeter.run.repairs"
 SPANMETER_RUN_CEILINGS_HIT: Final = "spanmeter.run.ceilings_hit"
@@ -167,10 +177,26 @@ TOOL_TIMING_INFERRED: Final = "inferred"
 USAGE_REPORTED: Final = "reported"
 USAGE_ESTIMATE: Final = "estimate"
 
-# The span that carries a run's totals. Span names must be low-cardinality, so the run id
-# is an attribute, not part of the name; and the proxy does not fabricate `invoke_agent`
-# (it observes an agent, it is not one; reference section 1.6).
-RUN_SPAN_NAME: Final = "run"
+# The span that carries a run's totals is the agent invocation the run is (semconv v1.41.1
+# gen-ai-agent-spans.md, INTERNAL): `invoke_agent {gen_ai.agent.name}`, or `invoke_agent`
+# when the caller named no agent. The run id is an attribute, never part of the name (span
+# names stay low-cardinality); its token totals are gen_ai.usage.*, the rest spanmeter.run.*.
+# Not set on it: gen_ai.provider.name (a run may call several providers; each model call
+# carries its own, and the genai repo's main drops it from INTERNAL invoke_agent spans).
+
+# --- UI summaries (OpenInference names, not OTel semconv) ------------------------------
+# What Phoenix and Langfuse show as a span's input and output, and Phoenix's session key.
+# spanmeter puts readable summaries there (digests: never content, never empty), so a span
+# reads well with content capture off; content itself stays in the opt-in gen_ai.*
+# attributes, which those UIs read too. session.id repeats gen_ai.conversation.id.
+INPUT_VALUE: Final = "input.value"
+INPUT_MIME_TYPE: Final = "input.mime_type"
+OUTPUT_VALUE: Final = "output.value"
+OUTPUT_MIME_TYPE: Final = "output.mime_type"
+SESSION_ID: Final = "session.id"
+MIME_TEXT: Final = "text/plain"
+# Resource attribute: the Phoenix project the spans land in (SPANMETER_PROJECT_NAME).
+OPENINFERENCE_PROJECT_NAME: Final = "openinference.project.name"
 
 # --- metrics --------------------------------------------------------------------------
 GEN_AI_CLIENT_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"

@@ -11,12 +11,17 @@ never bytes, so a cut never splits a character. A cut is marked with `…`.
     tool_arguments_digest('{"path": "a.py", "mode": "r"}')  -> 'a.py'
     tool_result_digest('{"ok": false, "error": "denied"}') -> ResultDigest(False, 'denied', ...)
     tool_result_digest('a\\nb\\nc')                         -> ResultDigest(True, '3 lines', ...)
+    tool_result_digest('{"temp_c": 14, "sky": "rain"}')   -> ResultDigest(True, '{temp_c, sky}', ...)
+
+A digest is never empty: what has nothing to show says so (`(no arguments)`, `(empty)`),
+so a UI that shows it as a span's summary never shows a blank.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,6 +37,7 @@ __all__ = [
     "canonical_sha256",
     "capped_json",
     "cut",
+    "shape_digest",
     "tool_arguments_digest",
     "tool_result_digest",
     "value_digest",
@@ -40,7 +46,11 @@ __all__ = [
 ARGUMENTS_LIMIT: Final = 120
 VALUE_LIMIT: Final = 40
 PREVIEW_LIMIT: Final = 400
+KEYS_LIMIT: Final = 6  # object keys a result's shape names
 ELLIPSIS: Final = "…"
+NO_ARGUMENTS: Final = "(no arguments)"
+EMPTY: Final = "(empty)"
+FAILED: Final = "failed"
 
 # Keys that name the thing a tool call is about, in order of preference.
 IDENTIFYING_KEYS: Final = (
@@ -54,6 +64,7 @@ TEXT_KEYS: Final = ("output", "stdout", "content", "text", "result")
 EXIT_KEYS: Final = ("exit_code", "exitCode", "returncode", "exit_status")
 
 _MISSING: Final = object()
+_IDENTIFIER: Final = re.compile(r"[A-Za-z_$][A-Za-z0-9_.$-]{0,39}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +109,18 @@ def value_digest(value: Any) -> str:
 
 
 def arguments_digest(text: str) -> str:
-    """`k: v, ...` for a JSON object; non-JSON text cut at 120 runes."""
+    """`k: v, ...` for a JSON object; non-JSON text cut at 120 runes; nothing: `(no arguments)`."""
     value = _parse(text)
     if value is _MISSING:
-        return cut(text.strip(), ARGUMENTS_LIMIT)
+        return cut(text.strip(), ARGUMENTS_LIMIT) or NO_ARGUMENTS
     if isinstance(value, dict):
-        return cut(_pairs(value), ARGUMENTS_LIMIT)
+        return cut(_pairs(value), ARGUMENTS_LIMIT) or NO_ARGUMENTS
     return cut(value_digest(value), ARGUMENTS_LIMIT)
 
 
 def tool_arguments_digest(text: str) -> str:
-    """One field: its value; several: the identifying one, else the `k: v` form; empty: ''."""
+    """One field: its value; several: the identifying one, else the `k: v` form; none:
+    `(no arguments)`."""
     value = _parse(text)
     if value is _MISSING or not isinstance(value, dict):
         return arguments_digest(text)
@@ -117,7 +129,7 @@ def tool_arguments_digest(text: str) -> str:
     for key in IDENTIFYING_KEYS:
         if _is_scalar(value.get(key)):
             return value_digest(value[key])
-    return cut(_pairs(value), ARGUMENTS_LIMIT)
+    return cut(_pairs(value), ARGUMENTS_LIMIT) or NO_ARGUMENTS
 
 
 def tool_result_digest(text: str, *, is_error: bool = False) -> ResultDigest:
@@ -125,15 +137,25 @@ def tool_result_digest(text: str, *, is_error: bool = False) -> ResultDigest:
 
     Failure: the dialect's error flag, an envelope such as `{"ok": false, "error": ...}`,
     `{"error": ...}` or `{"isError": true}`, or a non-zero exit code; the digest is then
-    the error message. Success: a count (`"first title" and 4 more`) or a line count.
+    the error message (`failed` when there is none). Success: a count (`"first title" and
+    4 more`), a line count, or the shape of what came back (`{temp_c, sky}`, `number`).
     """
     preview = text[:PREVIEW_LIMIT]
     value = _unwrap_blocks(_parse(text))
     failure = _failure(value)
     if is_error or failure is not None:
         message = failure if failure else _error_text(value, text)
-        return ResultDigest(False, cut(message, ARGUMENTS_LIMIT), preview)
+        return ResultDigest(False, cut(message, ARGUMENTS_LIMIT) or FAILED, preview)
     return ResultDigest(True, _success_digest(value, text), preview)
+
+
+def shape_digest(text: str) -> str:
+    """What a text holds, without its content: a JSON value's shape or count, else a line count.
+
+    `{"name": "Ada", "born": 1815}` -> `{name, born}`; `[1, 2]` -> `"1" and 1 more`; prose ->
+    `3 lines`; nothing -> `(empty)`. For model answers and results alike.
+    """
+    return _success_digest(_parse(text), text)
 
 
 def capped_json(value: Any, cap: int) -> str:
@@ -270,12 +292,28 @@ def _success_digest(value: Any, text: str) -> str:
         for key in TEXT_KEYS:
             if isinstance(value.get(key), str):
                 return _lines(value[key])
-    return ""
+        return _keys(value)
+    if isinstance(value, bool):
+        return "boolean"
+    return "number" if isinstance(value, int | float) else "null"
+
+
+def _keys(obj: dict[str, Any]) -> str:
+    """An object's shape: its first keys when they read as names (`{temp_c, sky}`), else a
+    count: keys that are data (e-mail addresses, user names with spaces) are not shown."""
+    if not obj:
+        return "{}"
+    keys = list(obj)
+    shown = keys[:KEYS_LIMIT]
+    if not all(_IDENTIFIER.fullmatch(k) for k in shown):
+        return f"{{{len(keys)} key{'s' if len(keys) != 1 else ''}}}"
+    more = f", … +{len(keys) - len(shown)}" if len(keys) > len(shown) else ""
+    return "{" + ", ".join(shown) + more + "}"
 
 
 def _lines(text: str) -> str:
     n = len(text.rstrip("\n").splitlines()) if text.strip() else 0
-    return "" if n == 0 else f"{n} line{'s' if n != 1 else ''}"
+    return EMPTY if n == 0 else f"{n} line{'s' if n != 1 else ''}"
 
 
 def _strings(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], str]]:

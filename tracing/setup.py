@@ -4,9 +4,10 @@
 touches the global ones, so tests can create several side by side.
 
 Traces go through a bounded BatchSpanProcessor to
-- OTLP over HTTP/protobuf when an endpoint is configured (`otlp_endpoint`, or the
-  standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, which
-  the exporter itself honours), and/or
+- OTLP over HTTP/protobuf when an endpoint is configured (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
+  as is, else `otlp_endpoint` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` plus
+  `/v1/traces`; headers such as a backend's `Authorization` come from the standard
+  `OTEL_EXPORTER_OTLP_HEADERS`, which the exporter reads), and/or
 - a local JSON-lines file (tracing/local.py) that `spanmeter runs` reads, when
   `local_dir` is set or when no OTLP endpoint is configured at all.
 
@@ -14,7 +15,13 @@ Ending a span only appends it to an in-memory queue; export runs on the processo
 thread. When the queue is full or an export fails the spans are dropped and counted in
 `spanmeter.telemetry.dropped_spans`, which `/metrics` shows even when the collector is the
 thing that is down. Metrics are read by a Prometheus reader on a private
-CollectorRegistry (`metrics_text()`), and pushed over OTLP when an endpoint is set.
+CollectorRegistry (`metrics_text()`), always; they are pushed over OTLP only when asked
+for (`push_metrics`, `OTEL_METRICS_EXPORTER=otlp` or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`),
+never merely because a traces endpoint is set: many backends (Phoenix, Langfuse, Tempo)
+take only traces and answer a metrics push with an error, every interval.
+
+`project_name` puts `openinference.project.name` on the resource: the project Phoenix
+files the spans under (Langfuse has no such attribute: its project is its key pair's).
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ ENV_SEMCONV: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
 ENV_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_METRICS_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+ENV_METRICS_EXPORTER: Final = "OTEL_METRICS_EXPORTER"
 ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
 
 Compression = Literal["gzip", "deflate", "none"]
@@ -95,6 +103,8 @@ class TelemetryConfig:
     content_cap_bytes: int = 16 * 1024  # per content attribute
     local_max_bytes: int = 32 << 20
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
+    push_metrics: bool = False  # push metrics over OTLP even without the standard variables
+    project_name: str | None = None  # resource openinference.project.name (Phoenix's project)
     # The price table's name for a model (itself, or the model a dated variant belongs to),
     # None when unpriced: metric labels keep priced models and collapse the rest to
     # `_OTHER` (tracing/labels.py). The proxy passes its PriceTable's lookup; None means no
@@ -118,11 +128,15 @@ class TelemetryConfig:
         return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_TRACES_ENDPOINT))
 
     def otlp_metrics(self, environ: Mapping[str, str]) -> bool:
-        # OTEL_METRICS_EXPORTER=none (the standard switch) keeps metrics pull-only on
-        # /metrics, so a Prometheus scraping the proxy does not also get them pushed.
-        if environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none":
+        """Push metrics over OTLP? Only when asked: `push_metrics`, OTEL_METRICS_EXPORTER
+        naming otlp, or a metrics endpoint of their own. A general endpoint (ours or
+        OTEL_EXPORTER_OTLP_ENDPOINT) sends traces only; /metrics serves metrics always.
+        (The OTel SDK's default exporter is otlp; ours is Prometheus, which is always on.)
+        OTEL_METRICS_EXPORTER=none turns every push off."""
+        exporters = {v.strip().lower() for v in environ.get(ENV_METRICS_EXPORTER, "").split(",")}
+        if "none" in exporters:
             return False
-        return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_METRICS_ENDPOINT))
+        return self.push_metrics or "otlp" in exporters or bool(environ.get(ENV_METRICS_ENDPOINT))
 
 
 def compression_setting(value: str | None) -> Compression | None:
@@ -318,10 +332,12 @@ def setup_telemetry(
     ones `cfg` would choose, behind the same bounded, drop-counting processor
     (bench/bench_spans.py measures the hot path with a no-op one)."""
     env = os.environ if environ is None else environ
+    project = {A.OPENINFERENCE_PROJECT_NAME: cfg.project_name} if cfg.project_name else {}
     resource = Resource.create(
         {
             "service.name": cfg.service_name,
             "service.instance.id": uuid.uuid4().hex,
+            **project,
             **cfg.resource_attributes,
         }
     )
@@ -338,7 +354,26 @@ def setup_telemetry(
         tracer_provider.add_span_processor(DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
     for exporter in extra_exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if span_exporters is None:
+        log.info("%s", describe_exports(cfg, env))
     return Telemetry(cfg, tracer_provider, meter_provider, instruments, registry, ids, pushed)
+
+
+def describe_exports(cfg: TelemetryConfig, env: Mapping[str, str]) -> str:
+    """Where spans and metrics go, in one line for the start-up log."""
+    spans = []
+    if cfg.otlp_traces(env):
+        spans.append(f"OTLP/HTTP {otlp_url(cfg, env, 'traces')}")
+    if cfg.local_dir is not None or not spans:
+        spans.append(f"local files under {cfg.local_dir or DEFAULT_LOCAL_DIR}")
+    metrics = "/metrics (Prometheus)"
+    if cfg.otlp_metrics(env):
+        metrics += f" and OTLP/HTTP {otlp_url(cfg, env, 'metrics')}"
+    elif cfg.otlp_traces(env):
+        metrics += (" only; not pushed over OTLP (set OTEL_METRICS_EXPORTER=otlp or "
+                    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT to push them too)")
+    project = f"; project {cfg.project_name}" if cfg.project_name else ""
+    return f"telemetry: spans to {' and '.join(spans)}; metrics on {metrics}{project}"
 
 
 def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[str, SpanExporter]]:
@@ -357,6 +392,17 @@ def _signal_url(base: str, signal: str) -> str:
     return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
 
 
+def otlp_url(cfg: TelemetryConfig, env: Mapping[str, str], signal: str) -> str:
+    """Where a signal is exported: its own variable (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, used
+    as is) over the configured base URL over OTEL_EXPORTER_OTLP_ENDPOINT (`/v1/<signal>`
+    appended), else the OTel default http://localhost:4318."""
+    own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    if own:
+        return own
+    base = cfg.otlp_endpoint or env.get(ENV_ENDPOINT) or "http://localhost:4318"
+    return _signal_url(base, signal)
+
+
 def _compression(cfg: TelemetryConfig, env: Mapping[str, str], signal: str) -> Any:
     # Always explicit: the exporter would otherwise read os.environ, not `environ`.
     from opentelemetry.exporter.otlp.proto.http import Compression as Otlp
@@ -368,9 +414,8 @@ def _compression(cfg: TelemetryConfig, env: Mapping[str, str], signal: str) -> A
 def _otlp_span_exporter(cfg: TelemetryConfig, env: Mapping[str, str]) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    endpoint = _signal_url(cfg.otlp_endpoint, "traces") if cfg.otlp_endpoint else None
     compression = _compression(cfg, env, "traces")
-    return OTLPSpanExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=compression)
+    return OTLPSpanExporter(endpoint=otlp_url(cfg, env, "traces"), timeout=cfg.export_timeout, compression=compression)
 
 
 def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricReader]:
@@ -378,9 +423,9 @@ def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricRe
     if cfg.otlp_metrics(env):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        endpoint = _signal_url(cfg.otlp_endpoint, "metrics") if cfg.otlp_endpoint else None
         compression = _compression(cfg, env, "metrics")
-        exporter = OTLPMetricExporter(endpoint=endpoint, timeout=cfg.export_timeout, compression=compression)
+        exporter = OTLPMetricExporter(endpoint=otlp_url(cfg, env, "metrics"), timeout=cfg.export_timeout,
+                                      compression=compression)
         readers.append(
             PeriodicExportingMetricReader(
                 exporter,

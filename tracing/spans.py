@@ -12,7 +12,12 @@ Parenting. A request with a W3C `traceparent` joins the agent's trace: its spans
 children of the agent's span. Otherwise every span of a run is a child of the run's
 root span, whose ids are chosen when the run starts (`new_run_trace()`, stored by the
 proxy in run state so every replica agrees) and which is emitted only when the run ends
-(`end_run()`), carrying the run's totals.
+(`end_run()`), carrying the run's totals: an `invoke_agent` span, the agent invocation the
+run is, named after the caller's X-Agent-Name.
+
+Readable. Every span also gets a one-line input and output summary built from digests
+(tracing/summaries.py), where GenAI UIs show a span's input and output: they are not
+content, so they are there whatever the capture setting.
 
     cs = start_call(tel, caller, call, provider="openai", server_address="api.openai.com",
                     server_port=443, parent=None, run_trace=run_trace)
@@ -47,7 +52,7 @@ from opentelemetry.util.types import AttributeValue
 
 from proxy.model import Call, Caller, Outcome, Repair, Rewrite
 from tracing import attributes as A
-from tracing import digests
+from tracing import digests, summaries
 from tracing.metrics import CallKey, LabelCache
 from tracing.setup import Telemetry
 from tracing.traceparent import TraceParent, parse_traceparent
@@ -64,6 +69,7 @@ __all__ = [
     "record_guard_action",
     "record_ledger_overshoot",
     "record_refusal",
+    "run_span_name",
     "start_call",
     "tool_span",
 ]
@@ -80,6 +86,7 @@ _CAPTURE_KEYS: Final = {
     "input_messages": A.GEN_AI_INPUT_MESSAGES,
     "output_messages": A.GEN_AI_OUTPUT_MESSAGES,
     "system_instructions": A.GEN_AI_SYSTEM_INSTRUCTIONS,
+    "output_messages_repaired": A.SPANMETER_OUTPUT_MESSAGES_REPAIRED,
 }
 _RUN_TOTALS: Final = {
     "model_calls": A.SPANMETER_RUN_MODEL_CALLS,
@@ -87,13 +94,14 @@ _RUN_TOTALS: Final = {
     "failures": A.SPANMETER_RUN_FAILURES,
     "tool_failures": A.SPANMETER_RUN_TOOL_FAILURES,
     "tool_results_missing": A.SPANMETER_RUN_TOOL_RESULTS_MISSING,
-    "input_tokens": A.SPANMETER_RUN_INPUT_TOKENS,
-    "output_tokens": A.SPANMETER_RUN_OUTPUT_TOKENS,
+    "input_tokens": A.GEN_AI_USAGE_INPUT_TOKENS,  # the run's totals, as invoke_agent spans carry them
+    "output_tokens": A.GEN_AI_USAGE_OUTPUT_TOKENS,
     "repairs": A.SPANMETER_RUN_REPAIRS,
     "ceilings_hit": A.SPANMETER_RUN_CEILINGS_HIT,
     "cache_read_tokens": A.SPANMETER_RUN_CACHE_READ_INPUT_TOKENS,
 }
 _FAILED_RUN: Final = frozenset({"error", "failed"})
+_NO_RESULT: Final = "no result before the run ended"
 _NO_CONTEXT: Final = Context()  # never changed: OTel contexts are copied on every set
 
 
@@ -251,12 +259,19 @@ def end_call(
     end_ns: int | None = None,
     chunk_gaps_s: Sequence[float] = (),
     saved_micros: int = 0,
+    delivered_text: str | None = None,
+    delivered_arguments: Mapping[str, str] | None = None,
 ) -> None:
     """Finish a model-call span with the outcome and record the call's metrics.
 
     `capture` is plain data (`input_messages`, `output_messages`, `system_instructions`
-    in the semconv JSON shapes); it is recorded only when the process runs with
-    SPAN_ONLY. Pass None when the tenant lowered capture.
+    in the semconv JSON shapes, and `output_messages_repaired` when repair changed the
+    answer); it is recorded only when the process runs with SPAN_ONLY, and with it the
+    tools' descriptions and schemas in `gen_ai.tool.definitions` (names only otherwise).
+    Pass None when the tenant lowered capture.
+    `delivered_text`, `delivered_arguments` (by tool call id): the answer as the agent
+    received it, where repair changed it (for the readable summary; `outcome` is what the
+    model wrote).
     `chunk_gaps_s`: for streams, the time between consecutive chunks after the first;
     recorded as their mean, one `time_per_output_chunk` point per call.
     `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
@@ -267,8 +282,11 @@ def end_call(
         end = time.time_ns() if end_ns is None else end_ns
         attrs = _end_attrs(tel, call, outcome, cost_micros, usage_source, budget_remaining_micros, rewrites, repairs,
                            refusal)  # fmt: skip
-        if capture:
-            attrs.update(_content_attrs(tel, capture))
+        content = _content_attrs(tel, capture)
+        attrs.update(content)
+        delivered = (delivered_text, delivered_arguments)
+        attrs.update(_call_summary_attrs(cs.caller, call, outcome, repairs, delivered,
+                                         tel.config.content_cap_bytes, full_tools=bool(content)))
         if saved_micros:
             attrs[A.SPANMETER_COST_SAVED_USD] = saved_micros / 1e6
         cs.span.set_attributes(attrs)
@@ -361,7 +379,15 @@ def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port
     attrs[A.SPANMETER_TENANT_ID] = caller.tenant
     attrs[A.SPANMETER_RUN_ID] = _name(caller.run_id)
     attrs[A.SPANMETER_RUN_ID_SOURCE] = caller.run_id_source
+    _put_conversation(attrs, caller)
     return attrs
+
+
+def _put_conversation(attrs: Attrs, caller: Caller) -> None:
+    """The caller's conversation id, when it sent one (never invented: semconv), and the
+    same value as Phoenix's and Langfuse's session key."""
+    if caller.conversation_id is not None:
+        attrs[A.GEN_AI_CONVERSATION_ID] = attrs[A.SESSION_ID] = caller.conversation_id
 
 
 def _put_request_params(attrs: Attrs, call: Call) -> None:
@@ -463,6 +489,39 @@ def _content_attrs(tel: Telemetry, capture: Mapping[str, Any] | None) -> Attrs:
         for key, attr in _CAPTURE_KEYS.items()
         if capture.get(key) is not None
     }
+
+
+def _call_summary_attrs(
+    caller: Caller, call: Call, outcome: Outcome, repairs: Sequence[Repair],
+    delivered: tuple[str | None, Mapping[str, str] | None], cap: int, *, full_tools: bool,
+) -> Attrs:
+    """What a UI shows of a model call whatever is captured: the tools offered
+    (`gen_ai.tool.definitions`, `full_tools` under content capture) and readable
+    input/output summaries (digests, not content)."""
+    attrs: Attrs = {}
+    if call.tools:
+        attrs[A.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions(call, cap, full=full_tools)
+    attrs[A.INPUT_VALUE] = _redact(summaries.call_input(call), caller)
+    attrs[A.INPUT_MIME_TYPE] = A.MIME_TEXT
+    attrs[A.OUTPUT_VALUE] = _redact(summaries.call_output(outcome, repairs, *delivered), caller)
+    attrs[A.OUTPUT_MIME_TYPE] = A.MIME_TEXT
+    return attrs
+
+
+def _tool_definitions(call: Call, cap: int, *, full: bool) -> str:
+    """The tools the request offers, per the v1.41.1 tool-definitions schema, as JSON of at
+    most `cap` bytes: `type` and `name` (the required properties) always; `description`
+    and `parameters` only when `full` (content capture), as the convention advises
+    against populating them by default."""
+    tools: list[dict[str, Any]] = []
+    for t in call.tools[: A.SPAN_LIST_LIMIT]:
+        tool: dict[str, Any] = {"type": "function", "name": _name(t.name)}
+        if full and isinstance(t.description, str):
+            tool["description"] = t.description
+        if full and isinstance(t.parameters, dict):
+            tool["parameters"] = t.parameters
+        tools.append(tool)
+    return digests.capped_json(tools, cap)
 
 
 def _record_call_metrics(
@@ -593,7 +652,7 @@ def tool_span(
             start_time=start_ns,
         )
         if error_type:
-            why = "no result before the run ended" if verdict is None else verdict.digest
+            why = _NO_RESULT if verdict is None else verdict.digest
             span.set_status(Status(StatusCode.ERROR, _status_text(why, caller)))
         ctx = trace.set_span_in_context(span, Context())
         _record_tool_metrics(tel, caller, name, error_type, verdict, (end_ns - start_ns) / 1e9, ctx)
@@ -616,7 +675,12 @@ def _tool_attrs(
     description: str | None,
     tool_type: str,
 ) -> Attrs:
-    """`content_cap`: bytes of opt-in content per attribute, None when content is not captured."""
+    """`content_cap`: bytes of opt-in content per attribute, None when content is not captured.
+
+    The argument and result digests are also the span's readable input and output
+    (`input.value`, `output.value`); the output is left to the captured result when there
+    is one, which UIs that read gen_ai.* show there."""
+    args_digest = _redact(digests.tool_arguments_digest(arguments), caller)
     attrs: dict[str, AttributeValue | None] = {
         A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL,
         A.GEN_AI_TOOL_NAME: _name(name),
@@ -626,10 +690,14 @@ def _tool_attrs(
         A.SPANMETER_TENANT_ID: caller.tenant,
         A.SPANMETER_RUN_ID: _name(caller.run_id),
         A.SPANMETER_TOOL_TIMING: A.TOOL_TIMING_INFERRED,
-        A.SPANMETER_TOOL_ARGUMENTS_DIGEST: _redact(digests.tool_arguments_digest(arguments), caller),
+        A.SPANMETER_TOOL_ARGUMENTS_DIGEST: args_digest,
         A.SPANMETER_TOOL_ARGUMENTS_SHA256: digests.canonical_sha256(arguments),
         A.SPANMETER_TOOL_ARGUMENTS_SIZE: len(arguments.encode()),
         A.SPANMETER_TOOL_OK: verdict.ok if verdict else False,
+        A.GEN_AI_CONVERSATION_ID: caller.conversation_id,
+        A.SESSION_ID: caller.conversation_id,
+        A.INPUT_VALUE: args_digest,
+        A.INPUT_MIME_TYPE: A.MIME_TEXT,
     }
     if content_cap is not None:
         attrs[A.GEN_AI_TOOL_CALL_ARGUMENTS] = _cap_bytes(_redact(arguments, caller), content_cap)
@@ -641,6 +709,10 @@ def _tool_attrs(
             attrs[A.SPANMETER_TOOL_RESULT_PREVIEW] = _redact(verdict.preview, caller)
             if verdict.ok:  # semconv: the result only if execution succeeded
                 attrs[A.GEN_AI_TOOL_CALL_RESULT] = _cap_bytes(_redact(result, caller), content_cap)
+    if A.GEN_AI_TOOL_CALL_RESULT not in attrs:
+        summary = _NO_RESULT if verdict is None else f"{'✓' if verdict.ok else '✗'} {verdict.digest}"
+        attrs[A.OUTPUT_VALUE] = _redact(summary, caller)
+        attrs[A.OUTPUT_MIME_TYPE] = A.MIME_TEXT
     return _present(attrs)
 
 
@@ -675,14 +747,16 @@ def end_run(
     *,
     end_ns: int | None = None,
 ) -> None:
-    """Emit the run's root span (INTERNAL, named `run`) with the ids fixed at its start.
+    """Emit the run's root span with the ids fixed at its start: the agent invocation the
+    run is (semconv v1.41.1, `invoke_agent {gen_ai.agent.name}`, INTERNAL).
 
     `totals` keys: model_calls, tool_calls, failures (failed model calls), tool_failures
     (failed tool results and tool calls never answered; tool_results_missing of them),
-    input_tokens, output_tokens, cost_micros, repairs, ceilings_hit, cache_read_tokens
-    (with input_tokens: the run's cached share of input), cost_saved_micros (others become
-    `spanmeter.run.<key>`).
+    input_tokens and output_tokens (as `gen_ai.usage.*`), cost_micros, repairs, ceilings_hit,
+    cache_read_tokens (with input_tokens: the run's cached share of input), cost_saved_micros
+    (others become `spanmeter.run.<key>`).
     `status`: e.g. ok | error | ceiling | idle_timeout; error/failed mark the span ERROR.
+    `caller`: the run's agent name and conversation id, if its first call gave them.
     """
     try:
         parent = (
@@ -690,16 +764,24 @@ def end_run(
             if run_trace.parent_span_id
             else None
         )
-        attrs: Attrs = {
+        attrs: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_INVOKE_AGENT}
+        if caller.agent_name is not None:
+            attrs[A.GEN_AI_AGENT_NAME] = _name(caller.agent_name)
+        _put_conversation(attrs, caller)
+        attrs.update({
             A.SPANMETER_TENANT_ID: caller.tenant,
             A.SPANMETER_RUN_ID: _name(caller.run_id),
             A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
             A.SPANMETER_RUN_STATUS: status,
             **_run_totals(totals),
-        }
+            A.INPUT_VALUE: summaries.run_input(caller),
+            A.INPUT_MIME_TYPE: A.MIME_TEXT,
+            A.OUTPUT_VALUE: summaries.run_output(totals, status),
+            A.OUTPUT_MIME_TYPE: A.MIME_TEXT,
+        })
         with tel.ids.fixed(run_trace.trace_id, run_trace.span_id):
             span = tel.tracer.start_span(
-                A.RUN_SPAN_NAME,
+                run_span_name(caller),
                 context=_parent_context(parent, None),
                 kind=SpanKind.INTERNAL,
                 attributes=attrs,
@@ -710,6 +792,12 @@ def end_run(
         span.end(end_time=time.time_ns() if end_ns is None else end_ns)
     except Exception:
         log.exception("end_run failed")
+
+
+def run_span_name(caller: Caller) -> str:
+    """`invoke_agent {agent name}`, or `invoke_agent` when the run's caller named none."""
+    op = A.OPERATION_INVOKE_AGENT
+    return f"{op} {_name(caller.agent_name)}" if caller.agent_name else op
 
 
 def _run_totals(totals: Mapping[str, int]) -> Attrs:

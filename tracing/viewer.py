@@ -44,6 +44,7 @@ class RunSummary:
     # Share of the run's input tokens read from the provider's prompt cache (0..1): the run
     # span's spanmeter.run.cache_read.share, else summed over its call spans; None: no input.
     cached_share: float | None = None
+    agent: str | None = None  # gen_ai.agent.name of the run span (X-Agent-Name)
 
 
 def load_runs(local_dir: str | Path = DEFAULT_LOCAL_DIR, *, limit: int = 50) -> list[RunSummary]:
@@ -101,11 +102,11 @@ def _tree(run_id: str, spans: list[Record]) -> str:
     ids = {s["span_id"] for s in spans}
     children: dict[str | None, list[Record]] = defaultdict(list)
     for s in spans:
-        if s["name"] == A.RUN_SPAN_NAME:
+        if _is_run(s):
             continue
         parent = s.get("parent_span_id")
         children[parent if parent in ids else None].append(s)
-    run_span = next((s for s in spans if s["name"] == A.RUN_SPAN_NAME), None)
+    run_span = next((s for s in spans if _is_run(s)), None)
     top = children.pop(run_span["span_id"], []) if run_span else []
     top += children.pop(None, [])
     lines = [_run_line(summary)]
@@ -135,8 +136,13 @@ def _is_tool(s: Record) -> bool:
     return bool(s["attributes"].get(A.GEN_AI_OPERATION_NAME) == A.OPERATION_EXECUTE_TOOL)
 
 
+def _is_run(s: Record) -> bool:
+    """The run's own span: the agent invocation (a span named `run` in files written by earlier versions)."""
+    return bool(s["attributes"].get(A.GEN_AI_OPERATION_NAME) == A.OPERATION_INVOKE_AGENT or s["name"] == "run")
+
+
 def _summary(run_id: str, spans: list[Record]) -> RunSummary:
-    run_span = next((s for s in spans if s["name"] == A.RUN_SPAN_NAME), None)
+    run_span = next((s for s in spans if _is_run(s)), None)
     calls = [s for s in spans if _is_call(s)]
     failures = sum(1 for s in calls if s["status"] == "ERROR")
     tool_failures = sum(1 for s in spans if _is_tool(s) and s["status"] == "ERROR")
@@ -146,10 +152,11 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
         for k in (A.GEN_AI_USAGE_INPUT_TOKENS, A.GEN_AI_USAGE_OUTPUT_TOKENS)
     )
     cost = sum(float(s["attributes"].get(A.SPANMETER_COST_USD) or 0.0) for s in calls)
-    status = "open"
+    status, agent = "open", None
     share = _cached_share(calls)
     if run_span is not None:
         status = str(run_span["attributes"].get(A.SPANMETER_RUN_STATUS, run_span["status"]))
+        agent = run_span["attributes"].get(A.GEN_AI_AGENT_NAME)
         stored = run_span["attributes"].get(A.SPANMETER_RUN_CACHE_READ_SHARE)
         share = float(stored) if isinstance(stored, int | float) else share
     elif calls and all(s["attributes"].get(A.SPANMETER_RUN_ID_SOURCE) == "generated" for s in calls):
@@ -169,6 +176,7 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
         tool_failures=tool_failures,
         status=status,
         cached_share=share,
+        agent=str(agent) if agent is not None else None,
     )
 
 
@@ -199,7 +207,7 @@ def _draw(spans: list[Record], children: dict[str | None, list[Record]], prefix:
 def _run_line(r: RunSummary) -> str:
     seconds = max(0, r.end_ns - r.start_ns) / 1e9
     parts = [
-        f"run {r.run_id} ({r.tenant})",
+        f"run {r.run_id} ({r.tenant}{f', agent {r.agent}' if r.agent else ''})",
         f"{seconds:.2f}s",
         f"{r.calls} call{'s' if r.calls != 1 else ''}",
         f"{r.tool_calls} tool call{'s' if r.tool_calls != 1 else ''}",

@@ -140,6 +140,11 @@ class StreamRepairer:
         return tail
 
     @property
+    def emitted(self) -> str:
+        """Everything `feed` and `finish` returned so far: the repaired value as delivered."""
+        return "".join(self._emitted)
+
+    @property
     def repair(self) -> Repair | None:
         """The record, once `finish()` was called (before that: actions seen so far)."""
         if self._finished:

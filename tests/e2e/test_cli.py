@@ -222,8 +222,9 @@ def test_demo_runs_offline_and_the_command_it_prints_draws_the_run(tmp_path):
     command = re.search(r"`spanmeter (runs demo-\S+ --data-dir \S+)` draws it again", out.stdout).group(1)
     again = _spanmeter(*command.split(), env=env)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.startswith(f"run {command.split()[1]} (default)")
+    assert again.stdout.startswith(f"run {command.split()[1]} (default, agent demo-agent)")
     assert "execute_tool get_weather" in again.stdout and again.stdout.strip() in out.stdout
+    assert re.search(r"run demo-\S+ \(default, agent demo-agent\)", out.stdout)  # the run, ended, as the agent's
 
 
 def test_invalid_config_exits_2_with_the_field_and_source(tmp_path):

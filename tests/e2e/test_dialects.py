@@ -162,7 +162,7 @@ async def test_content_is_captured_only_when_opted_in_and_a_tenant_can_lower_it(
     await asyncio.to_thread(proxy.app[TEL].force_flush)
     # Each call without a run id is a run of its own: a call span and a run span per tenant.
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 4)
-    got = {s["attributes"]["spanmeter.tenant.id"]: s for s in spans if s["name"] != "run"}
+    got = {s["attributes"]["spanmeter.tenant.id"]: s for s in spans if s["kind"].endswith("CLIENT")}
     captured = json.loads(got["open"]["attributes"]["gen_ai.input.messages"])
     assert captured[1] == {"role": "user", "parts": [{"type": "text", "content": "hi there"}]}
     assert "Hello!" in got["open"]["attributes"]["gen_ai.output.messages"]

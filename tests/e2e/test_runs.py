@@ -40,14 +40,15 @@ async def test_run_end_header_emits_the_root_span_with_totals(otlp_receiver, mak
                                   default_headers={"X-Run-Id": "run-total"}) as client:
         await _tool_round(client)
     spans = await _flush(proxy, otlp_receiver, 4)
-    root = next(s for s in spans if s["name"] == "run")
+    root = next(s for s in spans if s["name"] == "invoke_agent")
     children = [s for s in spans if s is not root]
     assert {s["name"] for s in children} == {"chat sim-small", "execute_tool get_weather"}
     assert all(s["trace_id"] == root["trace_id"] and s["parent_span_id"] == root["span_id"] for s in children)
     attrs = root["attributes"]
     assert attrs["spanmeter.run.id"] == "run-total"
     assert attrs["spanmeter.run.model_calls"] == 2 and attrs["spanmeter.run.tool_calls"] == 1
-    assert attrs["spanmeter.run.input_tokens"] > 0
+    assert attrs["gen_ai.operation.name"] == "invoke_agent"
+    assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
     assert root["start_ns"] <= min(s["start_ns"] for s in children)
 
 
@@ -74,7 +75,7 @@ async def test_unanswered_tool_call_gets_a_missing_span_when_the_run_idles_out(o
     spans = await _flush(proxy, otlp_receiver, 3)
     missing = next(s for s in spans if s["name"] == "execute_tool get_weather")
     assert missing["attributes"]["error.type"] == "tool_result_missing"
-    root = next(s for s in spans if s["name"] == "run")
+    root = next(s for s in spans if s["name"] == "invoke_agent")
     assert root["attributes"]["spanmeter.run.status"] == "idle_timeout"
 
 
@@ -98,7 +99,7 @@ async def test_run_totals_count_failed_tool_results_as_the_spans_and_the_viewer_
     spans = await _flush(proxy, otlp_receiver, 6)
     tools = [s for s in spans if s["name"] == "execute_tool get_weather"]
     assert sorted(s["attributes"]["error.type"] for s in tools) == ["tool_error", "tool_result_missing"]
-    attrs = next(s for s in spans if s["name"] == "run")["attributes"]
+    attrs = next(s for s in spans if s["name"] == "invoke_agent")["attributes"]
     assert (attrs["spanmeter.run.failures"], attrs["spanmeter.run.tool_failures"],
             attrs["spanmeter.run.tool_results_missing"]) == (1, 2, 1)
     totals = await proxy.app[STORE].run_totals("default", "run-fails")

@@ -90,6 +90,10 @@ def test_a_call_with_every_parameter_emits_exactly_these_attributes(
         A.SPANMETER_BUDGET_REMAINING_USD: 2.0,
         A.SPANMETER_REWRITES: ("include_usage",),
         A.SPANMETER_REPAIRS: ("output: fence",),
+        A.INPUT_VALUE: "0 characters of prompt text; asks for json",
+        A.INPUT_MIME_TYPE: "text/plain",
+        A.OUTPUT_VALUE: "repaired: fence",
+        A.OUTPUT_MIME_TYPE: "text/plain",
     }
 
 
@@ -106,6 +110,10 @@ def test_a_bare_call_emits_only_what_it_knows(tel_mem: tuple[Telemetry, InMemory
         A.SPANMETER_TENANT_ID: "acme",
         A.SPANMETER_RUN_ID: "run_h",
         A.SPANMETER_RUN_ID_SOURCE: "header",
+        A.INPUT_VALUE: "0 characters of prompt text",
+        A.INPUT_MIME_TYPE: "text/plain",
+        A.OUTPUT_VALUE: "(no output)",
+        A.OUTPUT_MIME_TYPE: "text/plain",
     }
 
 

@@ -14,7 +14,7 @@ from tracing.local import JsonlSpanExporter, read_spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 from tracing.viewer import load_runs, render_run_tree, render_runs_table
 
-CALLER = Caller("acme", "run_view", "header")
+CALLER = Caller("acme", "run_view", "header", agent_name="weather-bot")
 CALL = Call(api="chat", operation="chat", model="gpt-4o")
 S = 1_000_000_000
 T0 = 1_786_000_000 * S
@@ -53,7 +53,7 @@ def test_spans_are_written_as_json_lines(tmp_path: Path) -> None:
     run = record_a_run(tmp_path)
     records = list(read_spans(tmp_path))
     assert [r["name"] for r in records] == ["chat gpt-4o", "execute_tool get_weather", "execute_tool read_file",
-                                            "chat gpt-4o", "run"]  # fmt: skip
+                                            "chat gpt-4o", "invoke_agent weather-bot"]  # fmt: skip
     root = records[-1]
     assert (root["trace_id"], root["span_id"]) == (f"{run.trace_id:032x}", f"{run.span_id:016x}")
     assert all(r["parent_span_id"] == root["span_id"] for r in records[:-1])
@@ -102,8 +102,8 @@ def test_run_tree(tmp_path: Path) -> None:
     record_a_run(tmp_path)
     tree = render_run_tree("run_view", tmp_path)
     assert tree.splitlines() == [
-        "run run_view (acme)  4.00s  2 calls  2 tool calls  1,926 tokens  56% of input cached  $0.0036  ok"
-        "  1 failed call  1 failed tool call",
+        "run run_view (acme, agent weather-bot)  4.00s  2 calls  2 tool calls  1,926 tokens  56% of input cached"
+        "  $0.0036  ok  1 failed call  1 failed tool call",
         "├─ chat gpt-4o  1.20s  1,830→96 tok (1,024 cached)  $0.0036  finish: tool_calls",
         "│     repair tool:call_1: trailing_comma",
         "├─ execute_tool get_weather  0.80s  Paris  ✓ 3 lines",
@@ -138,3 +138,14 @@ def test_a_torn_line_is_skipped(tmp_path: Path) -> None:
         f.write('{"name": "cut in the mid')
     assert len(list(read_spans(tmp_path))) == 5
     json.dumps(load_runs(tmp_path)[0].run_id)
+
+
+def test_a_run_span_written_before_it_was_an_agent_invocation_is_still_the_run(tmp_path: Path) -> None:
+    # Earlier versions named the run's span `run`, with no gen_ai.operation.name.
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(tmp_path)))
+    tracer = provider.get_tracer("t")
+    tracer.start_span("run", attributes={"spanmeter.run.id": "old", "spanmeter.tenant.id": "acme",
+                                         "spanmeter.run.status": "idle_timeout"}).end()
+    [run] = load_runs(tmp_path)
+    assert (run.run_id, run.status, run.calls) == ("old", "idle_timeout", 0)

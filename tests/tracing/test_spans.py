@@ -65,6 +65,7 @@ DIALECTS = [
             A.GEN_AI_REQUEST_MAX_TOKENS: 1024,
             A.GEN_AI_REQUEST_TEMPERATURE: 0.2,
             A.GEN_AI_OUTPUT_TYPE: "json",
+            A.INPUT_VALUE: "0 characters of prompt text; asks for json",
         },
         id="openai chat completions, streaming, json output",
     ),
@@ -187,6 +188,11 @@ def test_model_call_span_for_each_dialect(
         A.SPANMETER_REPAIRS: ["output: fence"],
         **({A.GEN_AI_REQUEST_MODEL: call.model} if call.model else {}),
         **({A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: 0.41} if call.stream else {}),
+        # What Phoenix and Langfuse show as the span's input and output: summaries, not content.
+        A.INPUT_VALUE: "0 characters of prompt text",
+        A.INPUT_MIME_TYPE: "text/plain",
+        A.OUTPUT_VALUE: "repaired: fence",
+        A.OUTPUT_MIME_TYPE: "text/plain",
         **extra,
     }
     assert span["attributes"] == expected
@@ -335,13 +341,15 @@ def test_run_root_span_is_emitted_at_the_end_with_the_ids_fixed_at_the_start(
     spans.end_run(tel, CALLER, stored, totals, "ok")
 
     found = flushed(tel, otlp_receiver)
-    root, child = by_name(found, "run"), by_name(found, "chat gpt-4o")
+    root, child = by_name(found, "invoke_agent"), by_name(found, "chat gpt-4o")
     assert root["kind"] == "SPAN_KIND_INTERNAL"
     assert root["parent_span_id"] is None
     assert (root["trace_id"], root["span_id"]) == (f"{run.trace_id:032x}", f"{run.span_id:016x}")
     assert root["start_ns"] == run.start_ns
     assert child["parent_span_id"] == root["span_id"]
     assert root["attributes"] == {
+        # An agent invocation (semconv v1.41.1): no agent name was given, so none is set.
+        A.GEN_AI_OPERATION_NAME: "invoke_agent",
         A.SPANMETER_TENANT_ID: "acme",
         A.SPANMETER_RUN_ID: "run_01",
         A.SPANMETER_RUN_ID_SOURCE: "header",
@@ -349,11 +357,15 @@ def test_run_root_span_is_emitted_at_the_end_with_the_ids_fixed_at_the_start(
         A.SPANMETER_RUN_MODEL_CALLS: 1,
         A.SPANMETER_RUN_TOOL_CALLS: 2,
         A.SPANMETER_RUN_FAILURES: 0,
-        A.SPANMETER_RUN_INPUT_TOKENS: 10,
-        A.SPANMETER_RUN_OUTPUT_TOKENS: 5,
+        A.GEN_AI_USAGE_INPUT_TOKENS: 10,  # the run's totals, under the conventions' names
+        A.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
         A.SPANMETER_RUN_COST_USD: 0.001,
         A.SPANMETER_RUN_REPAIRS: 1,
         A.SPANMETER_RUN_CEILINGS_HIT: 0,
+        A.INPUT_VALUE: "run run_01",
+        A.INPUT_MIME_TYPE: "text/plain",
+        A.OUTPUT_VALUE: "ok: 1 model call, 2 tool calls, 15 tokens, $0.0010",
+        A.OUTPUT_MIME_TYPE: "text/plain",
     }
     # Random ids resume after the fixed ones were used.
     assert spans.new_run_trace().span_id != run.span_id
@@ -366,7 +378,7 @@ def test_a_run_begun_in_an_agent_trace_hangs_its_run_span_under_the_agent(
     parent = spans.parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     run = spans.new_run_trace(parent)
     spans.end_run(tel, CALLER, run, {"model_calls": 0}, "error")
-    root = by_name(flushed(tel, otlp_receiver), "run")
+    root = by_name(flushed(tel, otlp_receiver), "invoke_agent")
     assert root["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert root["parent_span_id"] == "b7ad6b7169203331"
     assert root["span_id"] == f"{run.span_id:016x}"
@@ -379,9 +391,9 @@ TOOL_CASES = [
         '{"temp_c": 14, "conditions": "rain"}',
         False,
         True,
-        "",
+        "{temp_c, conditions}",
         None,
-        id="a plain result is ok",
+        id="a plain result is ok: its shape, not its values",
     ),
     pytest.param(
         '{"path": "a.py", "mode": "r"}',
@@ -651,8 +663,8 @@ def test_latest_semconv_opt_in_renames_cache_write_and_inference_metrics(
     assert "gen_ai_client_operation_duration_seconds_count" not in text
 
 
-def test_metrics_are_pushed_over_otlp_too(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
-    tel = make_tel()
+def test_metrics_are_pushed_over_otlp_when_asked(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
+    tel = make_tel(push_metrics=True)
     call = Call(api="chat", operation="chat", model="gpt-4o", stream=True)
     cs = spans.start_call(
         tel,
@@ -688,6 +700,22 @@ def test_metrics_are_pushed_over_otlp_too(make_tel: Any, otlp_receiver: OtlpRece
         A.SPANMETER_BUDGET_SPENT_USD,
         A.SPANMETER_BUDGET_LIMIT_USD,
     } <= otlp_receiver.metric_names()
+
+
+def test_a_traces_endpoint_never_gets_a_metrics_push(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
+    """Phoenix, Langfuse and Tempo take traces only (Phoenix answers /v1/metrics with 405):
+    an endpoint for traces is not a place to push metrics to; /metrics still has them."""
+    tel = make_tel(project_name="agents-prod")
+    call = Call(api="chat", operation="chat", model="gpt-4o")
+    cs = spans.start_call(tel, CALLER, call, provider="openai", server_address="api.openai.com", server_port=443)
+    spans.end_call(tel, cs, call, Outcome(status=200, usage=Usage(5, 7)), cost_micros=42, usage_source="reported",
+                   budget_remaining_micros=None, rewrites=[], repairs=[])  # fmt: skip
+    span = by_name(flushed(tel, otlp_receiver), "chat gpt-4o")
+    assert "gen_ai_client_token_usage_count" in tel.metrics_text().decode()
+    tel.shutdown()  # a periodic reader would push once more at shutdown
+    assert otlp_receiver.metric_names() == set() and otlp_receiver.metric_requests == 0
+    # The project setting names the resource's Phoenix project.
+    assert span["resource"][A.OPENINFERENCE_PROJECT_NAME] == "agents-prod"
 
 
 def test_metric_labels_never_carry_run_or_response_ids(make_tel: Any) -> None:

@@ -7,7 +7,7 @@ import pytest
 from proxy.ceilings import limits_for, plan
 from proxy.config import KeyPolicy, Settings, load_settings
 from proxy.errors import ConfigError, RequestError
-from tracing.setup import TelemetryConfig
+from tracing.setup import TelemetryConfig, otlp_url
 
 
 def test_env_overrides_the_file_and_nested_fields_use_double_underscore(tmp_path, monkeypatch_env):
@@ -59,10 +59,37 @@ def test_a_tenant_naming_an_undefined_upstream_is_refused():
     assert "'nowhere'" in ei.value.message
 
 
-def test_metrics_push_can_be_turned_off_with_the_standard_variable():
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
-    assert TelemetryConfig().otlp_metrics(env) is True
-    assert TelemetryConfig().otlp_metrics({**env, "OTEL_METRICS_EXPORTER": "none"}) is False
+METRICS_PUSH = [
+    pytest.param({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://phoenix:6006"}, {}, False,
+                 id="a general endpoint sends traces only"),
+    pytest.param({}, {"otlp_endpoint": "http://phoenix:6006"}, False, id="so does spanmeter's own endpoint"),
+    pytest.param({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_METRICS_EXPORTER": "otlp"}, {}, True,
+                 id="OTEL_METRICS_EXPORTER=otlp asks for the push"),
+    pytest.param({"OTEL_METRICS_EXPORTER": "prometheus, otlp"}, {}, True, id="otlp among several exporters"),
+    pytest.param({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4318/v1/metrics"}, {}, True,
+                 id="a metrics endpoint of its own asks for the push"),
+    pytest.param({}, {"push_metrics": True}, True, id="SPANMETER_OTLP_METRICS=true asks for it"),
+    pytest.param({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4318/v1/metrics", "OTEL_METRICS_EXPORTER": "none"},
+                 {"push_metrics": True}, False, id="OTEL_METRICS_EXPORTER=none turns every push off"),
+    pytest.param({"OTEL_METRICS_EXPORTER": "prometheus"}, {}, False, id="prometheus is /metrics, always on"),
+]
+
+
+@pytest.mark.parametrize(("env", "fields", "push"), METRICS_PUSH)
+def test_metrics_are_pushed_over_otlp_only_when_asked(env, fields, push):
+    assert TelemetryConfig(**fields).otlp_metrics(env) is push
+
+
+def test_a_signal_endpoint_wins_over_the_general_ones():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://general:4318",
+           "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://metrics:9090/api/v1/otlp/v1/metrics"}
+    cfg = TelemetryConfig(otlp_endpoint="http://phoenix:6006/")
+    assert otlp_url(cfg, env, "traces") == "http://phoenix:6006/v1/traces"
+    assert otlp_url(cfg, env, "metrics") == "http://metrics:9090/api/v1/otlp/v1/metrics"
+    assert otlp_url(TelemetryConfig(), env, "traces") == "http://general:4318/v1/traces"
+    assert otlp_url(TelemetryConfig(), {}, "traces") == "http://localhost:4318/v1/traces"
+    langfuse = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://cloud.langfuse.com/api/public/otel"}
+    assert otlp_url(TelemetryConfig(), langfuse, "traces") == "https://cloud.langfuse.com/api/public/otel/v1/traces"
 
 
 def test_keys_are_hashes_or_objects_with_a_policy_of_their_own():
