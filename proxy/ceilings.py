@@ -1,8 +1,14 @@
 """Admission: turn policy, prices and the request into one atomic reservation.
 
 The worst case is reserved before anything is sent upstream, on every scope the call
-touches (run, tenant day, tenant month), so concurrent calls can never overshoot. A
-request without a max-token field is clamped to what the remaining budget affords.
+touches (run, tenant day, tenant month, and the key's day and month), so concurrent
+calls can never overshoot. A request without a max-token field is clamped to what the
+remaining budget affords. The same store operation checks the run's calls, settled
+tokens and wall time, and draws on the rate buckets of the tenant and the key.
+
+Layers: the tenant's policy, then its key's (the tighter ceiling wins; a key's budgets
+and rate limits are its own, held besides the tenant's), then request headers, which
+only tighten (`X-Run-Max-Calls`, `-Cost-Usd`, `-Tokens`, `-Seconds`, `X-Run-Wrap-Up-At`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 
-from proxy.config import MAX_RUN_CALLS, MAX_USD, Policy
+from proxy.config import MAX_RUN_CALLS, MAX_RUN_SECONDS, MAX_RUN_TOKENS, MAX_USD, KeyPolicy, Policy, RunPolicy
 from proxy.errors import RequestError
 from proxy.model import Call, Caller, Rewrite, Usage
 from proxy.policy.pricing import (
@@ -24,13 +30,26 @@ from proxy.policy.pricing import (
     input_bound,
     reservation,
 )
-from proxy.policy.store import NO_TURN, Admission, Limits, Store, Turn, costed
+from proxy.policy.store import NO_TURN, Admission, Limits, Rate, Store, Turn, costed
 
-__all__ = ["Admitted", "admit", "limits_for", "settle_amount"]
+__all__ = ["NOTE_BYTES", "Admitted", "Plan", "admit", "limits_for", "plan", "settle_amount"]
 
 MIN_ANSWER_TOKENS = 16  # below this an answer is not worth sending: refuse instead
 DEFAULT_MAX_OUTPUT = 32_768  # when neither the request nor the price table bounds output
 MAX_RESERVE = 2**50  # micro-USD (~$1e9): below 2^53, where Redis's Lua numbers stop being exact
+# The most a wrap-up note adds to a request (proxy/wrapup.py): counted in the input bound
+# of every call that may carry one, since the note is placed after the admission.
+NOTE_BYTES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a call is admitted under: its ceilings, the rate limits it draws on
+    (owner, unit, per minute), and the share of a ceiling from which it carries a note."""
+
+    limits: Limits
+    rates: tuple[tuple[str, str, int], ...] = ()
+    wrap_up_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,38 +59,114 @@ class Admitted:
     rewrites: tuple[Rewrite, ...]
     clamp_to: int | None  # max output tokens to write into the request, if clamped
     limits: Limits
+    wrap_up_at: float | None = None
+    now: datetime | None = None  # the admission's clock
 
 
 def _micros(usd: float | None) -> int | None:
     return None if usd is None else round(usd * 1_000_000)
 
 
-def limits_for(policy: Policy, headers: Mapping[str, str], day: float | None, month: float | None) -> Limits:
-    """Policy limits, tightened (never loosened) by X-Run-Max-Calls / X-Run-Max-Cost-Usd."""
-    calls = policy.runs.max_llm_calls
-    run_cost = _micros(policy.runs.max_cost_usd)
-    origin = {"run_calls": "tenant setting runs.max_llm_calls", "run_cost": "tenant setting runs.max_cost_usd",
-              "tenant_day": "tenant setting budgets.daily_usd", "tenant_month": "tenant setting budgets.monthly_usd"}
-    if (h := headers.get("x-run-max-calls")) is not None:
-        asked = _header_int(h, "X-Run-Max-Calls")
-        if calls is None or asked < calls:
-            calls, origin["run_calls"] = asked, "request header X-Run-Max-Calls"
-    if (h := headers.get("x-run-max-cost-usd")) is not None:
-        asked = _header_usd(h, "X-Run-Max-Cost-Usd")
-        if run_cost is None or asked < run_cost:
-            run_cost, origin["run_cost"] = asked, "request header X-Run-Max-Cost-Usd"
-    return Limits(calls, run_cost, _micros(day), _micros(month), origin)
+# run ceiling -> (its field of RunPolicy, the request header that may lower it)
+_RUN_FIELDS = {
+    "run_calls": ("max_llm_calls", "X-Run-Max-Calls"),
+    "run_cost": ("max_cost_usd", "X-Run-Max-Cost-Usd"),
+    "run_tokens": ("max_tokens", "X-Run-Max-Tokens"),
+    "run_seconds": ("max_seconds", "X-Run-Max-Seconds"),
+}
 
 
-def _header_int(value: str, name: str) -> int:
+def limits_for(policy: Policy, headers: Mapping[str, str], day: float | None, month: float | None,
+               key: KeyPolicy | None = None) -> Limits:
+    """Policy limits, with the key's run ceilings where tighter, tightened (never loosened)
+    by the X-Run-Max-* headers. The key's own budgets ride along as key_day/key_month."""
+    runs: dict[str, float | int | None] = {}
+    origin = {"tenant_day": "tenant setting budgets.daily_usd", "tenant_month": "tenant setting budgets.monthly_usd",
+              "key_day": "key setting budgets.daily_usd", "key_month": "key setting budgets.monthly_usd"}
+    for name, (field, header) in _RUN_FIELDS.items():
+        value = _run_value(name, getattr(policy.runs, field))
+        origin[name] = f"tenant setting runs.{field}"
+        if key is not None and (mine := _run_value(name, getattr(key.runs, field))) is not None and (
+                value is None or mine < value):
+            value, origin[name] = mine, f"key setting runs.{field}"
+        if (h := headers.get(header.lower())) is not None:
+            asked = _header_value(name, h, header)
+            if value is None or asked < value:
+                value, origin[name] = asked, f"request header {header}"
+        runs[name] = value
+    key_budgets = key.budgets if key is not None else None
+    return Limits(
+        run_max_calls=_int(runs["run_calls"]), run_max_cost=_int(runs["run_cost"]),
+        day_budget=_micros(day), month_budget=_micros(month),
+        run_max_tokens=_int(runs["run_tokens"]), run_max_seconds=runs["run_seconds"],
+        key_day_budget=_micros(key_budgets.daily_usd) if key_budgets else None,
+        key_month_budget=_micros(key_budgets.monthly_usd) if key_budgets else None,
+        origin=origin)
+
+
+def _int(value: float | int | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _run_value(name: str, value: float | int | None) -> float | int | None:
+    """A run ceiling of the policy in the ledger's unit (micro-USD for cost)."""
+    return _micros(value) if name == "run_cost" and value is not None else value
+
+
+def _header_value(name: str, value: str, header: str) -> float | int:
+    if name == "run_cost":
+        return _header_usd(value, header)
+    if name == "run_seconds":
+        return _header_float(value, header, MAX_RUN_SECONDS, "a number of seconds above 0")
+    return _header_int(value, header, MAX_RUN_TOKENS if name == "run_tokens" else MAX_RUN_CALLS)
+
+
+def plan(policy: Policy, headers: Mapping[str, str], key: KeyPolicy | None = None,
+         key_id: str | None = None) -> Plan:
+    """Everything a call is admitted under, from the tenant's policy, its key's (`key`, of
+    the caller's key `key_id`) and the request's headers."""
+    limits = limits_for(policy, headers, policy.budgets.daily_usd, policy.budgets.monthly_usd, key)
+    rates: list[tuple[str, str, int]] = []
+    owners = [("tenant", policy.rate_limits)]
+    if key is not None and key_id is not None:
+        owners.append((f"key {key_id}", key.rate_limits))
+    for owner, rl in owners:
+        for unit, limit in (("requests", rl.requests_per_minute), ("tokens", rl.tokens_per_minute)):
+            if limit is not None:
+                rates.append((owner, unit, limit))
+    return Plan(limits, tuple(rates), _wrap_up_at(policy.runs, key.runs if key else None, headers))
+
+
+def _wrap_up_at(runs: RunPolicy, key: RunPolicy | None, headers: Mapping[str, str]) -> float | None:
+    """The tenant's share, or its key's or the request's when earlier. Only a tenant (or a
+    key) that set one gets notes: a request cannot turn them on where the operator did not."""
+    shares = [s for s in (runs.wrap_up_at, key.wrap_up_at if key else None) if s is not None]
+    if not shares:
+        return None
+    if (h := headers.get("x-run-wrap-up-at")) is not None:
+        shares.append(_header_float(h, "X-Run-Wrap-Up-At", 1.0, "a fraction above 0 and at most 1"))
+    return min(shares)
+
+
+def _header_int(value: str, name: str, upper: int = MAX_RUN_CALLS) -> int:
     try:
         n = int(value.strip())
     except ValueError:
         n = 0
-    if not 1 <= n <= MAX_RUN_CALLS:
-        raise RequestError(f"{name} must be a whole number from 1 to {MAX_RUN_CALLS}, got {value[:24]!r}.",
+    if not 1 <= n <= upper:
+        raise RequestError(f"{name} must be a whole number from 1 to {upper}, got {value[:24]!r}.",
                            param=name)
     return n
+
+
+def _header_float(value: str, name: str, upper: float, what: str) -> float:
+    try:
+        x = float(value.strip())
+    except ValueError:
+        x = -1.0
+    if not 0 < x <= upper:  # also refuses nan and inf
+        raise RequestError(f"{name} must be {what} (at most {upper:g}), got {value[:24]!r}.", param=name)
+    return x
 
 
 def _header_usd(value: str, name: str) -> int:
@@ -86,19 +181,21 @@ def _header_usd(value: str, name: str) -> int:
 
 
 async def admit(
-    store: Store, prices: PriceTable, caller: Caller, call: Call, limits: Limits, *, tz: str,
+    store: Store, prices: PriceTable, caller: Caller, call: Call, plan: Plan, *, tz: str,
     turn: Turn = NO_TURN, now: datetime | None = None, patch_bytes: int = 0,
 ) -> Admitted:
     """One store operation: the turn's tool results and the call's reservation together.
 
     The reservation covers every answer the request asks for (`output_multiplier`), each
     bounded by the request's max-token value or, without one, the model's output cap; a
-    model's cap also bounds a larger request value, since no answer can exceed it.
+    model's cap also bounds a larger request value, since no answer can exceed it. The
+    same bounds, in tokens, are what the call draws from a tokens-per-minute limit.
     """
+    limits = plan.limits
     price = prices.price(call.model) if call.model else None
-    # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder):
-    # they are input too, so the bound covers the bytes they may add.
-    bound = input_bound(call) + patch_bytes
+    # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder, a
+    # wrap-up note): they are input too, so the bound covers the bytes they may add.
+    bound = input_bound(call) + patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
     n = call.output_multiplier
     factor = price.reserve_factor(call.service_tier) if price else Fraction(1)
     if price is None:
@@ -111,11 +208,14 @@ async def admit(
         else:
             lo = reservation(price, bound, MIN_ANSWER_TOKENS, n, factor, call.cache_write)
             hi = reservation(price, bound, cap, n, factor, call.cache_write)
+    rates = tuple(Rate(owner, "requests" if unit == "requests" else "tokens", limit,
+                       1 if unit == "requests" else rate_tokens(call, bound, price))
+                  for owner, unit, limit in plan.rates)
     turn = replace(turn, priced=price is not None, model=call.model, context=call.stored_context,
-                   input_rate=dearest_input_rate(price, factor) if price else 0)
+                   input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates)
+    now = now or datetime.now(UTC)
     adm = await store.admit(caller.tenant, caller.run_id, min_reserve=min(lo, MAX_RESERVE),
-                            max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now or datetime.now(UTC),
-                            tz=tz, turn=turn)
+                            max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now, tz=tz, turn=turn)
     in_force = adm.limits or limits
     clamp = None
     rewrites: tuple[Rewrite, ...] = ()
@@ -125,7 +225,17 @@ async def admit(
                                               call.cache_write)
         clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
         rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
-    return Admitted(adm, price, rewrites, clamp, in_force)
+    return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now)
+
+
+def rate_tokens(call: Call, bound: int, price: Price | None) -> int:
+    """What a call draws from a tokens-per-minute limit: its input bound plus the output it
+    may generate (the request's max-token value, else the model's cap), for every answer."""
+    if call.api == "embeddings":
+        return bound
+    cap = (price.max_output_tokens if price else None) or DEFAULT_MAX_OUTPUT
+    out = min(call.max_output_tokens, cap) if call.max_output_tokens is not None else cap
+    return bound + out * call.output_multiplier
 
 
 def settle_amount(

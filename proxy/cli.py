@@ -554,7 +554,7 @@ def _keys_list(args: argparse.Namespace) -> int:
     if args.config:
         os.environ["SPANMETER_CONFIG"] = args.config
     settings = load_settings()
-    rows = [(name, h[:8], h) for name, t in sorted(settings.tenants.items()) for h in t.keys]
+    rows = [(name, k.key_id, k.hash) for name, t in sorted(settings.tenants.items()) for k in t.key_configs()]
     if args.json:
         print(json.dumps([{"tenant": t, "key_id": k, "sha256": h} for t, k, h in rows], indent=2))
     elif settings.open_mode:

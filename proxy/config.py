@@ -26,17 +26,24 @@ from pydantic_settings import (
 from proxy.errors import ConfigError
 
 __all__ = [
+    "MAX_RATE",
     "MAX_RUN_CALLS",
+    "MAX_RUN_SECONDS",
+    "MAX_RUN_TOKENS",
     "MAX_USD",
     "GuardPolicy",
+    "KeyConfig",
+    "KeyPolicy",
     "McpServer",
     "Policy",
+    "RateLimitPolicy",
     "RepairPolicy",
     "RunPolicy",
     "Settings",
     "TenantConfig",
     "Upstream",
     "hash_key",
+    "key_id_of",
     "load_settings",
     "read_config_file",
     "unset_keys_problem",
@@ -55,6 +62,11 @@ class _Strict(BaseModel):
 # numbers are doubles): $1e9 is 1e15 micro-USD, with room to add reservations on top.
 MAX_USD = 1_000_000_000
 MAX_RUN_CALLS = 1_000_000_000
+MAX_RUN_TOKENS = 10**15  # exact in the ledger (below 2**53)
+MAX_RUN_SECONDS = 366 * 86400
+# Rate limits are kept as integer "unit-milliseconds" (limit x 60,000 at most), exact in
+# Redis's Lua numbers below 2**53.
+MAX_RATE = 1_000_000_000
 
 
 class RunPolicy(_Strict):
@@ -63,6 +75,18 @@ class RunPolicy(_Strict):
     # MCP tool calls through /mcp/{name} per run (0: none); tools the agent runs itself
     # never pass through spanmeter, so they are counted in the run's totals but not refused.
     max_tool_calls: int | None = Field(None, ge=0, le=MAX_RUN_CALLS)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_RUN_TOKENS)  # input + output over the run, as settled
+    max_seconds: float | None = Field(None, gt=0, le=MAX_RUN_SECONDS)  # wall time from the run's first call
+    # The share of any run ceiling above (calls, cost, tokens, time) from which each request
+    # carries a wrap-up note for the model; off when unset (proxy/wrapup.py).
+    wrap_up_at: float | None = Field(None, gt=0, le=1)
+
+
+class RateLimitPolicy(_Strict):
+    """Rolling limits per minute, enforced inside the admission (proxy/policy/store.py, GCRA)."""
+
+    requests_per_minute: int | None = Field(None, ge=1, le=MAX_RATE)
+    tokens_per_minute: int | None = Field(None, ge=1, le=MAX_RATE)  # input bound + reserved output
 
 
 class BudgetPolicy(_Strict):
@@ -87,6 +111,7 @@ class Policy(_Strict):
 
     runs: RunPolicy = RunPolicy()
     budgets: BudgetPolicy = BudgetPolicy()
+    rate_limits: RateLimitPolicy = RateLimitPolicy()
     repair: RepairPolicy = RepairPolicy()
     guard: GuardPolicy = GuardPolicy()
     capture_content: Literal["NO_CONTENT", "SPAN_ONLY"] | None = None
@@ -94,7 +119,7 @@ class Policy(_Strict):
     def over(self, base: Policy) -> Policy:
         """This policy layered over `base`: fields set here win."""
         merged: dict[str, Any] = {}
-        for section in ("runs", "budgets", "repair", "guard"):
+        for section in ("runs", "budgets", "rate_limits", "repair", "guard"):
             mine = getattr(self, section).model_dump(exclude_none=True)
             merged[section] = {**getattr(base, section).model_dump(), **mine}
         merged["capture_content"] = self.capture_content or base.capture_content
@@ -133,22 +158,59 @@ class McpServer(_Strict):
         return v
 
 
+class KeyPolicy(_Strict):
+    """One key's own limits, within its tenant's: ceilings of the runs it makes (the
+    tighter of the two wins), budgets and rate limits of its own (both must hold)."""
+
+    runs: RunPolicy = RunPolicy()
+    budgets: BudgetPolicy = BudgetPolicy()
+    rate_limits: RateLimitPolicy = RateLimitPolicy()
+
+
+def _check_hash(k: str) -> str:
+    if len(k) != 64 or any(c not in "0123456789abcdef" for c in k):
+        raise ValueError(
+            "tenant keys are stored as sha256 hex digests, never in clear; "
+            "create one with `spanmeter keys create --tenant NAME`"
+        )
+    return k
+
+
+class KeyConfig(_Strict):
+    """A key with limits of its own: `{hash: <sha256 hex>, policy: {...}}`."""
+
+    hash: str
+    policy: KeyPolicy = KeyPolicy()
+
+    @field_validator("hash")
+    @classmethod
+    def _hash(cls, v: str) -> str:
+        return _check_hash(v)
+
+    @property
+    def key_id(self) -> str:
+        return key_id_of(self.hash)
+
+
 class TenantConfig(_Strict):
-    keys: list[str] = []  # sha256 hex of each spanmeter key; `spanmeter keys create` prints one
+    # sha256 hex of each spanmeter key (`spanmeter keys create` prints one), or
+    # {hash, policy} for a key with limits of its own.
+    keys: list[str | KeyConfig] = []
     upstream_keys: dict[str, str] = {}  # dialect -> env var name of the upstream key
     upstream: str | None = None  # name of an extra upstream all this tenant's calls go to
     policy: Policy = Policy()
 
     @field_validator("keys")
     @classmethod
-    def _hashes(cls, v: list[str]) -> list[str]:
+    def _hashes(cls, v: list[str | KeyConfig]) -> list[str | KeyConfig]:
         for k in v:
-            if len(k) != 64 or any(c not in "0123456789abcdef" for c in k):
-                raise ValueError(
-                    "tenant keys are stored as sha256 hex digests, never in clear; "
-                    "create one with `spanmeter keys create --tenant NAME`"
-                )
+            if isinstance(k, str):
+                _check_hash(k)
         return v
+
+    def key_configs(self) -> list[KeyConfig]:
+        """Every key as a KeyConfig (a plain hash has no limits of its own)."""
+        return [KeyConfig(hash=k) if isinstance(k, str) else k for k in self.keys]
 
 
 class Settings(BaseSettings):
@@ -193,6 +255,7 @@ class Settings(BaseSettings):
     #           service_tiers: {tier: multiplier}, inference_geos: {geo: multiplier}}
     prices: dict[str, dict[str, float | dict[str, float]]] = {}
     _policies: dict[str, Policy] = PrivateAttr(default_factory=dict)  # policy_for's cache
+    _key_policies: dict[tuple[str, str], KeyPolicy] | None = PrivateAttr(default=None)  # key_policy's index
 
     otlp_endpoint: str | None = None  # else the standard OTEL_EXPORTER_OTLP_ENDPOINT
     # Metrics are pulled from /metrics; pushed over OTLP only when asked: this, or the
@@ -237,6 +300,15 @@ class Settings(BaseSettings):
             found = self._policies[tenant] = t.policy.over(base) if t else base
         return found
 
+    def key_policy(self, tenant: str, key_id: str | None) -> KeyPolicy | None:
+        """The limits of one key of `tenant` (by `Caller.key_id`), or None if it has none."""
+        if key_id is None:
+            return None
+        if self._key_policies is None:
+            self._key_policies = {(name, k.key_id): k.policy for name, t in self.tenants.items()
+                                  for k in t.key_configs() if k.policy != KeyPolicy()}
+        return self._key_policies.get((tenant, key_id))
+
     def check(self) -> Settings:
         """Cross-field rules pydantic cannot express; raises ConfigError with the fix."""
         if self.open_mode and not _is_loopback(self.host):
@@ -247,6 +319,13 @@ class Settings(BaseSettings):
                 "hash under tenants.NAME.keys in the file named by SPANMETER_CONFIG)."
             )
         for name, t in self.tenants.items():
+            hashes = {k.hash for k in t.key_configs()}
+            ids = [key_id_of(h) for h in hashes]
+            if len(set(ids)) != len(ids):
+                raise ConfigError(
+                    f"Two keys of tenant {name!r} share the key id {sorted(i for i in ids if ids.count(i) > 1)[0]} "
+                    "(the first 8 hex digits of their hashes), which names a key in spans and in the ledger of "
+                    "per-key budgets. Create another key with `spanmeter keys create` and drop one of the two.")
             if t.upstream and t.upstream not in self.upstreams:
                 raise ConfigError(
                     f"Tenant {name!r} names upstream {t.upstream!r}, which is not defined. "
@@ -275,6 +354,11 @@ def _is_loopback(host: str) -> bool:
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id_of(key_hash: str) -> str:
+    """The short id of a key (`Caller.key_id`): never the key, only the start of its hash."""
+    return key_hash[:8]
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -87,6 +87,20 @@ FIELD_DOCS: dict[str, str] = {
     "policy.runs.max_cost_usd": "Cost per run in USD. A request may lower it with `X-Run-Max-Cost-Usd`.",
     "policy.runs.max_tool_calls": "MCP tool calls per run (through `/mcp/NAME`), refused with a JSON-RPC error "
                                   "past it. Tools the agent runs itself are counted, not refused.",
+    "policy.runs.max_tokens": "Input + output tokens per run, as its answered calls settled; checked at "
+                              "admission, so the call that crosses it is answered and the next refused (402). "
+                              "A request may lower it with `X-Run-Max-Tokens`.",
+    "policy.runs.max_seconds": "Wall time per run from its first call, in seconds; checked at admission (402). "
+                               "A request may lower it with `X-Run-Max-Seconds`.",
+    "policy.runs.wrap_up_at": "Off when unset. The share of any run ceiling (calls, cost, tokens, time) from "
+                              "which each request carries a wrap-up note for the model after its last message "
+                              "(and the last call the call ceiling allows always does); `X-Run-Wrap-Up-At` "
+                              "brings it earlier, never turns it on. See docs/budgets.md.",
+    "policy.rate_limits.requests_per_minute": "Requests per minute, rolling (GCRA, inside the admission): "
+                                              "beyond it a 429 with Retry-After and `x-ratelimit-*` headers.",
+    "policy.rate_limits.tokens_per_minute": "Tokens per minute, each call counted at admission as its input "
+                                            "bound plus the output it may generate; a call larger than the "
+                                            "limit is a 429 with `x-should-retry: false`.",
     "policy.budgets.daily_usd": "The tenant's budget per calendar day in `timezone`, in USD (the admin API "
                                 "can override it).",
     "policy.budgets.monthly_usd": "The tenant's budget per calendar month in `timezone`, in USD (the admin "
@@ -105,7 +119,9 @@ FIELD_DOCS: dict[str, str] = {
     "policy.capture_content": "`NO_CONTENT` lets a tenant turn message capture off when the process "
                               "captures it (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY).",
     "tenants.keys": "sha256 hex digests of the tenant's spanmeter keys (`spanmeter keys create` prints "
-                    "one); keys are never stored in clear.",
+                    "one); keys are never stored in clear. A key with limits of its own is `{hash, policy}`, "
+                    "its policy holding `runs` (the tighter of the key's and the tenant's wins), `budgets` "
+                    "and `rate_limits` (its own, besides the tenant's).",
     "tenants.upstream_keys": "Per-tenant override of `upstream_keys`.",
     "tenants.upstream": "The named upstream (under `upstreams`) all of this tenant's calls go to.",
     "tenants.policy": "The tenant's policy, over the global one; same fields as `policy`.",
@@ -140,16 +156,22 @@ METRIC_DOCS: dict[str, str] = {
                                      "Slow `tools/call`: the tool, not the model, is where the run waits.",
     "spanmeter.cost.saved": "US dollars the cache reads saved at the price table's rates, by tenant and model.",
     "spanmeter.limit.rejections": "Calls refused before reaching the upstream, by `spanmeter_reason`: "
-                                  "`run_calls`, `run_cost`, `tenant_day`, `tenant_month` (ceilings), "
-                                  "`loop_detected`, `ledger_unavailable`, ... A step up after a change: a "
-                                  "budget or ceiling set too low.",
+                                  "`run_calls`, `run_cost`, `run_tokens`, `run_seconds`, `tenant_day`, "
+                                  "`tenant_month`, `key_day`, `key_month` (ceilings), `rate_requests`, "
+                                  "`rate_tokens` (rate limits, 429), `loop_detected`, `ledger_unavailable`, "
+                                  "... A step up after a change: a budget, ceiling or rate limit set too low.",
     "spanmeter.repairs": "Repairs made to structured output and tool arguments, by kind (fence, "
                          "trailing_comma, ...). A model or prompt change shows here first.",
     "spanmeter.tool.calls": "Tool calls by outcome: ok, failed (error envelope, is_error, non-zero exit "
                             "code) or missing (the run ended without a result).",
     "spanmeter.guard.actions": "Loop guard reminders and refusals, by tool: agents stuck on one call.",
     "spanmeter.rewrites": "Changes to requests or responses other than repairs, by kind (max_tokens_clamp, "
-                          "include_usage, usage_chunk, loop_reminder).",
+                          "include_usage, usage_chunk, loop_reminder, wrap_up).",
+    "spanmeter.wrap_up.notices": "Wrap-up notes sent to models, by the ceiling whose share was reached "
+                                 "(`spanmeter_reason`: calls, cost, tokens, time, last_call).",
+    "spanmeter.runs.ended": "Ended runs by `spanmeter_run_outcome`: answered_after_notice (the note worked), "
+                            "ceiling_after_notice (it did not), ceiling (no note set), other. Many "
+                            "ceiling_after_notice: lower `runs.wrap_up_at`.",
     "spanmeter.ledger.overshoot": "Cost settled above what was reserved (usage beyond the worst-case bound: "
                                   "media by URL, server-side tools). Non-zero: a budget can be passed by "
                                   "that much; check the model's price and the requests' size.",

@@ -13,6 +13,7 @@
     +-- Refusal                   a policy said no before anything was sent upstream
     |   +-- CeilingReached        402 run calls / run cost / tenant budget
     |   +-- LoopRefused           409 the same tool call again and again
+    |   +-- RateLimited           429 a tenant's or key's rate limit (retrying later is fine)
     +-- ServiceError              spanmeter or its upstream failed (5xx)
         +-- StoreUnavailable      503 ledger unreachable (fail closed)
         +-- UpstreamConnectError  502 upstream unreachable
@@ -36,6 +37,7 @@ __all__ = [
     "LoopRefused",
     "MalformedBody",
     "ProxyError",
+    "RateLimited",
     "Refusal",
     "RequestError",
     "SchemaViolation",
@@ -162,6 +164,32 @@ class LoopRefused(Refusal):
     openai_type = "loop_detected"
     anthropic_type = "invalid_request_error"
     google_status = "ABORTED"
+
+
+class RateLimited(Refusal):
+    """A rate limit per minute is used up. 429, which SDKs retry after `Retry-After`; the
+    `x-ratelimit-*` headers follow OpenAI's format. A call too large to ever fit the limit
+    (`wait_ms` None) is refused with `x-should-retry: false`: waiting would not help."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+    openai_type = "rate_limit_exceeded"
+    anthropic_type = "rate_limit_error"
+    google_status = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, limit: str, wait_ms: int | None,
+                 rate_headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit  # which: rate_requests | rate_tokens
+        self.wait_ms = wait_ms
+        self.rate_headers = rate_headers or {}
+
+    def headers(self) -> dict[str, str]:
+        if self.wait_ms is None:
+            return {"x-should-retry": "false", **self.rate_headers}
+        # retry-after in whole seconds (rounded up) for every client, -ms for the Stainless SDKs.
+        return {"x-should-retry": "true", "retry-after": str(max(1, -(-self.wait_ms // 1000))),
+                "retry-after-ms": str(max(1, self.wait_ms)), **self.rate_headers}
 
 
 class ServiceError(ProxyError):

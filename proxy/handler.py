@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from proxy import accesslog, guard, steps
+from proxy import accesslog, guard, steps, wrapup
 from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
-from proxy.ceilings import admit, limits_for
-from proxy.config import Policy
+from proxy.ceilings import admit, plan
+from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
 from proxy.model import Caller, Rewrite
 from proxy.outputs import retry_request
@@ -40,7 +40,7 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     await app[BACKGROUND].settled((caller.tenant, caller.run_id))  # the run's previous call is recorded
-    fwd = Forward(request, caller, target, policy, parent, arrived)
+    fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id))
     turn = Turn(results=results_ok(ex.call), guard=guard.rule(policy.guard),
                 trace=app[RUNS].candidate(caller, parent, arrived))
     response, hooks = await fwd.send(ex, turn)
@@ -62,6 +62,7 @@ class Forward:
     policy: Policy
     parent: spans.TraceParent | None
     arrived_ns: int
+    key: KeyPolicy | None = None  # the caller's key's own limits
 
     async def send(self, ex: Exchange, turn: Turn, retry: bool = False) -> tuple[web.StreamResponse, Hooks]:
         request, caller, call, policy = self.request, self.caller, ex.call, self.policy
@@ -72,9 +73,9 @@ class Forward:
         hooks.rewrites += ex.adapter.prepare(ex)
         grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
         try:
-            limits = limits_for(policy, request.headers, policy.budgets.daily_usd, policy.budgets.monthly_usd)
-            admitted = await admit(app[STORE], app[PRICES], caller, call, limits, tz=app[SETTINGS].timezone,
-                                   turn=turn, patch_bytes=CLAMP_BYTES + grown)
+            admitted = await admit(app[STORE], app[PRICES], caller, call,
+                                   plan(policy, request.headers, self.key, caller.key_id),
+                                   tz=app[SETTINGS].timezone, turn=turn, patch_bytes=CLAMP_BYTES + grown)
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(ex, closed, stored)
@@ -84,7 +85,8 @@ class Forward:
             steps.abandoned(app, call, self._start(ex, (), None))  # the client left before the call was forwarded
             raise
         cs = self._start(ex, admitted.admission.closed, admitted.admission.trace)
-        hooks.rewrites += guard.record(reminded, app[TEL], caller, cs) + list(admitted.rewrites)
+        notes, left = wrapup.apply(ex, admitted, app[TEL], caller, cs)  # what is left, and the note if due
+        hooks.rewrites += guard.record(reminded, app[TEL], caller, cs) + notes + list(admitted.rewrites)
         if admitted.clamp_to is not None:
             ex.adapter.set_max_tokens(ex, admitted.clamp_to)
         steps.response_hooks(ex.adapter, call, policy, hooks, retry=retry)
@@ -93,7 +95,7 @@ class Forward:
         try:
             async with app[UPSTREAM].send(steps.upstream_url(self.target, request), ex.request_bytes(),
                                           request_headers(request.headers, self.target.auth)) as upstream:
-                extra = {"x-spanmeter-run-id": caller.run_id}
+                extra = {"x-spanmeter-run-id": caller.run_id, **left}
                 return await relay(request, upstream, ex.adapter, extra, hooks, flow, started), hooks
         except ProxyError as exc:
             accesslog.answered(exc.status, flow.status)  # before flow.status takes exc.status

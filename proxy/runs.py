@@ -118,6 +118,7 @@ class Runs:
                                 result=None, is_error=True, start_ns=p["delivered_ns"], end_ns=now,
                                 parent=None, run_trace=run, link=_link(p))
             spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
+            spans.record_run_end(self._tel, caller, totals)
         return True
 
     async def after_call(self, caller: Caller, *, end: bool) -> None:

@@ -21,6 +21,7 @@ from proxy.errors import (
     BodyTooLarge,
     CeilingReached,
     ProxyError,
+    RateLimited,
     Refusal,
     UpstreamProtocolError,
     UpstreamTimeout,
@@ -123,11 +124,10 @@ def stream_error(exc: ProxyError) -> StreamEvent:
 async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
     spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
                    budget_remaining_micros=None, rewrites=[], repairs=[],
-                   refusal=exc.limit if isinstance(exc, CeilingReached) else exc.code)
+                   refusal=_reason(exc))
     accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model, status=exc.status,
                      upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
-                     refusal=exc.limit if isinstance(exc, CeilingReached) else exc.code, error=exc.error_type,
-                     reason=exc.message)
+                     refusal=_reason(exc), error=exc.error_type, reason=exc.message)
     totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
     if isinstance(exc, Refusal) and (failed := _failed_tools(exc.closed)):
         totals["tool_failures"] = failed  # the results arrived, whatever became of the call
@@ -137,6 +137,11 @@ async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc
         except ProxyError:
             log.warning("could not record the totals of refused call of run %s", caller.run_id)
     app[BACKGROUND].spawn((caller.tenant, caller.run_id), app[RUNS].after_call(caller, end=False))
+
+
+def _reason(exc: ProxyError) -> str:
+    """Why a call was refused, in spanmeter's words: the limit (run_calls, rate_tokens, ...)."""
+    return exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code
 
 
 def abandoned(app: web.Application, call: Call, cs: Any) -> None:
@@ -256,7 +261,13 @@ def _saved(admitted: Admitted, usage: Usage, source: str) -> int:
 def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...],
             saved: int = 0) -> dict[str, int]:
     u = outcome.usage
-    return {
+    noticed = {}
+    if any(r.kind == "wrap_up" for r in hooks.rewrites):
+        # The run's outcome (spanmeter.runs.ended) tells a run that answered after its note
+        # from one cut off by a ceiling.
+        answered = not outcome.tool_calls and not outcome.error_type and 0 < outcome.status < 400
+        noticed = {"wrap_up_notices": 1, "answers_after_notice": 1 if answered else 0}
+    return noticed | {
         "model_calls": 1,
         "tool_failures": _failed_tools(closed),
         "tool_calls": len(outcome.tool_calls),

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Literal
 
-from proxy.config import Settings, hash_key
+from proxy.config import Settings, hash_key, key_id_of
 from proxy.errors import RequestError, Unauthorized
 from proxy.model import Caller
 from tracing.traceparent import parse_traceparent
@@ -29,7 +29,7 @@ class KeyIndex:
     """sha256(key) -> tenant, built once from settings. Keys are never held in clear."""
 
     def __init__(self, settings: Settings) -> None:
-        self._by_hash = {h: name for name, t in settings.tenants.items() for h in t.keys}
+        self._by_hash = {k.hash: name for name, t in settings.tenants.items() for k in t.key_configs()}
 
     def tenant_of(self, key: str) -> str | None:
         # The lookup is by sha256 of the presented key: timing can reveal at most how
@@ -69,7 +69,7 @@ def identify(
                 "The API key is not a spanmeter key of any tenant. Use the key printed by "
                 "`spanmeter keys create --tenant NAME` (spanmeter injects the provider key itself)."
             )
-        tenant, upstream_key, key_id = found, None, hash_key(key)[:8]
+        tenant, upstream_key, key_id = found, None, key_id_of(hash_key(key))
     run_id, source = _run(headers)
     return Caller(tenant, run_id, source, key_id, upstream_key,
                   agent_name=_agent_name(headers.get("x-agent-name")),

@@ -143,6 +143,18 @@ SPANMETER_RUN_TOOL_RESULTS_MISSING: Final = "spanmeter.run.tool_results_missing"
 SPANMETER_RUN_COST_USD: Final = "spanmeter.run.cost.usd"
 SPANMETER_RUN_REPAIRS: Final = "spanmeter.run.repairs"
 SPANMETER_RUN_CEILINGS_HIT: Final = "spanmeter.run.ceilings_hit"
+# Calls of the run that carried a wrap-up note, and of those the ones answered without a tool call.
+SPANMETER_RUN_WRAP_UP_NOTICES: Final = "spanmeter.run.wrap_up_notices"
+SPANMETER_RUN_ANSWERS_AFTER_NOTICE: Final = "spanmeter.run.answers_after_notice"
+# What was left of each ceiling when a call was admitted (only those that are set):
+# calls and run cost after this call (its worst case), tokens and seconds before it.
+SPANMETER_REMAINING_RUN_CALLS: Final = "spanmeter.remaining.run_calls"
+SPANMETER_REMAINING_RUN_COST_USD: Final = "spanmeter.remaining.run_cost_usd"
+SPANMETER_REMAINING_RUN_TOKENS: Final = "spanmeter.remaining.run_tokens"
+SPANMETER_REMAINING_RUN_SECONDS: Final = "spanmeter.remaining.run_seconds"
+SPANMETER_REMAINING_DAY_USD: Final = "spanmeter.remaining.day_usd"
+SPANMETER_REMAINING_MONTH_USD: Final = "spanmeter.remaining.month_usd"
+SPANMETER_WRAP_UP_REASON: Final = "spanmeter.wrap_up.reason"  # last_call | calls | cost | tokens | time
 # Prompt cache over the run: input tokens read from the provider's cache, their share of
 # the run's input tokens (0..1, only when the run had input), and the money they saved.
 SPANMETER_RUN_CACHE_READ_INPUT_TOKENS: Final = "spanmeter.run.cache_read.input_tokens"
@@ -157,6 +169,9 @@ SPANMETER_OUTCOME: Final = "spanmeter.outcome"  # tool.calls: ok | failed | miss
 SPANMETER_WINDOW: Final = "spanmeter.budget.window"  # day | month
 SPANMETER_SCOPE: Final = "spanmeter.scope"  # ledger.overshoot: run | day | month
 SPANMETER_EXPORTER: Final = "spanmeter.exporter"  # telemetry.dropped_spans: otlp | local
+# runs.ended: answered_after_notice | ceiling_after_notice | ceiling | other
+SPANMETER_RUN_OUTCOME: Final = "spanmeter.run.outcome"
+RUN_OUTCOMES: Final = ("answered_after_notice", "ceiling_after_notice", "ceiling", "other")
 SPANMETER_CACHE_OPERATION: Final = "spanmeter.cache.operation"  # cache.input_tokens: read | write
 CACHE_READ: Final = "read"
 CACHE_WRITE: Final = "write"
@@ -222,6 +237,8 @@ SPANMETER_LEDGER_OVERSHOOT: Final = "spanmeter.ledger.overshoot"
 SPANMETER_TELEMETRY_DROPPED_SPANS: Final = "spanmeter.telemetry.dropped_spans"
 SPANMETER_BUDGET_SPENT_USD: Final = "spanmeter.budget.spent_usd"
 SPANMETER_BUDGET_LIMIT_USD: Final = "spanmeter.budget.limit_usd"
+SPANMETER_WRAP_UP_NOTICES: Final = "spanmeter.wrap_up.notices"
+SPANMETER_RUNS_ENDED: Final = "spanmeter.runs.ended"
 # Prompt-cache tokens as a counter of their own, not a `gen_ai.token.type` value of
 # gen_ai.client.token.usage: semconv v1.41.1 allows only `input` | `output` there, and
 # cached tokens are a subset of input, so a third value would be counted twice by every
@@ -323,6 +340,18 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "counter",
         "{span}",
         "Spans dropped instead of exported (queue full or export failed).",
+    ),
+    MetricSpec(
+        SPANMETER_WRAP_UP_NOTICES,
+        "counter",
+        "{notice}",
+        "Wrap-up notes added to requests, by the ceiling whose share was reached (spanmeter.reason).",
+    ),
+    MetricSpec(
+        SPANMETER_RUNS_ENDED,
+        "counter",
+        "{run}",
+        "Runs ended, by outcome: answered after a wrap-up note, or cut off by a ceiling (with or without one).",
     ),
     MetricSpec(
         SPANMETER_CACHE_INPUT_TOKENS,

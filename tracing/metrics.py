@@ -158,6 +158,8 @@ class Instruments:
     cache_tokens: Counter
     cost_saved: Counter
     budgets: BudgetValues
+    wrap_up_notices: Counter
+    runs_ended: Counter
     labels: LabelBounds = field(default_factory=LabelBounds)
     call_labels: LabelCache[CallKey, CallLabels] = field(default_factory=lambda: LabelCache(CallLabels.build))
     kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
@@ -201,6 +203,8 @@ class Instruments:
             cache_tokens=_counter(meter, A.SPANMETER_CACHE_INPUT_TOKENS),
             cost_saved=_counter(meter, A.SPANMETER_COST_SAVED),
             budgets=budgets,
+            wrap_up_notices=_counter(meter, A.SPANMETER_WRAP_UP_NOTICES),
+            runs_ended=_counter(meter, A.SPANMETER_RUNS_ENDED),
             labels=LabelBounds(known_model),
         )
 

@@ -854,6 +854,55 @@ def record_ledger_overshoot(tel: Telemetry, caller: Caller, overshoot_micros: in
         log.exception("record_ledger_overshoot failed")
 
 
+# --- budgets an agent can see coming ---------------------------------------------------------
+
+
+def record_remaining(cs: CallSpan, *, calls: int | None, cost_micros: int | None, tokens: int | None,
+                     seconds: float | None, day_micros: int | None, month_micros: int | None) -> None:
+    """What was left of each ceiling that is set when the call was admitted, on its span."""
+    try:
+        attrs = _present({
+            A.SPANMETER_REMAINING_RUN_CALLS: calls,
+            A.SPANMETER_REMAINING_RUN_COST_USD: None if cost_micros is None else cost_micros / 1e6,
+            A.SPANMETER_REMAINING_RUN_TOKENS: tokens,
+            A.SPANMETER_REMAINING_RUN_SECONDS: seconds,
+            A.SPANMETER_REMAINING_DAY_USD: None if day_micros is None else day_micros / 1e6,
+            A.SPANMETER_REMAINING_MONTH_USD: None if month_micros is None else month_micros / 1e6,
+        })
+        if attrs:
+            cs.span.set_attributes(attrs)
+    except Exception:
+        log.exception("record_remaining failed")
+
+
+def record_wrap_up(tel: Telemetry, caller: Caller, reason: str, *, cs: CallSpan | None = None) -> None:
+    """A wrap-up note went to the model with this call (`reason`: the ceiling whose share it reached)."""
+    try:
+        if cs is not None:
+            cs.span.set_attribute(A.SPANMETER_WRAP_UP_REASON, reason)
+        labels = {A.SPANMETER_REASON: tel.instruments.labels.kind(reason), **_tenant(caller)}
+        tel.instruments.wrap_up_notices.add(1, labels, context=cs.context if cs else None)
+    except Exception:
+        log.exception("record_wrap_up failed")
+
+
+def run_outcome(totals: Mapping[str, int]) -> str:
+    """How a run ended, for `spanmeter.runs.ended` (one of attributes.RUN_OUTCOMES)."""
+    noticed = totals.get("wrap_up_notices", 0) > 0
+    if totals.get("ceilings_hit", 0) > 0:
+        return "ceiling_after_notice" if noticed else "ceiling"
+    return "answered_after_notice" if noticed and totals.get("answers_after_notice", 0) > 0 else "other"
+
+
+def record_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int]) -> None:
+    """Count an ended run by its outcome."""
+    try:
+        labels = {A.SPANMETER_RUN_OUTCOME: run_outcome(totals), **_tenant(caller)}
+        tel.instruments.runs_ended.add(1, labels)
+    except Exception:
+        log.exception("record_run_end failed")
+
+
 # --- small helpers -----------------------------------------------------------------------
 
 

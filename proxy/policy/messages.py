@@ -14,6 +14,9 @@ __all__ = [
     "cost_ceiling",
     "failure_ceiling",
     "loop_ceiling",
+    "rate_limit",
+    "time_ceiling",
+    "token_ceiling",
     "tool_call_ceiling",
     "unbounded_context",
     "unknown_price",
@@ -26,6 +29,10 @@ DEFAULT_ORIGINS = {
     "run_cost": "setting runs.max_cost_usd",
     "tenant_day": "setting budgets.daily_usd",
     "tenant_month": "setting budgets.monthly_usd",
+    "run_tokens": "setting runs.max_tokens",
+    "run_seconds": "setting runs.max_seconds",
+    "key_day": "key setting budgets.daily_usd",
+    "key_month": "key setting budgets.monthly_usd",
 }
 
 _NOT_SENT = "The call was not forwarded and nothing was charged."
@@ -48,14 +55,21 @@ def _header(origin: str) -> str | None:
     return origin[len(prefix):] if origin.startswith(prefix) else None
 
 
+def _fix(where: str, tenant_fix: str) -> str:
+    """How to raise a run ceiling that came from `where`: a request header, a key's policy, or the tenant's."""
+    header = _header(where)
+    if header:
+        return (f"Raise {header} on this run's requests (a header can only lower the tenant's ceiling, never "
+                "raise it), or start a new run.")
+    if where.startswith("key setting "):
+        return (f"Raise {where.removeprefix('key setting ')} in the policy of this key (under the tenant's `keys` "
+                "in the config; a key's ceiling can only lower the tenant's), use another key, or start a new run.")
+    return tenant_fix
+
+
 def call_ceiling(tenant: str, run_id: str, limit: int, origin: str | None = None) -> str:
     where = origin or DEFAULT_ORIGINS["run_calls"]
-    header = _header(where)
-    fix = (
-        f"Raise {header} on this run's requests (a header can only lower the tenant's ceiling, never raise "
-        "it), or start a new run."
-        if header else "Raise the ceiling for this tenant or start a new run."
-    )
+    fix = _fix(where, "Raise the ceiling for this tenant or start a new run.")
     return (
         f"Run {run_id} of tenant {tenant} reached its ceiling of {_plural(limit, 'model call')} ({where}). "
         f"{_NOT_SENT} {fix}"
@@ -74,8 +88,10 @@ def cost_ceiling(
     reserved: int,
     needed: int,
     origin: str | None = None,
+    key: str | None = None,
 ) -> str:
-    """`scope` is run_cost, tenant_day or tenant_month; `needed` is the minimal reservation."""
+    """`scope` is run_cost, tenant_day, tenant_month, key_day or key_month (of the key
+    `key`); `needed` is the minimal reservation."""
     where = origin or DEFAULT_ORIGINS.get(scope, scope)
     left = max(0, limit - spent - reserved)
     numbers = (
@@ -83,23 +99,63 @@ def cost_ceiling(
         f"and this call needs at least {usd(needed)} (its input plus a minimal answer)."
     )
     if scope == "run_cost":
-        header = _header(where)
-        fix = (
-            f"Raise {header} on this run's requests (a header can only lower the tenant's ceiling, never raise "
-        "it), or start a new run."
-            if header else "Raise the ceiling for this tenant, or start a new run."
-        )
+        fix = _fix(where, "Raise the ceiling for this tenant, or start a new run.")
         return (
             f"Run {run_id} of tenant {tenant} reached its cost ceiling of {usd(limit)} ({where}): "
             f"{numbers} {_NOT_SENT} {fix}"
         )
-    period = "daily" if scope == "tenant_day" else "monthly"
-    rolls = "day" if scope == "tenant_day" else "month"
+    period = "daily" if scope.endswith("_day") else "monthly"
+    rolls = "day" if scope.endswith("_day") else "month"
+    if scope.startswith("key_"):
+        return (
+            f"Key {key} of tenant {tenant} reached its {period} budget of {usd(limit)} for {window} ({tz}) "
+            f"({where}): {numbers} {_NOT_SENT} Raise the key's {period} budget (its `policy.budgets` under "
+            f"tenants.{tenant}.keys in the config), use another key, or wait until the {rolls} ends in {tz}."
+        )
     return (
         f"Tenant {tenant} reached its {period} budget of {usd(limit)} for {window} ({tz}) "
         f"({where}): "
         f"{numbers} {_NOT_SENT} Raise the tenant's {period} budget (admin API or "
         f"`spanmeter budget set`), or wait until the {rolls} ends in {tz}."
+    )
+
+
+def token_ceiling(tenant: str, run_id: str, limit: int, used: int, origin: str | None = None) -> str:
+    where = origin or DEFAULT_ORIGINS["run_tokens"]
+    return (
+        f"Run {run_id} of tenant {tenant} reached its ceiling of {limit:,} tokens ({where}): its answered "
+        f"calls used {used:,} input and output tokens. {_NOT_SENT} "
+        f"{_fix(where, 'Raise runs.max_tokens for this tenant or start a new run.')}"
+    )
+
+
+def time_ceiling(tenant: str, run_id: str, limit: float, elapsed: float, origin: str | None = None) -> str:
+    where = origin or DEFAULT_ORIGINS["run_seconds"]
+    return (
+        f"Run {run_id} of tenant {tenant} reached its ceiling of {limit:g} s of wall time ({where}): its "
+        f"first call arrived {elapsed:,.0f} s ago. {_NOT_SENT} "
+        f"{_fix(where, 'Raise runs.max_seconds for this tenant or start a new run.')}"
+    )
+
+
+def rate_limit(tenant: str, owner: str, unit: str, limit: int, cost: int, available: int,
+               wait_ms: int | None) -> str:
+    """A rate refusal: `owner` is "tenant" or "key <id>", `unit` requests or tokens."""
+    who = f"Tenant {tenant}" if owner == "tenant" else f"{owner.capitalize()} of tenant {tenant}"
+    where = f"{'tenant' if owner == 'tenant' else 'key'} setting rate_limits.{unit}_per_minute"
+    if wait_ms is None:
+        return (
+            f"This call alone counts {cost:,} tokens (its input bound plus the output it may generate), above "
+            f"the rate limit of {limit:,} tokens per minute of {who[0].lower() + who[1:]} ({where}), so it can "
+            f"never be admitted. {_NOT_SENT} Lower the request's max-token value or send less input, or raise "
+            f"the limit; retrying will not help."
+        )
+    counted = f"this call counts {cost:,} tokens and {available:,} are free now" if unit == "tokens" else (
+        f"{limit:,} requests were admitted in the last minute")
+    return (
+        f"{who} is over its rate limit of {limit:,} {unit} per minute ({where}): {counted}. "
+        f"{_NOT_SENT} Retry in {wait_ms / 1000:.1f} s (Retry-After; SDKs retry on their own), "
+        f"lower the agent's concurrency, or raise the limit."
     )
 
 

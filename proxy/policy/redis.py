@@ -34,10 +34,12 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.errors import StoreUnavailable
+from proxy.policy.rates import RateState, epoch_ms
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
     NO_TURN,
     SCOPES,
+    TENANT_SCOPES,
     Admission,
     Decision,
     DerivedOps,
@@ -47,6 +49,7 @@ from proxy.policy.store import (
     Turn,
     context_refusal,
     guard_refusal,
+    rate_refusal,
     refusal,
     refused_with,
     release_if_cancelled,
@@ -141,8 +144,12 @@ class RedisStore(DerivedOps):
         rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
         ts = now.timestamp()
         guard = turn.guard
+        key = turn.key if turn.key is not None else ""
         keys = [*self._scope_keys(tenant, run_id, *windows), _k("sm", "res", rid), _EXP, _RUNS,
                 _k("sm", "runs", tenant), _ACTIVE, _k("sm", "tools", tenant, run_id), _k("sm", "budget", tenant),
+                _k("sm", "totals", tenant, run_id), _k("sm", "keyday", tenant, f"{key}/{windows[0]}"),
+                _k("sm", "keymonth", tenant, f"{key}/{windows[1]}"),
+                *(_k("sm", "rate", tenant, rate.bucket) for rate in turn.rates),
                 *(_k("sm", "ctx", tenant, ref) for ref in turn.context)]
         args: list[Any] = [
             _limit(limits.run_max_calls), _limit(limits.run_max_cost), _limit(limits.day_budget),
@@ -151,7 +158,12 @@ class RedisStore(DerivedOps):
             json.dumps(turn.trace) if turn.trace is not None else "",
             guard.threshold if guard else -1, 1 if guard and guard.refuse else 0,
             _limit(guard.max_failures if guard else None), 1 if turn.priced else 0, turn.input_rate,
-            len(turn.results)]
+            _limit(limits.run_max_tokens), -1 if limits.run_max_seconds is None else repr(limits.run_max_seconds),
+            _limit(limits.key_day_budget), _limit(limits.key_month_budget), 1 if turn.key is not None else 0,
+            epoch_ms(now), len(turn.rates)]
+        for rate in turn.rates:
+            args += [rate.limit, rate.cost]
+        args.append(len(turn.results))
         for call_id, ok in turn.results:
             args += [call_id, "1" if ok else "0"]
 
@@ -177,8 +189,9 @@ class RedisStore(DerivedOps):
         closed = tuple({**json.loads(flat[i]), "streak": int(flat[i + 1]), "failures": int(flat[i + 2]),
                         "ok": flat[i + 3] == "1"} for i in range(0, len(flat), 4))
         trace = json.loads(trace_json) if trace_json else None
+        scopes = SCOPES if turn.key is not None else TENANT_SCOPES
         if kind == "dup":
-            remaining: dict[str, int | None] = dict.fromkeys(("run_cost", "tenant_day", "tenant_month"))
+            remaining: dict[str, int | None] = dict.fromkeys(scopes)
             return Admission(rid, tenant, run_id, int(reply[3]), int(reply[4]), remaining, *windows, limits=limits)
         if kind == "loop":
             loop = guard_refusal(tenant, run_id, closed, turn.guard)
@@ -193,16 +206,21 @@ class RedisStore(DerivedOps):
             raise refused_with(context_refusal(tenant, unknown, eff), closed, trace)
         if kind == "refused":
             scope, settled, reserved = reply[5], int(reply[6]), int(reply[7])
-            extra = int(reply[8]) if len(reply) > 8 else 0
-            ledger = {s: Spend() for s in ("run_cost", "tenant_day", "tenant_month")}
+            extra, run_tokens, elapsed = int(reply[8]), int(reply[9]), float(reply[10])
+            ledger: dict[str, Spend] = dict.fromkeys(scopes, Spend())
             ledger[scope] = Spend(settled, reserved)
             error = refusal(Decision(refused=scope), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
-                            windows=windows, tz=tz, min_reserve=min_reserve + extra)
+                            windows=windows, tz=tz, min_reserve=min_reserve + extra, run_tokens=run_tokens,
+                            elapsed_s=elapsed, key=turn.key)
             raise refused_with(error, closed, trace)
-        left = [None if v == "none" else int(v) for v in reply[7:10]]
-        remaining = dict(zip(("run_cost", "tenant_day", "tenant_month"), left, strict=True))
+        if kind == "rate":
+            raise refused_with(rate_refusal(tenant, _rate_states(turn, reply[5])), closed, trace)
+        left = [None if v == "none" else int(v) for v in (*reply[7:10], reply[11], reply[12])]
+        remaining = {s: v for s, v in zip(SCOPES, left, strict=True) if s in scopes}
         return Admission(rid, tenant, run_id, int(reply[5]), int(reply[6]), remaining, *windows,
-                         closed=closed, trace=trace, context_tokens=int(reply[10]), limits=eff)
+                         closed=closed, trace=trace, context_tokens=int(reply[10]), limits=eff,
+                         run_tokens=int(reply[13]), started_at=float(reply[14]) if reply[14] else None,
+                         rates=_rate_states(turn, reply[15]))
 
     async def admit_tool(
         self,
@@ -244,7 +262,7 @@ class RedisStore(DerivedOps):
             return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits)
         entry = (tool_entry(json.loads(matched) if matched else None, turn, streak),)
         if kind == "dup":
-            return Admission(rid, tenant, run_id, int(reply[4]), int(reply[5]), dict.fromkeys(SCOPES), *windows,
+            return Admission(rid, tenant, run_id, int(reply[4]), int(reply[5]), dict.fromkeys(TENANT_SCOPES), *windows,
                              closed=entry, limits=limits)
         if kind == "loop":
             loop = guard_refusal(tenant, run_id, entry, turn.guard)
@@ -254,13 +272,13 @@ class RedisStore(DerivedOps):
         if kind == "calls":
             raise refused_with(tool_ceiling(tenant, run_id, turn.max_calls or 0), entry, trace)
         if kind == "refused":
-            ledger: dict[str, Spend] = dict.fromkeys(SCOPES, Spend())
+            ledger: dict[str, Spend] = dict.fromkeys(TENANT_SCOPES, Spend())
             ledger[reply[6]] = Spend(int(reply[7]), int(reply[8]))
             error = refusal(Decision(refused=reply[6]), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
                             windows=windows, tz=tz, min_reserve=turn.cost)
             raise refused_with(error, entry, trace)
         left = [None if v == "none" else int(v) for v in reply[8:11]]
-        return Admission(rid, tenant, run_id, int(reply[6]), int(reply[7]), dict(zip(SCOPES, left, strict=True)),
+        return Admission(rid, tenant, run_id, int(reply[6]), int(reply[7]), dict(zip(TENANT_SCOPES, left, strict=True)),
                          *windows, closed=entry, trace=trace, limits=eff)
 
     def _scope_keys(self, tenant: str, run_id: str, day: str, month: str) -> list[str]:
@@ -318,8 +336,9 @@ class RedisStore(DerivedOps):
         run_id: str | None = None,
         day: str | None = None,
         month: str | None = None,
+        key_id: str | None = None,
     ) -> Spend:
-        scope, key = scope_of(run_id, day, month)
+        scope, key = scope_of(run_id, day, month, key_id)
         name = _k("sm", "total", tenant) if scope == "total" else _k("sm", scope, tenant, key)
         return await self._spend(name)
 
@@ -450,6 +469,13 @@ class RedisStore(DerivedOps):
     async def aclose(self) -> None:
         await self._redis.aclose()
         await self._redis.connection_pool.disconnect()
+
+
+def _rate_states(turn: Turn, flat: list[Any]) -> tuple[RateState, ...]:
+    """The buckets' states as admit.lua lists them: remaining, reset ms, wait ms (-1: never)."""
+    return tuple(RateState(rate, int(flat[3 * j]), int(flat[3 * j + 1]),
+                           None if int(flat[3 * j + 2]) < 0 else int(flat[3 * j + 2]))
+                 for j, rate in enumerate(turn.rates))
 
 
 def _tool_args(calls: list[dict[str, Any]]) -> list[str]:

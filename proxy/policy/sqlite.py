@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from proxy.errors import Refusal, StoreUnavailable
+from proxy.policy.rates import RateState, epoch_ms, rate_step
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
     MCP_TOOL_CALLS,
@@ -54,7 +55,9 @@ from proxy.policy.store import (
     costed,
     decide,
     guard_refusal,
+    ledger_keys,
     match_pending,
+    rate_refusal,
     refusal,
     refused_with,
     release_later,
@@ -111,7 +114,12 @@ CREATE TABLE IF NOT EXISTS budgets (tenant TEXT PRIMARY KEY, day INTEGER, month 
 CREATE TABLE IF NOT EXISTS contexts (
     tenant TEXT NOT NULL, ref TEXT NOT NULL, tokens INTEGER NOT NULL, seen_at REAL NOT NULL,
     PRIMARY KEY (tenant, ref)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rates (
+    tenant TEXT NOT NULL, bucket TEXT NOT NULL, debt INTEGER NOT NULL, last_ms INTEGER NOT NULL,
+    PRIMARY KEY (tenant, bucket)) WITHOUT ROWID;
 """
+# Columns added after a ledger file may have been created: (table, column, declaration).
+_ADDED_COLUMNS = (("reservations", "key_id", "TEXT"),)
 
 
 class SqliteStore(DerivedOps):
@@ -141,6 +149,7 @@ class SqliteStore(DerivedOps):
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
                 conn.executescript(_SCHEMA)
+                _add_columns(conn)
                 return conn
             except sqlite3.OperationalError as exc:
                 conn.close()
@@ -212,6 +221,8 @@ class SqliteStore(DerivedOps):
         if not 0 <= min_reserve <= max_reserve:
             raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
 
+        now_ms = epoch_ms(now)
+
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
             ts = now.timestamp()
             _expire(conn, ts, 64)
@@ -231,35 +242,47 @@ class SqliteStore(DerivedOps):
                 return refused_with(context_refusal(tenant, unknown, eff), closed, trace)
             extra = context_micros(known, turn.input_rate)
             lo, hi = min_reserve + extra, max_reserve + extra
-            calls = _one(conn, "SELECT calls FROM runs WHERE tenant=? AND run_id=?", tenant, run_id) or 0
-            keys: dict[str, tuple[str, str]] = {
-                "run_cost": ("run", run_id),
-                "tenant_day": ("day", windows[0]),
-                "tenant_month": ("month", windows[1]),
-            }
+            row = conn.execute("SELECT calls, first_seen FROM runs WHERE tenant=? AND run_id=?",
+                               (tenant, run_id)).fetchone()
+            calls, first_seen = (int(row[0]), row[1]) if row else (0, None)
+            run_tokens = _run_tokens(conn, tenant, run_id) if eff.run_max_tokens is not None else 0
+            started = (first_seen if first_seen is not None else ts) if eff.run_max_seconds is not None else None
+            elapsed = ts - started if started is not None else 0.0
+            keys = ledger_keys(run_id, windows, turn.key)
             ledger = {s: _spend(conn, tenant, *k) for s, k in keys.items()}
-            d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi)
+            d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi, run_tokens=run_tokens, elapsed_s=elapsed)
             if d.refused:
-                error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
-                                windows=windows, tz=tz, min_reserve=lo)
+                error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
+                                tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key)
                 return refused_with(error, closed, trace)
+            rates = _rates(conn, tenant, turn, now_ms)
+            if any(state.wait_ms != 0 for _, state in rates):
+                return refused_with(rate_refusal(tenant, tuple(state for _, state in rates)), closed, trace)
+            for (debt, state) in rates:
+                conn.execute("INSERT INTO rates (tenant, bucket, debt, last_ms) VALUES (?,?,?,?) "
+                             "ON CONFLICT DO UPDATE SET debt = excluded.debt, "
+                             "last_ms = MAX(last_ms, excluded.last_ms)",
+                             (tenant, state.rate.bucket, debt, now_ms))
             for scope, key in (*keys.values(), ("total", "")):
                 _add(conn, tenant, scope, key, reserved=d.amount)
             conn.execute(
                 "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen) "
                 "VALUES (?,?,1,?,?) "
-                "ON CONFLICT DO UPDATE SET calls = calls + 1, last_seen = excluded.last_seen",
+                "ON CONFLICT DO UPDATE SET calls = calls + 1, last_seen = excluded.last_seen, "
+                "first_seen = COALESCE(first_seen, excluded.first_seen)",
                 (tenant, run_id, ts, ts),
             )
             rid = uuid.uuid4().hex
             conn.execute(
                 "INSERT INTO reservations "
-                "(id, tenant, run_id, day_key, month_key, amount, expires_at) "
-                "VALUES (?,?,?,?,?,?,?)",
-                (rid, tenant, run_id, *windows, d.amount, ts + ttl_s),
+                "(id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key),
             )
             return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
-                             closed=closed, trace=trace, context_tokens=known, limits=eff)
+                             closed=closed, trace=trace, context_tokens=known, limits=eff,
+                             run_tokens=run_tokens, started_at=started,
+                             rates=tuple(state for _, state in rates))
 
         # Shielding the thread's own future (no extra task): a caller cancelled while the
         # admission commits must not leak it, so it is released once it lands.
@@ -353,15 +376,15 @@ class SqliteStore(DerivedOps):
 
         def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(
-                "SELECT tenant, run_id, day_key, month_key, amount, expired FROM reservations WHERE id=?",
+                "SELECT tenant, run_id, day_key, month_key, amount, expired, key_id FROM reservations WHERE id=?",
                 (admission.id,),
             ).fetchone()
             if row is None:
                 # Settled before: idempotent, so the run totals and tool calls that came
                 # with the first settle are not added again either.
                 return 0
-            tenant, run_id, day, month, amount, expired = row
-            for scope, key in (("run", run_id), ("day", day), ("month", month), ("total", "")):
+            tenant, run_id, day, month, amount, expired, key_id = row
+            for scope, key in _reserved_on(run_id, day, month, key_id):
                 if expired:  # already charged at `amount`: correct it to the real cost
                     _add(conn, tenant, scope, key, settled=actual - amount)
                 else:
@@ -387,8 +410,9 @@ class SqliteStore(DerivedOps):
         run_id: str | None = None,
         day: str | None = None,
         month: str | None = None,
+        key_id: str | None = None,
     ) -> Spend:
-        scope, key = scope_of(run_id, day, month)
+        scope, key = scope_of(run_id, day, month, key_id)
         result: Spend = await self._do(lambda conn: _spend(conn, tenant, scope, key))
         return result
 
@@ -542,6 +566,41 @@ def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], ok: bool
         loop.call_soon_threadsafe(deliver)
 
 
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Bring a ledger file made by an older spanmeter up to the current schema."""
+    for table, column, decl in _ADDED_COLUMNS:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            except sqlite3.OperationalError as exc:  # another process added it first
+                if "duplicate column" not in str(exc):
+                    raise
+
+
+def _reserved_on(run_id: str, day: str, month: str, key_id: str | None) -> list[tuple[str, str]]:
+    """(ledger scope, key) of every row a reservation holds money on."""
+    rows = [("run", run_id), ("day", day), ("month", month), ("total", "")]
+    if key_id is not None:
+        rows += [("keyday", f"{key_id}/{day}"), ("keymonth", f"{key_id}/{month}")]
+    return rows
+
+
+def _run_tokens(conn: sqlite3.Connection, tenant: str, run_id: str) -> int:
+    return int(_one(conn, "SELECT COALESCE(SUM(value), 0) FROM run_totals WHERE tenant=? AND run_id=? "
+                          "AND name IN ('input_tokens', 'output_tokens')", tenant, run_id))
+
+
+def _rates(conn: sqlite3.Connection, tenant: str, turn: Turn, now_ms: int) -> list[tuple[int, RateState]]:
+    """(debt with this call counted, state) of each rate bucket the call draws on."""
+    out = []
+    for rate in turn.rates:
+        row = conn.execute("SELECT debt, last_ms FROM rates WHERE tenant=? AND bucket=?",
+                           (tenant, rate.bucket)).fetchone()
+        out.append(rate_step(int(row[0]), int(row[1]), now_ms, rate) if row else rate_step(0, now_ms, now_ms, rate))
+    return out
+
+
 def _one(conn: sqlite3.Connection, sql: str, *args: Any) -> Any:
     row = conn.execute(sql, args).fetchone()
     return row[0] if row else None
@@ -575,12 +634,12 @@ def _add(
 def _expire(conn: sqlite3.Connection, now_ts: float, limit: int | None) -> int:
     """Charge reservations past their ttl at their reserved amount (unknown is not zero)."""
     rows = conn.execute(
-        "SELECT id, tenant, run_id, day_key, month_key, amount FROM reservations "
+        "SELECT id, tenant, run_id, day_key, month_key, amount, key_id FROM reservations "
         "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at LIMIT ?",
         (now_ts, -1 if limit is None else limit),
     ).fetchall()
-    for rid, tenant, run_id, day, month, amount in rows:
-        for scope, key in (("run", run_id), ("day", day), ("month", month), ("total", "")):
+    for rid, tenant, run_id, day, month, amount, key_id in rows:
+        for scope, key in _reserved_on(run_id, day, month, key_id):
             _add(conn, tenant, scope, key, settled=amount, reserved=-amount)
         conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
     conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))

@@ -5,6 +5,12 @@ Money is integer micro-USD everywhere. Scopes of a reservation:
     run_cost      (tenant, run_id)
     tenant_day    (tenant, calendar day in the configured time zone)  "2026-11-29"
     tenant_month  (tenant, calendar month in that zone)               "2026-11"
+    key_day       (tenant, key id, day)     "3b1f2a9c/2026-11-29"   only for calls
+    key_month     (tenant, key id, month)   "3b1f2a9c/2026-11"      made with a key
+
+Besides money, the admission checks the run's calls, its settled tokens and its wall
+time against their ceilings, and the rate limits of the tenant and the key
+(proxy/policy/rates.py), all in the same atomic step.
 
 A window's date is part of its key, so windows roll over without any reset job.
 
@@ -22,37 +28,44 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs
 from zoneinfo import ZoneInfo
 
-from proxy.errors import CeilingReached, ConfigError, LoopRefused, Refusal
+from proxy.errors import CeilingReached, ConfigError, LoopRefused, RateLimited, Refusal
 from proxy.policy import messages
+from proxy.policy.rates import Rate, RateState, rate_headers
 
 __all__ = [
     "CONTEXT_KEPT_S",
     "MAX_MICROS",
     "SCOPES",
+    "TENANT_SCOPES",
     "Admission",
     "Decision",
     "GuardRule",
     "Limits",
+    "Rate",
+    "RateState",
     "Spend",
     "Store",
     "ToolTurn",
     "Turn",
     "decide",
     "open_store",
+    "rate_refusal",
     "refusal",
     "release_if_cancelled",
     "release_later",
     "window_keys",
 ]
 
-Scope = Literal["run_cost", "tenant_day", "tenant_month"]
-SCOPES: tuple[Scope, ...] = ("run_cost", "tenant_day", "tenant_month")
+Scope = Literal["run_cost", "tenant_day", "tenant_month", "key_day", "key_month"]
+# In this order: of two scopes with the same headroom, the first is the one refused.
+SCOPES: tuple[Scope, ...] = ("run_cost", "tenant_day", "tenant_month", "key_day", "key_month")
+TENANT_SCOPES: tuple[Scope, ...] = SCOPES[:3]
 MAX_MICROS = 2**53
 # How long the size of a stored response or conversation is remembered (OpenAI keeps
 # stored responses 30 days).
@@ -64,28 +77,36 @@ class Limits:
     """Ceilings in force for one call; None = no limit. Cost limits in micro-USD.
 
     `origin` names where each limit came from ("tenant setting runs.max_llm_calls",
-    "request header X-Run-Max-Calls"), keyed run_calls/run_cost/tenant_day/tenant_month,
-    so that a refusal can say how to raise it.
+    "request header X-Run-Max-Calls"), keyed run_calls/run_cost/run_tokens/run_seconds/
+    tenant_day/tenant_month/key_day/key_month, so that a refusal can say how to raise it.
+    The key budgets apply to calls made with a key (`Turn.key`).
     """
 
     run_max_calls: int | None = None
     run_max_cost: int | None = None
     day_budget: int | None = None
     month_budget: int | None = None
+    run_max_tokens: int | None = None  # input + output tokens of the run's settled calls
+    run_max_seconds: float | None = None  # wall time since the run's first call
+    key_day_budget: int | None = None
+    key_month_budget: int | None = None
     origin: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         # Redis Lua numbers are doubles: integers stay exact only below 2^53 (~$9e9).
-        for name in ("run_max_calls", "run_max_cost", "day_budget", "month_budget"):
+        for name in ("run_max_calls", "run_max_cost", "day_budget", "month_budget", "run_max_tokens",
+                     "run_max_seconds", "key_day_budget", "key_month_budget"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < MAX_MICROS:
-                raise ValueError(f"{name}={value} must be between 0 and 2^53 micro-USD")
+                raise ValueError(f"{name}={value} must be between 0 and 2^53")
 
     def cost_limit(self, scope: str) -> int | None:
         return {
             "run_cost": self.run_max_cost,
             "tenant_day": self.day_budget,
             "tenant_month": self.month_budget,
+            "key_day": self.key_day_budget,
+            "key_month": self.key_month_budget,
         }.get(scope)
 
 
@@ -111,6 +132,8 @@ class Turn:
     input_rate: int = 0  # micro-USD per million tokens of stored context (dearest input rate)
     priced: bool = True  # False: the model has no price, refused under any cost limit
     model: str | None = None  # named in that refusal
+    key: str | None = None  # the caller's key id: its budget scopes and rate buckets
+    rates: tuple[Rate, ...] = ()  # rate-limit buckets this call draws on
 
 
 NO_TURN = Turn()
@@ -155,6 +178,11 @@ class Admission:
     trace: dict[str, Any] | None = None
     context_tokens: int = 0
     limits: Limits | None = None  # in force: config limits with the admin API's budgets
+    # Read only when a ceiling needs them: the run's settled tokens before this call, and
+    # when its first call arrived (epoch seconds).
+    run_tokens: int = 0
+    started_at: float | None = None
+    rates: tuple[RateState, ...] = ()  # each rate bucket after this call
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +200,7 @@ class Decision:
     """What `decide` concluded: reserve `amount`, or refuse on `scope`."""
 
     amount: int = 0
-    refused: str | None = None  # run_calls | run_cost | tenant_day | tenant_month
+    refused: str | None = None  # run_calls | run_tokens | run_seconds | a scope of SCOPES
     remaining: dict[str, int | None] = field(default_factory=dict)
 
 
@@ -191,25 +219,43 @@ def decide(
     *,
     min_reserve: int,
     max_reserve: int,
+    run_tokens: int = 0,
+    elapsed_s: float = 0.0,
 ) -> Decision:
     """The admission rule, shared by both backends (redis.py's admit.lua mirrors it).
 
-    Refuse when the run's call count is at its ceiling, or when some scope has less
-    headroom than `min_reserve`; otherwise reserve min(max_reserve, smallest headroom).
+    Refuse when the run's call count, settled tokens or wall time is at its ceiling, or
+    when some scope of `ledger` (those of SCOPES it has) has less headroom than
+    `min_reserve`; otherwise reserve min(max_reserve, smallest headroom).
     """
     if limits.run_max_calls is not None and calls >= limits.run_max_calls:
         return Decision(refused="run_calls")
+    if limits.run_max_tokens is not None and run_tokens >= limits.run_max_tokens:
+        return Decision(refused="run_tokens")
+    if limits.run_max_seconds is not None and elapsed_s >= limits.run_max_seconds:
+        return Decision(refused="run_seconds")
     headroom: dict[str, int | None] = {}
+    tightest: tuple[int, str] | None = None
     for scope in SCOPES:
+        if scope not in ledger:
+            continue
         limit = limits.cost_limit(scope)
-        headroom[scope] = None if limit is None else limit - ledger[scope].total
-    bounded = [(h, s) for s, h in headroom.items() if h is not None]
-    tightest = min(bounded) if bounded else None
+        headroom[scope] = h = None if limit is None else limit - ledger[scope].total
+        if h is not None and (tightest is None or h < tightest[0]):
+            tightest = (h, scope)
     if tightest is not None and tightest[0] < min_reserve:
         return Decision(refused=tightest[1])
     amount = max_reserve if tightest is None else min(max_reserve, tightest[0])
     remaining = {s: None if h is None else h - amount for s, h in headroom.items()}
     return Decision(amount=amount, remaining=remaining)
+
+
+def ledger_keys(run_id: str, windows: tuple[str, str], key: str | None) -> dict[str, tuple[str, str]]:
+    """scope -> (ledger scope, ledger key) of every scope a call reserves on."""
+    keys = {"run_cost": ("run", run_id), "tenant_day": ("day", windows[0]), "tenant_month": ("month", windows[1])}
+    if key is not None:
+        keys |= {"key_day": ("keyday", f"{key}/{windows[0]}"), "key_month": ("keymonth", f"{key}/{windows[1]}")}
+    return keys
 
 
 ADMIN_BUDGET = "admin budget (`spanmeter budget set` / PUT /admin/budgets)"
@@ -225,13 +271,12 @@ def with_budgets(limits: Limits, day: int | None, month: int | None) -> Limits:
         origin["tenant_day"] = ADMIN_BUDGET
     if month is not None:
         origin["tenant_month"] = ADMIN_BUDGET
-    return Limits(limits.run_max_calls, limits.run_max_cost,
-                  limits.day_budget if day is None else day,
-                  limits.month_budget if month is None else month, origin)
+    return replace(limits, day_budget=limits.day_budget if day is None else day,
+                   month_budget=limits.month_budget if month is None else month, origin=origin)
 
 
 def costed(limits: Limits) -> bool:
-    return limits.run_max_cost is not None or limits.day_budget is not None or limits.month_budget is not None
+    return any(limits.cost_limit(scope) is not None for scope in SCOPES)
 
 
 def streak_of(state: tuple[str | None, int, int], sig: str, ok: bool) -> tuple[str, int, int]:
@@ -301,6 +346,9 @@ def refusal(
     windows: tuple[str, str],
     tz: str,
     min_reserve: int,
+    run_tokens: int = 0,
+    elapsed_s: float = 0.0,
+    key: str | None = None,
 ) -> CeilingReached:
     """The CeilingReached error for a refused decision, with its message."""
     scope = decision.refused or "run_calls"
@@ -308,8 +356,14 @@ def refusal(
     if scope == "run_calls":
         text = messages.call_ceiling(tenant, run_id, limits.run_max_calls or 0, origin)
         return CeilingReached(text, limit=scope)
+    if scope == "run_tokens":
+        text = messages.token_ceiling(tenant, run_id, limits.run_max_tokens or 0, run_tokens, origin)
+        return CeilingReached(text, limit=scope)
+    if scope == "run_seconds":
+        text = messages.time_ceiling(tenant, run_id, limits.run_max_seconds or 0, elapsed_s, origin)
+        return CeilingReached(text, limit=scope)
     spend = ledger[scope]
-    window = windows[0] if scope == "tenant_day" else windows[1] if scope == "tenant_month" else None
+    window = windows[0] if scope.endswith("_day") else windows[1] if scope.endswith("_month") else None
     text = messages.cost_ceiling(
         scope,
         tenant=tenant,
@@ -321,8 +375,21 @@ def refusal(
         reserved=spend.reserved,
         needed=min_reserve,
         origin=origin,
+        key=key,
     )
     return CeilingReached(text, limit=scope)
+
+
+def rate_refusal(tenant: str, states: tuple[RateState, ...]) -> RateLimited:
+    """The 429 for an admission some rate bucket refused: the one that makes the call wait
+    longest (or that it can never fit) speaks; the headers describe every bucket."""
+    refused = [s for s in states if s.wait_ms != 0]
+    never = [s for s in refused if s.wait_ms is None]
+    worst = never[0] if never else max(refused, key=lambda s: s.wait_ms or 0)
+    text = messages.rate_limit(tenant, worst.rate.owner, worst.rate.unit, worst.rate.limit, worst.rate.cost,
+                               worst.remaining, worst.wait_ms)
+    return RateLimited(text, limit=f"rate_{worst.rate.unit}", wait_ms=worst.wait_ms,
+                       rate_headers=rate_headers(states))
 
 
 async def release_if_cancelled(store: Store, admitting: Callable[[], Awaitable[Admission]]) -> Admission:
@@ -375,11 +442,14 @@ class Store(Protocol):
     ) -> Admission:
         """In one atomic step: close the tool calls `turn.results` answer (counting the
         run's streaks and failures), keep `turn.trace` if the run has none, apply the
-        admin budgets over `limits`, bound `turn.context`, then count the call and reserve
-        between min and max (plus the stored context) on every scope.
+        admin budgets over `limits`, bound `turn.context`, check the run's calls, settled
+        tokens and wall time, then the headroom of every scope (the key's too, with
+        `turn.key`), then draw on `turn.rates` (GCRA, proxy/policy/rates.py), and count the
+        call and reserve between min and max (plus the stored context) on every scope.
 
-        Raises LoopRefused or CeilingReached (call not counted, nothing reserved; the tool
-        calls stay closed and the error carries them in `closed` and the trace in `trace`)."""
+        Raises LoopRefused, CeilingReached or RateLimited (call not counted, nothing
+        reserved, no rate bucket drawn on; the tool calls stay closed and the error
+        carries them in `closed` and the trace in `trace`)."""
         ...
 
     async def admit_tool(
@@ -438,6 +508,7 @@ class Store(Protocol):
         run_id: str | None = None,
         day: str | None = None,
         month: str | None = None,
+        key_id: str | None = None,
     ) -> int:
         """Settled + reserved micro-USD of one scope (run, day, month; none = all time)."""
         ...
@@ -449,6 +520,7 @@ class Store(Protocol):
         run_id: str | None = None,
         day: str | None = None,
         month: str | None = None,
+        key_id: str | None = None,
     ) -> Spend: ...
 
     async def run_calls(self, tenant: str, run_id: str) -> int: ...
@@ -474,7 +546,8 @@ class DerivedOps:
     """Store operations both backends derive from their own primitives."""
 
     async def spend_detail(
-        self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None
+        self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None,
+        key_id: str | None = None,
     ) -> Spend:
         raise NotImplementedError
 
@@ -483,9 +556,10 @@ class DerivedOps:
         raise NotImplementedError
 
     async def spend(
-        self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None
+        self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None,
+        key_id: str | None = None,
     ) -> int:
-        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month)).total
+        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month, key_id=key_id)).total
 
     async def release(self, admission: Admission) -> None:
         await self.settle(admission, 0)
@@ -558,9 +632,15 @@ def run_record(
     }
 
 
-def scope_of(run_id: str | None, day: str | None, month: str | None) -> tuple[str, str]:
-    """(scope, key) for spend(): at most one of run_id/day/month; none = all time."""
+def scope_of(run_id: str | None, day: str | None, month: str | None,
+             key_id: str | None = None) -> tuple[str, str]:
+    """(scope, key) for spend(): at most one of run_id/day/month; none = all time. With
+    `key_id`, the day or month of that key (one of them is then required)."""
     given = [(s, k) for s, k in (("run", run_id), ("day", day), ("month", month)) if k is not None]
     if len(given) > 1:
         raise ValueError("spend() takes at most one of run_id, day, month")
+    if key_id is not None:
+        if not given or given[0][0] == "run":
+            raise ValueError("spend(key_id=...) takes a day or a month")
+        return f"key{given[0][0]}", f"{key_id}/{given[0][1]}"
     return given[0] if given else ("total", "")

@@ -230,6 +230,25 @@ class AnthropicAdapter:
                 for block in _blocks(m.get("content"))
                 if block.get("type") == "tool_result" and block.get("tool_use_id") == call_id]
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """Roles must alternate: a text block at the end of the last turn when it is the
+        user's (after its tool results, as the API requires), else a new user turn."""
+        messages = ex.body.get("messages")
+        if not isinstance(messages, list):
+            return False
+        block = {"type": "text", "text": text}
+        last = messages[-1] if messages else None
+        if not (isinstance(last, dict) and last.get("role") == "user"):
+            return ex.append_item(("messages",), {"role": "user", "content": [block]})
+        content = last.get("content")
+        if isinstance(content, list):
+            return ex.append_item(("messages", -1, "content"), block)
+        if isinstance(content, str):  # its text block keeps the string's bytes as they came
+            note = orjson.dumps(block).decode()
+            return ex.replace_value(("messages", -1, "content"), [{"type": "text", "text": content}, block],
+                                    lambda old: '[{"type":"text","text":' + old + "}," + note + "]")
+        return False
+
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         messages = body.get("messages")
         return _history(messages if isinstance(messages, list) else [])

@@ -163,6 +163,12 @@ class ProviderAdapter(Protocol):
         """(holder, key) of each tool result for `call_id` in the request, in order."""
         ...
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """Place a note for the model after the request's last message, in the dialect's own
+        shape, leaving every earlier byte as it was (the provider's prompt cache keeps
+        matching); False when the request has no conversation to add it to."""
+        ...
+
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         """Every tool call of the conversation in the request, in the order the model made
         them, each with the path of its result's value (what a reminder is prefixed to)."""
@@ -306,6 +312,30 @@ class Exchange:
         self._add_edit(path, edit)
         return True
 
+    def append_item(self, path: Path, item: Any) -> bool:
+        """Append `item` to the array at `path` (-1 for the last element on the way): in
+        `body`, and in the bytes before the array's closing bracket, so every byte before
+        it goes as it came."""
+        at = _absolute(self.body, path)
+        array = _follow(self.body, at) if at is not None else None
+        if at is None or not isinstance(array, list):
+            return False
+        encoded = orjson.dumps(item).decode()
+        array.append(item)
+        self._add_edit(at, lambda old: old[:-1] + ("," if old[1:-1].strip() else "") + encoded + old[-1])
+        return True
+
+    def replace_value(self, path: Path, value: Any, edit: Edit) -> bool:
+        """Put `value` at `path` (-1 for the last element on the way) in `body`, and in the
+        bytes `edit` of the old value's JSON text (which may keep it, byte for byte)."""
+        at = _absolute(self.body, path)
+        if not at:
+            return False
+        holder: Any = _follow(self.body, at[:-1])  # `_absolute` found every step: it holds the key
+        holder[at[-1]] = value
+        self._add_edit(at, edit)
+        return True
+
     def _add_edit(self, path: Path, edit: Edit) -> None:
         before = self._edits.get(path)
         self._edits[path] = edit if before is None else lambda old: edit(before(old))
@@ -328,6 +358,27 @@ class Exchange:
 
 
 _REMINDER_KEY = "spanmeter_reminder"
+
+
+def _absolute(body: Any, path: Path) -> Path | None:
+    """`path` with negative indexes counted from the end, or None when it is not in `body`."""
+    out: list[str | int] = []
+    node = body
+    for step in path:
+        if isinstance(step, int) and isinstance(node, list) and -len(node) <= step < len(node):
+            step %= len(node)
+        if not _has(node, step):
+            return None
+        out.append(step)
+        node = node[step]
+    return tuple(out)
+
+
+def _follow(body: Any, path: Path) -> Any:
+    """The value at `path` in parsed JSON (a path `_absolute` returned)."""
+    for step in path:
+        body = body[step]
+    return body
 
 
 def _has(container: Any, step: str | int) -> bool:

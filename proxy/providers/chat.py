@@ -262,6 +262,10 @@ class ChatAdapter:
         return [(m, "content") for m in _list(body.get("messages"))
                 if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id") == call_id]
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """A new final user message (a system message would move up front and break the cache)."""
+        return ex.append_item(("messages",), {"role": "user", "content": text})
+
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return _history(_list(body.get("messages")))
 

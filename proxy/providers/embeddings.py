@@ -51,6 +51,10 @@ class EmbeddingsAdapter:
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         return []
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """Embeddings have no conversation: no note."""
+        return False
+
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return []
 

@@ -323,6 +323,10 @@ class GeminiAdapter:
         return [(fr, "response") for c in _list(body.get("contents")) if isinstance(c, dict)
                 for fr, rid in _name_ids(_list(c.get("parts")), "functionResponse") if call_id in (rid, fr.get("id"))]
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """A new final user content."""
+        return ex.append_item(("contents",), {"role": "user", "parts": [{"text": text}]})
+
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return _history(_list(body.get("contents")))
 

@@ -227,6 +227,22 @@ class ResponsesAdapter:
         return [(it, "output") for it in _list(body.get("input"))
                 if isinstance(it, dict) and it.get("type") == "function_call_output" and it.get("call_id") == call_id]
 
+    def append_note(self, ex: Exchange, text: str) -> bool:
+        """A new final user input item. A string `input` is one user message: it becomes
+        the list of that message (its text byte for byte) and the note."""
+        item = {"role": "user", "content": text}
+        given = ex.body.get("input")
+        if isinstance(given, list):
+            return ex.append_item(("input",), item)
+        if isinstance(given, str):  # its message keeps the string's bytes as they came
+            note = orjson.dumps(item).decode()
+            return ex.replace_value(("input",), [{"role": "user", "content": given}, item],
+                                    lambda old: '[{"role":"user","content":' + old + "}," + note + "]")
+        if "input" not in ex.body:  # a stored prompt alone
+            ex.set_top("input", [item])
+            return True
+        return False
+
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return _history(_list(body.get("input")))
 

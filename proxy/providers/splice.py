@@ -135,19 +135,31 @@ def locate(text: str, paths: list[Path]) -> dict[Path, tuple[int, int]]:
 def splice(raw: bytes, edits: Mapping[Path, Edit]) -> bytes:
     """`raw` with each located value replaced by its edit of it, every other byte kept.
 
-    Raises ValueError when a path is missing or one edited value holds another.
+    Edits nest: when an edited value holds another (a reminder inside a tool result, and a
+    wrap-up note appended to the messages around it), the inner edit applies first and the
+    outer one gets the value's text with it. Raises ValueError when a path is missing.
     """
     text = raw.decode("utf-8")
     found = locate(text, list(edits))
     if len(found) != len(edits):
         raise ValueError(f"not in the document: {sorted(map(str, set(edits) - set(found)))}")
-    spans = sorted(((start, end, edits[path]) for path, (start, end) in found.items()), key=lambda s: s[0])
+    # Outer values first where two start at one place; JSON values either nest or are apart.
+    spans = sorted(((start, end, edits[path]) for path, (start, end) in found.items()), key=lambda s: (s[0], -s[1]))
+    return _edited(text, 0, len(text), spans).encode("utf-8")
+
+
+def _edited(text: str, lo: int, hi: int, spans: list[tuple[int, int, Edit]]) -> str:
+    """text[lo:hi] with the edits of `spans` (sorted, all inside it) applied, innermost first."""
     out: list[str] = []
-    at = 0
-    for start, end, edit in spans:
-        if start < at:
-            raise ValueError("one edited value holds another")
-        out += [text[at:start], edit(text[start:end])]
-        at = end
-    out.append(text[at:])
-    return "".join(out).encode("utf-8")
+    at, i = lo, 0
+    while i < len(spans):
+        start, end, edit = spans[i]
+        j = i + 1
+        while j < len(spans) and spans[j][0] < end:
+            if spans[j][1] > end:
+                raise ValueError("edited values overlap")  # not JSON values of one document
+            j += 1
+        out += [text[at:start], edit(_edited(text, start, end, spans[i + 1:j]))]
+        at, i = end, j
+    out.append(text[at:hi])
+    return "".join(out)

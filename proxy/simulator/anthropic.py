@@ -11,7 +11,7 @@ from typing import Any
 import json5
 import orjson
 
-from proxy.simulator.script import Request, Script
+from proxy.simulator.script import Request, Script, said
 
 STOP = {"stop": "end_turn", "length": "max_tokens", "tool": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
@@ -37,8 +37,7 @@ def _result_text(block: dict[str, Any]) -> str:
 def parse(body: dict[str, Any], path: str) -> Request:
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     # A user turn carrying only tool_result blocks is not what the user said.
-    last_user = next((t for m in reversed(messages) if m.get("role") == "user"
-                      if (t := _text(m.get("content")))), "")
+    last_user, notice = said([_text(m.get("content")) for m in messages if m.get("role") == "user"])
     tail = messages[-1] if messages else {}
     results = [b for b in _blocks(tail.get("content")) if b.get("type") == "tool_result"]
     result = _result_text(results[-1]) if tail.get("role") == "user" and results else None
@@ -48,7 +47,7 @@ def parse(body: dict[str, Any], path: str) -> Request:
     chars = len(system) if isinstance(system, str) else len(_text(system))
     chars += sum(len(_text(m.get("content"))) for m in messages)
     return Request(str(body.get("model", "sim-small")), body.get("stream") is True, last_user,
-                   result, tools, chars)
+                   result, tools, chars, notice, len(messages))
 
 
 def _usage(s: Script, output_tokens: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from proxy.simulator.script import Request, Script
+from proxy.simulator.script import Request, Script, said
 
 FINISH = {"stop": "stop", "length": "length", "tool": "tool_calls"}
 
@@ -21,12 +21,15 @@ def _text(content: Any) -> str:
 
 def parse(body: dict[str, Any], path: str) -> Request:
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-    last_user = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
-    tail = messages[-1] if messages else {}
+    last_user, notice = said([_text(m.get("content")) for m in messages if m.get("role") == "user"])
+    # A wrap-up note is a message of its own: the turn before it is what the client sent.
+    tails = messages[:-1] if notice and messages[-1].get("role") == "user" else messages
+    tail = tails[-1] if tails else {}
     result = _text(tail.get("content")) if tail.get("role") == "tool" else None
     tools = tuple(t["function"]["name"] for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t)
     chars = sum(len(_text(m.get("content"))) for m in messages)
-    return Request(str(body.get("model", "sim-small")), body.get("stream") is True, last_user, result, tools, chars)
+    return Request(str(body.get("model", "sim-small")), body.get("stream") is True, last_user, result, tools, chars,
+                   notice, len(messages))
 
 
 def _usage(s: Script) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 import json5
 import orjson
 
-from proxy.simulator.script import Request, Script
+from proxy.simulator.script import Request, Script, said
 
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool": "STOP"}
 STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 402: "RESOURCE_EXHAUSTED",
@@ -40,9 +40,9 @@ def parse(body: dict[str, Any], path: str) -> Request:
     m = _PATH.search(path)
     contents = [c for c in body.get("contents") or [] if isinstance(c, dict)]
     # A user turn carrying only functionResponse parts is not what the user said.
-    last_user = next((t for c in reversed(contents) if c.get("role", "user") == "user"
-                      if (t := _text(c))), "")
-    tail = contents[-1] if contents else {}
+    last_user, notice = said([_text(c) for c in contents if c.get("role", "user") == "user"])
+    tails = contents[:-1] if notice and contents[-1].get("role", "user") == "user" else contents
+    tail = tails[-1] if tails else {}
     responses = [r for p in _parts(tail)
                  if isinstance(r := _get(p, "functionResponse", "function_response"), dict)]
     result = orjson.dumps(responses[-1].get("response")).decode() if responses else None
@@ -53,7 +53,7 @@ def parse(body: dict[str, Any], path: str) -> Request:
     chars = len(_text(system)) + sum(len(_text(c)) for c in contents)
     return Request(m.group(1) if m else "sim-small",
                    m is not None and m.group(2) == "streamGenerateContent",
-                   last_user, result, tools, chars)
+                   last_user, result, tools, chars, notice, len(contents))
 
 
 def _usage(s: Script, *, final: bool) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from proxy.simulator.script import Request, Script
+from proxy.simulator.script import Request, Script, said
 
 CREATED_AT = 1764460800
 
@@ -28,9 +28,9 @@ def parse(body: dict[str, Any], path: str) -> Request:
     raw = body.get("input")
     items: list[Any] = [{"role": "user", "content": raw}] if isinstance(raw, str) else (
         [i for i in raw if isinstance(i, dict)] if isinstance(raw, list) else [])
-    last_user = next((_text(i.get("content")) for i in reversed(items)
-                      if i.get("role") == "user"), "")
-    tail = items[-1] if items else {}
+    last_user, notice = said([_text(i.get("content")) for i in items if i.get("role") == "user"])
+    tails = items[:-1] if notice and items[-1].get("role") == "user" else items
+    tail = tails[-1] if tails else {}
     result = None
     if tail.get("type") == "function_call_output":
         out = tail.get("output")
@@ -41,7 +41,7 @@ def parse(body: dict[str, Any], path: str) -> Request:
     chars = len(instructions) if isinstance(instructions, str) else 0
     chars += sum(len(_text(i.get("content"))) + len(str(i.get("output") or "")) for i in items)
     return Request(str(body.get("model", "sim-small")), body.get("stream") is True, last_user,
-                   result, tools, chars)
+                   result, tools, chars, notice, len(items))
 
 
 def _usage(s: Script) -> dict[str, Any]:

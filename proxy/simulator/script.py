@@ -2,6 +2,12 @@
 
 A scenario is named in the last user message as `SCENARIO:<name>[:<arg>]`. Renderers
 (one module per dialect) turn a `Script` into that dialect's exact wire format.
+
+spanmeter's wrap-up note (proxy/wrapup.py) starts with `WRAP_UP_MARK`. A request whose
+last user turn carries it is marked `notice`, and the note is not "what the user said":
+the scenario comes from the user text before it. `SCENARIO:wrap_up` is an agent that
+keeps calling its first tool (a new argument each turn) until a request carries the note,
+and then answers.
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-__all__ = ["SCENARIOS", "SCENARIO_HELP", "Request", "Script", "render_scenarios", "script_for"]
+__all__ = ["SCENARIOS", "SCENARIO_HELP", "WRAPPED_UP", "WRAP_UP_MARK", "Request", "Script", "render_scenarios",
+           "said", "script_for"]
 
 _SCENARIO = re.compile(r"SCENARIO:([a-z_]+)(?::([0-9.]+))?")
 
@@ -23,6 +30,9 @@ FENCED_JSON = (
 )
 CLEAN_JSON = '{"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poetry"]}'
 TRUNCATED_JSON = '{"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poe'
+# The start of spanmeter's wrap-up note: the simulator's own copy (it imports nothing of the proxy).
+WRAP_UP_MARK = "[spanmeter] Budget notice"
+WRAPPED_UP = "Final answer, with what I have so far: it is 14 C and sunny in Paris."
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +45,8 @@ class Request:
     tool_result: str | None  # the result of the previous tool call, if this request carries one
     tools: tuple[str, ...]
     input_chars: int
+    notice: bool = False  # the last user turn carries spanmeter's wrap-up note
+    turns: int = 0  # messages (items, contents) in the request
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +94,17 @@ def script_for(req: Request) -> Script:
     return replace(s, input_tokens=max(1, req.input_chars // 4), output_tokens=out_tokens)
 
 
+def said(texts: list[str]) -> tuple[str, bool]:
+    """(the last thing the user said, whether the last user turn carries the wrap-up note),
+    from the texts of the user turns in order."""
+    notice = bool(texts) and WRAP_UP_MARK in texts[-1]
+    for text in reversed(texts):
+        text = text.split(WRAP_UP_MARK, 1)[0].strip() if WRAP_UP_MARK in text else text
+        if text:
+            return text, notice
+    return "", notice
+
+
 def _text(req: Request, arg: str | None) -> Script:
     return Script(_words(GREETING))
 
@@ -105,6 +128,12 @@ def _bad_args(req: Request, arg: str | None) -> Script:
     return Script(_words("Thanks, that worked."))
 
 
+def _wrap_up(req: Request, arg: str | None) -> Script:
+    if req.notice:
+        return Script(_words(WRAPPED_UP))
+    return _tool_call(req, json.dumps({"city": "Paris", "step": req.turns}))
+
+
 def _long(req: Request, arg: str | None) -> Script:
     n = int(float(arg)) if arg else 50
     return Script(tuple(f"tok{i} " for i in range(n)))
@@ -115,6 +144,7 @@ SCENARIOS: dict[str, Callable[[Request, str | None], Script]] = {
     "tool": _tool,
     "loop": _loop,
     "bad_args": _bad_args,
+    "wrap_up": _wrap_up,
     "json": lambda r, a: Script(_pieces(CLEAN_JSON)),
     "json_extra": lambda r, a: Script(_pieces(CLEAN_JSON[:-1] + ', "nickname": "Ada"}')),
     "json_fenced": lambda r, a: Script(_pieces(FENCED_JSON)),
@@ -144,6 +174,10 @@ SCENARIO_HELP: dict[str, tuple[str, str]] = {
              '({"path": "/etc/config.yaml"}; PATH=/x in the message changes the path). Trips the loop guard.'),
     "bad_args": ("SCENARIO:bad_args", "A tool call whose arguments are JSON5, not JSON "
                  "({'city': 'Paris', unit: \"celsius\",}); after the result, a short thanks."),
+    "wrap_up": ("SCENARIO:wrap_up", "An agent that sees its budget coming: asks for the request's first tool "
+                '({"city": "Paris", "step": N}, N new each turn) until the last user turn carries spanmeter\'s '
+                "wrap-up note ([spanmeter] Budget notice), then answers with a final answer. The note's turn "
+                "is not what the user said: the marker still comes from the text before it."),
     "json": ("SCENARIO:json", 'Clean JSON: {"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poetry"]}. '
              "A message saying it \"did not match the required JSON schema\" (a repair retry) also gets it."),
     "json_extra": ("SCENARIO:json_extra", 'The JSON with an extra "nickname" property: valid JSON that '

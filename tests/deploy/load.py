@@ -31,6 +31,8 @@ __all__ = ["KEYS", "Running", "drive_load", "running_proxy", "upstream_keys"]
 # Two tenants so "by tenant" panels have more than one line; both have day and month
 # budgets (the budget gauges exist only for tenants with one).
 KEYS = {"acme": "sm-dash-acme-key", "globex": "sm-dash-globex-key"}
+# A second key of acme with a rate limit of its own: one request a minute.
+RATE_LIMITED_KEY = "sm-dash-acme-rate-limited-key"
 MODEL = "sim-small"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
@@ -51,10 +53,14 @@ def settings_for(sim_url: str, data_dir: Path, mcp_url: str | None = None) -> Se
     budgets = {"daily_usd": 5.0, "monthly_usd": 100.0}
     # acme's loop guard reminds, globex's refuses: both guard actions show up.
     guard = {"acme": {"action": "remind", "threshold": 3}, "globex": {"action": "refuse", "threshold": 3}}
+    # acme's runs get a wrap-up note from half of any ceiling on.
+    runs = {"acme": {"max_llm_calls": 20, "wrap_up_at": 0.5}, "globex": {"max_llm_calls": 20}}
     tenants = {name: {"keys": [hash_key(key)],
-                      "policy": {"budgets": budgets, "runs": {"max_llm_calls": 20}, "guard": guard[name]}}
+                      "policy": {"budgets": budgets, "runs": runs[name], "guard": guard[name]}}
                for name, key in KEYS.items()}
     mcp = {"tools": {"url": mcp_url, "tool_costs": {"get_weather": 0.01}}} if mcp_url else {}
+    tenants["acme"]["keys"].append({"hash": hash_key(RATE_LIMITED_KEY),
+                                    "policy": {"rate_limits": {"requests_per_minute": 1}}})
     return Settings(openai_base_url=sim_url, anthropic_base_url=sim_url, gemini_base_url=sim_url,
                     data_dir=str(data_dir), port=0, tenants=tenants, mcp_servers=mcp).check()
 
@@ -93,9 +99,9 @@ async def running_proxy(data_dir: Path) -> AsyncIterator[Running]:
 class Agent:
     """One run of one tenant, speaking Chat Completions over plain HTTP."""
 
-    def __init__(self, http: aiohttp.ClientSession, url: str, tenant: str, run: str) -> None:
+    def __init__(self, http: aiohttp.ClientSession, url: str, tenant: str, run: str, key: str | None = None) -> None:
         self.http, self.url, self.run = http, url, run
-        self.headers = {"Authorization": f"Bearer {KEYS[tenant]}", "X-Run-Id": run}
+        self.headers = {"Authorization": f"Bearer {key or KEYS[tenant]}", "X-Run-Id": run}
 
     async def chat(self, messages: list[dict[str, Any]], **extra: Any) -> tuple[int, Any]:
         body = {"model": MODEL, "messages": messages, **extra}
@@ -168,7 +174,16 @@ async def drive_load(url: str, tag: str = "1") -> dict[str, int]:
         repair = Agent(http, url, "acme", f"dash-repair-{tag}")
         statuses["repair"], _ = await repair.chat(_user("SCENARIO:json_fenced"),
                                                   response_format={"type": "json_object"})
-        for agent in (tools, failing, loop, refused, capped, repair):
+        # A run that sees its ceiling coming: at half of 4 calls acme's wrap-up note arrives
+        # and the simulated agent answers instead of calling its tool again.
+        wrap = Agent(http, url, "acme", f"dash-wrap-up-{tag}")
+        wrap.headers["X-Run-Max-Calls"] = "4"
+        statuses["wrap up"] = await _tool_round_trip(wrap, "SCENARIO:wrap_up", TOOLS, 3, '{"ok": true, "temp": 14}')
+        # acme's rate-limited key: one request a minute, the next one is a 429.
+        hasty = Agent(http, url, "acme", f"dash-rate-{tag}", key=RATE_LIMITED_KEY)
+        for i in range(2):
+            statuses[f"rate {i}"], _ = await hasty.chat(_user("hello"))
+        for agent in (tools, failing, loop, refused, capped, repair, wrap, hasty):
             await agent.end()
     statuses.update(await _mcp_calls(url, tag))
     return statuses

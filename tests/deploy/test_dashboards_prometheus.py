@@ -165,6 +165,8 @@ def test_the_load_covered_every_scenario(evaluated: Evaluated) -> None:
     assert s["loop refuse"] == 409, "globex's loop guard refuses the repeated tool call"
     assert s["loop remind"] == s["tool ok"] == s["tool failed"] == 200
     assert s["acme cached"] == s["globex cached"] == 200
+    assert s["wrap up"] == 200, "the run answered after acme's wrap-up note, within its 4 calls"
+    assert s["rate 1"] == 429, "the second request of a key limited to one a minute"
 
 
 def _panel_values(evaluated: Evaluated, title: str) -> dict[str, float]:

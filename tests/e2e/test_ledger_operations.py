@@ -94,3 +94,32 @@ async def test_an_agent_turn_costs_two_ledger_operations(backend, results, make_
     await proxy.settled()
     assert counter.count() == 2, ("one admission before forwarding, one settlement after", counter.seen)
     await client.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_every_limit_at_once_still_costs_two_ledger_operations(backend, make_proxy, request, tmp_path,
+                                                                     monkeypatch_env):
+    """Rate buckets of the tenant and the key, a key's budgets, token and time ceilings and a
+    wrap-up note are all decided inside the one admission."""
+    from proxy.config import hash_key
+
+    server = request.getfixturevalue("redis_server") if backend == "redis" else None
+    monkeypatch_env("OPENAI_API_KEY", "sk-upstream")
+    key = {"hash": hash_key("sm-ops-key"), "policy": {"budgets": {"daily_usd": 5}, "runs": {"max_tokens": 90_000},
+                                                      "rate_limits": {"requests_per_minute": 50}}}
+    policy = {"runs": {"max_llm_calls": 4, "max_seconds": 600, "wrap_up_at": 0.1},
+              "rate_limits": {"requests_per_minute": 100, "tokens_per_minute": 1_000_000},
+              "budgets": {"daily_usd": 10}}
+    proxy = await make_proxy(ledger_url=server.url if server else f"sqlite:///{tmp_path}/ledger.db",
+                             tenants={"acme": {"keys": [key], "policy": policy}})
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="sm-ops-key",
+                                default_headers={"X-Run-Id": f"ops-limits-{backend}"})
+    calls = await _open_calls(client, 2)
+    await proxy.settled()
+    counter = Counter(proxy, server)
+    counter.start()
+    raw = await client.chat.completions.with_raw_response.create(model="sim-small", messages=_turn(calls))
+    await proxy.settled()
+    assert "wrap_up=" in raw.headers["x-spanmeter-rewrites"], "this call carried the note"
+    assert counter.count() == 2, ("one admission before forwarding, one settlement after", counter.seen)
+    await client.close()

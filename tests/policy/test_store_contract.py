@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from proxy.errors import CeilingReached, ConfigError, LoopRefused, StoreUnavailable
+from proxy.errors import CeilingReached, ConfigError, LoopRefused, RateLimited, StoreUnavailable
 from proxy.policy.sqlite import SqliteStore
-from proxy.policy.store import Admission, GuardRule, Limits, Spend, Store, ToolTurn, Turn, open_store
+from proxy.policy.store import Admission, GuardRule, Limits, Rate, Spend, Store, ToolTurn, Turn, open_store
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -769,3 +769,185 @@ async def test_a_request_that_is_not_a_tool_call_only_keeps_the_trace(store: Sto
     assert again.trace == {"ids": "t1"}
     assert await store.run_totals(tenant, "r-1") == {}
     assert await store.spend(tenant, run_id="r-1") == 0
+# --- rate limits (GCRA inside the admission) ----------------------------------------------
+
+
+def _rates(*rates: Rate, key: str | None = None) -> Turn:
+    return Turn(rates=rates, key=key)
+
+
+async def _limited(coros: list[Any]) -> tuple[list[Admission], list[RateLimited]]:
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    ok = [r for r in results if isinstance(r, Admission)]
+    limited = [r for r in results if isinstance(r, RateLimited)]
+    assert len(ok) + len(limited) == len(results), [r for r in results if not isinstance(r, Admission | RateLimited)]
+    return ok, limited
+
+
+async def test_500_concurrent_admissions_against_100_requests_a_minute_admit_exactly_100(
+        store: Store, tenant: str) -> None:
+    turn = _rates(Rate("tenant", "requests", 100, 1))
+    ok, limited = await _limited([admit(store, tenant, f"r-{i % 7}", turn=turn) for i in range(500)])
+    assert (len(ok), len(limited)) == (100, 400)
+    assert sum([await store.run_calls(tenant, f"r-{i}") for i in range(7)]) == 100, "a refused call counts nothing"
+    assert await store.spend(tenant) == 100 * 100, "and reserves nothing"
+    assert sorted(a.rates[0].remaining for a in ok) == list(range(100))
+    refusal = limited[0]
+    assert (refusal.status, refusal.limit, refusal.wait_ms) == (429, "rate_requests", 600)
+    assert refusal.headers() == {
+        "x-should-retry": "true", "retry-after": "1", "retry-after-ms": "600",
+        "x-ratelimit-limit-requests": "100", "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1m0s"}
+    assert "rate limit of 100 requests per minute (tenant setting rate_limits.requests_per_minute)" in refusal.message
+
+
+async def test_tokens_per_minute_count_each_calls_tokens_exactly_under_concurrency(store: Store, tenant: str) -> None:
+    turn = _rates(Rate("tenant", "tokens", 1_000, 30))
+    ok, limited = await _limited([admit(store, tenant, turn=turn) for _ in range(300)])
+    assert (len(ok), len(limited)) == (33, 267)  # 33 x 30 = 990; 10 tokens left
+    assert limited[0].limit == "rate_tokens"
+    assert "this call counts 30 tokens and 10 are free now" in limited[0].message
+    assert limited[0].rate_headers["x-ratelimit-remaining-tokens"] == "10"
+
+
+async def test_the_window_rolls_with_the_admission_clock(store: Store, tenant: str) -> None:
+    turn = _rates(Rate("tenant", "requests", 100, 1))
+    for _ in range(100):
+        await admit(store, tenant, turn=turn)
+    with pytest.raises(RateLimited) as ei:
+        await admit(store, tenant, turn=turn, now=T0 + timedelta(milliseconds=599))
+    assert ei.value.wait_ms == 1, "one unit comes back every 0.6 s"
+    one = await admit(store, tenant, turn=turn, now=T0 + timedelta(milliseconds=600))
+    assert one.rates[0].remaining == 0
+    later = T0 + timedelta(seconds=30, milliseconds=600)  # 30 s more: half the window, 50 requests
+    ok, limited = await _limited([admit(store, tenant, turn=turn, now=later) for _ in range(80)])
+    assert (len(ok), len(limited)) == (50, 30)
+    assert max(a.rates[0].reset_ms for a in ok) == 60_000, "the last one in fills the bucket"
+    whole = later + timedelta(seconds=60)
+    ok, _ = await _limited([admit(store, tenant, turn=turn, now=whole) for _ in range(120)])
+    assert len(ok) == 100, "after a whole window the bucket is full again, never fuller"
+
+
+async def test_a_clock_going_back_gives_nothing_back(store: Store, tenant: str) -> None:
+    turn = _rates(Rate("tenant", "requests", 2, 1))
+    await admit(store, tenant, turn=turn, now=T0 + timedelta(seconds=10))
+    await admit(store, tenant, turn=turn, now=T0 + timedelta(seconds=10))
+    with pytest.raises(RateLimited):  # another replica's clock is 5 s behind
+        await admit(store, tenant, turn=turn, now=T0 + timedelta(seconds=5))
+    await admit(store, tenant, turn=turn, now=T0 + timedelta(seconds=40))  # 30 s after the last: one back
+    with pytest.raises(RateLimited):
+        await admit(store, tenant, turn=turn, now=T0 + timedelta(seconds=40))
+
+
+async def test_a_key_and_its_tenant_both_hold_and_the_tighter_speaks(store: Store, tenant: str) -> None:
+    def turn(key: str) -> Turn:
+        return _rates(Rate("tenant", "requests", 8, 1), Rate(f"key {key}", "requests", 5, 1), key=key)
+
+    a = [await admit(store, tenant, turn=turn("aaaa1111")) for _ in range(5)]
+    assert [x.rates[1].remaining for x in a] == [4, 3, 2, 1, 0]
+    with pytest.raises(RateLimited) as ei:
+        await admit(store, tenant, turn=turn("aaaa1111"))
+    assert "Key aaaa1111 of tenant" in ei.value.message and "key setting rate_limits" in ei.value.message
+    assert ei.value.rate_headers["x-ratelimit-remaining-requests"] == "0"
+    assert ei.value.rate_headers["x-ratelimit-limit-requests"] == "5"
+    for _ in range(3):
+        await admit(store, tenant, turn=turn("bbbb2222"))  # the tenant's 8 are now used
+    with pytest.raises(RateLimited) as ei:
+        await admit(store, tenant, turn=turn("bbbb2222"))
+    assert ei.value.message.startswith(f"Tenant {tenant} is over its rate limit of 8 requests per minute")
+    assert ei.value.rate_headers["x-ratelimit-limit-requests"] == "8"
+
+
+async def test_a_call_larger_than_its_token_rate_is_refused_for_good(store: Store, tenant: str) -> None:
+    with pytest.raises(RateLimited) as ei:
+        await admit(store, tenant, turn=_rates(Rate("tenant", "tokens", 1_000, 1_001)))
+    assert ei.value.wait_ms is None and ei.value.headers()["x-should-retry"] == "false"
+    assert "retry-after" not in ei.value.headers()
+    assert "can never be admitted" in ei.value.message
+    a = await admit(store, tenant, turn=_rates(Rate("tenant", "tokens", 1_000, 1_000)))
+    assert a.rates[0].remaining == 0, "the refused call took nothing from the bucket"
+
+
+async def test_a_ceiling_is_refused_before_a_rate_limit_and_keeps_the_bucket(store: Store, tenant: str) -> None:
+    turn = _rates(Rate("tenant", "requests", 1, 1))
+    await admit(store, tenant, limits=Limits(run_max_calls=1), turn=turn)
+    with pytest.raises(CeilingReached):  # no retry would help: 402, not 429
+        await admit(store, tenant, limits=Limits(run_max_calls=1), turn=turn)
+    with pytest.raises(RateLimited):
+        await admit(store, tenant, "r-2", turn=turn)
+
+
+# --- run ceilings on tokens and wall time -------------------------------------------------
+
+
+async def test_the_token_ceiling_counts_settled_input_and_output(store: Store, tenant: str) -> None:
+    limits = Limits(run_max_tokens=1_000, origin={"run_tokens": "tenant setting runs.max_tokens"})
+    a = await admit(store, tenant, limits=limits)
+    assert a.run_tokens == 0
+    await store.settle(a, 5, run_totals={"input_tokens": 600, "output_tokens": 399, "model_calls": 1})
+    b = await admit(store, tenant, limits=limits)
+    assert b.run_tokens == 999, "settled calls only: the call in flight is not counted"
+    await store.settle(b, 5, run_totals={"input_tokens": 1, "output_tokens": 0})
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, limits=limits)
+    assert ei.value.limit == "run_tokens"
+    assert ei.value.message == (
+        f"Run r-1 of tenant {tenant} reached its ceiling of 1,000 tokens (tenant setting runs.max_tokens): its "
+        "answered calls used 1,000 input and output tokens. The call was not forwarded and nothing was charged. "
+        "Raise runs.max_tokens for this tenant or start a new run.")
+    assert await store.run_calls(tenant, "r-1") == 2
+
+
+async def test_the_time_ceiling_runs_from_the_runs_first_call(store: Store, tenant: str) -> None:
+    limits = Limits(run_max_seconds=90)
+    first = await admit(store, tenant, limits=limits, now=T0)
+    assert first.started_at == T0.timestamp()
+    later = await admit(store, tenant, limits=limits, now=T0 + timedelta(seconds=89.5))
+    assert later.started_at == T0.timestamp()
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, limits=limits, now=T0 + timedelta(seconds=90))
+    assert ei.value.limit == "run_seconds"
+    assert "ceiling of 90 s of wall time (setting runs.max_seconds): its first call arrived 90 s ago" in (
+        ei.value.message)
+    other = await admit(store, tenant, "r-2", limits=limits, now=T0 + timedelta(seconds=95))
+    assert other.started_at == (T0 + timedelta(seconds=95)).timestamp(), "each run has its own clock"
+
+
+# --- per-key budgets ---------------------------------------------------------------------
+
+
+async def test_a_keys_budget_holds_within_its_tenants(store: Store, tenant: str) -> None:
+    limits = Limits(day_budget=1_000, key_day_budget=300, key_month_budget=10_000)
+    a = await admit(store, tenant, limits=limits, turn=Turn(key="k1k1k1k1"))
+    assert a.remaining == {"run_cost": None, "tenant_day": 900, "tenant_month": None, "key_day": 200,
+                           "key_month": 9_900}
+    await store.settle(a, 250)
+    b = await admit(store, tenant, min_reserve=10, max_reserve=100, limits=limits, turn=Turn(key="k1k1k1k1"))
+    assert b.reserved == 50, "cut to what the key's day has left"
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, limits=limits, turn=Turn(key="k1k1k1k1"))
+    assert ei.value.limit == "key_day"
+    assert ei.value.message.startswith(
+        f"Key k1k1k1k1 of tenant {tenant} reached its daily budget of $0.0003 for 2026-05-14 (UTC)")
+    assert "tenants." in ei.value.message and ".keys in the config" in ei.value.message
+    c = await admit(store, tenant, limits=limits, turn=Turn(key="k2k2k2k2"))  # another key has its own
+    assert c.remaining["key_day"] == 200 and c.remaining["tenant_day"] == 600
+    assert await store.spend(tenant, day="2026-05-14", key_id="k1k1k1k1") == 300
+    assert await store.spend(tenant, month="2026-05", key_id="k2k2k2k2") == 100
+    assert await store.spend(tenant, day="2026-05-14") == 400
+    await store.settle(b, 20)
+    await store.release(c)
+    assert await store.spend_detail(tenant, day="2026-05-14", key_id="k1k1k1k1") == Spend(270, 0)
+    assert await store.spend(tenant, day="2026-05-14", key_id="k2k2k2k2") == 0
+
+
+async def test_an_expired_reservation_is_charged_on_its_keys_scopes_too(store: Store, tenant: str) -> None:
+    past = datetime(2001, 2, 1, tzinfo=UTC)  # apart from every other test's reservations (shared Redis)
+    await admit(store, tenant, ttl_s=60, now=past, turn=Turn(key="kkkkexpd"))
+    assert await store.expire(past + timedelta(seconds=61)) == 1
+    assert await store.spend_detail(tenant, day="2001-02-01", key_id="kkkkexpd") == Spend(100, 0)
+
+
+async def test_spend_of_a_key_needs_a_day_or_a_month(store: Store, tenant: str) -> None:
+    with pytest.raises(ValueError, match="day or a month"):
+        await store.spend(tenant, key_id="k1k1k1k1")

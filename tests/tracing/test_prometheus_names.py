@@ -32,6 +32,8 @@ def exercise(tel: Telemetry) -> None:
     request = mcp.McpRequest(server="weather", method="tools/call", request_id="1", server_address="127.0.0.1",
                              server_port=8000, tool="get_weather", arguments="{}")
     mcp.record_request(tel, CALLER, request, mcp.McpOutcome(status=200, result="{}"), start_ns=1, end_ns=2)
+    spans.record_wrap_up(tel, CALLER, "calls", cs=cs)
+    spans.record_run_end(tel, CALLER, {"wrap_up_notices": 1, "answers_after_notice": 1})
     tel.instruments.dropped_spans.add(1, {A.ERROR_TYPE: "queue_full"})
     tel.set_budget("acme", "day", 1_000, 2_000)
 

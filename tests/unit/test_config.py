@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.ceilings import limits_for
-from proxy.config import Settings, load_settings
+from proxy.ceilings import limits_for, plan
+from proxy.config import KeyPolicy, Settings, load_settings
 from proxy.errors import ConfigError, RequestError
 from tracing.setup import TelemetryConfig, otlp_url
 
@@ -90,3 +90,57 @@ def test_a_signal_endpoint_wins_over_the_general_ones():
     assert otlp_url(TelemetryConfig(), {}, "traces") == "http://localhost:4318/v1/traces"
     langfuse = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://cloud.langfuse.com/api/public/otel"}
     assert otlp_url(TelemetryConfig(), langfuse, "traces") == "https://cloud.langfuse.com/api/public/otel/v1/traces"
+
+
+def test_keys_are_hashes_or_objects_with_a_policy_of_their_own():
+    plain, limited = "a" * 64, "b" * 64
+    s = load_settings(tenants={"acme": {"keys": [plain, {"hash": limited, "policy": {
+        "runs": {"max_llm_calls": 4}, "budgets": {"daily_usd": 2}, "rate_limits": {"requests_per_minute": 30}}}]}})
+    assert [k.hash for k in s.tenants["acme"].key_configs()] == [plain, limited]
+    assert s.key_policy("acme", plain[:8]) is None, "a plain key has no limits of its own"
+    key = s.key_policy("acme", limited[:8])
+    assert key is not None and key.runs.max_llm_calls == 4 and key.rate_limits.requests_per_minute == 30
+    assert s.key_policy("other", limited[:8]) is None and s.key_policy("acme", None) is None
+    with pytest.raises(ConfigError, match="sha256"):
+        load_settings(tenants={"acme": {"keys": [{"hash": "sm-plain-text-key"}]}})
+    with pytest.raises(ConfigError, match="guard"):  # a key's policy holds limits only
+        load_settings(tenants={"acme": {"keys": [{"hash": limited, "policy": {"guard": {"action": "off"}}}]}})
+
+
+def test_two_keys_of_a_tenant_may_not_share_a_key_id():
+    with pytest.raises(ConfigError, match="share the key id aaaaaaaa"):
+        load_settings(tenants={"acme": {"keys": ["a" * 64, "a" * 8 + "b" * 56]}})
+    assert load_settings(tenants={"acme": {"keys": ["a" * 64, "a" * 64]}}), "the same key twice is one key"
+
+
+def test_the_tighter_of_tenant_key_and_request_wins_and_says_where_it_came_from():
+    policy = Settings(policy={"runs": {"max_llm_calls": 10, "max_tokens": 50_000, "max_seconds": 600}}
+                      ).policy_for("default")
+    key = KeyPolicy(runs={"max_llm_calls": 4, "max_tokens": 90_000}, budgets={"daily_usd": 1.5})
+    limits = limits_for(policy, {"x-run-max-seconds": "30", "x-run-max-tokens": "80000"}, None, None, key)
+    assert (limits.run_max_calls, limits.run_max_tokens, limits.run_max_seconds) == (4, 50_000, 30.0)
+    assert (limits.key_day_budget, limits.key_month_budget) == (1_500_000, None)
+    assert limits.origin["run_calls"] == "key setting runs.max_llm_calls"
+    assert limits.origin["run_tokens"] == "tenant setting runs.max_tokens"
+    assert limits.origin["run_seconds"] == "request header X-Run-Max-Seconds"
+
+
+def test_a_plan_carries_the_rate_limits_and_the_earliest_wrap_up():
+    policy = Settings(policy={"runs": {"wrap_up_at": 0.8}, "rate_limits": {"requests_per_minute": 100}}
+                      ).policy_for("default")
+    key = KeyPolicy(rate_limits={"tokens_per_minute": 5_000}, runs={"wrap_up_at": 0.7})
+    p = plan(policy, {"x-run-wrap-up-at": "0.75"}, key, "abcd1234")
+    assert p.rates == (("tenant", "requests", 100), ("key abcd1234", "tokens", 5_000))
+    assert p.wrap_up_at == 0.7
+    assert plan(policy, {"x-run-wrap-up-at": "0.25"}).wrap_up_at == 0.25
+    off = Settings().policy_for("default")
+    assert plan(off, {"x-run-wrap-up-at": "0.25"}).wrap_up_at is None, "a request cannot turn notes on"
+
+
+@pytest.mark.parametrize("header,value", [("x-run-max-tokens", "0"), ("x-run-max-seconds", "-3"),
+                                          ("x-run-max-seconds", "inf"), ("x-run-wrap-up-at", "1.5")])
+def test_bad_new_headers_are_a_400_naming_the_header(header, value):
+    policy = Settings(policy={"runs": {"wrap_up_at": 0.5}}).policy_for("default")
+    with pytest.raises(RequestError) as ei:
+        plan(policy, {header: value})
+    assert ei.value.param.lower() == header

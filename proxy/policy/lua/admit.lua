@@ -1,30 +1,40 @@
 -- Admit one model call, atomically: close the tool calls its results answer (counting
 -- the loop guard's streaks), keep the run's trace ids, read the admin budgets, bound the
--- stored context it names, then count the call and reserve its worst case on every scope,
--- or refuse. Mirrors SqliteStore.admit; the contract suite holds both to the same results.
+-- stored context it names, check the run's calls, tokens and wall time, then the cost
+-- scopes, then the rate buckets (GCRA, proxy/policy/rates.py), and count the call and
+-- reserve its worst case on every scope, or refuse. Mirrors SqliteStore.admit; the
+-- contract suite holds both to the same results.
 -- KEYS: 1 run hash, 2 day hash, 3 month hash, 4 tenant total hash, 5 reservation hash,
 --       6 expiry zset, 7 runs zset, 8 tenant runs zset, 9 active runs zset, 10 tools hash,
---       11 budget hash, 12.. one string key per stored-context ref
+--       11 budget hash, 12 run totals hash, 13 key day hash, 14 key month hash (both unused
+--       without a key), 15.. one hash per rate bucket, then one string key per
+--       stored-context ref
 -- ARGV: 1 max calls, 2 run max cost, 3 day budget, 4 month budget (-1 = no limit),
 --       5 min reserve, 6 max reserve, 7 now, 8 expires at, 9 run member, 10 run id,
 --       11 window ttl seconds, 12 trace json ('' = none), 13 guard threshold (-1 = none),
 --       14 guard refuses streaks (1/0), 15 max consecutive failures (-1 = none),
 --       16 priced (1/0), 17 stored-context rate (micro-USD per million tokens),
---       18 number of results n, then n pairs: tool call id, '1' if the result is ok
+--       18 run max tokens, 19 run max seconds, 20 key day budget, 21 key month budget (-1 = none),
+--       22 has a key (1/0), 23 now in ms, 24 number of rate buckets r, then r pairs: limit, cost,
+--       then the number of results n, then n pairs: tool call id, '1' if the result is ok
 if redis.call('EXISTS', KEYS[5]) == 1 then
   -- a retried admission (the reply to the first was lost): answer it again
   local f = redis.call('HMGET', KEYS[5], 'amount', 'calls')
   return {'dup', {}, '', tonumber(f[1]), tonumber(f[2])}
 end
 
+local has_key = ARGV[22] == '1'
+local r = tonumber(ARGV[24])
+local n0 = 25 + 2 * r
+
 -- 1. Close the tool calls this request answers; the guard's state follows each.
 local closed = {}
-local n = tonumber(ARGV[18])
+local n = tonumber(ARGV[n0])
 if n > 0 then
   local st = redis.call('HMGET', KEYS[1], 'sig', 'streak', 'failures')
   local sig, streak, failures = st[1], tonumber(st[2] or '0'), tonumber(st[3] or '0')
   local touched = false
-  for i = 19, 18 + 2 * n, 2 do
+  for i = n0 + 1, n0 + 2 * n, 2 do
     local cur = redis.call('HGET', KEYS[10], ARGV[i])
     if cur then
       redis.call('HDEL', KEYS[10], ARGV[i])
@@ -75,12 +85,18 @@ if threshold >= 0 then
 end
 
 -- 4. Limits in force: the admin API's budgets over the config's.
-local limits = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}
+local limits = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), -1, -1}
+if has_key then
+  limits[4], limits[5] = tonumber(ARGV[20]), tonumber(ARGV[21])
+end
 local b = redis.call('HMGET', KEYS[11], 'day', 'month')
 if b[1] then limits[2] = tonumber(b[1]) end
 if b[2] then limits[3] = tonumber(b[2]) end
 local budgets = {b[1] or '', b[2] or ''}
-local costed = limits[1] >= 0 or limits[2] >= 0 or limits[3] >= 0
+local costed = false
+for i = 1, 5 do
+  if limits[i] >= 0 then costed = true end
+end
 
 if costed and ARGV[16] ~= '1' then
   return {'unpriced', closed, trace, budgets[1], budgets[2]}
@@ -88,7 +104,7 @@ end
 
 -- 5. Stored context: its remembered size is reserved as input; unseen refs cannot be bounded.
 local context_tokens, unknown = 0, {}
-for i = 12, #KEYS do
+for i = 15 + r, #KEYS do
   local t = redis.call('GET', KEYS[i])
   if t then context_tokens = context_tokens + tonumber(t) else table.insert(unknown, KEYS[i]) end
 end
@@ -97,22 +113,46 @@ if costed and #unknown > 0 then
 end
 local extra = math.ceil(context_tokens * tonumber(ARGV[17]) / 1000000)
 
--- 6. Count the call and reserve, or refuse.
-local calls = tonumber(redis.call('HGET', KEYS[1], 'calls') or '0')
+-- 6. The run's calls, settled tokens and wall time.
+local run = redis.call('HMGET', KEYS[1], 'calls', 'first_seen')
+local calls = tonumber(run[1] or '0')
+local run_tokens, started = 0, ''
+if tonumber(ARGV[18]) >= 0 then
+  local t = redis.call('HMGET', KEYS[12], 'input_tokens', 'output_tokens')
+  run_tokens = tonumber(t[1] or '0') + tonumber(t[2] or '0')
+end
+local elapsed = 0
+if tonumber(ARGV[19]) >= 0 then
+  started = run[2] or ARGV[7]
+  elapsed = tonumber(ARGV[7]) - tonumber(started)
+end
+local function refused(scope, settled, reserved)
+  return {'refused', closed, trace, budgets[1], budgets[2], scope, settled, reserved, string.format('%d', extra),
+          string.format('%d', run_tokens), string.format('%.6f', elapsed)}
+end
 local max_calls = tonumber(ARGV[1])
 if max_calls >= 0 and calls >= max_calls then
-  return {'refused', closed, trace, budgets[1], budgets[2], 'run_calls', calls, 0}
+  return refused('run_calls', calls, 0)
+end
+if tonumber(ARGV[18]) >= 0 and run_tokens >= tonumber(ARGV[18]) then
+  return refused('run_tokens', 0, 0)
+end
+if tonumber(ARGV[19]) >= 0 and elapsed >= tonumber(ARGV[19]) then
+  return refused('run_seconds', 0, 0)
 end
 
-local names = {'run_cost', 'tenant_day', 'tenant_month'}
+-- 7. Money on every scope, in SCOPES' order (of equal headroom the first is refused).
+local names = {'run_cost', 'tenant_day', 'tenant_month', 'key_day', 'key_month'}
+local scope_keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[13], KEYS[14]}
+local scopes = 3
+if has_key then scopes = 5 end
 local head = {}
 local tight, tight_i = nil, nil
-for i = 1, 3 do
+for i = 1, scopes do
   local limit = limits[i]
-  local v = redis.call('HMGET', KEYS[i], 'settled', 'reserved')
-  local settled, reserved = tonumber(v[1] or '0'), tonumber(v[2] or '0')
   if limit >= 0 then
-    head[i] = limit - settled - reserved
+    local v = redis.call('HMGET', scope_keys[i], 'settled', 'reserved')
+    head[i] = limit - tonumber(v[1] or '0') - tonumber(v[2] or '0')
     if tight == nil or head[i] < tight then
       tight, tight_i = head[i], i
     end
@@ -121,25 +161,72 @@ end
 
 local min_r, max_r = tonumber(ARGV[5]) + extra, tonumber(ARGV[6]) + extra
 if tight ~= nil and tight < min_r then
-  local v = redis.call('HMGET', KEYS[tight_i], 'settled', 'reserved')
-  return {'refused', closed, trace, budgets[1], budgets[2], names[tight_i],
-          tonumber(v[1] or '0'), tonumber(v[2] or '0'), string.format('%d', extra)}
+  local v = redis.call('HMGET', scope_keys[tight_i], 'settled', 'reserved')
+  return refused(names[tight_i], tonumber(v[1] or '0'), tonumber(v[2] or '0'))
 end
 local amount = max_r
 if tight ~= nil and tight < amount then
   amount = tight
 end
 
+-- 8. Rate buckets (GCRA, integers; rates.py rate_step line for line): refuse if one is full.
+local now_ms = tonumber(ARGV[23])
+local states, held_of, last_of = {}, {}, {}
+local limited = false
+for j = 1, r do
+  local limit, cost = tonumber(ARGV[23 + 2 * j]), tonumber(ARGV[24 + 2 * j])
+  local bucket = redis.call('HMGET', KEYS[14 + j], 'debt', 'last')
+  local debt, last = tonumber(bucket[1] or '0'), tonumber(bucket[2] or ARGV[23])
+  local cap = limit * 60000
+  local gone = now_ms - last
+  if gone < 0 then gone = 0 end
+  if gone > 60000 then gone = 60000 end
+  local drained = debt - gone * limit
+  if drained < 0 then drained = 0 end
+  local need = drained + cost * 60000
+  local wait, held
+  if cost > limit then
+    wait, held = -1, drained
+  elseif need <= cap then
+    wait, held = 0, need
+  else
+    wait, held = math.ceil((need - cap) / limit), drained
+  end
+  if wait ~= 0 then limited = true end
+  held_of[j] = held
+  if last > now_ms then last_of[j] = last else last_of[j] = now_ms end
+  table.insert(states, math.floor((cap - held) / 60000))
+  table.insert(states, math.ceil(held / limit))
+  table.insert(states, wait)
+end
+if limited then
+  return {'rate', closed, trace, budgets[1], budgets[2], states}
+end
+
+-- 9. Count the call and reserve.
+for j = 1, r do
+  redis.call('HSET', KEYS[14 + j], 'debt', string.format('%d', held_of[j]), 'last', string.format('%d', last_of[j]))
+  redis.call('PEXPIRE', KEYS[14 + j], 120000)  -- a bucket untouched for a window is empty anyway
+end
 for i = 1, 4 do
   redis.call('HINCRBY', KEYS[i], 'reserved', amount)
 end
 redis.call('EXPIRE', KEYS[2], ARGV[11])
 redis.call('EXPIRE', KEYS[3], ARGV[11])
+if has_key then
+  for i = 13, 14 do
+    redis.call('HINCRBY', KEYS[i], 'reserved', amount)
+    redis.call('EXPIRE', KEYS[i], ARGV[11])
+  end
+end
 calls = redis.call('HINCRBY', KEYS[1], 'calls', 1)
 redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[7])
 redis.call('HSET', KEYS[1], 'last_seen', ARGV[7], 'run_id', ARGV[10])
 redis.call('HSET', KEYS[5], 'amount', amount, 'calls', calls, 'expired', '0',
   'run', KEYS[1], 'day', KEYS[2], 'month', KEYS[3], 'total', KEYS[4])
+if has_key then
+  redis.call('HSET', KEYS[5], 'keyday', KEYS[13], 'keymonth', KEYS[14])
+end
 redis.call('ZADD', KEYS[6], ARGV[8], KEYS[5])
 redis.call('ZADD', KEYS[7], ARGV[7], ARGV[9])
 redis.call('ZADD', KEYS[8], ARGV[7], ARGV[10])
@@ -148,9 +235,10 @@ if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
 end
 
 local left = {}
-for i = 1, 3 do
+for i = 1, 5 do
   -- %d, not tostring: tostring prints large numbers as 1e+15
   if head[i] == nil then left[i] = 'none' else left[i] = string.format('%d', head[i] - amount) end
 end
 return {'ok', closed, trace, budgets[1], budgets[2], string.format('%d', amount), calls,
-        left[1], left[2], left[3], context_tokens}
+        left[1], left[2], left[3], context_tokens, left[4], left[5], string.format('%d', run_tokens),
+        started, states}

@@ -5,10 +5,12 @@
 -- ARGV: 1 now, 2 max count, 3 seconds to keep expired reservations
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, res in ipairs(due) do
-  local f = redis.call('HMGET', res, 'amount', 'expired', 'run', 'day', 'month', 'total')
+  local f = redis.call('HMGET', res, 'amount', 'expired', 'run', 'day', 'month', 'total', 'keyday', 'keymonth')
   if f[1] and f[2] == '0' then
     local amount = tonumber(f[1])
-    for i = 3, 6 do
+    local last = 6
+    if f[7] then last = 8 end
+    for i = 3, last do
       redis.call('HINCRBY', f[i], 'reserved', -amount)
       redis.call('HINCRBY', f[i], 'settled', amount)
     end

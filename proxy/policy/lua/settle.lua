@@ -8,12 +8,14 @@
 -- ARGV: 1 actual micro-USD, 2 number of totals n, then n pairs name, delta,
 --       then the number of tool calls m, then m pairs tool id, tool json,
 --       then the context keys' ttl, then one token count per context key
-local f = redis.call('HMGET', KEYS[1], 'amount', 'expired', 'run', 'day', 'month', 'total')
+local f = redis.call('HMGET', KEYS[1], 'amount', 'expired', 'run', 'day', 'month', 'total', 'keyday', 'keymonth')
 if not f[1] then
   return {0, 0}
 end
 local amount, actual = tonumber(f[1]), tonumber(ARGV[1])
-for i = 3, 6 do
+local last = 6
+if f[7] then last = 8 end  -- a call made with a key holds money on the key's day and month too
+for i = 3, last do
   if f[2] == '1' then
     -- expiry already charged the reserved amount: correct it to the real cost
     redis.call('HINCRBY', f[i], 'settled', actual - amount)
