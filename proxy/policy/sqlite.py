@@ -284,18 +284,7 @@ class SqliteStore(DerivedOps):
                              run_tokens=run_tokens, started_at=started,
                              rates=tuple(state for _, state in rates))
 
-        # Shielding the thread's own future (no extra task): a caller cancelled while the
-        # admission commits must not leak it, so it is released once it lands.
-        fut = self._submit(op)
-        try:
-            result = await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            fut.add_done_callback(lambda f: release_later(self, f))
-            raise
-        if isinstance(result, Refusal):
-            raise result
-        assert isinstance(result, Admission)
-        return result
+        return await self._admit(op)
 
     async def admit_tool(
         self,
@@ -348,6 +337,13 @@ class SqliteStore(DerivedOps):
             return Admission(rid, tenant, run_id, d.amount, count + 1, d.remaining, *windows, closed=entry,
                              trace=trace, limits=eff)
 
+        return await self._admit(op)
+
+    async def _admit(self, op: Op) -> Admission:
+        """Run an admission op; a refusal comes back as a value (its transaction commits the
+        tool calls it closed) and is raised here."""
+        # Shielding the thread's own future (no extra task): a caller cancelled while the
+        # admission commits must not leak it, so it is released once it lands.
         fut = self._submit(op)
         try:
             result = await asyncio.shield(fut)
