@@ -334,8 +334,12 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
             if t.proc:
                 m[f"{sc_name}.cpu_ms"] = _median([r["cpu_ms_per_req"] for r in runs])
                 m[f"{sc_name}.loop_cpu_ms"] = _median([r["loop_cpu_ms_per_req"] for r in runs])
+                # Cores the proxy kept busy, and what one core of it serves.
+                m[f"{sc_name}.cores"] = m[f"{sc_name}.rps"] * m[f"{sc_name}.cpu_ms"] / 1000
+                m[f"{sc_name}.rps_per_core"] = 1000 / m[f"{sc_name}.cpu_ms"] if m[f"{sc_name}.cpu_ms"] else 0.0
             m[f"{sc_name}.upstream_cpu_ms"] = _median([r.get("upstream_cpu_ms_per_req", 0) for r in runs])
-            m[f"{sc_name}.foreign_cpu0_pct"] = _median([r.get("foreign_cpu0_pct", 0) for r in runs])
+            if any("foreign_cpu0_pct" in r for r in runs):  # not for a proxy on both cores
+                m[f"{sc_name}.foreign_cpu0_pct"] = _median([r.get("foreign_cpu0_pct", 0) for r in runs])
             m[f"{sc_name}.cpu1_busy_pct"] = _median([r.get("cpu1_busy_pct", 0) for r in runs])
             m[f"{sc_name}.cpu0_busy_pct"] = _median([r.get("cpu0_busy_pct", 0) for r in runs])
         if t.ttfb:
@@ -402,6 +406,9 @@ TABLES = [
 WORKER_COLUMNS = [("JSON req/s c64", "json_c64.rps", 0), ("SSE req/s c64", "sse_c64.rps", 0),
                   ("256c req/s", "slow_c256.rps", 0), ("agent req/s c64", "agent_c64.rps", 0),
                   ("JSON p50 c64 ms", "json_c64.p50_ms", 2), ("CPU JSON c64 ms", "json_c64.cpu_ms", 3),
+                  ("proxy cores busy, JSON c64", "json_c64.cores", 2),
+                  ("JSON calls/s per proxy core", "json_c64.rps_per_core", 0),
+                  ("SSE calls/s per proxy core", "sse_c64.rps_per_core", 0),
                   ("CPU0 busy JSON c64 %", "json_c64.cpu0_busy_pct", 0),
                   ("CPU1 busy JSON c64 %", "json_c64.cpu1_busy_pct", 0)]
 
@@ -418,7 +425,7 @@ def render_workers(summary: dict[str, dict[str, float]]) -> str:
     ratio = workers_vs_one(summary)
     if not ratio:
         return ""
-    lines = ["\n2 workers vs 1 (sm-workers2 / sm-full, same run; the workers share CPU 1 with wrk and the "
+    lines = ["\n\n2 workers vs 1 (sm-workers2 / sm-full, same run; the workers share CPU 1 with wrk and the "
              "upstream)\n", "| target | " + " | ".join(c[0] for c in WORKER_COLUMNS) + " |",
              "|---|" + "---|" * len(WORKER_COLUMNS)]
     for name in ("sm-full", "sm-workers2"):

@@ -11,8 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from payloads import JSON_BODY, SSE_EVENTS, STREAM_EVENTS
-from profile_hot import fold
 from procs import Procs
+from profile_hot import fold
 from run import Target, _contention, ratios, render_workers, summarise, workers_vs_one
 from upstream import nginx_conf
 

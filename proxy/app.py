@@ -29,7 +29,7 @@ from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.routes import match, unknown_route
 from proxy.runs import Runs
-from proxy.siblings import WORKER, Worker, gather_metrics, worker_ctx
+from proxy.siblings import WORKER, WORKER_ATTRIBUTE, Worker, gather_metrics, worker_ctx
 from proxy.tenants import KeyIndex
 from proxy.upstream import Upstream
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
@@ -191,7 +191,7 @@ def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], As
         resource: dict[str, str] = {}
         if worker is not None:  # one span file per worker; the resource says which worker
             traces = traces / f"worker-{worker.index}"
-            resource = {"spanmeter.worker": str(worker.index), "process.pid": str(os.getpid())}
+            resource = {WORKER_ATTRIBUTE: str(worker.index), "process.pid": str(os.getpid())}
         app[TEL] = tel = injected or setup_telemetry(TelemetryConfig.from_env(
             otlp_endpoint=s.otlp_endpoint,
             local_dir=str(traces) if s.local_traces else None,

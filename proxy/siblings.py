@@ -56,6 +56,7 @@ __all__ = [
     "GENERATION_HEADER",
     "SIBLING_TIMEOUT_S",
     "WORKER",
+    "WORKER_ATTRIBUTE",
     "WORKER_SERIES",
     "Slot",
     "Worker",
@@ -70,6 +71,8 @@ SIBLING_TIMEOUT_S: Final = 1.0
 GENERATION_HEADER: Final = "x-spanmeter-worker-generation"
 FETCHED_HEADER: Final = "x-spanmeter-collected-at"
 WORKER_SERIES: Final = ("spanmeter_metrics_workers", "spanmeter_metrics_workers_missing")
+# On each worker's OTel resource (spans, metrics; `target_info{spanmeter_worker="K"}`): its slot.
+WORKER_ATTRIBUTE: Final = "spanmeter.worker"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 

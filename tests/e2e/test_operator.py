@@ -112,11 +112,11 @@ def test_check_config_prints_what_would_run_and_exits_2_when_serve_would_refuse(
                    "  beta:\n    keys: []\n    upstream_keys: {openai: BETA_KEY}\n")
     ledger = "redis://:hunter2@redis.internal:6379/0"
     ok = _start(["check-config", "--config", str(cfg)], {"OPENAI_API_KEY": "sk-upstream-secret", "BETA_KEY": "",
-                                                          "SPANMETER_LEDGER_URL": ledger})
+                                                          "SPANMETER_LEDGER_URL": ledger, "SPANMETER_WORKERS": "3"})
     refused = _start(["check-config", "--config", str(cfg)], {"SPANMETER_LEDGER_URL": ledger})
     code, out, err = _finish(ok)
     assert code == 0, err
-    assert "listen        http://0.0.0.0:8787" in out
+    assert "listen        http://0.0.0.0:8787, 3 worker processes (a supervisor restarts any that dies)" in out
     assert "mode          tenants: acme, beta" in out
     assert "ledger        redis://:***@redis.internal:6379/0 (fail closed" in out
     assert "admin API     on" in out
