@@ -365,8 +365,9 @@ def _serve_workers(settings: Settings) -> int:
     root.addHandler(handler)
     root.setLevel(settings.log_level)
     try:
-        _say_listening(settings, reserved[0].getsockname()[1])
-        return Supervisor(settings, reserved).run()
+        supervisor = Supervisor(settings, reserved)
+        _say_listening(settings, supervisor.port)
+        return supervisor.run()
     finally:
         for sock in reserved:
             sock.close()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import socket
 import time
@@ -66,6 +67,8 @@ __all__ = [
     "retire",
     "worker_ctx",
 ]
+
+log = logging.getLogger("spanmeter.workers")
 
 SIBLING_TIMEOUT_S: Final = 1.0
 GENERATION_HEADER: Final = "x-spanmeter-worker-generation"
@@ -155,7 +158,12 @@ async def gather_metrics(app: web.Application) -> bytes:
     fetched = await asyncio.gather(*(_fetch(app[_SESSION], port) for _, port in siblings))
     mine = Slot(worker.generation, collected, (await own).decode())
     by_slot = {worker.index: mine} | {i: got for (i, _), got in zip(siblings, fetched, strict=True)}
-    text = await loop.run_in_executor(None, compose, worker.state_dir, worker.count, by_slot)
+    try:
+        text = await loop.run_in_executor(None, compose, worker.state_dir, worker.count, by_slot)
+    except OSError as exc:  # the state directory: the scrape still answers, without the kept counts
+        log.warning("metrics of stopped or slow workers unavailable (%s): serving the live ones", exc)
+        text = merge(s.text for s in by_slot.values() if s) + _own_gauges(
+            worker.count, sum(s is None for s in by_slot.values()))
     return text.encode()
 
 

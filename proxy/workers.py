@@ -47,9 +47,10 @@ Decisions, and why:
   workers never interleave.
 - **Restarts.** A worker that exits while the supervisor is not stopping is logged (exit
   code or signal) and replaced in its slot: at once, then after 0.5 s, 1 s, ... up to 30 s
-  while replacements keep exiting within 10 s of their start. A worker that exits before it
-  ever served, at the first start, stops the supervisor (exit 1): its log says why, and a
-  configuration that cannot serve should not loop.
+  while replacements keep exiting within 10 s of their start. A worker that exits before
+  it is serving, at the first start (no worker of its slot ever served), stops the
+  supervisor (exit 1): its log says why, and a configuration that cannot serve should not
+  loop. A replacement that cannot start later is retried with the back-off.
 - **Shutdown.** SIGTERM or SIGINT: the supervisor sends SIGTERM to every worker; each stops
   accepting, finishes the calls in flight (aiohttp's graceful shutdown, up to 60 s), drains
   the bookkeeping (settlements, spans: `Background.drain`), flushes telemetry and exits 0;
@@ -80,6 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
+from proxy.errors import ConfigError
 from proxy.siblings import Worker, reset_state, retire
 
 if TYPE_CHECKING:
@@ -95,6 +97,7 @@ SHUTDOWN_GRACE_S: Final = 100.0  # aiohttp drains for up to 60 s; then settlemen
 QUICK_EXIT_S: Final = 10.0  # a worker that exits sooner than this after its start counts towards back-off
 MAX_BACKOFF_S: Final = 30.0
 _PR_SET_PDEATHSIG: Final = 1
+_HANDLED: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGCHLD})
 
 Address = tuple[int, Any]  # (family, sockaddr)
 
@@ -161,18 +164,23 @@ class Supervisor:
         self.failed = False
         self._wake_r = self._wake_w = self._ready_r = self._ready_w = -1
         self._ready_buf = b""
+        try:  # before the `listening` line: a data_dir spanmeter cannot write is a start-up error
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            reset_state(self.state_dir)
+        except OSError as exc:
+            raise ConfigError(f"Cannot write the workers' state directory {self.state_dir}: {exc.strerror or exc}. "
+                              "spanmeter needs a writable data_dir (SPANMETER_DATA_DIR).") from None
 
     # --- the supervisor's loop -----------------------------------------------------------
 
     def run(self) -> int:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        reset_state(self.state_dir)
         self._wake_r, self._wake_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
         for fd in (self._wake_r, self._wake_w, self._ready_r):
             os.set_blocking(fd, False)
         previous = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # (the supervisor's own SIGTERM/SIGINT only set a flag; the loop below acts on it)
         handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop
         try:
             for i in range(1, self.settings.workers + 1):
@@ -274,7 +282,10 @@ class Supervisor:
     def _exited(self, slot: _Slot, status: int) -> None:
         pid, lived = slot.pid, time.monotonic() - slot.started
         slot.pid, slot.ready = None, False
-        retire(self.state_dir, slot.index, slot.generation)
+        try:
+            retire(self.state_dir, slot.index, slot.generation)
+        except OSError as exc:  # metrics bookkeeping never stops the serving
+            log.warning("could not keep the metrics of worker %d (pid %d): %s", slot.index, pid, exc)
         code = os.waitstatus_to_exitcode(status)
         if self.stopping:
             if code != 0 and code != -signal.SIGTERM:
@@ -285,7 +296,7 @@ class Supervisor:
             self._write_status()
             return
         if not slot.ever_ready:
-            log.error("worker %d (pid %d) %s before it served a call; stopping (its log above says why)",
+            log.error("worker %d (pid %d) %s before it was serving; stopping (its log above says why)",
                       slot.index, pid, _exit_text(status))
             self.failed = True
             self._on_signal(signal.SIGTERM, None)
@@ -331,9 +342,19 @@ class Supervisor:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         supervisor = os.getpid()
-        pid = os.fork()
+        # Signals wait until the child has its own handlers (the parent's would swallow a
+        # SIGTERM meant for the child) and the parent knows the child's PID.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+            slot.due = time.monotonic() + MAX_BACKOFF_S / 10
+            log.error("could not start worker %d: %s; trying again in %g s", slot.index, exc, MAX_BACKOFF_S / 10)
+            return
         if pid == 0:
             self._child(worker, supervisor)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
         slot.pid, slot.started = pid, time.monotonic()
         log.info("worker %d started (pid %d)", slot.index, pid)
         self._write_status()
@@ -342,8 +363,9 @@ class Supervisor:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            for sig in _HANDLED:
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)  # a SIGTERM already sent ends it here
             _die_with(supervisor)
             for fd in (self._wake_r, self._wake_w, self._ready_r):
                 os.close(fd)

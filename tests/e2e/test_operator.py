@@ -72,8 +72,10 @@ def test_serve_refuses_what_it_cannot_honour_with_exit_2_and_one_paragraph(tmp_p
                              "GEMINI_API_KEY": ""}),
         "port": (["serve", "--port", str(busy_port)], {"SPANMETER_DATA_DIR": data}),
         "port, workers": (["serve", "--port", str(busy_port), "--workers", "2"], {}),
-        "workers in memory": (["serve", "--workers", "auto"], {"SPANMETER_LEDGER_URL": "sqlite:///:memory:",
+        "workers in memory": (["serve", "--workers", "2"], {"SPANMETER_LEDGER_URL": "sqlite:///:memory:",
                                                                "SPANMETER_PORT": "0"}),
+        "workers, data_dir": (["serve", "--workers", "2", "--port", "0"],
+                              {"SPANMETER_DATA_DIR": str(tmp_path / "empty.yaml" / "data")}),
     }
     try:
         procs = {name: _start(args, {"SPANMETER_DATA_DIR": data, **env}) for name, (args, env) in cases.items()}
@@ -102,6 +104,7 @@ def test_serve_refuses_what_it_cannot_honour_with_exit_2_and_one_paragraph(tmp_p
     assert done["port, workers"][2] == done["port"][2]
     assert done["workers in memory"][2].startswith("Refusing to start ") and "workers on the in-memory ledger" in (
         done["workers in memory"][2])
+    assert done["workers, data_dir"][2].startswith("Cannot write the workers' state directory ")
 
 
 def test_check_config_prints_what_would_run_and_exits_2_when_serve_would_refuse(tmp_path: Path):

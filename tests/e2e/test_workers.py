@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -356,6 +357,25 @@ async def test_kill_9_of_the_whole_process_group_under_load_keeps_the_ledger(sim
         await ledger.aclose()
 
 
+async def test_replacements_that_keep_dying_back_off_and_workers_stop_with_their_supervisor(sim, serve):
+    srv = await serve(sim.url, policy="{runs: {max_llm_calls: 100}}")
+    for round_ in range(2):  # the second replacement dies within 10 s of its start: back-off
+        dead = srv.status()["workers"][1]["pid"]
+        os.kill(dead, signal.SIGKILL)
+        slot = await _until(lambda d=dead: _async(_replaced(srv, d, index=1)), f"replacement {round_ + 1}")
+    assert "worker 2 (pid" in srv.log() and re.search(r"after \d+\.\d s; starting a replacement now\n", srv.log())
+    assert re.search(r"after \d+\.\d s; starting a replacement in 0\.5 s", srv.log()), srv.log()
+    assert slot["restarts"] == 2
+    # The supervisor killed alone: its workers get SIGTERM (PR_SET_PDEATHSIG), drain and exit,
+    # and the port is free again.
+    workers = [w["pid"] for w in srv.status()["workers"]]
+    srv.proc.kill()
+    await asyncio.to_thread(srv.proc.wait, 10)
+    await _until(lambda: _async(not any(_alive(pid) for pid in workers)), "workers gone with their supervisor")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", srv.port))
+
+
 async def test_a_worker_that_cannot_start_stops_the_supervisor_with_exit_1(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -366,7 +386,7 @@ async def test_a_worker_that_cannot_start_stops_the_supervisor_with_exit_1(tmp_p
                                    capture_output=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "spanmeter listening on" in proc.stdout
-    assert re.search(r"ERROR spanmeter\.workers worker \d \(pid \d+\) exited with code 1 before it served a call; "
+    assert re.search(r"ERROR spanmeter\.workers worker \d \(pid \d+\) exited with code 1 before it was serving; "
                      r"stopping", proc.stderr), proc.stderr
 
 
@@ -386,9 +406,17 @@ async def _count_is(srv: Served, n: int) -> bool:
 _LAST: list[Any] = []
 
 
-def _replaced(srv: Served, dead: int) -> dict[str, Any] | None:
-    slot = srv.status()["workers"][0]
+def _replaced(srv: Served, dead: int, index: int = 0) -> dict[str, Any] | None:
+    slot = srv.status()["workers"][index]
     return slot if slot["pid"] not in (None, dead) and slot["ready"] else None
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _read(db: Path, sql: str) -> tuple[Any, ...]:
