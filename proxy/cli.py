@@ -355,7 +355,7 @@ def _serve_workers(settings: Settings) -> int:
     addresses = [(s.family, s.getsockname()) for s in probe]
     for sock in probe:
         sock.close()
-    reserved = _bind_addresses(settings.host, addresses, reuse_port=True)
+    reserved = _reserve(settings.host, addresses)
     # The supervisor forks at any time, so it keeps no thread: its few lines are written directly.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
@@ -403,17 +403,16 @@ def _bind(host: str, port: int, *, listen: bool = True) -> list[socket.socket]:
     return socks
 
 
-def _bind_addresses(host: str, addresses: Sequence[tuple[int, Any]], *, reuse_port: bool) -> list[socket.socket]:
+def _reserve(host: str, addresses: Sequence[tuple[int, Any]]) -> list[socket.socket]:
     """Bound, not listening, SO_REUSEPORT sockets on these exact addresses: they hold the
-    port for the workers, who listen on their own sockets beside them."""
+    port for the workers, who listen on their own SO_REUSEPORT sockets beside them."""
     socks: list[socket.socket] = []
     try:
         for family, addr in addresses:
             sock = socket.socket(family, socket.SOCK_STREAM)
             socks.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(addr)
