@@ -165,6 +165,17 @@ async def _scrape(srv: Served) -> tuple[str, str]:
         return r.headers["x-spanmeter-worker"], await r.text()
 
 
+async def _scrape_answered(srv: Served) -> tuple[str, str]:
+    """A scrape that landed on a worker that answers: one on the stopped worker's socket
+    waits, so each try gives up after 3 s and opens a new connection."""
+    for _ in range(20):
+        try:
+            return await asyncio.wait_for(_scrape(srv), 3)
+        except TimeoutError:
+            continue
+    raise AssertionError("no worker answered /metrics")
+
+
 def _series(text: str) -> list[tuple[str, dict[str, str], float]]:
     return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
 
@@ -244,6 +255,19 @@ async def test_two_workers_share_the_ledger_one_metrics_replace_a_dead_worker_an
     second_out, second_err = await asyncio.to_thread(second.communicate, timeout=30)
     assert second.returncode == 2 and "listening" not in second_out, (second_out, second_err)
     assert f"Cannot listen on port {srv.port} on 127.0.0.1: the port is already in use" in second_err
+
+    # A worker that does not answer (stopped): a scrape that lands on the other one answers
+    # within about a second, counts it missing, and its last scraped counts stand in.
+    stopped = srv.status()["workers"][1]["pid"]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        worker, text = await _scrape_answered(srv)
+        took = time.monotonic() - started
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert worker == "1" and _sum(text, "spanmeter_metrics_workers_missing") == 1
+    assert _sum(text, COUNT) == 80 and took < 5
 
     # kill -9 one worker: calls keep succeeding, a new worker takes its slot, and no count goes down.
     dead = srv.status()["workers"][0]["pid"]
