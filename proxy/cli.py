@@ -346,16 +346,16 @@ def _say_listening(settings: Settings, port: int) -> None:
 
 def _serve_workers(settings: Settings) -> int:
     """A supervisor and `settings.workers` worker processes on one port (proxy/workers.py)."""
-    # Imported before the first fork: the workers share these pages and start at once.
-    import proxy.app  # noqa: F401
-    from proxy.accesslog import JsonFormatter, TextFormatter
-    from proxy.workers import Supervisor
-
     probe = _bind(settings.host, settings.port, listen=False)  # anything on the port, ours or not: exit 2 here
     addresses = [(s.family, s.getsockname()) for s in probe]
     for sock in probe:
         sock.close()
     reserved = _reserve(settings.host, addresses)
+    # Imported before the first fork: the workers share these pages and start at once.
+    import proxy.app  # noqa: F401
+    from proxy.accesslog import JsonFormatter, TextFormatter
+    from proxy.workers import Supervisor
+
     # The supervisor forks at any time, so it keeps no thread: its few lines are written directly.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
