@@ -1,11 +1,14 @@
 """Processes the bench starts: pinned, on ephemeral loopback ports, killed by PID.
 
 Everything read about a process comes from /proc: CPU ticks (utime + stime, all
-threads), resident memory now and at its peak (VmRSS, VmHWM), threads and open fds.
+threads), resident memory now and at its peak (VmRSS, VmHWM), threads and open fds; for a
+process with children (a supervisor and its workers), of the process and its children
+together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,16 +18,36 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HZ", "Proc", "Procs", "cpu_times", "free_port", "http_post"]
+__all__ = ["HZ", "Proc", "Procs", "children", "cpu_times", "free_port", "http_post"]
 
 HZ = os.sysconf("SC_CLK_TCK")
 HOST = "127.0.0.1"
 
 
-def _ticks(stat_file: Path) -> int:
-    # Fields after the parenthesised comm: state is [0], utime [11], stime [12].
-    fields = stat_file.read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def _ticks(stat_file: Path, *, reaped_children: bool = False) -> int:
+    # Fields after the parenthesised comm: state is [0], ppid [1], utime [11], stime [12],
+    # cutime [13], cstime [14] (children waited for: a worker the supervisor reaped).
+    try:
+        fields = stat_file.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0  # the process is gone
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks + int(fields[13]) + int(fields[14]) if reaped_children else ticks
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid` (a supervisor's workers), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
 
 
 def cpu_times() -> dict[int, tuple[int, int]]:
@@ -52,7 +75,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     port: int | None
-    cpu: int | None
+    cpu: int | str | None  # a CPU, or a list for taskset ("0,1")
     log: Path
 
     @property
@@ -62,23 +85,36 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def pids(self) -> list[int]:
+        """The process and its children: `spanmeter serve --workers N` is a supervisor and N
+        workers, and every figure below is of all of them."""
+        return [self.pid, *children(self.pid)]
+
     def cpu_ticks(self) -> int:
-        return _ticks(Path(f"/proc/{self.pid}/stat"))
+        own = _ticks(Path(f"/proc/{self.pid}/stat"), reaped_children=True)
+        return own + sum(_ticks(Path(f"/proc/{c}/stat")) for c in children(self.pid))
 
     def main_thread_ticks(self) -> int:
-        """CPU of the main thread alone: for the proxies, the event loop."""
-        return _ticks(Path(f"/proc/{self.pid}/task/{self.pid}/stat"))
+        """CPU of the main thread alone: for the proxies, the event loop (of each worker,
+        summed, for a supervisor with workers)."""
+        pids = children(self.pid) or [self.pid]
+        return sum(_ticks(Path(f"/proc/{p}/task/{p}/stat")) for p in pids)
 
     def status(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "Threads"):
-                out[key] = int(value.split()[0])
+        for pid in self.pids():
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM", "Threads"):
+                    out[key] = out.get(key, 0) + int(value.split()[0])
         return out
 
     def fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
+        return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in self.pids())
 
     def wait_idle(self, quiet_s: float = 0.3, limit_s: float = 4.0) -> None:
         """Wait until the process stops burning CPU (background export done), bounded."""
@@ -105,7 +141,7 @@ class Procs:
     tmp: Path
     started: list[Proc] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], *, cpu: int | None, port: int | None,
+    def start(self, name: str, argv: list[str], *, cpu: int | str | None, port: int | None,
               env: dict[str, str] | None = None, cwd: str | None = None, unset: list[str] | None = None) -> Proc:
         cmd = (["taskset", "-c", str(cpu)] if cpu is not None else []) + argv
         log = self.tmp / f"{name}.log"
@@ -120,13 +156,17 @@ class Procs:
         return proc
 
     def stop(self, proc: Proc) -> None:
+        kids = children(proc.pid) if proc.alive() else []
         if proc.alive():
-            proc.popen.send_signal(signal.SIGTERM)
+            proc.popen.send_signal(signal.SIGTERM)  # a supervisor stops its workers itself
             try:
                 proc.popen.wait(timeout=8)
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait(timeout=5)
+        for pid in kids:  # children that outlive their parent, by their own PIDs
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if proc in self.started:
             self.started.remove(proc)
 

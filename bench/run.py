@@ -1,9 +1,10 @@
 """`make bench`: spanmeter side by side with a direct call and a bare aiohttp pass-through.
 
 Loopback only, every server on an ephemeral port, every process it starts ended by
-PID. The proxy under test runs on CPU 0; wrk, the upstream, Redis and the OTLP sink
-share CPU 1. Each repetition visits every target in turn (alternating), and the
-reported figure is the median over repetitions.
+PID. The proxy under test runs on CPU 0 (sm-workers2, spanmeter --workers 2, on CPUs 0
+and 1); wrk, the upstream, Redis and the OTLP sink share CPU 1. Each repetition visits
+every target in turn (alternating), and the reported figure is the median over
+repetitions.
 
     python bench/run.py              # full run, < 8 minutes on 2 cores
     python bench/run.py --quick      # fewer targets, 1 repetition, < 2 minutes
@@ -92,7 +93,7 @@ class Plan:
 
 
 FULL = Plan(reps=3, duration_s=3, warmup_s=2, ttfb_n=300, profile_s=6,
-            targets=["direct", "bare", "sm-full", "sm-redis", "sm-local", "sm-off"])
+            targets=["direct", "bare", "sm-full", "sm-redis", "sm-local", "sm-off", "sm-workers2"])
 QUICK = Plan(reps=1, duration_s=2, warmup_s=1, ttfb_n=150, profile_s=4,
              targets=["direct", "bare", "sm-full", "sm-off"])
 
@@ -103,7 +104,13 @@ DESCRIPTIONS = {
     "sm-redis": "spanmeter, all on, Redis ledger",
     "sm-local": "spanmeter, all on but tracing local only (JSONL file, no OTLP)",
     "sm-off": "spanmeter, all on but tracing export off (no OTLP, no local file)",
+    "sm-workers2": "sm-full with --workers 2: a supervisor and 2 workers on CPUs 0-1, sharing CPU 1 with wrk and "
+                   "the upstream",
 }
+# The proxy's CPUs per target: one process on CPU 0, except the workers, which get both
+# cores (the kernel places them); on a 2-core machine that is the load generator's core too.
+PROXY_CPUS = {"sm-workers2": f"{PROXY_CPU},{LOAD_CPU}"}
+WORKERS = {"sm-workers2": 2}
 
 
 # ---------------------------------------------------------------- processes
@@ -159,7 +166,7 @@ def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_p
         "OPENAI_API_KEY": UPSTREAM_KEY,
         "PYTHONUNBUFFERED": "1",
     }
-    if name in ("sm-full", "sm-redis"):
+    if name in ("sm-full", "sm-redis", "sm-workers2"):
         env["SPANMETER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
     if name == "sm-redis":
         env["SPANMETER_LEDGER_URL"] = f"redis://127.0.0.1:{redis_port}/0"
@@ -193,8 +200,9 @@ def start_targets(procs: Procs, plan: Plan, upstream: Proc) -> list[Target]:
         port = free_port()
         env = spanmeter_env(name, procs.tmp, upstream.port, config, sink, redis_port)
         env["SPANMETER_PORT"] = str(port)
-        proc = procs.start(name, [PY, "-m", "proxy", "serve"], cpu=PROXY_CPU, port=port, env=env, cwd=str(ROOT),
-                           unset=INHERITED_CONFIG)
+        env["SPANMETER_WORKERS"] = str(WORKERS.get(name, 1))
+        proc = procs.start(name, [PY, "-m", "proxy", "serve"], cpu=PROXY_CPUS.get(name, PROXY_CPU), port=port,
+                           env=env, cwd=str(ROOT), unset=INHERITED_CONFIG)
         targets.append(Target(name, port, key, DESCRIPTIONS[name], proc))
     return targets
 
@@ -245,14 +253,16 @@ def measure(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str,
         r["loop_cpu_ms_per_req"] = (t.proc.main_thread_ticks() - loop_before) * 1000 / HZ / max(r["requests"], 1)
     if upstream:
         r["upstream_cpu_ms_per_req"] = (upstream.cpu_ticks() - up_before) * 1000 / HZ / max(r["requests"], 1)
-    r.update(_contention(machine_before, machine_after, proxy_ticks))
+    # A proxy on both cores (sm-workers2) cannot be told apart from other work on CPU 0.
+    one_cpu = t.proc is None or isinstance(t.proc.cpu, int)
+    r.update(_contention(machine_before, machine_after, proxy_ticks if one_cpu else None))
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     r["error_count"] = sum(r["errors"].values())
     return r
 
 
 def _contention(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
-                proxy_ticks: int) -> dict[str, float]:
+                proxy_ticks: int | None) -> dict[str, float]:
     """How busy each CPU was; on the proxy's CPU, how much of it was not the proxy.
 
     The bench assumes it has the machine to itself. Other work on CPU 0 steals time from
@@ -265,7 +275,7 @@ def _contention(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, 
             busy = after[cpu][0] - before[cpu][0]
             total = max(after[cpu][1] - before[cpu][1], 1)
             out[f"cpu{cpu}_busy_pct"] = round(100 * busy / total, 1)
-            if cpu == PROXY_CPU:
+            if cpu == PROXY_CPU and proxy_ticks is not None:
                 out["foreign_cpu0_pct"] = round(max(0, 100 * (busy - proxy_ticks) / total), 1)
     return out
 
@@ -324,9 +334,14 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
             if t.proc:
                 m[f"{sc_name}.cpu_ms"] = _median([r["cpu_ms_per_req"] for r in runs])
                 m[f"{sc_name}.loop_cpu_ms"] = _median([r["loop_cpu_ms_per_req"] for r in runs])
+                # Cores the proxy kept busy, and what one core of it serves.
+                m[f"{sc_name}.cores"] = m[f"{sc_name}.rps"] * m[f"{sc_name}.cpu_ms"] / 1000
+                m[f"{sc_name}.rps_per_core"] = 1000 / m[f"{sc_name}.cpu_ms"] if m[f"{sc_name}.cpu_ms"] else 0.0
             m[f"{sc_name}.upstream_cpu_ms"] = _median([r.get("upstream_cpu_ms_per_req", 0) for r in runs])
-            m[f"{sc_name}.foreign_cpu0_pct"] = _median([r.get("foreign_cpu0_pct", 0) for r in runs])
+            if any("foreign_cpu0_pct" in r for r in runs):  # not for a proxy on both cores
+                m[f"{sc_name}.foreign_cpu0_pct"] = _median([r.get("foreign_cpu0_pct", 0) for r in runs])
             m[f"{sc_name}.cpu1_busy_pct"] = _median([r.get("cpu1_busy_pct", 0) for r in runs])
+            m[f"{sc_name}.cpu0_busy_pct"] = _median([r.get("cpu0_busy_pct", 0) for r in runs])
         if t.ttfb:
             m["ttfb.p50_ms"] = _median([x["first_p50_us"] for x in t.ttfb]) / 1000
             m["ttfb.p99_ms"] = _median([x["first_p99_us"] for x in t.ttfb]) / 1000
@@ -388,6 +403,39 @@ TABLES = [
 ]
 
 
+WORKER_COLUMNS = [("JSON req/s c64", "json_c64.rps", 0), ("SSE req/s c64", "sse_c64.rps", 0),
+                  ("256c req/s", "slow_c256.rps", 0), ("agent req/s c64", "agent_c64.rps", 0),
+                  ("JSON p50 c64 ms", "json_c64.p50_ms", 2), ("CPU JSON c64 ms", "json_c64.cpu_ms", 3),
+                  ("proxy cores busy, JSON c64", "json_c64.cores", 2),
+                  ("JSON calls/s per proxy core", "json_c64.rps_per_core", 0),
+                  ("SSE calls/s per proxy core", "sse_c64.rps_per_core", 0),
+                  ("CPU0 busy JSON c64 %", "json_c64.cpu0_busy_pct", 0),
+                  ("CPU1 busy JSON c64 %", "json_c64.cpu1_busy_pct", 0)]
+
+
+def workers_vs_one(summary: dict[str, dict[str, float]]) -> dict[str, float]:
+    """sm-workers2 over sm-full (the same spanmeter in one process), measured in the same run."""
+    one, two = summary.get("sm-full"), summary.get("sm-workers2")
+    if not one or not two:
+        return {}
+    return {key: two[key] / one[key] for _, key, _ in WORKER_COLUMNS if one.get(key) and key in two}
+
+
+def render_workers(summary: dict[str, dict[str, float]]) -> str:
+    ratio = workers_vs_one(summary)
+    if not ratio:
+        return ""
+    lines = ["\n\n2 workers vs 1 (sm-workers2 / sm-full, same run; the workers share CPU 1 with wrk and the "
+             "upstream)\n", "| target | " + " | ".join(c[0] for c in WORKER_COLUMNS) + " |",
+             "|---|" + "---|" * len(WORKER_COLUMNS)]
+    for name in ("sm-full", "sm-workers2"):
+        lines.append(f"| {name} | " + " | ".join(_fmt(summary[name].get(k), None, d) for _, k, d in WORKER_COLUMNS)
+                     + " |")
+    lines.append("| 2 workers / 1 | " + " | ".join(f"{ratio[k]:.2f}x" if k in ratio else "-"
+                                                  for _, k, _ in WORKER_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
 def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, float]]) -> str:
     lines: list[str] = []
     for title, cols in TABLES:
@@ -398,7 +446,7 @@ def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str,
             cells = [_fmt(m.get(key), rat[name].get(key) if with_ratio and name not in ("bare", "direct") else None, d)
                      for _, key, d in cols]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + render_workers(summary)
 
 
 TARGETS_CHECKED = [
@@ -520,7 +568,8 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
         "machine": machine(), "upstream": kind,
         "plan": plan.__dict__, "targets": {t.name: t.what for t in targets},
         "scenarios": {s.name: s.what for s in SCENARIOS},
-        "summary": summary, "ratio_to_bare": rat, "contaminated": noisy, "verdicts": verdict, "tables_md": tables,
+        "summary": summary, "ratio_to_bare": rat, "workers_vs_one": workers_vs_one(summary),
+        "contaminated": noisy, "verdicts": verdict, "tables_md": tables,
         "runs": {t.name: t.runs | {"ttfb": t.ttfb} for t in targets}, "profile": profile,
         "elapsed_s": round(time.monotonic() - started, 1),
     }

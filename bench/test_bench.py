@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from payloads import JSON_BODY, SSE_EVENTS, STREAM_EVENTS
+from procs import Procs
 from profile_hot import fold
-from run import Target, _contention, ratios, summarise
+from run import Target, _contention, ratios, render_workers, summarise, workers_vs_one
 from upstream import nginx_conf
 
 STACKS = (
@@ -69,3 +71,42 @@ def test_payloads_and_nginx_config(tmp_path: Path) -> None:
     conf = nginx_conf(tmp_path, 12345)
     assert "listen 127.0.0.1:12345" in conf and JSON_BODY.decode() in conf
     assert (tmp_path / "sse.txt").read_bytes() == b"".join(SSE_EVENTS)
+
+
+def test_a_proxy_on_both_cores_has_no_foreign_share_of_cpu0() -> None:
+    out = _contention({0: (100, 1000), 1: (0, 1000)}, {0: (700, 2000), 1: (500, 2000)}, proxy_ticks=None)
+    assert out == {"cpu0_busy_pct": 60.0, "cpu1_busy_pct": 50.0}
+
+
+def test_two_workers_against_one_are_ratios_of_the_same_run() -> None:
+    summary = {"sm-full": {"json_c64.rps": 1000.0, "json_c64.cpu_ms": 1.0, "sse_c64.rps": 800.0},
+               "sm-workers2": {"json_c64.rps": 1500.0, "json_c64.cpu_ms": 1.2, "sse_c64.rps": 1000.0}}
+    assert workers_vs_one(summary) == pytest.approx({"json_c64.rps": 1.5, "json_c64.cpu_ms": 1.2,
+                                                     "sse_c64.rps": 1.25})
+    table = render_workers(summary)
+    assert "| 2 workers / 1 | 1.50x | 1.25x | - |" in table
+    assert workers_vs_one({"sm-full": summary["sm-full"]}) == {} and render_workers({}) == ""
+
+
+def test_a_supervisors_cpu_and_memory_include_its_workers(tmp_path: Path) -> None:
+    """A real parent with two busy children: the figures are of the three processes."""
+    script = ("import os, time\n"
+              "end = time.time() + 30\n"
+              "if os.fork() and os.fork():\n"
+              "    time.sleep(30)\n"
+              "while time.time() < end:\n"
+              "    sum(range(10000))\n")
+    procs = Procs(tmp_path)
+    try:
+        proc = procs.start("tree", [sys.executable, "-c", script], cpu=None, port=None)
+        deadline = time.monotonic() + 10
+        while len(proc.pids()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(proc.pids()) == 3
+        before = proc.cpu_ticks()
+        time.sleep(0.5)
+        own = proc.main_thread_ticks()
+        assert proc.cpu_ticks() - before >= 20  # two busy children, ~50 ticks in 0.5 s at HZ=100
+        assert own > 0 and proc.status()["Threads"] == 3 and proc.fds() >= 3
+    finally:
+        procs.close()

@@ -25,7 +25,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -171,15 +171,24 @@ def _quote(v: object) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+    """`time LEVEL logger message`; a worker of `spanmeter serve --workers N` ends every
+    line with ` worker=K`."""
+
+    def __init__(self, worker: int | None = None) -> None:
+        tail = f" worker={worker}" if worker is not None else ""
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s" + tail)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return _iso(record.created)
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and an access line's fields."""
+    """One JSON object per line: time, level, logger, message, and an access line's fields
+    (and `worker`, in a worker of `spanmeter serve --workers N`)."""
+
+    def __init__(self, worker: int | None = None) -> None:
+        super().__init__()
+        self._worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {"time": _iso(record.created), "level": record.levelname, "logger": record.name,
@@ -187,6 +196,8 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "access", None)
         if isinstance(fields, dict):
             out.update(fields)
+        if self._worker is not None:
+            out["worker"] = self._worker
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)
@@ -227,13 +238,14 @@ class _Offloaded(logging.Handler):
                 except queue.Empty:
                     break
             done = None in lines
-            text = "".join(line + "\n" for line in lines if line is not None)
+            text = [line + "\n" for line in lines if line is not None]
             if self._dropped:
                 dropped, self._dropped = self._dropped, 0
-                text += f"spanmeter: {dropped} log lines dropped: the log output was not being read fast enough\n"
+                text.append(f"spanmeter: {dropped} log lines dropped: the log output was not being read fast enough\n")
             try:
-                self._stream.write(text)
-                self._stream.flush()
+                for chunk in _whole_lines(text):
+                    self._stream.write(chunk)
+                    self._stream.flush()
             except (OSError, ValueError):
                 pass  # a closed or broken sink: nothing left to tell
             if done:
@@ -247,13 +259,35 @@ class _Offloaded(logging.Handler):
         self._thread.join(timeout_s)
 
 
+def _whole_lines(lines: list[str]) -> Iterator[str]:
+    """The lines in chunks of whole lines of at most PIPE_BUF bytes: each chunk is one
+    write, and a write that small to a pipe (or an append to a file) is never interleaved
+    with another process's, so the workers of `spanmeter serve --workers N` can share
+    stderr without cutting each other's lines. (A single line longer than that goes alone.)"""
+    chunk: list[str] = []
+    size = 0
+    for line in lines:
+        n = len(line) if line.isascii() else len(line.encode("utf-8", "replace"))
+        if chunk and size + n > _PIPE_BUF:
+            yield "".join(chunk)
+            chunk, size = [], 0
+        chunk.append(line)
+        size += n
+    if chunk:
+        yield "".join(chunk)
+
+
+_PIPE_BUF = 4096  # POSIX guarantees at least 512; Linux has 4096
+
+
 def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
-                      capacity: int = 10_000) -> Callable[[], None]:
+                      capacity: int = 10_000, worker: int | None = None) -> Callable[[], None]:
     """Route every log record of the process to `stream` (stderr) in `fmt` (text | json).
+    `worker`: the slot of a worker of `spanmeter serve --workers N`, added to every line.
     Returns the function that flushes and stops the writer (bounded: a stuck sink cannot
     hold up the exit)."""
     handler = _Offloaded(stream or sys.stderr, capacity)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

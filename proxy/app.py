@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.routes import match, unknown_route
 from proxy.runs import Runs
+from proxy.siblings import WORKER, WORKER_ATTRIBUTE, Worker, gather_metrics, worker_ctx
 from proxy.tenants import KeyIndex
 from proxy.upstream import Upstream
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
@@ -63,9 +65,11 @@ _REDACT_PARSE_ERRORS = _NoRequestBytesInLogs()
 
 
 def create_app(
-    settings: Settings, *, store: Store | None = None, telemetry: Telemetry | None = None
+    settings: Settings, *, store: Store | None = None, telemetry: Telemetry | None = None,
+    worker: Worker | None = None,
 ) -> web.Application:
-    """The proxy application. Tests inject a store or telemetry instead of patching."""
+    """The proxy application. Tests inject a store or telemetry instead of patching.
+    `worker`: this process is one of `spanmeter serve --workers N` (proxy/workers.py)."""
     logging.getLogger("aiohttp.server").addFilter(_REDACT_PARSE_ERRORS)  # idempotent
     app = web.Application(middlewares=[_errors], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
@@ -76,6 +80,9 @@ def create_app(
     app.cleanup_ctx.append(_upstream_ctx)
     app.cleanup_ctx.append(_runs_ctx)
     app.cleanup_ctx.append(_background_ctx)  # last in, first out: drained before the store closes
+    if worker is not None:
+        app[WORKER] = worker
+        app.cleanup_ctx.append(worker_ctx)  # its private /metrics port, and the client for the siblings'
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -182,12 +189,18 @@ def _store_ctx(injected: Store | None) -> Callable[[web.Application], AsyncItera
 def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         s = app[SETTINGS]
+        traces = Path(s.data_dir) / "traces"
+        worker = app.get(WORKER)
+        resource: dict[str, str] = {}
+        if worker is not None:  # one span file per worker; the resource says which worker
+            traces = traces / f"worker-{worker.index}"
+            resource = {WORKER_ATTRIBUTE: str(worker.index), "process.pid": str(os.getpid())}
         app[TEL] = tel = injected or setup_telemetry(TelemetryConfig.from_env(
             otlp_endpoint=s.otlp_endpoint,
             push_metrics=s.otlp_metrics,
             project_name=s.project_name,
-            local_dir=str(Path(s.data_dir) / "traces") if s.local_traces else None,
-            known_model=_priced_name(app[PRICES])))
+            local_dir=str(traces) if s.local_traces else None,
+            known_model=_priced_name(app[PRICES]), resource_attributes=resource))
         yield
         if injected is None:
             # Shutdown flushes exporters and may block up to their timeout: not on the loop.
@@ -240,8 +253,13 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    # Collecting every series takes ~10 ms: off the event loop, so calls are not held up.
-    body = await asyncio.get_running_loop().run_in_executor(None, request.app[TEL].metrics_text)
-    return web.Response(body=body,
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    worker = request.app.get(WORKER)
+    if worker is not None:  # one of N workers: every worker's metrics, merged
+        body = await gather_metrics(request.app)
+        headers["x-spanmeter-worker"] = str(worker.index)  # which one answered
+    else:
+        # Collecting every series takes ~10 ms: off the event loop, so calls are not held up.
+        body = await asyncio.get_running_loop().run_in_executor(None, request.app[TEL].metrics_text)
+    return web.Response(body=body, headers=headers)
 

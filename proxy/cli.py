@@ -91,14 +91,19 @@ def _parser() -> argparse.ArgumentParser:
                  "(or --config), then SPANMETER_* environment variables; options here win over all three. "
                  "spanmeter refuses to start (exit 2, one paragraph saying why) on a config file that is "
                  "missing, empty or not valid YAML, an invalid setting, a busy port, or, with tenants, an "
-                 "upstream key variable that is not set.",
+                 "upstream key variable that is not set. --workers N runs N processes on the one port (a "
+                 "supervisor restarts any that dies), sharing the ledger and one /metrics.",
                  ["spanmeter serve",
                   "spanmeter serve --config spanmeter.yaml --host 0.0.0.0",
+                  "spanmeter serve --workers auto         # one process per CPU on one port",
                   "SPANMETER_LOG_FORMAT=json spanmeter serve"])
     s.add_argument("--host", help=f"listen address; open mode listens on loopback only "
                                   f"(default: {_default('SPANMETER_HOST', '127.0.0.1')})")
     s.add_argument("--port", type=int, help=f"listen port, 0 for any free one "
                                             f"(default: {_default('SPANMETER_PORT', '8787')})")
+    s.add_argument("--workers", type=_workers, metavar="N|auto",
+                   help=f"processes serving the port, `auto` for one per CPU; 1 is a single process "
+                        f"(default: {_default('SPANMETER_WORKERS', '1')})")
     _config_arg(s)
     s.set_defaults(fn=_serve)
 
@@ -267,6 +272,12 @@ def _usd(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _positive_int(text)
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -301,33 +312,70 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     return settings
 
 
-def _serve(args: argparse.Namespace) -> None:
+def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from proxy.accesslog import configure_logging
     from proxy.app import create_app
 
-    settings = _settings(args, host=args.host, port=args.port)
+    settings = _settings(args, host=args.host, port=args.port, workers=args.workers)
+    if settings.workers > 1:
+        return _serve_workers(settings)
     socks = _bind(settings.host, settings.port)  # before saying "listening": a busy port is refused here
     stop_logs = configure_logging(settings.log_level, settings.log_format)
-    port = socks[0].getsockname()[1]
-    mode = "open mode (no tenants: callers' own provider keys pass through)" if settings.open_mode else \
-        f"{len(settings.tenants)} tenant(s)"
-    where = f"http://{_url_host(settings.host)}:{port}"
-    print(f"spanmeter listening on {where} - {mode}; ledger {_redact_url(settings.ledger)}", flush=True)
-    log.info("started (version %s): listening on %s, %s; ledger %s; admin API %s", _version(), where, mode,
-             _redact_url(settings.ledger), "on" if settings.admin_token else "off")
-    if settings.fail_open:
-        log.warning("fail_open is on: calls are served unmetered, with no ceilings, while the ledger is down")
+    _say_listening(settings, socks[0].getsockname()[1])
     _loop_policy()
     try:
         web.run_app(create_app(settings), sock=socks, print=None, handler_cancellation=True, access_log=None)
     finally:
         stop_logs()
+    return 0
 
 
-def _bind(host: str, port: int) -> list[socket.socket]:
-    """Listening sockets for host:port (every address the name resolves to), or ConfigError."""
+def _say_listening(settings: Settings, port: int) -> None:
+    mode = "open mode (no tenants: callers' own provider keys pass through)" if settings.open_mode else \
+        f"{len(settings.tenants)} tenant(s)"
+    where = f"http://{_url_host(settings.host)}:{port}"
+    workers = f"; {settings.workers} workers" if settings.workers > 1 else ""
+    print(f"spanmeter listening on {where} - {mode}; ledger {_redact_url(settings.ledger)}{workers}", flush=True)
+    log.info("started (version %s): listening on %s, %s; ledger %s; admin API %s%s", _version(), where, mode,
+             _redact_url(settings.ledger), "on" if settings.admin_token else "off", workers)
+    if settings.fail_open:
+        log.warning("fail_open is on: calls are served unmetered, with no ceilings, while the ledger is down")
+
+
+def _serve_workers(settings: Settings) -> int:
+    """A supervisor and `settings.workers` worker processes on one port (proxy/workers.py)."""
+    probe = _bind(settings.host, settings.port, listen=False)  # anything on the port, ours or not: exit 2 here
+    addresses = [(s.family, s.getsockname()) for s in probe]
+    for sock in probe:
+        sock.close()
+    reserved = _reserve(settings.host, addresses)
+    # Imported before the first fork: the workers share these pages and start at once.
+    import proxy.app  # noqa: F401
+    from proxy.accesslog import JsonFormatter, TextFormatter
+    from proxy.workers import Supervisor
+
+    # The supervisor forks at any time, so it keeps no thread: its few lines are written directly.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(settings.log_level)
+    try:
+        supervisor = Supervisor(settings, reserved)
+        _say_listening(settings, supervisor.port)
+        return supervisor.run()
+    finally:
+        for sock in reserved:
+            sock.close()
+
+
+def _bind(host: str, port: int, *, listen: bool = True) -> list[socket.socket]:
+    """Listening sockets for host:port (every address the name resolves to), or ConfigError.
+    `listen=False`: bound only (a probe that the port is free)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -346,11 +394,32 @@ def _bind(host: str, port: int) -> list[socket.socket]:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(addr)
-            sock.listen(1024)
+            if listen:
+                sock.listen(1024)
     except OSError as exc:
         for sock in socks:
             sock.close()
         raise ConfigError(_bind_problem(host, port, exc)) from None
+    return socks
+
+
+def _reserve(host: str, addresses: Sequence[tuple[int, Any]]) -> list[socket.socket]:
+    """Bound, not listening, SO_REUSEPORT sockets on these exact addresses: they hold the
+    port for the workers, who listen on their own SO_REUSEPORT sockets beside them."""
+    socks: list[socket.socket] = []
+    try:
+        for family, addr in addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+    except OSError as exc:
+        for sock in socks:
+            sock.close()
+        raise ConfigError(_bind_problem(host, int(addresses[0][1][1]), exc)) from None
     return socks
 
 
@@ -414,7 +483,9 @@ def _describe(settings: Settings) -> str:
         exporters.append(f"local span files in {Path(settings.data_dir) / 'traces'} (for `spanmeter runs`)")
     lines = [
         f"config file   {Path(source).absolute() if source else 'none (defaults and SPANMETER_* variables)'}",
-        f"listen        http://{_url_host(settings.host)}:{settings.port}",
+        f"listen        http://{_url_host(settings.host)}:{settings.port}"
+        + (f", {settings.workers} worker processes (a supervisor restarts any that dies)"
+           if settings.workers > 1 else ", one process"),
         "mode          " + ("open: no tenants, each caller's own provider key goes upstream (loopback only)"
                             if settings.open_mode else f"tenants: {', '.join(sorted(settings.tenants))}"),
         f"ledger        {_redact_url(settings.ledger)} ("

@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "SPANMETER_"
+MAX_WORKERS = 256
 
 
 class _Strict(BaseModel):
@@ -220,6 +221,8 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
+    # Processes serving the port (`auto`: one per CPU); 1 is a single process (proxy/workers.py).
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
     config: str | None = None  # YAML file; read through SPANMETER_CONFIG
 
     openai_base_url: str = "https://api.openai.com"
@@ -281,6 +284,13 @@ class Settings(BaseSettings):
             sources.append(InitSettingsSource(settings_cls, read_config_file(path)))
         return tuple(sources)
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _auto_workers(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return min(os.cpu_count() or 1, MAX_WORKERS)
+        return v
+
     @property
     def open_mode(self) -> bool:
         """No tenants configured: one tenant `default`, the caller's own key goes upstream."""
@@ -317,6 +327,12 @@ class Settings(BaseSettings):
                 "anyone who can reach the port could spend through it. Listen on 127.0.0.1, or "
                 "configure tenants (`spanmeter keys create --tenant NAME`, then add the printed "
                 "hash under tenants.NAME.keys in the file named by SPANMETER_CONFIG)."
+            )
+        if self.workers > 1 and ":memory:" in self.ledger:
+            raise ConfigError(
+                f"Refusing to start {self.workers} workers on the in-memory ledger {self.ledger}: each worker "
+                "would count spend on its own, and ceilings would not hold. Use a ledger file "
+                "(sqlite:///path/ledger.db, the default) or Redis, or run one worker."
             )
         for name, t in self.tenants.items():
             hashes = {k.hash for k in t.key_configs()}

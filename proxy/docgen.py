@@ -38,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FIELD_DOCS: dict[str, str] = {
     "host": "Listen address. Open mode (no tenants) refuses anything but loopback.",
     "port": "Listen port; 0 picks a free one.",
+    "workers": "Processes serving the port (`spanmeter serve --workers N`): `auto` is one per CPU, 1 a single "
+               "process. Workers share the ledger (SQLite file or Redis; not `:memory:`) and one `/metrics`; a "
+               "supervisor replaces a worker that dies. Sizing: docs/scale.md.",
     "config": "The YAML file these settings are read from (set it as SPANMETER_CONFIG or `--config`). A file "
               "that is named must exist and hold settings.",
     "openai_base_url": "OpenAI (and OpenAI-compatible) upstream: origin plus an optional path prefix; the "

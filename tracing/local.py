@@ -2,8 +2,10 @@
 
 Spans are appended to `<local_dir>/spans.jsonl`. When the file passes `max_bytes` it is
 rotated to `spans.1.jsonl` (and older ones shift up to `keep` files), so the directory
-stays bounded. The exporter runs on the batch processor's worker thread, never on the
-request path. `spanmeter runs` reads the files back (tracing/viewer.py).
+stays bounded. Each worker of `spanmeter serve --workers N` has its own directory,
+`<traces>/worker-K/`, so every file has one writer; `read_spans` reads them all. The
+exporter runs on the batch processor's worker thread, never on the request path.
+`spanmeter runs` reads the files back (tracing/viewer.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = ["DEFAULT_LOCAL_DIR", "JsonlSpanExporter", "read_spans", "span_record"
 
 DEFAULT_LOCAL_DIR: Final = ".spanmeter/spans"
 FILE_NAME: Final = "spans.jsonl"
+WORKER_DIR_PREFIX: Final = "worker-"  # {local_dir}/worker-K/: the spans of worker K
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +94,16 @@ class JsonlSpanExporter(SpanExporter):
 
 
 def read_spans(local_dir: str | Path) -> Iterator[dict[str, Any]]:
-    """Every span record in `local_dir`, oldest file first; bad lines are skipped."""
+    """Every span record in `local_dir` and its `worker-K/` directories (one per worker of
+    `spanmeter serve --workers N`, each with one writer), oldest file first in each; bad
+    lines are skipped."""
     directory = Path(local_dir)
+    workers = sorted(directory.glob(f"{WORKER_DIR_PREFIX}*"), key=lambda p: p.name) if directory.is_dir() else []
+    for d in [directory, *(w for w in workers if w.is_dir())]:
+        yield from _read_dir(d)
+
+
+def _read_dir(directory: Path) -> Iterator[dict[str, Any]]:
     rotated = sorted(directory.glob("spans.*.jsonl"), key=_rotation_number, reverse=True)
     for path in [*rotated, directory / FILE_NAME]:
         if not path.exists():

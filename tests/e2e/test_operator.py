@@ -71,6 +71,11 @@ def test_serve_refuses_what_it_cannot_honour_with_exit_2_and_one_paragraph(tmp_p
         "keys": (["serve"], {"SPANMETER_CONFIG": str(tmp_path / "tenants.yaml"), "OPENAI_API_KEY": "sk-x",
                              "GEMINI_API_KEY": ""}),
         "port": (["serve", "--port", str(busy_port)], {"SPANMETER_DATA_DIR": data}),
+        "port, workers": (["serve", "--port", str(busy_port), "--workers", "2"], {}),
+        "workers in memory": (["serve", "--workers", "2"], {"SPANMETER_LEDGER_URL": "sqlite:///:memory:",
+                                                               "SPANMETER_PORT": "0"}),
+        "workers, data_dir": (["serve", "--workers", "2", "--port", "0"],
+                              {"SPANMETER_DATA_DIR": str(tmp_path / "empty.yaml" / "data")}),
     }
     try:
         procs = {name: _start(args, {"SPANMETER_DATA_DIR": data, **env}) for name, (args, env) in cases.items()}
@@ -96,6 +101,10 @@ def test_serve_refuses_what_it_cannot_honour_with_exit_2_and_one_paragraph(tmp_p
     assert "LOCAL_KEY (upstream local, openai API, for any tenant)" in keys
     assert "OPENAI_API_KEY (" not in keys and "GEMINI_API_KEY" not in keys  # set (GEMINI's to empty): fine
     assert done["port"][2].startswith(f"Cannot listen on port {busy_port} on 127.0.0.1: the port is already in use")
+    assert done["port, workers"][2] == done["port"][2]
+    assert done["workers in memory"][2].startswith("Refusing to start ") and "workers on the in-memory ledger" in (
+        done["workers in memory"][2])
+    assert done["workers, data_dir"][2].startswith("Cannot write the workers' state directory ")
 
 
 def test_check_config_prints_what_would_run_and_exits_2_when_serve_would_refuse(tmp_path: Path):
@@ -106,11 +115,11 @@ def test_check_config_prints_what_would_run_and_exits_2_when_serve_would_refuse(
                    "  beta:\n    keys: []\n    upstream_keys: {openai: BETA_KEY}\n")
     ledger = "redis://:hunter2@redis.internal:6379/0"
     ok = _start(["check-config", "--config", str(cfg)], {"OPENAI_API_KEY": "sk-upstream-secret", "BETA_KEY": "",
-                                                          "SPANMETER_LEDGER_URL": ledger})
+                                                          "SPANMETER_LEDGER_URL": ledger, "SPANMETER_WORKERS": "3"})
     refused = _start(["check-config", "--config", str(cfg)], {"SPANMETER_LEDGER_URL": ledger})
     code, out, err = _finish(ok)
     assert code == 0, err
-    assert "listen        http://0.0.0.0:8787" in out
+    assert "listen        http://0.0.0.0:8787, 3 worker processes (a supervisor restarts any that dies)" in out
     assert "mode          tenants: acme, beta" in out
     assert "ledger        redis://:***@redis.internal:6379/0 (fail closed" in out
     assert "admin API     on" in out
@@ -262,3 +271,37 @@ async def test_a_call_without_a_run_id_is_a_run_that_ends_with_it_and_runs_shows
 
 def _is_run(span: dict) -> bool:
     return bool(span["attributes"].get("gen_ai.operation.name") == "invoke_agent")
+
+
+def test_a_workers_log_lines_say_which_worker_and_are_written_in_whole_lines_of_at_most_pipe_buf():
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, s: str) -> int:
+            self.writes.append(s)
+            return super().write(s)
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        for fmt in ("text", "json"):
+            sink = Writes()
+            stop = configure_logging("INFO", fmt, stream=sink, worker=2)
+            for i in range(400):
+                logging.getLogger("spanmeter.test").info("line %d %s", i, "é" * (i % 7) * 40)
+            stop()
+            lines = sink.getvalue().splitlines()
+            assert len(lines) == 400
+            if fmt == "text":
+                assert all(line.endswith(" worker=2") for line in lines)
+            else:
+                assert all(json.loads(line)["worker"] == 2 for line in lines)
+            # Each write is whole lines and at most 4096 bytes: lines of two workers sharing a
+            # pipe never cut into each other.
+            assert all(w.endswith("\n") and len(w.encode()) <= 4096 for w in sink.writes)
+            assert len(sink.writes) > 1
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])

@@ -149,3 +149,16 @@ def test_a_run_span_written_before_it_was_an_agent_invocation_is_still_the_run(t
                                          "spanmeter.run.status": "idle_timeout"}).end()
     [run] = load_runs(tmp_path)
     assert (run.run_id, run.status, run.calls) == ("old", "idle_timeout", 0)
+
+
+def test_every_workers_span_files_are_read(tmp_path: Path) -> None:
+    """`spanmeter serve --workers N`: each worker writes its own traces/worker-K/ (one writer
+    per file); `spanmeter runs` reads them all, and the files of one process beside them: a
+    run whose calls different workers served is one run."""
+    record_a_run(tmp_path / "worker-1")
+    record_a_run(tmp_path / "worker-2")
+    record_a_run(tmp_path)
+    (tmp_path / "worker-3").write_text("not a directory: ignored")
+    assert len(list(read_spans(tmp_path))) == 15
+    [run] = load_runs(tmp_path)
+    assert (run.run_id, run.calls, run.tool_calls) == ("run_view", 6, 6)

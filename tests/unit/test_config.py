@@ -144,3 +144,18 @@ def test_bad_new_headers_are_a_400_naming_the_header(header, value):
     with pytest.raises(RequestError) as ei:
         plan(policy, {header: value})
     assert ei.value.param.lower() == header
+
+
+def test_workers_default_to_one_process_and_auto_is_one_per_cpu(tmp_path, monkeypatch_env):
+    import os
+
+    assert Settings().workers == 1
+    monkeypatch_env("SPANMETER_WORKERS", "auto")
+    assert load_settings().workers == min(os.cpu_count() or 1, 256)
+    assert load_settings(workers=3).workers == 3  # `--workers` wins over the variable
+    with pytest.raises(ConfigError, match=r"workers \(from environment variable SPANMETER_WORKERS\)"):
+        monkeypatch_env("SPANMETER_WORKERS", "0")
+        load_settings()
+    with pytest.raises(ConfigError, match="in-memory ledger"):
+        Settings(workers=2, ledger_url="sqlite:///:memory:").check()
+    Settings(workers=2, data_dir=str(tmp_path)).check()  # a ledger file: fine

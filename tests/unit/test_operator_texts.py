@@ -11,6 +11,7 @@ import pytest
 from proxy import docgen
 from proxy.config import DEFAULT_POLICY, Settings
 from proxy.policy.messages import call_ceiling, cost_ceiling
+from proxy.siblings import WORKER_ATTRIBUTE, WORKER_SERIES
 from proxy.simulator.script import SCENARIO_HELP, SCENARIOS
 from tracing import attributes as A
 from tracing.viewer import money
@@ -74,6 +75,7 @@ def test_metric_and_label_names_in_the_operations_guide_exist():
     text = (ROOT / "docs/operations.md").read_text(encoding="utf-8")
     labels = {A.prometheus_label(v) for k, v in vars(A).items() if k.isupper() and isinstance(v, str) and "." in v}
     known = A.all_prometheus_series() | labels | {"gen_ai_latest_experimental"}  # an OTEL_SEMCONV value
+    known |= {*WORKER_SERIES, A.prometheus_label(WORKER_ATTRIBUTE)}  # spanmeter serve --workers N
     named = set(re.findall(r"\b((?:spanmeter|gen_ai)_[a-z_]+[a-z])\b", text))
     assert named and named <= known, sorted(named - known)
 
