@@ -17,7 +17,7 @@ from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.upstream import host_port
 
-__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "dialect_of", "match", "provider_name", "target_for"]
+__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "match", "provider_name", "target_for"]
 
 SUPPORTED = (
     "POST /v1/chat/completions",
@@ -100,10 +100,6 @@ def unknown_route(method: str, path: str) -> UnknownRoute:
     )
 
 
-def dialect_of(adapter: ProviderAdapter) -> str:
-    return {"messages": "anthropic", "gemini": "gemini"}.get(adapter.api, "openai")
-
-
 @dataclass(frozen=True, slots=True)
 class Target:
     base_url: str
@@ -151,7 +147,7 @@ def provider_name(dialect: str, host: str, configured: str | None = None) -> str
 
 
 def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
-    dialect = dialect_of(adapter)
+    dialect = adapter.dialect
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
     key_env: str | None

@@ -6,9 +6,11 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.model import Call, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
+from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
 from proxy.providers.base import Exchange, HistoryCall, SseEvent
 from proxy.providers.base import integer as _int
 from proxy.providers.chat import openai_error_body, openai_stream_error
+from proxy.providers.parts import Messages
 
 __all__ = ["EMBEDDINGS", "EmbeddingsAdapter"]
 
@@ -29,6 +31,7 @@ def _input_chars(value: Any) -> int:
 
 class EmbeddingsAdapter:
     api = "embeddings"
+    dialect = "openai"
     upstream_setting = "openai_base_url"
     text_part = "text"
     cache_marker: bytes | None = None
@@ -81,6 +84,26 @@ class EmbeddingsAdapter:
         if not event.data:
             return []
         return self.parse_response(event.json())  # embeddings do not stream
+
+    # An embedding has no answer to repair, ask for again or capture.
+
+    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
+        return []
+
+    def text_slots(self, body: Json) -> list[Slot]:
+        return []
+
+    def argument_slots(self, body: Json) -> list[ArgumentSlot]:
+        return []
+
+    def stream_rewriter(self, edits: StreamEdits) -> EventRewrite | None:
+        return None
+
+    def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
+        return dict(body)
+
+    def input_messages(self, body: Json) -> Messages:
+        return "", []
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         return openai_error_body(error)

@@ -12,7 +12,6 @@ from proxy import content, steps
 from proxy.config import Policy, RepairPolicy
 from proxy.errors import ProxyError
 from proxy.model import Outcome
-from proxy.outputs import retry_request
 from proxy.providers.base import Framer, open_exchange
 from proxy.relay import Hooks
 from tests.providers.cases import Case, input_message_cases, normalised, repair_cases, retry_cases
@@ -71,11 +70,11 @@ def test_an_answer_is_repaired_in_its_dialects_own_framing(case: Case) -> None:
 @pytest.mark.parametrize("case", retry_cases(), ids=str)
 def test_a_retry_asks_again_with_the_answer_and_the_problems_as_the_last_turns(case: Case) -> None:
     c = case.input
-    assert retry_request(case.adapter.api, c["body"], c["answer"], c["feedback"]) == case.expected
+    assert case.adapter.retry_body(c["body"], c["answer"], c["feedback"]) == case.expected
 
 
 @pytest.mark.parametrize("case", input_message_cases(), ids=str)
 def test_captured_input_is_in_the_semconv_shapes(case: Case) -> None:
-    got = content.capture(case.adapter.api, case.input, Outcome())
+    got = content.capture(case.adapter, case.input, Outcome())
     got.pop("output_messages")
     assert got == case.expected
