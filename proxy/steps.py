@@ -165,7 +165,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
-                                   and not outcome.tool_calls, embeddings=call.api == "embeddings")
+                                   and not outcome.tool_calls, input_only=not call.generates_output)
     saved = _saved(admitted, outcome.usage, source)
     remaining = None
     try:

@@ -251,6 +251,7 @@ class ChatAdapter:
         return Call(
             api="chat",
             operation="chat",
+            openai_api_type="chat_completions",
             model=model,
             stream=body.get("stream") is True,
             max_output_tokens=max_out,

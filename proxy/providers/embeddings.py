@@ -43,6 +43,7 @@ class EmbeddingsAdapter:
             operation="embeddings",
             model=model if isinstance(model, str) else None,
             input_chars=_input_chars(body.get("input")),
+            generates_output=False,
         )
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:

@@ -228,6 +228,7 @@ class ResponsesAdapter:
         return Call(
             api="responses",
             operation="chat",
+            openai_api_type="responses",
             model=_str(body.get("model")),
             stream=body.get("stream") is True,
             max_output_tokens=count_field("max_output_tokens", body.get("max_output_tokens"),
