@@ -217,6 +217,7 @@ def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
 class AnthropicAdapter:
     api = "messages"
     dialect = "anthropic"
+    provider = "anthropic"
     upstream_setting = "anthropic_base_url"
     text_part = "text"
     cache_marker: bytes | None = b"\"cache_control\""

@@ -144,7 +144,8 @@ class ProviderAdapter(Protocol):
     """
 
     api: str  # one of proxy.model.Api
-    dialect: str  # the upstream family serving it (openai | anthropic | gemini): upstreams, keys, provider name
+    dialect: str  # the upstream family serving it (openai | anthropic | gemini): its upstreams and keys
+    provider: str  # gen_ai.provider.name when the upstream's host does not say (semconv well-known value)
     upstream_setting: str  # which settings field holds this dialect's base URL
     text_part: str  # the type of a text part in a tool result's content list
     # Bytes that mark an explicit prompt-cache breakpoint (Anthropic `cache_control`),

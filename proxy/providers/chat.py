@@ -235,6 +235,7 @@ def openai_stream_error(error: ProxyError) -> bytes:
 class ChatAdapter:
     api = "chat"
     dialect = "openai"
+    provider = "openai"
     upstream_setting = "openai_base_url"
     text_part = "text"
     cache_marker: bytes | None = None

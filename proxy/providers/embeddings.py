@@ -32,6 +32,7 @@ def _input_chars(value: Any) -> int:
 class EmbeddingsAdapter:
     api = "embeddings"
     dialect = "openai"
+    provider = "openai"
     upstream_setting = "openai_base_url"
     text_part = "text"
     cache_marker: bytes | None = None

@@ -300,6 +300,7 @@ def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
 class GeminiAdapter:
     api = "gemini"
     dialect = "gemini"
+    provider = "gcp.gemini"
     upstream_setting = "gemini_base_url"
     text_part = "text"
     cache_marker: bytes | None = None

@@ -218,6 +218,7 @@ def _input_items(given: Any) -> list[Any]:
 class ResponsesAdapter:
     api = "responses"
     dialect = "openai"
+    provider = "openai"
     upstream_setting = "openai_base_url"
     text_part = "input_text"
     cache_marker: bytes | None = None
