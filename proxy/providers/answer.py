@@ -16,8 +16,8 @@ import orjson
 from proxy.model import StreamEvent
 from proxy.providers.base import SseEvent
 
-__all__ = ["ArgumentSlot", "CallKey", "EventRewrite", "Json", "Slot", "StreamEdits", "append_turns", "dicts",
-           "first", "reframed"]
+__all__ = ["ArgumentSlot", "CallKey", "EventRewrite", "Json", "Slot", "StreamEdits", "answer_and_feedback",
+           "append_turns", "dicts", "first", "reframed"]
 
 Json = dict[str, Any]
 
@@ -100,3 +100,8 @@ def append_turns(body: Json, key: str, *turns: Json) -> Json:
     """A copy of `body` whose conversation at `key` goes on with `turns` (the retry of a
     request: the answer that did not match, then the problems as the user's turn)."""
     return {**body, key: [*(body.get(key) or []), *turns]}
+
+
+def answer_and_feedback(answer: str, feedback: str) -> tuple[Json, Json]:
+    """A retry's two turns as role + content messages (OpenAI's and Anthropic's shape)."""
+    return {"role": "assistant", "content": answer}, {"role": "user", "content": feedback}

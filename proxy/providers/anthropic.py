@@ -30,7 +30,16 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits, append_turns, dicts
+from proxy.providers.answer import (
+    ArgumentSlot,
+    EventRewrite,
+    Json,
+    Slot,
+    StreamEdits,
+    answer_and_feedback,
+    append_turns,
+    dicts,
+)
 from proxy.providers.anthropic_stream import AnthropicStreamRepair
 from proxy.providers.base import (
     MAX_TOKENS_LIMIT,
@@ -337,8 +346,7 @@ class AnthropicAdapter:
         return AnthropicStreamRepair(edits)
 
     def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
-        return append_turns(body, "messages", {"role": "assistant", "content": answer},
-                            {"role": "user", "content": feedback})
+        return append_turns(body, "messages", *answer_and_feedback(answer, feedback))
 
     def input_messages(self, body: Json) -> Messages:
         return _input_messages(body)

@@ -24,7 +24,17 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
-from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits, append_turns, dicts, first
+from proxy.providers.answer import (
+    ArgumentSlot,
+    EventRewrite,
+    Json,
+    Slot,
+    StreamEdits,
+    answer_and_feedback,
+    append_turns,
+    dicts,
+    first,
+)
 from proxy.providers.base import (
     MAX_OUTPUT_MULTIPLIER,
     MAX_TOKENS_LIMIT,
@@ -41,7 +51,7 @@ from proxy.providers.base import integer as _int
 from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_usage_chunk
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 
-__all__ = ["CHAT", "ChatAdapter", "openai_error_body", "openai_stream_error", "openai_usage"]
+__all__ = ["CHAT", "ChatAdapter", "OpenAIFamily", "openai_error_body", "openai_stream_error", "openai_usage"]
 
 
 def _tools(raw: Any) -> tuple[ToolSpec, ...]:
@@ -232,13 +242,27 @@ def openai_stream_error(error: ProxyError) -> bytes:
     return b"data: " + openai_error_body(error) + b"\n\n"
 
 
-class ChatAdapter:
-    api = "chat"
+class OpenAIFamily:
+    """What OpenAI's APIs share: their upstream and key, and their error shapes."""
+
     dialect = "openai"
     provider = "openai"
     upstream_setting = "openai_base_url"
+    cache_marker: bytes | None = None  # automatic prompt caching bills no write premium
+
+    def render_error(self, error: ProxyError, request_id: str) -> bytes:
+        return openai_error_body(error)
+
+    def render_stream_error(self, error: ProxyError) -> bytes:
+        return openai_stream_error(error)
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+class ChatAdapter(OpenAIFamily):
+    api = "chat"
     text_part = "text"
-    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         messages = body.get("messages")
@@ -349,20 +373,10 @@ class ChatAdapter:
         return ChatStreamRepair(edits)
 
     def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
-        return append_turns(body, "messages", {"role": "assistant", "content": answer},
-                            {"role": "user", "content": feedback})
+        return append_turns(body, "messages", *answer_and_feedback(answer, feedback))
 
     def input_messages(self, body: Json) -> Messages:
         return _input_messages(body)
-
-    def render_error(self, error: ProxyError, request_id: str) -> bytes:
-        return openai_error_body(error)
-
-    def render_stream_error(self, error: ProxyError) -> bytes:
-        return openai_stream_error(error)
-
-    def auth_headers(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
 
 
 CHAT = ChatAdapter()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.errors import ProxyError
 from proxy.model import Call, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
 from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
 from proxy.providers.base import Exchange, HistoryCall, SseEvent
 from proxy.providers.base import integer as _int
-from proxy.providers.chat import openai_error_body, openai_stream_error
+from proxy.providers.chat import OpenAIFamily
 from proxy.providers.parts import Messages
 
 __all__ = ["EMBEDDINGS", "EmbeddingsAdapter"]
@@ -29,13 +28,9 @@ def _input_chars(value: Any) -> int:
     return 0
 
 
-class EmbeddingsAdapter:
+class EmbeddingsAdapter(OpenAIFamily):
     api = "embeddings"
-    dialect = "openai"
-    provider = "openai"
-    upstream_setting = "openai_base_url"
     text_part = "text"
-    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         model = body.get("model")
@@ -106,15 +101,6 @@ class EmbeddingsAdapter:
 
     def input_messages(self, body: Json) -> Messages:
         return "", []
-
-    def render_error(self, error: ProxyError, request_id: str) -> bytes:
-        return openai_error_body(error)
-
-    def render_stream_error(self, error: ProxyError) -> bytes:
-        return openai_stream_error(error)
-
-    def auth_headers(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
 
 
 EMBEDDINGS = EmbeddingsAdapter()

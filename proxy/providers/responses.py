@@ -31,7 +31,16 @@ from proxy.model import (
     ToolSpec,
     UsageEvent,
 )
-from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits, append_turns, dicts
+from proxy.providers.answer import (
+    ArgumentSlot,
+    EventRewrite,
+    Json,
+    Slot,
+    StreamEdits,
+    answer_and_feedback,
+    append_turns,
+    dicts,
+)
 from proxy.providers.base import (
     MAX_TOKENS_LIMIT,
     Exchange,
@@ -45,7 +54,7 @@ from proxy.providers.base import (
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
-from proxy.providers.chat import openai_error_body, openai_usage
+from proxy.providers.chat import OpenAIFamily, openai_usage
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 from proxy.providers.responses_stream import ResponsesStreamRepair
 
@@ -215,13 +224,9 @@ def _input_items(given: Any) -> list[Any]:
     return [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
 
 
-class ResponsesAdapter:
+class ResponsesAdapter(OpenAIFamily):
     api = "responses"
-    dialect = "openai"
-    provider = "openai"
-    upstream_setting = "openai_base_url"
     text_part = "input_text"
-    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))
@@ -342,14 +347,11 @@ class ResponsesAdapter:
         return ResponsesStreamRepair(edits)
 
     def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
-        return append_turns({**body, "input": _input_items(body.get("input"))}, "input",
-                            {"role": "assistant", "content": answer}, {"role": "user", "content": feedback})
+        items = {**body, "input": _input_items(body.get("input"))}
+        return append_turns(items, "input", *answer_and_feedback(answer, feedback))
 
     def input_messages(self, body: Json) -> Messages:
         return _input_messages(body)
-
-    def render_error(self, error: ProxyError, request_id: str) -> bytes:
-        return openai_error_body(error)
 
     def render_stream_error(self, error: ProxyError) -> bytes:
         # No sequence_number: we cannot know the stream's next one, and a wrong one could
@@ -357,9 +359,6 @@ class ResponsesAdapter:
         payload = {"type": "error", "code": error.code, "message": error.message,
                    "param": error.param}
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-    def auth_headers(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
 
 
 RESPONSES = ResponsesAdapter()
