@@ -54,9 +54,11 @@ from tracing import spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 
 CALLERS = [Caller(f"tenant-{i}", f"run-{i}", "header", key_id=f"k{i}") for i in range(4)]
-JSON_CALLS = [Call(api="chat", operation="chat", model=m, max_output_tokens=1024) for m in ("gpt-4o", "gpt-4o-mini")]
+JSON_CALLS = [Call(api="chat", operation="chat", openai_api_type="chat_completions", model=m, max_output_tokens=1024)
+              for m in ("gpt-4o", "gpt-4o-mini")]
 STREAM_CALLS = [
-    Call(api="chat", operation="chat", model=m, stream=True, max_output_tokens=1024, temperature=0.2)
+    Call(api="chat", operation="chat", openai_api_type="chat_completions", model=m, stream=True,
+         max_output_tokens=1024, temperature=0.2)
     for m in ("gpt-4o", "gpt-4o-mini")
 ]
 GAPS = [0.012 + (i % 5) * 0.001 for i in range(49)]

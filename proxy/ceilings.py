@@ -203,7 +203,7 @@ async def admit(
     else:
         cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
         asked = call.max_output_tokens
-        if asked is not None or call.api == "embeddings":
+        if asked is not None or not call.generates_output:
             lo = hi = reservation(price, bound, min(asked or 0, cap), n, factor, call.cache_write)
         else:
             lo = reservation(price, bound, MIN_ANSWER_TOKENS, n, factor, call.cache_write)
@@ -219,7 +219,7 @@ async def admit(
     in_force = adm.limits or limits
     clamp = None
     rewrites: tuple[Rewrite, ...] = ()
-    if price is not None and costed(in_force) and call.max_output_tokens is None and call.api != "embeddings":
+    if price is not None and costed(in_force) and call.max_output_tokens is None and call.generates_output:
         cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
         affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
                                               call.cache_write)
@@ -231,7 +231,7 @@ async def admit(
 def rate_tokens(call: Call, bound: int, price: Price | None) -> int:
     """What a call draws from a tokens-per-minute limit: its input bound plus the output it
     may generate (the request's max-token value, else the model's cap), for every answer."""
-    if call.api == "embeddings":
+    if not call.generates_output:
         return bound
     cap = (price.max_output_tokens if price else None) or DEFAULT_MAX_OUTPUT
     out = min(call.max_output_tokens, cap) if call.max_output_tokens is not None else cap
@@ -239,13 +239,13 @@ def rate_tokens(call: Call, bound: int, price: Price | None) -> int:
 
 
 def settle_amount(
-    admitted: Admitted, usage: Usage, *, failed_before_output: bool, embeddings: bool = False
+    admitted: Admitted, usage: Usage, *, failed_before_output: bool, input_only: bool = False
 ) -> tuple[int, str]:
     """What to charge and how we know: reported usage, the reservation, or nothing."""
     if admitted.price is None:
         return 0, "unpriced"  # no cost ceiling applies (else admission refused it)
     # Output counts are final only at the end (Anthropic's message_delta is cumulative).
-    final = usage.output_tokens is not None or (embeddings and usage.input_tokens is not None)
+    final = usage.output_tokens is not None or (input_only and usage.input_tokens is not None)
     if final:
         return cost(admitted.price, usage), "reported"
     if failed_before_output:

@@ -15,7 +15,6 @@ from proxy.ceilings import admit, plan
 from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
 from proxy.model import Caller, Rewrite
-from proxy.outputs import retry_request
 from proxy.policy.store import Turn
 from proxy.providers.base import Exchange, ProviderAdapter
 from proxy.relay import Flow, Hooks, relay
@@ -47,7 +46,7 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     if hooks.retry_feedback is None:
         return response
     # repair.on_invalid=retry: ask once more, the problems fed back; it counts as a call.
-    body = retry_request(adapter.api, ex.body, hooks.retry_output, hooks.retry_feedback)
+    body = adapter.retry_body(ex.body, hooks.retry_output, hooks.retry_feedback)
     response, _ = await fwd.send(Exchange(adapter, ex.call, orjson.dumps(body), body), Turn(), retry=True)
     return response
 

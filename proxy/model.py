@@ -123,6 +123,10 @@ class Call:
     # The prompt-cache writes the request may cause, billed above plain input: "" none
     # (no cache breakpoint; automatic caches bill no write premium), "5m", or "1h".
     cache_write: str = ""
+    # False for a call billed on its input alone (embeddings): no output to bound, clamp
+    # or wait for, and reported input is the final usage.
+    generates_output: bool = True
+    openai_api_type: str | None = None  # semconv openai.api.type: chat_completions | responses
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.upstream import host_port
 
-__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "dialect_of", "match", "provider_name", "target_for"]
+__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "match", "provider_name", "target_for"]
 
 SUPPORTED = (
     "POST /v1/chat/completions",
@@ -100,10 +100,6 @@ def unknown_route(method: str, path: str) -> UnknownRoute:
     )
 
 
-def dialect_of(adapter: ProviderAdapter) -> str:
-    return {"messages": "anthropic", "gemini": "gemini"}.get(adapter.api, "openai")
-
-
 @dataclass(frozen=True, slots=True)
 class Target:
     base_url: str
@@ -114,8 +110,8 @@ class Target:
 
 
 # gen_ai.provider.name: the well-known value when the host says which provider serves
-# the call, else the instrumentation's best knowledge, the API the client speaks (one
-# value per dialect); server.address still names the host. Never the host itself: the
+# the call, else the instrumentation's best knowledge, the API the client speaks (its
+# module's `provider`, one value per dialect); server.address still names the host. Never the host itself: the
 # value is a metric label, and hosts are not a bounded set.
 _KNOWN_HOSTS = {
     "api.openai.com": "openai",
@@ -133,11 +129,10 @@ _KNOWN_SUFFIXES = (
     (".openai.azure.com", "azure.ai.openai"),
     (".services.ai.azure.com", "azure.ai.inference"),
 )
-_BY_DIALECT = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini"}
 
 
-def provider_name(dialect: str, host: str, configured: str | None = None) -> str:
-    """gen_ai.provider.name for a call of `dialect` to `host` (semconv v1.41.1)."""
+def provider_name(adapter: ProviderAdapter, host: str, configured: str | None = None) -> str:
+    """gen_ai.provider.name for a call of `adapter`'s API to `host` (semconv v1.41.1)."""
     if configured:
         return configured
     host = host.lower()
@@ -147,11 +142,11 @@ def provider_name(dialect: str, host: str, configured: str | None = None) -> str
     for suffix, name in _KNOWN_SUFFIXES:
         if host.endswith(suffix):
             return name
-    return _BY_DIALECT[dialect]
+    return adapter.provider
 
 
 def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
-    dialect = dialect_of(adapter)
+    dialect = adapter.dialect
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
     key_env: str | None
@@ -168,7 +163,7 @@ def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, ups
         base = getattr(settings, adapter.upstream_setting)
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
     host, port = host_port(base)
-    provider = provider_name(dialect, host, configured)
+    provider = provider_name(adapter, host, configured)
     return Target(base.rstrip("/"), _auth(settings, adapter, caller, key_env), provider, host, port)
 
 

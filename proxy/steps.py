@@ -26,10 +26,9 @@ from proxy.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from proxy.model import Call, Caller, Outcome, Rewrite, StreamError, StreamEvent, Usage
+from proxy.model import Call, Caller, Outcome, StreamError, StreamEvent, Usage
 from proxy.policy.pricing import cache_savings
-from proxy.providers.base import Exchange, ProviderAdapter, SseEvent, open_exchange
-from proxy.providers.chat import CHAT
+from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
 from proxy.relay import Flow, Hooks
 from proxy.routes import Target
 from proxy.runs import pending_tools
@@ -100,21 +99,13 @@ def upstream_url(target: Target, request: web.Request) -> str:
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
-    if call.api == "chat" and call.stream and not call.include_usage:
-        hooks.on_event.append(_drop_usage_chunk)
-        hooks.rewrites.append(_USAGE_DROPPED)
+    for rewrite, record in adapter.stream_filters(call):
+        hooks.on_event.append(rewrite)
+        hooks.rewrites.append(record)
     repair = policy.repair
     if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
         repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
-    outputs.install(call.api, call, repair, hooks)
-
-
-_USAGE_DROPPED = Rewrite("usage_chunk", "dropped")
-
-
-def _drop_usage_chunk(event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
-    # The client did not ask for usage: user code often indexes chunk.choices[0].
-    return b"" if CHAT.is_usage_only(parsed) else None
+    outputs.install(adapter, call, repair, hooks)
 
 
 def stream_error(exc: ProxyError) -> StreamEvent:
@@ -174,7 +165,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
-                                   and not outcome.tool_calls, embeddings=call.api == "embeddings")
+                                   and not outcome.tool_calls, input_only=not call.generates_output)
     saved = _saved(admitted, outcome.usage, source)
     remaining = None
     try:
@@ -194,7 +185,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
                    delivered_arguments=hooks.delivered_arguments,
-                   capture=_capture(app, policy, call, ex.body, outcome, hooks), saved_micros=saved)
+                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved)
     accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
                      status=outcome.status, upstream_status=outcome.status,
                      duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
@@ -218,13 +209,12 @@ def _final_usage(outcome: Outcome) -> Usage:
 _MAYBE_BILLED = frozenset({UpstreamTimeout("").error_type, UpstreamProtocolError("").error_type})
 
 
-def _capture(app: web.Application, policy: Policy, call: Call, body: dict[str, Any], outcome: Outcome,
-             hooks: Hooks) -> Any:
+def _capture(app: web.Application, policy: Policy, ex: Exchange, outcome: Outcome, hooks: Hooks) -> Any:
     """Message content for the span, only when the process captures it and the tenant allows:
     the model's answer and, if a repair changed it, the answer the agent received."""
     if app[TEL].config.capture_content != "SPAN_ONLY" or policy.capture_content == "NO_CONTENT":
         return None
-    return content.capture(call.api, body, outcome, delivered_text=hooks.delivered_text,
+    return content.capture(ex.adapter, ex.body, outcome, delivered_text=hooks.delivered_text,
                            delivered_arguments=hooks.delivered_arguments)
 
 

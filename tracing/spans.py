@@ -81,7 +81,6 @@ Attrs = dict[str, AttributeValue]
 # Things that look like API keys, in case an upstream error message echoes one.
 _KEYLIKE = re.compile(r"\b(?:sk|sm|gsk|xai)[-_][A-Za-z0-9_\-*]{8,}|\bAIza[0-9A-Za-z_\-]{20,}")
 _STATUS_LIMIT: Final = 200
-_API_TYPE: Final = {"chat": "chat_completions", "responses": "responses"}
 _CAPTURE_KEYS: Final = {
     "input_messages": A.GEN_AI_INPUT_MESSAGES,
     "output_messages": A.GEN_AI_OUTPUT_MESSAGES,
@@ -374,8 +373,8 @@ def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port
     _put_request_params(attrs, call)
     if call.output and call.output.kind != "tool":
         attrs[A.GEN_AI_OUTPUT_TYPE] = "json"
-    if provider == "openai" and (api_type := _API_TYPE.get(call.api)) is not None:
-        attrs[A.OPENAI_API_TYPE] = api_type
+    if provider == "openai" and call.openai_api_type is not None:
+        attrs[A.OPENAI_API_TYPE] = call.openai_api_type
     attrs[A.SPANMETER_TENANT_ID] = caller.tenant
     attrs[A.SPANMETER_RUN_ID] = _name(caller.run_id)
     attrs[A.SPANMETER_RUN_ID_SOURCE] = caller.run_id_source

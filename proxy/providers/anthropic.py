@@ -30,6 +30,17 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
+from proxy.providers.answer import (
+    ArgumentSlot,
+    EventRewrite,
+    Json,
+    Slot,
+    StreamEdits,
+    answer_and_feedback,
+    append_turns,
+    dicts,
+)
+from proxy.providers.anthropic_stream import AnthropicStreamRepair
 from proxy.providers.base import (
     MAX_TOKENS_LIMIT,
     Exchange,
@@ -42,6 +53,7 @@ from proxy.providers.base import (
 )
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
+from proxy.providers.parts import Messages, call_part, response_part, text_part
 
 __all__ = ["ANTHROPIC", "AnthropicAdapter", "anthropic_error_body", "anthropic_usage"]
 
@@ -185,6 +197,26 @@ def _block_delta(index: int, delta: Any) -> list[StreamEvent]:
     return []
 
 
+def _part(block: Json) -> Json | None:
+    kind = block.get("type")
+    if kind == "text":
+        return text_part(block.get("text", ""))
+    if kind == "tool_use":
+        return call_part(block.get("id"), block.get("name"), block.get("input"))
+    if kind == "tool_result":
+        return response_part(block.get("tool_use_id"), text_of(block.get("content")))
+    return None
+
+
+def _input_messages(body: Json) -> Messages:
+    out = []
+    for m in body.get("messages") or ():
+        if isinstance(m, dict):
+            parts = [p for b in _blocks(m.get("content")) if (p := _part(b)) is not None]
+            out.append({"role": m.get("role"), "parts": parts})
+    return text_of(body.get("system")), out
+
+
 def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
     return orjson.dumps({"type": "error",
                          "error": {"type": error.anthropic_type, "message": error.message},
@@ -193,6 +225,8 @@ def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
 
 class AnthropicAdapter:
     api = "messages"
+    dialect = "anthropic"
+    provider = "anthropic"
     upstream_setting = "anthropic_base_url"
     text_part = "text"
     cache_marker: bytes | None = b"\"cache_control\""
@@ -296,6 +330,26 @@ class AnthropicAdapter:
         if kind == "error":
             return [_error(data.get("error"))]
         return []  # ping, content_block_stop, message_stop, and what we do not know
+
+    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
+        return []  # `prepare` changes nothing
+
+    def text_slots(self, body: Json) -> list[Slot]:
+        return [Slot(b, "text") for b in dicts(body.get("content"))
+                if b.get("type") == "text" and isinstance(b.get("text"), str)]
+
+    def argument_slots(self, body: Json) -> list[ArgumentSlot]:
+        return [ArgumentSlot(b, "input", str(b.get("id")), b.get("name"))
+                for b in dicts(body.get("content")) if b.get("type") == "tool_use"]
+
+    def stream_rewriter(self, edits: StreamEdits) -> EventRewrite | None:
+        return AnthropicStreamRepair(edits)
+
+    def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
+        return append_turns(body, "messages", *answer_and_feedback(answer, feedback))
+
+    def input_messages(self, body: Json) -> Messages:
+        return _input_messages(body)
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         return anthropic_error_body(error, request_id)

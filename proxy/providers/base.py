@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from proxy.errors import MalformedBody, ProxyError
 from proxy.model import Call, Outcome, Rewrite, StreamEvent
 from proxy.providers.splice import Edit, Path, splice
+
+if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
+    from proxy.providers.answer import ArgumentSlot, EventRewrite, Slot, StreamEdits
+    from proxy.providers.parts import Messages
 
 __all__ = [
     "MAX_OUTPUT_MULTIPLIER",
@@ -135,11 +139,13 @@ class ProviderAdapter(Protocol):
 
     Example (chat)::
 
-        ex = CHAT.open(raw, "/v1/chat/completions")   # the request's facts in ex.call
+        ex = open_exchange(CHAT, raw, "/v1/chat/completions")   # the request's facts in ex.call
         events = CHAT.parse_response(orjson.loads(upstream_body))
     """
 
     api: str  # one of proxy.model.Api
+    dialect: str  # the upstream family serving it (openai | anthropic | gemini): its upstreams and keys
+    provider: str  # gen_ai.provider.name when the upstream's host does not say (semconv well-known value)
     upstream_setting: str  # which settings field holds this dialect's base URL
     text_part: str  # the type of a text part in a tool result's content list
     # Bytes that mark an explicit prompt-cache breakpoint (Anthropic `cache_control`),
@@ -181,6 +187,34 @@ class ProviderAdapter(Protocol):
     def parse_response(self, body: Any) -> list[StreamEvent]: ...
 
     def parse_event(self, event: SseEvent) -> list[StreamEvent]: ...
+
+    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
+        """Rewrites of the answer's stream that undo what `prepare` changed, each with its
+        record (chat: the usage-only chunk a client that did not ask for usage must not see)."""
+        ...
+
+    def text_slots(self, body: dict[str, Any]) -> list[Slot]:
+        """Where a whole answer's text is, in order (the first choice or candidate only)."""
+        ...
+
+    def argument_slots(self, body: dict[str, Any]) -> list[ArgumentSlot]:
+        """Each tool call's arguments in a whole answer, with its call id and tool name."""
+        ...
+
+    def stream_rewriter(self, edits: StreamEdits) -> EventRewrite | None:
+        """A rewriter of this API's stream events that hands the answer's text and each tool
+        call's arguments to `edits` as they stream and writes back what it gets, in the
+        dialect's own framing; None when the API does not stream answers."""
+        ...
+
+    def retry_body(self, body: dict[str, Any], answer: str, feedback: str) -> dict[str, Any]:
+        """The request once more: `answer` as the model's turn, then `feedback` as the user's."""
+        ...
+
+    def input_messages(self, body: dict[str, Any]) -> Messages:
+        """The request's system instructions and conversation in the gen_ai semconv shapes
+        (proxy/providers/parts.py), for opt-in content capture."""
+        ...
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         """The dialect's JSON error body for `error`, which the SDK raises with its message."""

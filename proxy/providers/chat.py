@@ -24,6 +24,17 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
+from proxy.providers.answer import (
+    ArgumentSlot,
+    EventRewrite,
+    Json,
+    Slot,
+    StreamEdits,
+    answer_and_feedback,
+    append_turns,
+    dicts,
+    first,
+)
 from proxy.providers.base import (
     MAX_OUTPUT_MULTIPLIER,
     MAX_TOKENS_LIMIT,
@@ -37,8 +48,10 @@ from proxy.providers.base import (
 )
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
+from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_usage_chunk
+from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 
-__all__ = ["CHAT", "ChatAdapter", "openai_error_body", "openai_stream_error", "openai_usage"]
+__all__ = ["CHAT", "ChatAdapter", "OpenAIFamily", "openai_error_body", "openai_stream_error", "openai_usage"]
 
 
 def _tools(raw: Any) -> tuple[ToolSpec, ...]:
@@ -199,6 +212,26 @@ def _choice_events(choice: dict[str, Any], message: Any, *, complete: bool) -> l
     return events
 
 
+def _input_messages(body: Json) -> Messages:
+    out = []
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict):
+            continue
+        parts = [text_part(text_of(m.get("content")))] if m.get("content") else []
+        for tc in m.get("tool_calls") or ():
+            fn = tc.get("function") or {}
+            parts.append(call_part(tc.get("id"), fn.get("name"), arguments(fn.get("arguments"))))
+        if m.get("role") == "tool":
+            parts = [response_part(m.get("tool_call_id"), text_of(m.get("content")))]
+        out.append({"role": m.get("role"), "parts": parts})
+    return "", out
+
+
+def _answer(body: Json) -> Any:
+    """The message of choice 0 of a whole answer."""
+    return first(body.get("choices"), "message")
+
+
 def openai_error_body(error: ProxyError) -> bytes:
     return orjson.dumps({"error": {"message": error.message, "type": error.openai_type,
                                    "code": error.code, "param": error.param}})
@@ -209,11 +242,27 @@ def openai_stream_error(error: ProxyError) -> bytes:
     return b"data: " + openai_error_body(error) + b"\n\n"
 
 
-class ChatAdapter:
-    api = "chat"
+class OpenAIFamily:
+    """What OpenAI's APIs share: their upstream and key, and their error shapes."""
+
+    dialect = "openai"
+    provider = "openai"
     upstream_setting = "openai_base_url"
+    cache_marker: bytes | None = None  # automatic prompt caching bills no write premium
+
+    def render_error(self, error: ProxyError, request_id: str) -> bytes:
+        return openai_error_body(error)
+
+    def render_stream_error(self, error: ProxyError) -> bytes:
+        return openai_stream_error(error)
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+class ChatAdapter(OpenAIFamily):
+    api = "chat"
     text_part = "text"
-    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         messages = body.get("messages")
@@ -227,6 +276,7 @@ class ChatAdapter:
         return Call(
             api="chat",
             operation="chat",
+            openai_api_type="chat_completions",
             model=model,
             stream=body.get("stream") is True,
             max_output_tokens=max_out,
@@ -304,21 +354,29 @@ class ChatAdapter:
             events.append(_error(chunk["error"]))
         return events
 
-    @staticmethod
-    def is_usage_only(events: list[StreamEvent]) -> bool:
-        """Whether a chunk's events are those of the `choices: []` chunk carrying usage,
-        which a client that did not ask for usage must not see."""
-        usage = any(isinstance(e, UsageEvent) for e in events)
-        return usage and not any(isinstance(e, TextDelta | ToolCallDelta | Finish) for e in events)
+    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
+        if not call.stream or call.include_usage:
+            return []
+        return [(drop_usage_chunk, USAGE_DROPPED)]  # the usage `prepare` asked for, unasked by the client
 
-    def render_error(self, error: ProxyError, request_id: str) -> bytes:
-        return openai_error_body(error)
+    def text_slots(self, body: Json) -> list[Slot]:
+        msg = _answer(body)
+        return [Slot(msg, "content")] if isinstance(msg, dict) and isinstance(msg.get("content"), str) else []
 
-    def render_stream_error(self, error: ProxyError) -> bytes:
-        return openai_stream_error(error)
+    def argument_slots(self, body: Json) -> list[ArgumentSlot]:
+        msg = _answer(body)
+        return [ArgumentSlot(tc["function"], "arguments", str(tc.get("id")), tc["function"].get("name"))
+                for tc in dicts(msg.get("tool_calls") if isinstance(msg, dict) else None)
+                if isinstance(tc.get("function"), dict)]
 
-    def auth_headers(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
+    def stream_rewriter(self, edits: StreamEdits) -> EventRewrite | None:
+        return ChatStreamRepair(edits)
+
+    def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
+        return append_turns(body, "messages", *answer_and_feedback(answer, feedback))
+
+    def input_messages(self, body: Json) -> Messages:
+        return _input_messages(body)
 
 
 CHAT = ChatAdapter()

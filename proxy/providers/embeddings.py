@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.errors import ProxyError
 from proxy.model import Call, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
+from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
 from proxy.providers.base import Exchange, HistoryCall, SseEvent
 from proxy.providers.base import integer as _int
-from proxy.providers.chat import openai_error_body, openai_stream_error
+from proxy.providers.chat import OpenAIFamily
+from proxy.providers.parts import Messages
 
 __all__ = ["EMBEDDINGS", "EmbeddingsAdapter"]
 
@@ -27,11 +28,9 @@ def _input_chars(value: Any) -> int:
     return 0
 
 
-class EmbeddingsAdapter:
+class EmbeddingsAdapter(OpenAIFamily):
     api = "embeddings"
-    upstream_setting = "openai_base_url"
     text_part = "text"
-    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         model = body.get("model")
@@ -40,6 +39,7 @@ class EmbeddingsAdapter:
             operation="embeddings",
             model=model if isinstance(model, str) else None,
             input_chars=_input_chars(body.get("input")),
+            generates_output=False,
         )
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:
@@ -82,14 +82,25 @@ class EmbeddingsAdapter:
             return []
         return self.parse_response(event.json())  # embeddings do not stream
 
-    def render_error(self, error: ProxyError, request_id: str) -> bytes:
-        return openai_error_body(error)
+    # An embedding has no answer to repair, ask for again or capture.
 
-    def render_stream_error(self, error: ProxyError) -> bytes:
-        return openai_stream_error(error)
+    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
+        return []
 
-    def auth_headers(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
+    def text_slots(self, body: Json) -> list[Slot]:
+        return []
+
+    def argument_slots(self, body: Json) -> list[ArgumentSlot]:
+        return []
+
+    def stream_rewriter(self, edits: StreamEdits) -> EventRewrite | None:
+        return None
+
+    def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
+        return dict(body)
+
+    def input_messages(self, body: Json) -> Messages:
+        return "", []
 
 
 EMBEDDINGS = EmbeddingsAdapter()

@@ -46,6 +46,7 @@ from proxy.model import (
     Usage,
     UsageEvent,
 )
+from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits, append_turns, dicts, first
 from proxy.providers.base import (
     MAX_OUTPUT_MULTIPLIER,
     MAX_TOKENS_LIMIT,
@@ -55,10 +56,13 @@ from proxy.providers.base import (
     SseEvent,
     count_field,
     number,
+    text_of,
 )
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
+from proxy.providers.gemini_stream import GeminiStreamRepair
+from proxy.providers.parts import Messages, call_part, response_part, text_part
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
 
@@ -261,6 +265,31 @@ def _chunk_events(chunk: Any) -> list[StreamEvent]:
     return events
 
 
+def _part(p: Json) -> Json | None:
+    if isinstance(p.get("text"), str):
+        return text_part(p["text"])
+    if isinstance(fc := p.get("functionCall"), dict):
+        return call_part(fc.get("id"), fc.get("name"), fc.get("args"))
+    if isinstance(fr := p.get("functionResponse"), dict):
+        return response_part(fr.get("id") or fr.get("name"), fr.get("response"))
+    return None
+
+
+def _input_messages(body: Json) -> Messages:
+    out = []
+    for c in dicts(body.get("contents")):
+        parts = [part for p in dicts(c.get("parts")) if (part := _part(p)) is not None]
+        out.append({"role": "assistant" if c.get("role") == "model" else c.get("role", "user"), "parts": parts})
+    si = body.get("systemInstruction") or body.get("system_instruction")
+    return text_of(si.get("parts")) if isinstance(si, dict) else "", out
+
+
+def _answer_parts(body: Json) -> list[Json]:
+    """The parts of candidate 0 of a whole answer."""
+    content = first(body.get("candidates"), "content")
+    return dicts(content.get("parts") if isinstance(content, dict) else None)
+
+
 def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
     info = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": error.code.upper(),
             "domain": "spanmeter", "metadata": {"request_id": request_id}}
@@ -270,6 +299,8 @@ def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
 
 class GeminiAdapter:
     api = "gemini"
+    dialect = "gemini"
+    provider = "gcp.gemini"
     upstream_setting = "gemini_base_url"
     text_part = "text"
     cache_marker: bytes | None = None
@@ -346,6 +377,26 @@ class GeminiAdapter:
         if not event.data:
             return []
         return _chunk_events(event.json())
+
+    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
+        return []  # `prepare` changes nothing
+
+    def text_slots(self, body: Json) -> list[Slot]:
+        return [Slot(p, "text") for p in _answer_parts(body) if isinstance(p.get("text"), str) and not p.get("thought")]
+
+    def argument_slots(self, body: Json) -> list[ArgumentSlot]:
+        return [ArgumentSlot(fc, "args", str(fc.get("id") or fc.get("name")), fc.get("name"))
+                for p in _answer_parts(body) if isinstance(fc := p.get("functionCall"), dict)]
+
+    def stream_rewriter(self, edits: StreamEdits) -> EventRewrite | None:
+        return GeminiStreamRepair(edits)
+
+    def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
+        return append_turns(body, "contents", {"role": "model", "parts": [{"text": answer}]},
+                            {"role": "user", "parts": [{"text": feedback}]})
+
+    def input_messages(self, body: Json) -> Messages:
+        return _input_messages(body)
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         return gemini_error_body(error, request_id)

@@ -31,6 +31,16 @@ from proxy.model import (
     ToolSpec,
     UsageEvent,
 )
+from proxy.providers.answer import (
+    ArgumentSlot,
+    EventRewrite,
+    Json,
+    Slot,
+    StreamEdits,
+    answer_and_feedback,
+    append_turns,
+    dicts,
+)
 from proxy.providers.base import (
     MAX_TOKENS_LIMIT,
     Exchange,
@@ -44,7 +54,9 @@ from proxy.providers.base import (
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
-from proxy.providers.chat import openai_error_body, openai_usage
+from proxy.providers.chat import OpenAIFamily, openai_usage
+from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
+from proxy.providers.responses_stream import ResponsesStreamRepair
 
 __all__ = ["RESPONSES", "ResponsesAdapter"]
 
@@ -191,11 +203,30 @@ def _stream_item(index: int, item: Any) -> list[StreamEvent]:
     return []
 
 
-class ResponsesAdapter:
+def _input_message(item: Json) -> Json:
+    kind = item.get("type")
+    if kind == "function_call":
+        return {"role": "assistant",
+                "parts": [call_part(item.get("call_id"), item.get("name"), arguments(item.get("arguments")))]}
+    if kind == "function_call_output":
+        return {"role": "tool", "parts": [response_part(item.get("call_id"), item.get("output"))]}
+    return {"role": item.get("role", "user"), "parts": [text_part(text_of(item.get("content")))]}
+
+
+def _input_messages(body: Json) -> Messages:
+    given, instructions = body.get("input"), body.get("instructions")
+    items = dicts(_input_items(given) if isinstance(given, str) else given)
+    return instructions if isinstance(instructions, str) else "", [_input_message(item) for item in items]
+
+
+def _input_items(given: Any) -> list[Any]:
+    """`input` as a list of items: a string is one user message."""
+    return [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
+
+
+class ResponsesAdapter(OpenAIFamily):
     api = "responses"
-    upstream_setting = "openai_base_url"
     text_part = "input_text"
-    cache_marker: bytes | None = None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))
@@ -203,6 +234,7 @@ class ResponsesAdapter:
         return Call(
             api="responses",
             operation="chat",
+            openai_api_type="responses",
             model=_str(body.get("model")),
             stream=body.get("stream") is True,
             max_output_tokens=count_field("max_output_tokens", body.get("max_output_tokens"),
@@ -299,8 +331,27 @@ class ResponsesAdapter:
             return [StreamError(str(data.get("code") or "error"), str(data.get("message") or ""))]
         return []
 
-    def render_error(self, error: ProxyError, request_id: str) -> bytes:
-        return openai_error_body(error)
+    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
+        return []  # `prepare` changes nothing
+
+    def text_slots(self, body: Json) -> list[Slot]:
+        return [Slot(p, "text") for item in dicts(body.get("output")) if item.get("type") == "message"
+                for p in dicts(item.get("content"))
+                if p.get("type") == "output_text" and isinstance(p.get("text"), str)]
+
+    def argument_slots(self, body: Json) -> list[ArgumentSlot]:
+        return [ArgumentSlot(it, "arguments", str(it.get("call_id")), it.get("name"))
+                for it in dicts(body.get("output")) if it.get("type") == "function_call"]
+
+    def stream_rewriter(self, edits: StreamEdits) -> EventRewrite | None:
+        return ResponsesStreamRepair(edits)
+
+    def retry_body(self, body: Json, answer: str, feedback: str) -> Json:
+        items = {**body, "input": _input_items(body.get("input"))}
+        return append_turns(items, "input", *answer_and_feedback(answer, feedback))
+
+    def input_messages(self, body: Json) -> Messages:
+        return _input_messages(body)
 
     def render_stream_error(self, error: ProxyError) -> bytes:
         # No sequence_number: we cannot know the stream's next one, and a wrong one could
@@ -308,9 +359,6 @@ class ResponsesAdapter:
         payload = {"type": "error", "code": error.code, "message": error.message,
                    "param": error.param}
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-    def auth_headers(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
 
 
 RESPONSES = ResponsesAdapter()

@@ -100,3 +100,27 @@ def expected_call(fields: dict[str, Any]) -> Any:
 
 def expected_outcome(fields: dict[str, Any]) -> Any:
     return {**normalised(Outcome()), **fields}
+
+
+def repair_cases() -> list[Case]:
+    """`<dialect>/repairs.json`: a request, the tenant's repair policy, the upstream's answer
+    (a whole body, or an SSE stream as text) and what the agent receives."""
+    return [Case(d, c["name"], c, c["expected"])
+            for d in ADAPTERS if (f := DATA / d / "repairs.json").exists() for c in _load(f)]
+
+
+def input_message_cases() -> list[Case]:
+    """`<dialect>/input_messages.json`: each recorded request's content as captured."""
+    out = []
+    for dialect in ADAPTERS:
+        f = DATA / dialect / "input_messages.json"
+        for stem, expected in _load(f).items() if f.exists() else ():
+            body = _load(DATA / dialect / f"{stem}.request.json")["body"]
+            out.append(Case(dialect, stem, body, expected))
+    return out
+
+
+def retry_cases() -> list[Case]:
+    """`exchange/retry.jsonl`: a request asked once more, with the answer and the feedback."""
+    lines = (DATA / "exchange" / "retry.jsonl").read_text().splitlines()
+    return [Case((c := json.loads(line))["api"], c["name"], c, c["expected"]) for line in lines if line.strip()]

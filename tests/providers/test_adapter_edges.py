@@ -148,14 +148,18 @@ def test_error_bodies_are_each_dialects_native_shape() -> None:
         "param": None}}
 
 
-def test_the_usage_only_chat_chunk_is_recognised() -> None:
+def test_the_usage_only_chat_chunk_is_dropped_when_the_client_did_not_ask_for_usage() -> None:
     usage_only = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1}}\n\n'
     normal = b'data: {"id":"c","choices":[{"index":0,"delta":{}}],"usage":null}\n\n'
     chat = ADAPTERS["chat"]
     spaced = b'data: {"id": "c", "choices": [], "usage": {"prompt_tokens": 1}}\n\n'
     events = Framer().feed(usage_only + normal + spaced)
-    assert [chat.is_usage_only(chat.parse_event(e)) for e in events] == [  # type: ignore[attr-defined]
-        True, False, True]
+    [(drop, record)] = chat.stream_filters(Call(api="chat", operation="chat", model="m", stream=True))
+    assert [drop(e, chat.parse_event(e)) for e in events] == [b"", None, b""]
+    assert record.header_value() == "usage_chunk=dropped"
+    asked = Call(api="chat", operation="chat", model="m", stream=True, include_usage=True)
+    assert chat.stream_filters(asked) == [], "a client that asked for usage gets its chunk"
+    assert chat.stream_filters(Call(api="chat", operation="chat", model="m")) == []
 
 
 def test_gemini_model_and_stream_come_from_the_path_in_both_versions() -> None:

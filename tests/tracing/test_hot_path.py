@@ -40,9 +40,9 @@ def test_a_call_with_every_parameter_emits_exactly_these_attributes(
 ) -> None:
     tel, memory = tel_mem
     call = Call(
-        api="chat", operation="chat", model="gpt-4o", stream=True, max_output_tokens=256, temperature=0.5,
-        top_p=0.9, top_k=40.0, seed=3, choice_count=2, stop_sequences=("END",), frequency_penalty=0.1,
-        presence_penalty=0.2, output=OutputSpec(kind="json_schema"),
+        api="chat", operation="chat", openai_api_type="chat_completions", model="gpt-4o", stream=True,
+        max_output_tokens=256, temperature=0.5, top_p=0.9, top_k=40.0, seed=3, choice_count=2,
+        stop_sequences=("END",), frequency_penalty=0.1, presence_penalty=0.2, output=OutputSpec(kind="json_schema"),
     )  # fmt: skip
     outcome = Outcome(
         status=200, response_id="r1", response_model="gpt-4o-2024", finish_reasons=("stop",),

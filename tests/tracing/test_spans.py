@@ -50,6 +50,7 @@ DIALECTS = [
         Call(
             api="chat",
             operation="chat",
+            openai_api_type="chat_completions",
             model="gpt-4o",
             stream=True,
             max_output_tokens=1024,
@@ -70,7 +71,7 @@ DIALECTS = [
         id="openai chat completions, streaming, json output",
     ),
     pytest.param(
-        Call(api="responses", operation="chat", model="gpt-4.1-mini", top_p=0.9, seed=7),
+        Call(api="responses", operation="chat", openai_api_type="responses", model="gpt-4.1-mini", top_p=0.9, seed=7),
         "openai",
         "api.openai.com",
         "chat gpt-4.1-mini",

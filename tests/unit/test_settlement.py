@@ -28,9 +28,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,usage,failed,embeddings,expected", CASES, ids=[c[0] for c in CASES])
-def test_settle_amount(name, usage, failed, embeddings, expected):
-    assert settle_amount(_admitted(), usage, failed_before_output=failed, embeddings=embeddings) == expected
+@pytest.mark.parametrize("name,usage,failed,input_only,expected", CASES, ids=[c[0] for c in CASES])
+def test_settle_amount(name, usage, failed, input_only, expected):
+    assert settle_amount(_admitted(), usage, failed_before_output=failed, input_only=input_only) == expected
 
 
 def test_an_unpriced_model_without_cost_ceilings_is_recorded_at_zero():
