@@ -16,10 +16,11 @@ power loss). Redis is a local redis-server started on a free port; `cluster` a l
 Redis Cluster of three masters (redis-server --cluster-enabled yes, redis-cli --cluster
 create), one tenant's keys on one of them. Numbers are for this machine only.
 
---cost measures, instead, what one admit and one settle cost the Redis servers: commands,
-server CPU (INFO commandstats, usec per EVALSHA), and bytes on the wire each way (INFO
-stats total_net_input_bytes / total_net_output_bytes), summed over every node, for --n
-admissions then --n settles at concurrency 16. These are the figures docs/scale.md sizes
+--cost measures, instead, what one admit and one settle cost the Redis servers: commands
+(INFO commandstats: the EVALSHA and the commands its script runs), the script's time (usec
+per EVALSHA), the servers' whole CPU (INFO cpu, user + sys: network I/O included), and
+bytes on the wire each way (INFO stats total_net_input_bytes / total_net_output_bytes),
+summed over every node, for --n admissions then --n settles at concurrency 16. These are the figures docs/scale.md sizes
 Redis shards from.
 """
 
@@ -94,11 +95,13 @@ async def measure(url: str, mode: str, n: int, concurrency: int) -> tuple[float,
 
 def _counters(ports: list[int]) -> dict[str, float]:
     """EVALSHA calls and usec, and network bytes in and out, summed over the nodes."""
-    total: dict[str, float] = {"calls": 0, "usec": 0, "in": 0, "out": 0, "commands": 0}
+    total: dict[str, float] = {"calls": 0, "usec": 0, "in": 0, "out": 0, "commands": 0, "cpu": 0}
     for port in ports:
         with redis.Redis(port=port) as r:
             stats = r.info("commandstats")
             net = r.info("stats")
+            cpu = r.info("cpu")
+        total["cpu"] += (cpu["used_cpu_user"] + cpu["used_cpu_sys"]) * 1e6  # usec, network I/O included
         for name, c in stats.items():
             if name in ("cmdstat_info", "cmdstat_config|resetstat", "cmdstat_config"):
                 continue
@@ -177,11 +180,12 @@ async def main() -> None:
             ports["cluster"] = [node.port for node in cluster.nodes]
         try:
             if args.cost:
-                print(f"{'store':8} {'op':7} {'commands':>9} {'EVALSHA usec':>13} {'bytes in':>9} {'bytes out':>10}")
+                print(f"{'store':8} {'op':7} {'commands':>9} {'EVALSHA usec':>13} {'server CPU usec':>16} "
+                      f"{'bytes in':>9} {'bytes out':>10}")
                 for name, nodes in ports.items():
                     for op, c in await cost(targets[name], nodes, args.n):
                         print(f"{name:8} {op:7} {c['commands']:>9.2f} {c['usec'] / max(c['calls'], 1):>13.1f} "
-                              f"{c['in']:>9.0f} {c['out']:>10.0f}", flush=True)
+                              f"{c['cpu']:>16.1f} {c['in']:>9.0f} {c['out']:>10.0f}", flush=True)
                 return
             print(f"{'store':14} {'mode':9} {'conc':>5} {'pairs/s':>9} {'admit p50 ms':>13} {'p99 ms':>8}")
             for name, url in targets.items():

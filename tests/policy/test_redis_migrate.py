@@ -1,4 +1,5 @@
-"""`spanmeter ledger migrate-keys` on a real redis-server holding a ledger the old RedisStore wrote.
+"""`spanmeter ledger migrate-keys` on a real redis-server holding a ledger the old RedisStore wrote,
+then on to a Redis Cluster with `redis-cli --cluster import`.
 
 tests/data/ledger/redis_v1.json is every key of that ledger (written by the store of commit
 e45afe4, before hash tags; redis_v1_session.py is how) and what that store answered about it.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import subprocess
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +26,7 @@ from proxy.policy.redis import REGISTRY
 from proxy.policy.redis_migrate import new_name
 from proxy.policy.store import Limits, Spend, Store, open_store
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
+from tests.fixtures.redis_cluster import CLI, CLUSTER_SKIP_REASON, LocalCluster
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(BINARY is None, reason=SKIP_REASON)]
 
@@ -135,3 +138,26 @@ async def test_an_unreachable_redis_exits_1(capsys: pytest.CaptureFixture[str]) 
     down = RedisServer(Path("/nonexistent"))  # never started: its port is free
     assert await cli("ledger", "migrate-keys", "--ledger", down.url) == 1
     assert "could not be migrated" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(CLI is None, reason=CLUSTER_SKIP_REASON)
+async def test_migrated_keys_copied_into_a_cluster_answer_the_same(server: RedisServer, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/operations.md's way to a Cluster: migrate on the one Redis, `redis-cli --cluster import`."""
+    await migrate(server.url, capsys)
+    cluster = LocalCluster(tmp_path / "cluster")  # its own: the import brings the registry along
+    cluster.start()
+    try:
+        assert CLI is not None
+        done = subprocess.run([CLI, "--cluster", "import", f"127.0.0.1:{cluster.nodes[0].port}",
+                               "--cluster-from", f"127.0.0.1:{server.port}", "--cluster-copy"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stdout + done.stderr
+        store = open_store(cluster.url)
+        try:
+            assert json.loads(json.dumps(await session.answers(store))) == V1["expect"]
+            assert await store.expire(session.T0 + timedelta(seconds=931)) == 2, "the registry came along"
+        finally:
+            await store.aclose()
+    finally:
+        cluster.stop()
