@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
+from redis._parsers import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -154,6 +155,7 @@ class RedisStore(DerivedOps):
         self._scripts = {p.stem: _Script(p.read_text(encoding="utf-8")) for p in _LUA.glob("*.lua")}
         self._registered: dict[str, float] = {}
         self._layout_checked = False
+        self._layout_retry_at = 0.0
 
     # --- plumbing --------------------------------------------------------------------
 
@@ -217,7 +219,7 @@ class RedisStore(DerivedOps):
     async def _admitting(self, tenant: str, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run an admission script, after checking the key layout (once per process) and
         beside registering the tenant (the sweeps walk the registry)."""
-        if not self._layout_checked:
+        if not self._layout_checked and time.monotonic() >= self._layout_retry_at:
             await self._check_layout()
         if time.monotonic() - self._registered.get(tenant, -_REGISTER_EVERY_S) < _REGISTER_EVERY_S:
             return await self._script(name, keys, args, repeatable=True, tenant=tenant)
@@ -226,7 +228,19 @@ class RedisStore(DerivedOps):
         return reply
 
     async def _check_layout(self) -> None:
-        old = int(await self._call(lambda: self._redis.exists(*OLD_LAYOUT), repeatable=True))
+        if self.cluster:
+            # One EXISTS per key (each its own slot): a shard that is down must not stop the
+            # tenants of the others; its keys are looked at again a little later.
+            found = await asyncio.gather(*(self._exists(k) for k in OLD_LAYOUT), return_exceptions=True)
+            for f in found:
+                if isinstance(f, BaseException) and not isinstance(f, StoreUnavailable):
+                    raise f
+            old = sum(f for f in found if isinstance(f, int))
+            if not old and any(isinstance(f, StoreUnavailable) for f in found):
+                self._layout_retry_at = time.monotonic() + 5
+                return
+        else:
+            old = int(await self._call(lambda: self._redis.exists(*OLD_LAYOUT), repeatable=True))
         if old:
             raise StoreUnavailable(
                 f"The ledger at {_redact(self.url)} holds spend in the key layout of spanmeter before "
@@ -234,6 +248,9 @@ class RedisStore(DerivedOps):
                 f"the old proxies stopped (docs/operations.md, 'Migrating Redis keys'). No call is forwarded "
                 f"until then, so that no budget is spent twice.")
         self._layout_checked = True
+
+    async def _exists(self, name: str) -> int:
+        return int(await self._call(lambda: self._redis.exists(name), repeatable=True))
 
     async def _register(self, tenant: str) -> None:
         """Add the tenant to the registry now and then (never inside an admission). A
@@ -643,6 +660,32 @@ class _Script:
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
 
+class _CommandsParser(AsyncCommandsParser):
+    """redis-py's Cluster client asks the first primary of its layout for COMMAND whenever it
+    (re)learns the layout, and fails as a whole when that primary is down: no command would
+    go out, not even for the keys of the shards that are up. This one asks the other
+    primaries in turn, and makes the one that answered the client's default node."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        super().__init__()
+        self._client = client
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        primaries = self._client.get_primaries()
+        error: BaseException | None = None
+        for candidate in [node, *(n for n in primaries if n is not node)]:
+            if candidate is None:
+                continue
+            try:
+                await super().initialize(candidate)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                error = exc
+                continue
+            self._client.nodes_manager.default_node = candidate
+            return
+        raise error or RedisConnectionError("no primary of the cluster answers")
+
+
 def _cluster_client(url: str, *, max_connections: int, timeout_s: float) -> RedisCluster:
     """redis-py's Cluster client from redis+cluster://[user:password@]host:port[,host:port...]:
     the nodes are where it learns the cluster's layout (any one that answers will do)."""
@@ -663,7 +706,7 @@ def _cluster_client(url: str, *, max_connections: int, timeout_s: float) -> Redi
             raise ConfigError(f"{node!r} in {_redact(url)} is not HOST:PORT.")
         parsed.append((unquote(host.strip("[]")), int(port)))
     first = f"{base}://{auth}{at}{nodes[0]}" + (f"/?{query}" if qsep else "")
-    return RedisCluster.from_url(
+    client = RedisCluster.from_url(
         first,
         startup_nodes=[ClusterNode(h, p) for h, p in parsed[1:]],
         # A shard without a master (down, no replica to promote) leaves its slots unserved:
@@ -676,6 +719,8 @@ def _cluster_client(url: str, *, max_connections: int, timeout_s: float) -> Redi
         decode_responses=True,
         retry=Retry(NoBackoff(), 0),
     )
+    client.commands_parser = _CommandsParser(client)
+    return client
 
 
 def _rate_states(turn: Turn, flat: list[Any]) -> tuple[RateState, ...]:

@@ -68,6 +68,11 @@ async def test_a_dead_master_fails_its_tenants_closed_and_no_one_else(make_proxy
         killed = time.monotonic()
         await asyncio.sleep(1.0)  # past cluster-node-timeout: the others mark it failed meanwhile
         assert await _get(proxies[0].url + "/readyz") == 200, "ready: the other shards answer"
+        late = await make_proxy(ledger_url=cluster.url, tenants=tenants)  # a replica started while it is down
+        for tenant in alive:
+            r = await post(late.url, d.path(False), d.body("hi", False), key=f"key-{tenant}",
+                           headers={"X-Run-Id": "late"})
+            assert r.status == 200, (tenant, r.body)
         stop.set()
         await asyncio.gather(*agents)
 
@@ -84,7 +89,8 @@ async def test_a_dead_master_fails_its_tenants_closed_and_no_one_else(make_proxy
         for proxy in proxies:
             await proxy.settled()
         store = proxies[0].app[STORE]
-        for tenant in alive:  # every answered call counted, on a ledger both replicas share
+        await late.settled()
+        for tenant in alive:  # every answered call counted, on a ledger the replicas share
             answered = sum(1 for t, _, r in log if t == tenant and r.status == 200)
             assert sum([await store.run_calls(tenant, f"run-{n}") for n in range(3)]) == answered, tenant
             assert (await store.spend_detail(tenant)).reserved == 0, "every call settled"
