@@ -95,6 +95,7 @@ _WINDOW_TTL_S = 400 * 86400  # day/month windows outlive any report that reads t
 _EXPIRED_KEPT_S = 7 * 86400
 _EXPIRE_BATCH = 500
 _REGISTER_EVERY_S = 600.0  # a registration lost in a failover comes back within this
+_SWEEP_PARALLEL = 8  # operations a walk over every tenant has in flight: the calls keep the rest
 REGISTRY = "sm:tenants"  # every tenant the ledger has admitted a call for
 _SWEEPER = "sm:sweeper"  # the lease of the replica that sweeps this period
 # The global keys of the layout before hash tags: while any exists, the ledger has not
@@ -270,7 +271,7 @@ class RedisStore(DerivedOps):
     async def _each(self, tenants: Iterable[str], op: Callable[[str], Awaitable[T]], what: str) -> list[T]:
         """`op` for every tenant; a tenant whose shard is down is logged and skipped, so
         one shard's outage does not stop the sweep of the others."""
-        results = await asyncio.gather(*(op(t) for t in tenants), return_exceptions=True)
+        results = await _bounded([op(t) for t in tenants], return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         for r in failed:
             if not isinstance(r, StoreUnavailable):
@@ -496,8 +497,8 @@ class RedisStore(DerivedOps):
             due: list[str] = await self._call(
                 lambda: self._redis.zrangebyscore(exp, "-inf", ts, start=0, num=_EXPIRE_BATCH), repeatable=True,
                 tenant=tenant)
-            charged = await asyncio.gather(*(self._expire_one(tenant, exp, res) for res in due))
-            total += sum(charged)
+            for res in due:  # one after another: reservations left to expire are a crash's few
+                total += await self._expire_one(tenant, exp, res)
             if len(due) < _EXPIRE_BATCH:
                 return total
 
@@ -583,7 +584,7 @@ class RedisStore(DerivedOps):
             return [(float(score), t, r) for r, score in ids]
 
         if tenant is None:
-            per_tenant = await asyncio.gather(*(latest(t) for t in await self._tenants()))
+            per_tenant = await _bounded([latest(t) for t in await self._tenants()])
             ranked = sorted((x for xs in per_tenant for x in xs), key=lambda x: -x[0])[:limit]
         else:
             ranked = await latest(tenant)
@@ -652,6 +653,18 @@ class RedisStore(DerivedOps):
         await self._redis.aclose()
         if not self.cluster:
             await self._redis.connection_pool.disconnect()
+
+
+async def _bounded(coros: list[Awaitable[T]], *, return_exceptions: bool = False) -> list[Any]:
+    """gather, at most _SWEEP_PARALLEL at a time (a walk over 10,000 tenants must not take
+    every pooled connection from the calls being admitted meanwhile)."""
+    gate = asyncio.Semaphore(_SWEEP_PARALLEL)
+
+    async def one(c: Awaitable[T]) -> T:
+        async with gate:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros), return_exceptions=return_exceptions)
 
 
 class _Script:
