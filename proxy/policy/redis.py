@@ -154,7 +154,10 @@ class RedisStore(DerivedOps):
             )
             self._redis = aioredis.Redis(connection_pool=pool)
         self._scripts = {p.stem: _Script(p.read_text(encoding="utf-8")) for p in _LUA.glob("*.lua")}
-        self._registered: dict[str, float] = {}
+        self._registered: dict[str, float] = {}  # tenant -> when this process last registered it
+        self._registering: set[str] = set()
+        self._tried: set[str] = set()
+        self._background: set[asyncio.Future[None]] = set()
         self._layout_checked = False
         self._layout_retry_at = 0.0
 
@@ -222,11 +225,23 @@ class RedisStore(DerivedOps):
         beside registering the tenant (the sweeps walk the registry)."""
         if not self._layout_checked and time.monotonic() >= self._layout_retry_at:
             await self._check_layout()
-        if time.monotonic() - self._registered.get(tenant, -_REGISTER_EVERY_S) < _REGISTER_EVERY_S:
+        due = time.monotonic() - self._registered.get(tenant, -_REGISTER_EVERY_S) >= _REGISTER_EVERY_S
+        if not due or tenant in self._registering:
             return await self._script(name, keys, args, repeatable=True, tenant=tenant)
-        reply, _ = await asyncio.gather(self._script(name, keys, args, repeatable=True, tenant=tenant),
-                                        self._register(tenant))
-        return reply
+        self._registering.add(tenant)
+        if tenant not in self._tried:
+            # The tenant's first call here: registered beside its admission, so that a sweep
+            # right after it sees the tenant.
+            self._tried.add(tenant)
+            reply, _ = await asyncio.gather(self._script(name, keys, args, repeatable=True, tenant=tenant),
+                                            self._register(tenant))
+            return reply
+        # Again later (or after a failure): in the background, so that no call waits on the
+        # shard that holds the registry.
+        task = asyncio.ensure_future(self._register(tenant))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return await self._script(name, keys, args, repeatable=True, tenant=tenant)
 
     async def _check_layout(self) -> None:
         if self.cluster:
@@ -254,15 +269,16 @@ class RedisStore(DerivedOps):
         return int(await self._call(lambda: self._redis.exists(name), repeatable=True))
 
     async def _register(self, tenant: str) -> None:
-        """Add the tenant to the registry now and then (never inside an admission). A
-        failure is left for the next call: a call for a tenant whose shard is up never
-        waits on the shard that holds the registry."""
+        """Add the tenant to the registry, beside an admission (never inside it). A failure
+        is left for the tenant's next call."""
         now = time.monotonic()
         try:
             await self._call(lambda: self._redis.sadd(REGISTRY, tenant), repeatable=True)
+            self._registered[tenant] = now
         except StoreUnavailable:
-            return
-        self._registered[tenant] = now
+            pass
+        finally:
+            self._registering.discard(tenant)
 
     async def _tenants(self) -> list[str]:
         members = await self._call(lambda: self._redis.smembers(REGISTRY), repeatable=True)
@@ -650,6 +666,7 @@ class RedisStore(DerivedOps):
         raise error or RedisConnectionError("the cluster has no primary")
 
     async def aclose(self) -> None:
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self._redis.aclose()
         if not self.cluster:
             await self._redis.connection_pool.disconnect()
