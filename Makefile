@@ -28,13 +28,14 @@ demo: $(VENV)/.serve
 simulate: $(VENV)/.serve
 	$(BIN)/spanmeter simulate
 
-# The suite starts a real redis-server and a real Prometheus on ephemeral ports.
+# The suite starts a real redis-server (and a Redis Cluster of three, created with redis-cli,
+# which comes with it in redis-tools) and a real Prometheus on ephemeral ports.
 system-deps:
-	@if ! command -v redis-server >/dev/null || ! command -v prometheus >/dev/null; then \
+	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v prometheus >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server prometheus; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools prometheus; \
 	  else \
-	    echo "Install redis-server and prometheus (e.g. sudo apt-get install redis-server prometheus); the tests that need them are skipped without them."; \
+	    echo "Install redis-server, redis-tools and prometheus (e.g. sudo apt-get install redis-server redis-tools prometheus); the tests that need them are skipped without them."; \
 	  fi; \
 	fi
 

@@ -1,7 +1,7 @@
 """Ledger operations per model call, per second, for both ledgers.
 
     .venv/bin/python bench/bench_ledger.py [--n 5000] [--concurrency 1,16,128]
-        [--modes separate,combined] [--stores sqlite,sqlite-normal,redis]
+        [--modes separate,combined] [--stores sqlite,sqlite-normal,redis,cluster] [--cost]
 
 One "pair" is what the proxy does per model call: an admit (reserve on run, day and
 month; count the call), then the bookkeeping after the answer, either
@@ -12,8 +12,16 @@ month; count the call), then the bookkeeping after the answer, either
 
 `sqlite` runs with synchronous=FULL (the default: every result is on disk before it is
 returned), `sqlite-normal` with synchronous=NORMAL (durable across process crashes, not
-power loss). Redis is a local redis-server started on a free port. Numbers are for
-this machine only.
+power loss). Redis is a local redis-server started on a free port; `cluster` a local
+Redis Cluster of three masters (redis-server --cluster-enabled yes, redis-cli --cluster
+create), one tenant's keys on one of them. Numbers are for this machine only.
+
+--cost measures, instead, what one admit and one settle cost the Redis servers: commands
+(INFO commandstats: the EVALSHA and the commands its script runs), the script's time (usec
+per EVALSHA), the servers' whole CPU (INFO cpu, user + sys: network I/O included), and
+bytes on the wire each way (INFO stats total_net_input_bytes / total_net_output_bytes),
+summed over every node, for --n admissions then --n settles at concurrency 16. These are the figures docs/scale.md sizes
+Redis shards from.
 """
 
 from __future__ import annotations
@@ -30,8 +38,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.policy.store import Limits, Store, open_store
+import redis
+
+from proxy.policy.store import Admission, Limits, Store, open_store
 from tests.fixtures.redis import BINARY, RedisServer
+from tests.fixtures.redis_cluster import CLI, LocalCluster
 
 LIMITS = Limits(run_max_calls=10**9, run_max_cost=10**15, day_budget=10**15, month_budget=10**15)
 TOTALS = {"calls": 1, "input_tokens": 812, "output_tokens": 97, "cost_micros": 1_234}
@@ -82,12 +93,69 @@ async def measure(url: str, mode: str, n: int, concurrency: int) -> tuple[float,
     return n / elapsed, p50, p99
 
 
+def _counters(ports: list[int]) -> dict[str, float]:
+    """EVALSHA calls and usec, and network bytes in and out, summed over the nodes."""
+    total: dict[str, float] = {"calls": 0, "usec": 0, "in": 0, "out": 0, "commands": 0, "cpu": 0}
+    for port in ports:
+        with redis.Redis(port=port) as r:
+            stats = r.info("commandstats")
+            net = r.info("stats")
+            cpu = r.info("cpu")
+        total["cpu"] += (cpu["used_cpu_user"] + cpu["used_cpu_sys"]) * 1e6  # usec, network I/O included
+        for name, c in stats.items():
+            if name in ("cmdstat_info", "cmdstat_config|resetstat", "cmdstat_config"):
+                continue
+            total["commands"] += c["calls"]
+            if name in ("cmdstat_evalsha", "cmdstat_eval"):
+                total["calls"] += c["calls"]
+                total["usec"] += c["usec"]
+        total["in"] += net["total_net_input_bytes"]
+        total["out"] += net["total_net_output_bytes"]
+    return total
+
+
+def _reset(ports: list[int]) -> None:
+    for port in ports:
+        with redis.Redis(port=port) as r:
+            r.config_resetstat()
+
+
+async def cost(url: str, ports: list[int], n: int) -> list[tuple[str, dict[str, float]]]:
+    """Per admit and per settle (combined, with totals and every second call a tool call)."""
+    store = open_store(url)
+    for i in range(200):
+        await one(store, i, "combined", [])
+    gate = asyncio.Semaphore(16)
+    admissions: list[Admission] = []
+
+    async def admit(i: int) -> None:
+        async with gate:
+            admissions.append(await store.admit("bench", f"run-{i % 100}", min_reserve=1, max_reserve=5_000,
+                                                limits=LIMITS, now=datetime.now(UTC)))
+
+    async def settle(i: int, a: Admission) -> None:
+        async with gate:
+            await store.settle(a, 1_234, run_totals=TOTALS, tools=_tools(i))
+
+    rows = []
+    for op, work in (("admit", lambda: [admit(i) for i in range(n)]),
+                     ("settle", lambda: [settle(i, a) for i, a in enumerate(admissions)])):
+        _reset(ports)
+        before = _counters(ports)
+        await asyncio.gather(*work())
+        after = _counters(ports)
+        rows.append((op, {k: (after[k] - before[k]) / n for k in after}))
+    await store.aclose()
+    return rows
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--concurrency", default="1,16,128")
     parser.add_argument("--modes", default="separate,combined")
-    parser.add_argument("--stores", default="sqlite,sqlite-normal,redis")
+    parser.add_argument("--stores", default="sqlite,sqlite-normal,redis,cluster")
+    parser.add_argument("--cost", action="store_true", help="Redis cost per admit and settle instead")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = args.modes.split(",")
@@ -98,12 +166,27 @@ async def main() -> None:
             "sqlite": f"sqlite:///{tmp}/ledger.db",
             "sqlite-normal": f"sqlite:///{tmp}/ledger-normal.db?synchronous=normal",
         }
-        server = None
+        server = cluster = None
+        ports: dict[str, list[int]] = {}
         if BINARY and "redis" in wanted:
             server = RedisServer(Path(tmp))
             server.start()
             targets["redis"] = server.url
+            ports["redis"] = [server.port]
+        if BINARY and CLI and "cluster" in wanted:
+            cluster = LocalCluster(Path(tmp) / "cluster")
+            cluster.start()
+            targets["cluster"] = cluster.url
+            ports["cluster"] = [node.port for node in cluster.nodes]
         try:
+            if args.cost:
+                print(f"{'store':8} {'op':7} {'commands':>9} {'EVALSHA usec':>13} {'server CPU usec':>16} "
+                      f"{'bytes in':>9} {'bytes out':>10}")
+                for name, nodes in ports.items():
+                    for op, c in await cost(targets[name], nodes, args.n):
+                        print(f"{name:8} {op:7} {c['commands']:>9.2f} {c['usec'] / max(c['calls'], 1):>13.1f} "
+                              f"{c['cpu']:>16.1f} {c['in']:>9.0f} {c['out']:>10.0f}", flush=True)
+                return
             print(f"{'store':14} {'mode':9} {'conc':>5} {'pairs/s':>9} {'admit p50 ms':>13} {'p99 ms':>8}")
             for name, url in targets.items():
                 if name not in wanted:
@@ -115,6 +198,8 @@ async def main() -> None:
         finally:
             if server is not None:
                 server.stop()
+            if cluster is not None:
+                cluster.stop()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""spanmeter serve | check-config | demo | simulate | runs | keys | spend | budget
+"""spanmeter serve | check-config | demo | simulate | runs | keys | spend | budget | ledger
 
 Exit codes: 0 done; 1 the thing asked for is not there or the proxy said no (unknown run,
 admin API error, proxy unreachable); 2 the command or the configuration is wrong (usage
@@ -220,6 +220,27 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tenant", required=True, help="tenant name (required)")
     _admin_args(s)
     s.set_defaults(fn=_budget_get)
+
+    ledger = _command(sub, "ledger", "the ledger itself: migrate a Redis ledger's keys",
+                      "Maintenance of the ledger the proxy counts spend in (ledger_url).",
+                      ["spanmeter ledger migrate-keys --ledger redis://redis:6379/0"])
+    actions = ledger.add_subparsers(metavar="ACTION", title="actions")
+    ledger.set_defaults(help_of=ledger)
+    s = _command(actions, "migrate-keys", "move a Redis ledger to the hash-tagged key layout (once, idempotent)",
+                 "Renames every key of a Redis ledger written by spanmeter before hash-tagged keys "
+                 "(sm:<kind>:<tenant>:...) to today's layout (sm:{<tenant>}:<kind>:...), so that it can run on "
+                 "Redis Cluster: spend, budgets, runs, tool calls and calls in flight keep their values. Stop "
+                 "the old proxies first; new proxies refuse calls (503) until the migration is done. Each step "
+                 "is atomic and done once: after an interruption, run it again. Exits 0 when done, 1 when Redis "
+                 "cannot be reached, 2 for a ledger that is not one Redis.",
+                 ["spanmeter ledger migrate-keys --ledger redis://redis:6379/0 --dry-run",
+                  "spanmeter ledger migrate-keys --config spanmeter.yaml"])
+    s.add_argument("--ledger", metavar="URL",
+                   help="the Redis ledger (default: the ledger_url of the configuration, as serve reads it)")
+    _config_arg(s)
+    s.add_argument("--dry-run", action="store_true",
+                   help="count what would move and change nothing (default: off)")
+    s.set_defaults(fn=_ledger_migrate)
     return p
 
 
@@ -769,3 +790,39 @@ def _print_budgets(args: argparse.Namespace, b: dict[str, Any]) -> None:
         rows.append((b["tenant"], window, _budget(b.get(field)), src))
     print("\n".join(_table(rows)))
 
+
+
+# --- ledger --------------------------------------------------------------------------------
+
+
+def _ledger_migrate(args: argparse.Namespace) -> int:
+    from proxy.errors import StoreUnavailable
+    from proxy.policy.redis_migrate import migrate_keys
+
+    url = args.ledger
+    if url is None:
+        from proxy.config import load_settings
+
+        if args.config:
+            os.environ["SPANMETER_CONFIG"] = args.config
+        url = load_settings().ledger
+    try:
+        report = asyncio.run(migrate_keys(url, dry_run=args.dry_run))
+    except StoreUnavailable as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    where = _redact_url(url)
+    if not report.changed:
+        print(f"Nothing to migrate: the ledger at {where} has no keys in the layout before hash tags.")
+    else:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted((report.moved + report.merged).items()))
+        verb = "would move" if args.dry_run else "moved"
+        print(f"{'Dry run: ' if args.dry_run else ''}The ledger at {where}: {verb} {report.reservations} "
+              f"reservation(s) of calls in flight, {report.active_runs} active run(s) and "
+              f"{sum(report.moved.values())} other key(s) ({kinds or 'none'}) of {len(report.tenants)} tenant(s)"
+              + (f"; {sum(report.merged.values())} merged into keys a new proxy had written" if report.merged
+                 else "") + ".")
+    if report.left:
+        print(f"Left alone, not spanmeter's keys as it knows them: {', '.join(sorted(report.left)[:10])}"
+              + (" ..." if len(report.left) > 10 else ""), file=sys.stderr)
+    return 0

@@ -67,8 +67,9 @@ FIELD_DOCS: dict[str, str] = {
     "allow_passthrough": "Forward unknown paths to the upstream, unmetered (budgets do not apply to them).",
     "data_dir": "Directory of the SQLite ledger and the local span files (`spanmeter runs` reads them).",
     "ledger_url": "The ledger: `sqlite:///PATH` (default `sqlite:///{data_dir}/ledger.db`; "
-                  "`?synchronous=normal` trades power-loss durability of the last commits for latency) or "
-                  "`redis://HOST:6379/0` for several replicas.",
+                  "`?synchronous=normal` trades power-loss durability of the last commits for latency), "
+                  "`redis://HOST:6379/0` for several replicas, or `redis+cluster://HOST:PORT[,HOST:PORT...]` "
+                  "for a Redis Cluster (`rediss+cluster://` with TLS; Valkey works alike; docs/scale.md).",
     "fail_open": "Ledger unreachable: refuse calls with 503 (false) or serve them unmetered, logged at ERROR "
                  "(true).",
     "timezone": "IANA timezone of the calendar days and months that daily and monthly budgets count in.",

@@ -156,7 +156,8 @@ class Runs:
         while True:
             await asyncio.sleep(every_s)
             try:
-                await self.sweep_once()
+                if await self._store.sweep_turn(every_s):  # one replica per period on a shared ledger
+                    await self.sweep_once()
             except Exception:
                 log.warning("run sweeper failed; will retry", exc_info=True)
 

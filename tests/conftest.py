@@ -21,6 +21,7 @@ from proxy.config import Settings
 from proxy.demo import serve_on_free_port
 from proxy.simulator import RECEIVED, STREAMS, Received, create_simulator
 from tests.fixtures.redis import redis_server  # noqa: F401  (session fixture)
+from tests.fixtures.redis_cluster import redis_cluster  # noqa: F401  (session fixture)
 
 
 @pytest.fixture(autouse=True)

@@ -282,7 +282,7 @@ class SqliteStore(DerivedOps):
             return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
                              closed=closed, trace=trace, context_tokens=known, limits=eff,
                              run_tokens=run_tokens, started_at=started,
-                             rates=tuple(state for _, state in rates))
+                             rates=tuple(state for _, state in rates), key=turn.key)
 
         return await self._admit(op)
 
@@ -448,6 +448,9 @@ class SqliteStore(DerivedOps):
             ).fetchall()
         )
         return [(t, r) for t, r in rows]
+
+    async def sweep_turn(self, every_s: float) -> bool:
+        return True  # one machine: every worker's sweep is cheap and run ends are first-caller-only
 
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
         def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:

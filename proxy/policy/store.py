@@ -183,6 +183,7 @@ class Admission:
     run_tokens: int = 0
     started_at: float | None = None
     rates: tuple[RateState, ...] = ()  # each rate bucket after this call
+    key: str | None = None  # the caller's key id (`Turn.key`): settle finds the key's scopes by it
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,6 +533,12 @@ class Store(Protocol):
         ...
 
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]: ...
+
+    async def sweep_turn(self, every_s: float) -> bool:
+        """Whether this replica runs the sweep (expire, idle runs) of the period of
+        `every_s` starting now: on a shared ledger, one replica per period does."""
+        ...
+
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]: ...
     async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None: ...
     async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]: ...
@@ -566,7 +573,8 @@ class DerivedOps:
 
 
 def open_store(url: str) -> Store:
-    """`sqlite:///relative.db`, `sqlite:////abs/path.db`, `redis://host:port/db`.
+    """`sqlite:///relative.db`, `sqlite:////abs/path.db`, `redis://host:port/db`,
+    `redis+cluster://host:port[,host:port...]` (Redis Cluster; `rediss+cluster://` for TLS).
 
     SQLite takes `?synchronous=normal` (default `full`): see proxy/policy/sqlite.py for
     what each survives. `sqlite:///:memory:` works but is not durable: tests only.
@@ -576,13 +584,14 @@ def open_store(url: str) -> Store:
 
         path, options = _sqlite_options(url)
         return SqliteStore(path, **options)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         from proxy.policy.redis import RedisStore
 
         return RedisStore(url)
     raise ConfigError(
         f"Unknown store URL {url!r}: use sqlite:///path/to/ledger.db (the default, one "
-        f"machine) or redis://host:6379/0 (several replicas sharing one ledger)."
+        f"machine), redis://host:6379/0 (several replicas sharing one ledger) or "
+        f"redis+cluster://host:6379 (a Redis Cluster)."
     )
 
 

@@ -26,12 +26,15 @@ T0 = datetime(2026, 5, 14, 12, 0, tzinfo=UTC)
 STORES = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("cluster", id="cluster", marks=pytest.mark.redis),
 ]
 
 
 def _url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/ledger.db"
+    if kind == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
     return str(request.getfixturevalue("redis_server").url)
 
 

@@ -4,18 +4,19 @@
 -- scopes, then the rate buckets (GCRA, proxy/policy/rates.py), and count the call and
 -- reserve its worst case on every scope, or refuse. Mirrors SqliteStore.admit; the
 -- contract suite holds both to the same results.
+-- Every key is one tenant's (`sm:{tenant}:...`, one Redis Cluster slot) and declared here.
 -- KEYS: 1 run hash, 2 day hash, 3 month hash, 4 tenant total hash, 5 reservation hash,
---       6 expiry zset, 7 runs zset, 8 tenant runs zset, 9 active runs zset, 10 tools hash,
---       11 budget hash, 12 run totals hash, 13 key day hash, 14 key month hash (both unused
---       without a key), 15.. one hash per rate bucket, then one string key per
---       stored-context ref
+--       6 the tenant's expiry zset, 7 the tenant's runs zset, 8 the tenant's active runs
+--       zset (both by run id), 9 tools hash, 10 budget hash, 11 run totals hash, 12 key day
+--       hash, 13 key month hash (both unused without a key), 14.. one hash per rate bucket,
+--       then one string key per stored-context ref
 -- ARGV: 1 max calls, 2 run max cost, 3 day budget, 4 month budget (-1 = no limit),
---       5 min reserve, 6 max reserve, 7 now, 8 expires at, 9 run member, 10 run id,
---       11 window ttl seconds, 12 trace json ('' = none), 13 guard threshold (-1 = none),
---       14 guard refuses streaks (1/0), 15 max consecutive failures (-1 = none),
---       16 priced (1/0), 17 stored-context rate (micro-USD per million tokens),
---       18 run max tokens, 19 run max seconds, 20 key day budget, 21 key month budget (-1 = none),
---       22 has a key (1/0), 23 now in ms, 24 number of rate buckets r, then r pairs: limit, cost,
+--       5 min reserve, 6 max reserve, 7 now, 8 expires at, 9 run id,
+--       10 window ttl seconds, 11 trace json ('' = none), 12 guard threshold (-1 = none),
+--       13 guard refuses streaks (1/0), 14 max consecutive failures (-1 = none),
+--       15 priced (1/0), 16 stored-context rate (micro-USD per million tokens),
+--       17 run max tokens, 18 run max seconds, 19 key day budget, 20 key month budget (-1 = none),
+--       21 has a key (1/0), 22 now in ms, 23 number of rate buckets r, then r pairs: limit, cost,
 --       then the number of results n, then n pairs: tool call id, '1' if the result is ok
 if redis.call('EXISTS', KEYS[5]) == 1 then
   -- a retried admission (the reply to the first was lost): answer it again
@@ -23,9 +24,9 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   return {'dup', {}, '', tonumber(f[1]), tonumber(f[2])}
 end
 
-local has_key = ARGV[22] == '1'
-local r = tonumber(ARGV[24])
-local n0 = 25 + 2 * r
+local has_key = ARGV[21] == '1'
+local r = tonumber(ARGV[23])
+local n0 = 24 + 2 * r
 
 -- 1. Close the tool calls this request answers; the guard's state follows each.
 local closed = {}
@@ -35,9 +36,9 @@ if n > 0 then
   local sig, streak, failures = st[1], tonumber(st[2] or '0'), tonumber(st[3] or '0')
   local touched = false
   for i = n0 + 1, n0 + 2 * n, 2 do
-    local cur = redis.call('HGET', KEYS[10], ARGV[i])
+    local cur = redis.call('HGET', KEYS[9], ARGV[i])
     if cur then
-      redis.call('HDEL', KEYS[10], ARGV[i])
+      redis.call('HDEL', KEYS[9], ARGV[i])
       local body = string.sub(cur, string.find(cur, '\t', 1, true) + 1)
       local call_sig = cjson.decode(body)['sig']
       if type(call_sig) ~= 'string' then call_sig = '' end
@@ -58,27 +59,26 @@ end
 
 -- 2. The run's trace ids: the first stored win.
 local trace = ''
-if ARGV[12] ~= '' then
+if ARGV[11] ~= '' then
   trace = redis.call('HGET', KEYS[1], 'trace')
   if not trace then
-    trace = ARGV[12]
-    redis.call('HSET', KEYS[1], 'trace', trace, 'run_id', ARGV[10])
+    trace = ARGV[11]
+    redis.call('HSET', KEYS[1], 'trace', trace, 'run_id', ARGV[9])
     redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[7])
     redis.call('HSETNX', KEYS[1], 'last_seen', ARGV[7])
     redis.call('ZADD', KEYS[7], ARGV[7], ARGV[9])
-    redis.call('ZADD', KEYS[8], ARGV[7], ARGV[10])
     if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-      redis.call('ZADD', KEYS[9], ARGV[7], ARGV[9])
+      redis.call('ZADD', KEYS[8], ARGV[7], ARGV[9])
     end
   end
 end
 
 -- 3. The loop guard's refusals (Python words the message from the closed calls).
-local threshold, max_failures = tonumber(ARGV[13]), tonumber(ARGV[15])
+local threshold, max_failures = tonumber(ARGV[12]), tonumber(ARGV[14])
 if threshold >= 0 then
   for i = 1, #closed, 4 do
     if (max_failures >= 0 and closed[i + 2] >= max_failures)
-        or (ARGV[14] == '1' and closed[i + 1] >= threshold) then
+        or (ARGV[13] == '1' and closed[i + 1] >= threshold) then
       return {'loop', closed, trace}
     end
   end
@@ -87,9 +87,9 @@ end
 -- 4. Limits in force: the admin API's budgets over the config's.
 local limits = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), -1, -1}
 if has_key then
-  limits[4], limits[5] = tonumber(ARGV[20]), tonumber(ARGV[21])
+  limits[4], limits[5] = tonumber(ARGV[19]), tonumber(ARGV[20])
 end
-local b = redis.call('HMGET', KEYS[11], 'day', 'month')
+local b = redis.call('HMGET', KEYS[10], 'day', 'month')
 if b[1] then limits[2] = tonumber(b[1]) end
 if b[2] then limits[3] = tonumber(b[2]) end
 local budgets = {b[1] or '', b[2] or ''}
@@ -98,31 +98,31 @@ for i = 1, 5 do
   if limits[i] >= 0 then costed = true end
 end
 
-if costed and ARGV[16] ~= '1' then
+if costed and ARGV[15] ~= '1' then
   return {'unpriced', closed, trace, budgets[1], budgets[2]}
 end
 
 -- 5. Stored context: its remembered size is reserved as input; unseen refs cannot be bounded.
 local context_tokens, unknown = 0, {}
-for i = 15 + r, #KEYS do
+for i = 14 + r, #KEYS do
   local t = redis.call('GET', KEYS[i])
   if t then context_tokens = context_tokens + tonumber(t) else table.insert(unknown, KEYS[i]) end
 end
 if costed and #unknown > 0 then
   return {'context', closed, trace, budgets[1], budgets[2], unknown}
 end
-local extra = math.ceil(context_tokens * tonumber(ARGV[17]) / 1000000)
+local extra = math.ceil(context_tokens * tonumber(ARGV[16]) / 1000000)
 
 -- 6. The run's calls, settled tokens and wall time.
 local run = redis.call('HMGET', KEYS[1], 'calls', 'first_seen')
 local calls = tonumber(run[1] or '0')
 local run_tokens, started = 0, ''
-if tonumber(ARGV[18]) >= 0 then
-  local t = redis.call('HMGET', KEYS[12], 'input_tokens', 'output_tokens')
+if tonumber(ARGV[17]) >= 0 then
+  local t = redis.call('HMGET', KEYS[11], 'input_tokens', 'output_tokens')
   run_tokens = tonumber(t[1] or '0') + tonumber(t[2] or '0')
 end
 local elapsed = 0
-if tonumber(ARGV[19]) >= 0 then
+if tonumber(ARGV[18]) >= 0 then
   started = run[2] or ARGV[7]
   elapsed = tonumber(ARGV[7]) - tonumber(started)
 end
@@ -134,16 +134,16 @@ local max_calls = tonumber(ARGV[1])
 if max_calls >= 0 and calls >= max_calls then
   return refused('run_calls', calls, 0)
 end
-if tonumber(ARGV[18]) >= 0 and run_tokens >= tonumber(ARGV[18]) then
+if tonumber(ARGV[17]) >= 0 and run_tokens >= tonumber(ARGV[17]) then
   return refused('run_tokens', 0, 0)
 end
-if tonumber(ARGV[19]) >= 0 and elapsed >= tonumber(ARGV[19]) then
+if tonumber(ARGV[18]) >= 0 and elapsed >= tonumber(ARGV[18]) then
   return refused('run_seconds', 0, 0)
 end
 
 -- 7. Money on every scope, in SCOPES' order (of equal headroom the first is refused).
 local names = {'run_cost', 'tenant_day', 'tenant_month', 'key_day', 'key_month'}
-local scope_keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[13], KEYS[14]}
+local scope_keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[12], KEYS[13]}
 local scopes = 3
 if has_key then scopes = 5 end
 local head = {}
@@ -170,13 +170,13 @@ if tight ~= nil and tight < amount then
 end
 
 -- 8. Rate buckets (GCRA, integers; rates.py rate_step line for line): refuse if one is full.
-local now_ms = tonumber(ARGV[23])
+local now_ms = tonumber(ARGV[22])
 local states, held_of, last_of = {}, {}, {}
 local limited = false
 for j = 1, r do
-  local limit, cost = tonumber(ARGV[23 + 2 * j]), tonumber(ARGV[24 + 2 * j])
-  local bucket = redis.call('HMGET', KEYS[14 + j], 'debt', 'last')
-  local debt, last = tonumber(bucket[1] or '0'), tonumber(bucket[2] or ARGV[23])
+  local limit, cost = tonumber(ARGV[22 + 2 * j]), tonumber(ARGV[23 + 2 * j])
+  local bucket = redis.call('HMGET', KEYS[13 + j], 'debt', 'last')
+  local debt, last = tonumber(bucket[1] or '0'), tonumber(bucket[2] or ARGV[22])
   local cap = limit * 60000
   local gone = now_ms - last
   if gone < 0 then gone = 0 end
@@ -205,33 +205,32 @@ end
 
 -- 9. Count the call and reserve.
 for j = 1, r do
-  redis.call('HSET', KEYS[14 + j], 'debt', string.format('%d', held_of[j]), 'last', string.format('%d', last_of[j]))
-  redis.call('PEXPIRE', KEYS[14 + j], 120000)  -- a bucket untouched for a window is empty anyway
+  redis.call('HSET', KEYS[13 + j], 'debt', string.format('%d', held_of[j]), 'last', string.format('%d', last_of[j]))
+  redis.call('PEXPIRE', KEYS[13 + j], 120000)  -- a bucket untouched for a window is empty anyway
 end
 for i = 1, 4 do
   redis.call('HINCRBY', KEYS[i], 'reserved', amount)
 end
-redis.call('EXPIRE', KEYS[2], ARGV[11])
-redis.call('EXPIRE', KEYS[3], ARGV[11])
+redis.call('EXPIRE', KEYS[2], ARGV[10])
+redis.call('EXPIRE', KEYS[3], ARGV[10])
 if has_key then
-  for i = 13, 14 do
+  for i = 12, 13 do
     redis.call('HINCRBY', KEYS[i], 'reserved', amount)
-    redis.call('EXPIRE', KEYS[i], ARGV[11])
+    redis.call('EXPIRE', KEYS[i], ARGV[10])
   end
 end
 calls = redis.call('HINCRBY', KEYS[1], 'calls', 1)
 redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[7])
-redis.call('HSET', KEYS[1], 'last_seen', ARGV[7], 'run_id', ARGV[10])
+redis.call('HSET', KEYS[1], 'last_seen', ARGV[7], 'run_id', ARGV[9])
 redis.call('HSET', KEYS[5], 'amount', amount, 'calls', calls, 'expired', '0',
   'run', KEYS[1], 'day', KEYS[2], 'month', KEYS[3], 'total', KEYS[4])
 if has_key then
-  redis.call('HSET', KEYS[5], 'keyday', KEYS[13], 'keymonth', KEYS[14])
+  redis.call('HSET', KEYS[5], 'keyday', KEYS[12], 'keymonth', KEYS[13])
 end
 redis.call('ZADD', KEYS[6], ARGV[8], KEYS[5])
 redis.call('ZADD', KEYS[7], ARGV[7], ARGV[9])
-redis.call('ZADD', KEYS[8], ARGV[7], ARGV[10])
 if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-  redis.call('ZADD', KEYS[9], ARGV[7], ARGV[9])
+  redis.call('ZADD', KEYS[8], ARGV[7], ARGV[9])
 end
 
 local left = {}

@@ -2,13 +2,14 @@
 -- tools/call also mark the open model tool call it executes, count the MCP streak, then
 -- refuse (loop guard, max tool calls, a cost scope) or count the call and reserve its
 -- fixed cost on every scope. Mirrors SqliteStore.admit_tool (store.match_pending).
+-- Every key is one tenant's (`sm:{tenant}:...`, one Redis Cluster slot) and declared here.
 -- KEYS: 1 run hash, 2 day hash, 3 month hash, 4 tenant total hash, 5 reservation hash,
---       6 expiry zset, 7 runs zset, 8 tenant runs zset, 9 active runs zset, 10 tools hash,
---       11 budget hash, 12 run totals hash
+--       6 the tenant's expiry zset, 7 the tenant's runs zset, 8 the tenant's active runs
+--       zset (both by run id), 9 tools hash, 10 budget hash, 11 run totals hash
 -- ARGV: 1 tool name ('' = not a tool call: the trace only), 2 signature, 3 cost,
 --       4 max tool calls, 5 run max cost, 6 day budget, 7 month budget (-1 = no limit),
---       8 now, 9 expires at, 10 run member, 11 run id, 12 window ttl seconds,
---       13 trace json ('' = none), 14 guard threshold (-1 = none), 15 guard refuses (1/0)
+--       8 now, 9 expires at, 10 run id, 11 window ttl seconds,
+--       12 trace json ('' = none), 13 guard threshold (-1 = none), 14 guard refuses (1/0)
 if redis.call('EXISTS', KEYS[5]) == 1 then
   -- a retried admission (the reply to the first was lost): answer it again
   local f = redis.call('HMGET', KEYS[5], 'amount', 'calls', 'entry', 'streak')
@@ -17,17 +18,16 @@ end
 
 -- 1. The run's trace ids: the first stored win (as admit.lua).
 local trace = ''
-if ARGV[13] ~= '' then
+if ARGV[12] ~= '' then
   trace = redis.call('HGET', KEYS[1], 'trace')
   if not trace then
-    trace = ARGV[13]
-    redis.call('HSET', KEYS[1], 'trace', trace, 'run_id', ARGV[11])
+    trace = ARGV[12]
+    redis.call('HSET', KEYS[1], 'trace', trace, 'run_id', ARGV[10])
     redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[8])
     redis.call('HSETNX', KEYS[1], 'last_seen', ARGV[8])
     redis.call('ZADD', KEYS[7], ARGV[8], ARGV[10])
-    redis.call('ZADD', KEYS[8], ARGV[8], ARGV[11])
     if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-      redis.call('ZADD', KEYS[9], ARGV[8], ARGV[10])
+      redis.call('ZADD', KEYS[8], ARGV[8], ARGV[10])
     end
   end
 end
@@ -40,7 +40,7 @@ end
 -- the order the model made them, never one an MCP call took already. The stored JSON is
 -- marked by text, not re-encoded: cjson would round its 128-bit trace ids.
 local best_sig, best_name = nil, nil
-local all = redis.call('HGETALL', KEYS[10])
+local all = redis.call('HGETALL', KEYS[9])
 for i = 1, #all, 2 do
   local cur = all[i + 1]
   local tab = string.find(cur, '\t', 1, true)
@@ -57,7 +57,7 @@ if best then
   local cur = best[3]
   local tab = string.find(cur, '\t', 1, true)
   matched = string.sub(cur, tab + 1, -2) .. ', "mcp": true}'
-  redis.call('HSET', KEYS[10], best[2], string.sub(cur, 1, tab) .. matched)
+  redis.call('HSET', KEYS[9], best[2], string.sub(cur, 1, tab) .. matched)
 end
 
 -- 3. The streak of identical MCP calls, and the loop guard's refusal.
@@ -65,19 +65,19 @@ local st = redis.call('HMGET', KEYS[1], 'mcp_sig', 'mcp_streak')
 local streak = 1
 if st[1] == sig then streak = tonumber(st[2] or '0') + 1 end
 redis.call('HSET', KEYS[1], 'mcp_sig', sig, 'mcp_streak', streak)
-if tonumber(ARGV[14]) >= 0 and ARGV[15] == '1' and streak >= tonumber(ARGV[14]) then
+if tonumber(ARGV[13]) >= 0 and ARGV[14] == '1' and streak >= tonumber(ARGV[13]) then
   return {'loop', matched, streak, trace}
 end
 
 -- 4. Limits in force: the admin API's budgets over the config's.
 local limits = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])}
-local b = redis.call('HMGET', KEYS[11], 'day', 'month')
+local b = redis.call('HMGET', KEYS[10], 'day', 'month')
 if b[1] then limits[2] = tonumber(b[1]) end
 if b[2] then limits[3] = tonumber(b[2]) end
 local budgets = {b[1] or '', b[2] or ''}
 
 -- 5. The tool-call ceiling, then the cost ceilings.
-local count = tonumber(redis.call('HGET', KEYS[12], 'mcp_tool_calls') or '0')
+local count = tonumber(redis.call('HGET', KEYS[11], 'mcp_tool_calls') or '0')
 local max_calls = tonumber(ARGV[4])
 if max_calls >= 0 and count >= max_calls then
   return {'calls', matched, streak, trace, budgets[1], budgets[2]}
@@ -103,23 +103,22 @@ end
 for i = 1, 4 do
   redis.call('HINCRBY', KEYS[i], 'reserved', amount)
 end
-redis.call('EXPIRE', KEYS[2], ARGV[12])
-redis.call('EXPIRE', KEYS[3], ARGV[12])
-count = redis.call('HINCRBY', KEYS[12], 'mcp_tool_calls', 1)
+redis.call('EXPIRE', KEYS[2], ARGV[11])
+redis.call('EXPIRE', KEYS[3], ARGV[11])
+count = redis.call('HINCRBY', KEYS[11], 'mcp_tool_calls', 1)
 if matched == '' then
-  redis.call('HINCRBY', KEYS[12], 'tool_calls', 1)
+  redis.call('HINCRBY', KEYS[11], 'tool_calls', 1)
 else
-  redis.call('HINCRBY', KEYS[12], 'tool_calls', 0)
+  redis.call('HINCRBY', KEYS[11], 'tool_calls', 0)
 end
 redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[8])
-redis.call('HSET', KEYS[1], 'last_seen', ARGV[8], 'run_id', ARGV[11])
+redis.call('HSET', KEYS[1], 'last_seen', ARGV[8], 'run_id', ARGV[10])
 redis.call('HSET', KEYS[5], 'amount', amount, 'calls', count, 'expired', '0', 'entry', matched,
   'streak', streak, 'run', KEYS[1], 'day', KEYS[2], 'month', KEYS[3], 'total', KEYS[4])
 redis.call('ZADD', KEYS[6], ARGV[9], KEYS[5])
 redis.call('ZADD', KEYS[7], ARGV[8], ARGV[10])
-redis.call('ZADD', KEYS[8], ARGV[8], ARGV[11])
 if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-  redis.call('ZADD', KEYS[9], ARGV[8], ARGV[10])
+  redis.call('ZADD', KEYS[8], ARGV[8], ARGV[10])
 end
 local left = {}
 for i = 1, 3 do

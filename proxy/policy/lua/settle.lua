@@ -2,9 +2,14 @@
 -- the run's totals and remember its open tool calls. Idempotent as a whole: the
 -- reservation hash is deleted, so a second settle (or a retry whose first reply was
 -- lost) finds nothing and changes nothing, totals and tool calls included.
--- KEYS: 1 reservation hash, 2 expiry zset, 3 run totals hash, 4 tools hash
---       (id -> "seq<TAB>json"), 5 tools sequence counter, 6.. one key per stored context
---       whose size this call revealed
+-- Every key is one tenant's (`sm:{tenant}:...`, one Redis Cluster slot) and declared here.
+-- The reservation hash also names the scopes it holds money on (the expiry sweep reads
+-- them); the script checks they are the ones declared, so nothing undeclared is touched.
+-- KEYS: 1 reservation hash, 2 the tenant's expiry zset, 3 run totals hash, 4 tools hash
+--       (id -> "seq<TAB>json"), 5 tools sequence counter, 6 run hash, 7 day hash,
+--       8 month hash, 9 tenant total hash, 10 key day hash, 11 key month hash (both unused
+--       for a call made without a key), 12.. one key per stored context whose size this
+--       call revealed
 -- ARGV: 1 actual micro-USD, 2 number of totals n, then n pairs name, delta,
 --       then the number of tool calls m, then m pairs tool id, tool json,
 --       then the context keys' ttl, then one token count per context key
@@ -12,16 +17,22 @@ local f = redis.call('HMGET', KEYS[1], 'amount', 'expired', 'run', 'day', 'month
 if not f[1] then
   return {0, 0}
 end
+local last = 9
+if f[7] then last = 11 end  -- a call made with a key holds money on the key's day and month too
+for i = 6, last do
+  if f[i - 3] ~= KEYS[i] then
+    return redis.error_reply('ERR spanmeter: reservation ' .. KEYS[1] .. ' holds money on ' .. tostring(f[i - 3]) ..
+      ', not the declared ' .. KEYS[i])
+  end
+end
 local amount, actual = tonumber(f[1]), tonumber(ARGV[1])
-local last = 6
-if f[7] then last = 8 end  -- a call made with a key holds money on the key's day and month too
-for i = 3, last do
+for i = 6, last do
   if f[2] == '1' then
     -- expiry already charged the reserved amount: correct it to the real cost
-    redis.call('HINCRBY', f[i], 'settled', actual - amount)
+    redis.call('HINCRBY', KEYS[i], 'settled', actual - amount)
   else
-    redis.call('HINCRBY', f[i], 'reserved', -amount)
-    redis.call('HINCRBY', f[i], 'settled', actual)
+    redis.call('HINCRBY', KEYS[i], 'reserved', -amount)
+    redis.call('HINCRBY', KEYS[i], 'settled', actual)
   end
 end
 redis.call('DEL', KEYS[1])
@@ -47,8 +58,8 @@ for i = t0 + 1, t0 + 2 * m, 2 do
 end
 -- the largest size seen: a conversation only grows, a prompt template is fixed
 local c0 = t0 + 2 * m + 1
-for i = 6, #KEYS do
-  local tokens = tonumber(ARGV[c0 + i - 5])
+for i = 12, #KEYS do
+  local tokens = tonumber(ARGV[c0 + i - 11])
   local cur = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tokens > cur then cur = tokens end
   redis.call('SET', KEYS[i], string.format('%d', cur), 'EX', ARGV[c0])
