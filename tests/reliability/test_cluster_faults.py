@@ -62,8 +62,10 @@ async def test_a_dead_master_fails_its_tenants_closed_and_no_one_else(make_proxy
                 log.append((tenant, started, r))
 
         agents = [asyncio.create_task(agent(t, n)) for t in [doomed, *alive] for n in range(3)]
-        await asyncio.sleep(0.5)
-        assert {t for t, _, r in log if r.status == 200} == {doomed, *alive}, "all served before"
+        deadline = time.monotonic() + 15  # a busy machine may take a while to serve every tenant once
+        while {t for t, _, r in log if r.status == 200} != {doomed, *alive}:
+            assert time.monotonic() < deadline, "all served before"
+            await asyncio.sleep(0.05)
         cluster.nodes[0].stop()  # SIGKILL, no persistence, no replica
         killed = time.monotonic()
         await asyncio.sleep(1.0)  # past cluster-node-timeout: the others mark it failed meanwhile
