@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 from aiohttp import web
@@ -47,7 +47,9 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
         return response
     # repair.on_invalid=retry: ask once more, the problems fed back; it counts as a call.
     body = adapter.retry_body(ex.body, hooks.retry_output, hooks.retry_feedback)
-    response, _ = await fwd.send(Exchange(adapter, ex.call, orjson.dumps(body), body), Turn(), retry=True)
+    raw = orjson.dumps(body)
+    retry = Exchange(adapter, replace(ex.call, body_bytes=len(raw)), raw, body)  # its own size bounds its input
+    response, _ = await fwd.send(retry, Turn(), retry=True)
     return response
 
 
