@@ -60,6 +60,7 @@ class ValueStream:
         self.fed = 0  # characters fed to the scanner
         self.post_ws: list[str] = []
         self.post_dirty = False
+        self.post_ticks = False  # only backticks after the value so far: a closing fence, unless more follows
         self.error: tuple[int, str] | None = None
 
     # ---------------------------------------------------------------- public
@@ -107,6 +108,8 @@ class ValueStream:
                 return
         if self.phase == POST and not self.post_dirty:
             self.out.extend(self.post_ws)
+        if self.post_ticks and "prose" not in self.actions:
+            self._act("fence")
 
     @property
     def done(self) -> bool:
@@ -273,7 +276,12 @@ class ValueStream:
             self.post_ws.append(text)
             return
         self.post_dirty = True
-        self._act("prose" if text.replace("`", "").strip() else "fence")
+        # Backticks alone are a closing fence only if nothing but them follows: the verdict
+        # waits for the end, so it does not depend on where the stream was cut.
+        if text.replace("`", "").strip():
+            self._act("prose")
+        else:
+            self.post_ticks = True
 
     def _fail_raw(self) -> None:
         """The committed value cannot be repaired: pass the rest through as received."""
