@@ -60,8 +60,8 @@ test-integrations: $(VENV)/.test $(PHOENIX_VENV)/bin/phoenix
 # without them it falls back to an aiohttp upstream and skips the profile, and says so.
 bench: $(VENV)/.test
 	$(BIN)/pip install -q -e '.[bench]'
-	@if ! command -v nginx >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  apt-get install -y -qq --no-install-recommends nginx libnginx-mod-http-echo || true; fi
+	@if ! { command -v nginx && command -v wrk; } >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y -qq --no-install-recommends nginx libnginx-mod-http-echo wrk || true; fi
 	$(BIN)/python bench/run.py
 
 lint: $(VENV)/.test

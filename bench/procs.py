@@ -36,8 +36,9 @@ def _ticks(stat_file: Path, *, reaped_children: bool = False) -> int:
 
 
 def children(pid: int) -> list[int]:
-    """The live child processes of `pid` (a supervisor's workers), from /proc."""
-    found = []
+    """The live descendants of `pid` (a supervisor's workers, each process's span-export
+    child), from /proc."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -45,9 +46,24 @@ def children(pid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
+        parents[int(entry.name)] = int(fields[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        kids = [c for c, parent in parents.items() if parent in frontier]
+        found += kids
+        frontier = kids
     return found
+
+
+def _serves(pid: int) -> bool:
+    """Whether `pid` runs an event loop that serves calls (a worker or a single process),
+    not a helper process such as the span-export child."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"multiprocessing" not in cmdline and b"export_process" not in cmdline
 
 
 def cpu_times() -> dict[int, tuple[int, int]]:
@@ -97,7 +113,7 @@ class Proc:
     def main_thread_ticks(self) -> int:
         """CPU of the main thread alone: for the proxies, the event loop (of each worker,
         summed, for a supervisor with workers)."""
-        pids = children(self.pid) or [self.pid]
+        pids = [p for p in (self.pid, *children(self.pid)) if _serves(p)]
         return sum(_ticks(Path(f"/proc/{p}/task/{p}/stat")) for p in pids)
 
     def status(self) -> dict[str, int]:

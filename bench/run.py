@@ -106,6 +106,7 @@ DESCRIPTIONS = {
     "sm-off": "spanmeter, all on but tracing export off (no OTLP, no local file)",
     "sm-workers2": "sm-full with --workers 2: a supervisor and 2 workers on CPUs 0-1, sharing CPU 1 with wrk and "
                    "the upstream",
+    "sm-before": "sm-full run from another checkout (--baseline DIR): the code before a change, side by side",
 }
 # The proxy's CPUs per target: one process on CPU 0, except the workers, which get both
 # cores (the kernel places them); on a 2-core machine that is the load generator's core too.
@@ -166,14 +167,14 @@ def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_p
         "OPENAI_API_KEY": UPSTREAM_KEY,
         "PYTHONUNBUFFERED": "1",
     }
-    if name in ("sm-full", "sm-redis", "sm-workers2"):
+    if name in ("sm-full", "sm-redis", "sm-workers2", "sm-before"):
         env["SPANMETER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
     if name == "sm-redis":
         env["SPANMETER_LEDGER_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     return env
 
 
-def start_targets(procs: Procs, plan: Plan, upstream: Proc) -> list[Target]:
+def start_targets(procs: Procs, plan: Plan, upstream: Proc, baseline: Path | None = None) -> list[Target]:
     assert upstream.port is not None
     targets = [Target("direct", upstream.port, UPSTREAM_KEY, DESCRIPTIONS["direct"])]
     if "bare" in plan.targets:
@@ -201,8 +202,14 @@ def start_targets(procs: Procs, plan: Plan, upstream: Proc) -> list[Target]:
         env = spanmeter_env(name, procs.tmp, upstream.port, config, sink, redis_port)
         env["SPANMETER_PORT"] = str(port)
         env["SPANMETER_WORKERS"] = str(WORKERS.get(name, 1))
+        home = ROOT
+        if name == "sm-before":
+            if baseline is None:
+                raise SystemExit("target sm-before needs --baseline DIR (a checkout of the code to compare with)")
+            home = baseline
+            env["PYTHONPATH"] = str(baseline)  # its own proxy/ and tracing/, not this checkout's
         proc = procs.start(name, [PY, "-m", "proxy", "serve"], cpu=PROXY_CPUS.get(name, PROXY_CPU), port=port,
-                           env=env, cwd=str(ROOT), unset=INHERITED_CONFIG)
+                           env=env, cwd=str(home), unset=INHERITED_CONFIG)
         targets.append(Target(name, port, key, DESCRIPTIONS[name], proc))
     return targets
 
@@ -436,6 +443,29 @@ def render_workers(summary: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+BEFORE_COLUMNS = [("CPU JSON c64 ms", "json_c64.cpu_ms", 3), ("CPU SSE c64 ms", "sse_c64.cpu_ms", 3),
+                  ("event loop JSON c64 ms", "json_c64.loop_cpu_ms", 3),
+                  ("event loop SSE c64 ms", "sse_c64.loop_cpu_ms", 3), ("CPU agent c64 ms", "agent_c64.cpu_ms", 3),
+                  ("added p50 JSON c1 ms", "added.json_c1.p50_ms", 3),
+                  ("added p50 SSE c1 ms", "added.sse_c1.p50_ms", 3), ("JSON req/s c64", "json_c64.rps", 0),
+                  ("256c req/s", "slow_c256.rps", 0), ("peak RSS MB", "peak_rss_mb", 1)]
+
+
+def render_before(summary: dict[str, dict[str, float]]) -> str:
+    """sm-full over sm-before (--baseline): the change, measured side by side in one run."""
+    before, after = summary.get("sm-before"), summary.get("sm-full")
+    if not before or not after:
+        return ""
+    lines = ["\n\nThis checkout (sm-full) vs the baseline (sm-before), same run\n",
+             "| target | " + " | ".join(c[0] for c in BEFORE_COLUMNS) + " |", "|---|" + "---|" * len(BEFORE_COLUMNS)]
+    for name in ("sm-before", "sm-full"):
+        lines.append(f"| {name} | " + " | ".join(_fmt(summary[name].get(k), None, d) for _, k, d in BEFORE_COLUMNS)
+                     + " |")
+    lines.append("| after / before | " + " | ".join(f"{after[k] / before[k]:.2f}x" if before.get(k) and k in after
+                                                   else "-" for _, k, _ in BEFORE_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
 def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, float]]) -> str:
     lines: list[str] = []
     for title, cols in TABLES:
@@ -446,7 +476,7 @@ def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str,
             cells = [_fmt(m.get(key), rat[name].get(key) if with_ratio and name not in ("bare", "direct") else None, d)
                      for _, key, d in cols]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + render_workers(summary)
+    return "\n".join(lines) + render_workers(summary) + render_before(summary)
 
 
 TARGETS_CHECKED = [
@@ -506,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-only", action="store_true", help="only start sm-full and profile it")
     p.add_argument("--soak", type=int, metavar="N", help="run the reliability soak of N requests instead")
     p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="another checkout (e.g. a git worktree of the previous commit) run as target sm-before "
+                        "beside sm-full, so a change is measured side by side in one run")
     args = p.parse_args(argv)
     if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
         print("warning: fewer than 2 CPUs; pinning proxy and load apart is impossible", file=sys.stderr)
@@ -515,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.targets.split(",") if args.targets else plan.targets, plan.ttfb_n, plan.profile_s)
     if "direct" not in plan.targets:
         plan.targets.insert(0, "direct")
+    if args.baseline is not None and "sm-before" not in plan.targets:
+        plan.targets.append("sm-before")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="spanmeter-bench-") as tmp:
         procs = Procs(Path(tmp))
@@ -534,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -> int:
     upstream, kind = start_upstream(procs)
-    targets = start_targets(procs, plan, upstream)
+    targets = start_targets(procs, plan, upstream, args.baseline)
     smoke(targets)
     print(f"upstream: {kind}; targets: {', '.join(t.name for t in targets)}; {plan.reps} rep(s) x "
           f"{len(SCENARIOS)} scenarios x {plan.duration_s} s", flush=True)

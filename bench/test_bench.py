@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from payloads import JSON_BODY, SSE_EVENTS, STREAM_EVENTS
 from procs import Procs
 from profile_hot import fold
-from run import Target, _contention, ratios, render_workers, summarise, workers_vs_one
+from run import Target, _contention, ratios, render_before, render_workers, summarise, workers_vs_one
 from upstream import nginx_conf
 
 STACKS = (
@@ -86,6 +86,37 @@ def test_two_workers_against_one_are_ratios_of_the_same_run() -> None:
     table = render_workers(summary)
     assert "| 2 workers / 1 | 1.50x | 1.25x | - |" in table
     assert workers_vs_one({"sm-full": summary["sm-full"]}) == {} and render_workers({}) == ""
+
+
+def test_a_change_is_ratios_to_its_baseline_in_the_same_run() -> None:
+    summary = {"sm-before": {"json_c64.cpu_ms": 1.0, "sse_c64.cpu_ms": 2.0},
+               "sm-full": {"json_c64.cpu_ms": 0.8, "sse_c64.cpu_ms": 1.0}}
+    table = render_before(summary)
+    assert "| after / before | 0.80x | 0.50x | - |" in table
+    assert render_before({"sm-full": summary["sm-full"]}) == ""
+
+
+def test_grandchildren_count_too(tmp_path: Path) -> None:
+    """A worker's own child (the span-export process) is part of the proxy's cost."""
+    script = ("import os, time\n"
+              "end = time.time() + 30\n"
+              "if os.fork() == 0:\n"
+              "    os.fork()\n"
+              "    while time.time() < end:\n"
+              "        sum(range(10000))\n"
+              "time.sleep(30)\n")
+    procs = Procs(tmp_path)
+    try:
+        proc = procs.start("tree", [sys.executable, "-c", script], cpu=None, port=None)
+        deadline = time.monotonic() + 10
+        while len(proc.pids()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(proc.pids()) == 3  # the parent, its child and its grandchild
+        before = proc.cpu_ticks()
+        time.sleep(0.5)
+        assert proc.cpu_ticks() - before >= 20
+    finally:
+        procs.close()
 
 
 def test_a_supervisors_cpu_and_memory_include_its_workers(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ blocks the event loop; lines that do not fit are dropped and counted.
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import logging
 import queue
@@ -125,29 +126,39 @@ def access(
     if not log.isEnabledFor(level):
         return
     own = reason if reason and (error is None or error.startswith("spanmeter.") or refusal) else None
-    fields: dict[str, Any] = {
-        "tenant": tenant, "run_id": run_id, "api": api, "model": _bounded(model), "status": status,
-        "upstream_status": upstream_status or None, "duration_s": round(max(0.0, duration_s), 4),
-        "input_tokens": input_tokens, "output_tokens": output_tokens,
-        "cost_usd": cost_micros / 1e6 if cost_micros is not None else None,
-        "rewrites": [_bounded(r) for r in rewrites], "refusal": refusal, "error": error, "reason": own,
-    }
-    text = {
-        "tenant": tenant, "run": run_id, "api": api, "model": fields["model"], "status": status,
-        "upstream": upstream_status or None, "duration": f"{fields['duration_s']:.3f}s",
-        "tokens": f"{_n(input_tokens)}/{_n(output_tokens)}" if input_tokens is not None
-        or output_tokens is not None else None,
-        "cost": usd(cost_micros) if cost_micros is not None else None,
-        "rewrites": ",".join(fields["rewrites"]) or None, "refused": refusal, "error": error, "reason": own,
-    }
-    log.log(level, " ".join(f"{k}={_quote(v)}" for k, v in text.items() if v is not None or k in _ALWAYS),
-            extra={"access": fields})
+    model = _bounded(model)
+    bounded_rewrites = [r[:_MAX_VALUE] for r in rewrites]
+    duration = round(max(0.0, duration_s), 4)
+    # Only the JSON formatter reads the fields; the text line is all a text log needs.
+    fields: dict[str, Any] | None = None
+    if _FIELDS_WANTED:
+        fields = {
+            "tenant": tenant, "run_id": run_id, "api": api, "model": model, "status": status,
+            "upstream_status": upstream_status or None, "duration_s": duration,
+            "input_tokens": input_tokens, "output_tokens": output_tokens,
+            "cost_usd": cost_micros / 1e6 if cost_micros is not None else None,
+            "rewrites": bounded_rewrites, "refusal": refusal, "error": error, "reason": own,
+        }
+    tokens = (f"{_n(input_tokens)}/{_n(output_tokens)}"
+              if input_tokens is not None or output_tokens is not None else None)
+    parts = [f"tenant={_quote(tenant)} run={_quote(run_id)} api={_quote(api)} model={_quote(model)} "
+             f"status={status} upstream={upstream_status or '-'} duration={duration:.3f}s"]
+    for key, value in (("tokens", tokens), ("cost", usd(cost_micros) if cost_micros is not None else None),
+                       ("rewrites", ",".join(bounded_rewrites) or None), ("refused", refusal), ("error", error),
+                       ("reason", own)):
+        if value is not None:
+            parts.append(f"{key}={_quote(value)}")
+    # makeRecord + handle is what log.log does, less findCaller's walk up the stack: the
+    # line's origin is always this function.
+    log.handle(log.makeRecord(log.name, level, __file__, 0, " ".join(parts), (), None,
+                              extra={"access": fields} if fields is not None else None))
 
 
 # A stream that failed after its 200 went out: the upstream timed out, broke or vanished.
 _SERVICE_ERRORS = frozenset(cls("").error_type for cls in (
     StoreUnavailable, UpstreamConnectError, UpstreamTimeout, UpstreamProtocolError))
-_ALWAYS = frozenset({"tenant", "run", "api", "model", "status", "upstream"})
+# Whether records carry the fields as data: configure_logging turns it off for text logs.
+_FIELDS_WANTED = True
 
 
 def _n(v: int | None) -> str:
@@ -204,7 +215,12 @@ class JsonFormatter(logging.Formatter):
 
 
 def _iso(created: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
+    return _second(int(created)) + f".{int(created % 1 * 1000):03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second(whole: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
 
 
 class _Offloaded(logging.Handler):
@@ -286,6 +302,11 @@ def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
     `worker`: the slot of a worker of `spanmeter serve --workers N`, added to every line.
     Returns the function that flushes and stops the writer (bounded: a stuck sink cannot
     hold up the exit)."""
+    global _FIELDS_WANTED
+    _FIELDS_WANTED = fmt == "json"
+    # Neither formatter prints thread or process names; the logging docs' optimisation
+    # switches spare every record looking them up.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = _Offloaded(stream or sys.stderr, capacity)
     handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
     root = logging.getLogger()

@@ -242,6 +242,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     body_timeout_s: float = Field(60.0, gt=0)  # a request body must arrive within this (slow senders)
     allow_passthrough: bool = False  # unmetered forwarding of unknown paths
+    gc_tuning: bool = True  # freeze start-up objects, collect the young generation less often
 
     data_dir: str = ".spanmeter"
     ledger_url: str | None = None  # default sqlite:///{data_dir}/ledger.db
