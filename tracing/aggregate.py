@@ -96,13 +96,22 @@ class Scope:
 
 def _sampled_span(context: Context | None) -> tuple[int, int] | None:
     """(trace id, span id) of the context's span when it is sampled: the SDK's default
-    trace-based exemplar filter."""
+    trace-based exemplar filter. A call records its 5-9 points with one context, so the
+    last answer is kept: a Context is immutable, and holding it keeps its id from being
+    reused. One tuple, swapped in one assignment, so threads see a whole entry."""
+    global _last_context
     if context is None:
         return None
+    last = _last_context
+    if last[0] is context:
+        return last[1]
     sc = get_current_span(context).get_span_context()
-    if sc.trace_flags.sampled and sc.is_valid:
-        return sc.trace_id, sc.span_id
-    return None
+    found = (sc.trace_id, sc.span_id) if sc.trace_flags.sampled and sc.is_valid else None
+    _last_context = (context, found)
+    return found
+
+
+_last_context: tuple[Context | None, tuple[int, int] | None] = (None, None)
 
 
 class _HistogramSeries:
@@ -388,15 +397,19 @@ def _render_histogram(out: list[str], inst: Histogram, scope: Labels) -> None:
     name = prometheus_name(inst.name, inst.unit)
     out.append(f"# HELP {name} {_help(inst.description)}\n# TYPE {name} histogram\n")
     names, rows = _rows([s.attrs for s in series], scope)
-    with_le = sorted([*names, "le"])
+    # `le` sorts among the other labels (the client writes labels sorted): the text before
+    # and after it is the same on all of a series' buckets.
+    before = [n for n in names if n < "le"]
+    after = [n for n in names if n > "le"]
     les = [f"{b}" for b in inst.boundaries] + ["+Inf"]
     for s, row in zip(series, rows, strict=True):
         plain = _label_text(names, row)
+        head = f"{name}_bucket{{{_label_text(before, row)}{',' if before else ''}le=\""
+        tail = f"\"{',' if after else ''}{_label_text(after, row)}}} "
         running = 0
         for le, n in zip(les, s.counts, strict=True):
             running += n
-            row["le"] = le
-            out.append(f"{name}_bucket{{{_label_text(with_le, row)}}} {_go(running)}\n")
+            out.append(f"{head}{le}{tail}{_go(running)}\n")
         out.append(f"{name}_count{{{plain}}} {_go(running)}\n{name}_sum{{{plain}}} {_go(s.sum)}\n")
 
 

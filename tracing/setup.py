@@ -1,6 +1,6 @@
 """Telemetry providers for one proxy process (or one test): traces, metrics, exporters.
 
-`setup_telemetry(cfg)` builds its *own* TracerProvider and MeterProvider and never
+`setup_telemetry(cfg)` builds its *own* TracerProvider and metric instruments and never
 touches the global ones, so tests can create several side by side.
 
 Traces go through a bounded BatchSpanProcessor to
