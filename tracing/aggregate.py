@@ -34,7 +34,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import Exemplar
@@ -142,41 +142,64 @@ class _SumSeries:
 _FIRST_POINTS = itertools.count()
 
 
-class _Instrument:
-    """Series by label set. `_series` is keyed by the label items in the order the caller's
-    dict has them (what a point can compute cheaply); the same labels in another order find
-    the same series through `_canonical` on their first use, so no series is split."""
+S = TypeVar("S", _HistogramSeries, _SumSeries)
 
-    kind: str = ""
+
+class _Instrument(Generic[S]):
+    """Series by label set. `_series` is keyed by the label items in the order the caller's
+    dict has them (what a point can compute cheaply: our label dicts are cached and shared,
+    and a fresh dict with the same items finds the same key); the same labels in another
+    order find the same series through `_canonical` on their first use, so no series is
+    split. Both maps only grow with distinct label sets, which the label bounds
+    (tracing/labels.py) and the cardinality limit keep few."""
 
     def __init__(self, name: str, unit: str, description: str) -> None:
         self.name = name
         self.unit = unit
         self.description = description
-        self._lock = threading.Lock()
         self.first_point: int | None = None
+        self._lock = threading.Lock()
+        self._series: dict[Items, S] = {}
+        self._canonical: dict[Items, S] = {}
 
-    def _canonical_items(self, items: Items) -> Items:
-        return tuple(sorted(items, key=lambda kv: kv[0]))
+    def _make(self, attrs: Items) -> S:
+        raise NotImplementedError
+
+    def _new_series(self, items: Items) -> S:
+        # Under the lock.
+        if self.first_point is None:
+            self.first_point = next(_FIRST_POINTS)
+        canonical = tuple(sorted(items, key=lambda kv: kv[0]))
+        s = self._canonical.get(canonical)
+        if s is None:
+            # The SDK's rule: past the limit, new label sets share one overflow series.
+            if len(self._canonical) >= MAX_SERIES:
+                canonical = OVERFLOW
+                s = self._canonical.get(OVERFLOW)
+            if s is None:
+                s = self._canonical[canonical] = self._make(canonical)
+        if len(self._series) < 4 * MAX_SERIES:  # orderings of one set are few; bound them anyway
+            self._series[items] = s
+        return s
 
 
-class Histogram(_Instrument):
-    """Explicit-bucket histogram, cumulative: what the SDK's default aggregation keeps."""
-
-    kind = "histogram"
+class Histogram(_Instrument[_HistogramSeries]):
+    """Explicit-bucket histogram, cumulative: what the SDK's default aggregation keeps,
+    with the latest exemplar per bucket (its AlignedHistogramBucketExemplarReservoir)."""
 
     def __init__(self, name: str, unit: str, description: str, boundaries: Sequence[float]) -> None:
         super().__init__(name, unit, description)
         self.boundaries = tuple(boundaries)
-        self._series: dict[Items, _HistogramSeries] = {}
-        self._canonical: dict[Items, _HistogramSeries] = {}
+
+    def _make(self, attrs: Items) -> _HistogramSeries:
+        return _HistogramSeries(attrs, len(self.boundaries) + 1)
 
     def record(self, value: Number, labels: Labels, context: Context | None = None) -> None:
         if value < 0:
             log.warning("Histogram %s takes non-negative values only, dropped %r", self.name, value)
             return
         items = tuple(labels.items())
-        i = bisect_left(self.boundaries, value)
+        i = bisect_left(self.boundaries, value)  # value == bound counts in that bound's bucket
         ex = _sampled_span(context)
         with self._lock:
             s = self._series.get(items)
@@ -192,24 +215,9 @@ class Histogram(_Instrument):
             if ex is not None:
                 s.exemplars[i] = (value, time.time_ns(), ex[0], ex[1])
 
-    def _new_series(self, items: Items) -> _HistogramSeries:
-        # Under the lock.
-        if self.first_point is None:
-            self.first_point = next(_FIRST_POINTS)
-        canonical = self._canonical_items(items)
-        s = self._canonical.get(canonical)
-        if s is None:
-            if len(self._canonical) >= MAX_SERIES:
-                canonical = OVERFLOW
-                s = self._canonical.get(OVERFLOW)
-            if s is None:
-                s = self._canonical[canonical] = _HistogramSeries(canonical, len(self.boundaries) + 1)
-        if len(self._series) < 4 * MAX_SERIES:  # orderings of one set are few; bound them anyway
-            self._series[items] = s
-        return s
-
     def snapshot(self, *, take_exemplars: bool = False) -> list[_HistogramSeries]:
-        """Copies of the series, in the order they first appeared."""
+        """Copies of the series, in the order they first appeared; `take_exemplars` clears
+        the originals' exemplars (an OTLP collection)."""
         out = []
         with self._lock:
             for s in self._canonical.values():
@@ -222,15 +230,12 @@ class Histogram(_Instrument):
         return out
 
 
-class Counter(_Instrument):
-    """Monotonic sum, cumulative."""
+class Counter(_Instrument[_SumSeries]):
+    """Monotonic sum, cumulative. Its exemplar is the latest point with a sampled span
+    (the SDK kept a uniform sample of one)."""
 
-    kind = "counter"
-
-    def __init__(self, name: str, unit: str, description: str) -> None:
-        super().__init__(name, unit, description)
-        self._series: dict[Items, _SumSeries] = {}
-        self._canonical: dict[Items, _SumSeries] = {}
+    def _make(self, attrs: Items) -> _SumSeries:
+        return _SumSeries(attrs)
 
     def add(self, value: Number, labels: Labels, context: Context | None = None) -> None:
         if value < 0:
@@ -245,21 +250,6 @@ class Counter(_Instrument):
             s.value += value
             if ex is not None:
                 s.exemplar = (value, time.time_ns(), ex[0], ex[1])
-
-    def _new_series(self, items: Items) -> _SumSeries:
-        if self.first_point is None:
-            self.first_point = next(_FIRST_POINTS)
-        canonical = self._canonical_items(items)
-        s = self._canonical.get(canonical)
-        if s is None:
-            if len(self._canonical) >= MAX_SERIES:
-                canonical = OVERFLOW
-                s = self._canonical.get(OVERFLOW)
-            if s is None:
-                s = self._canonical[canonical] = _SumSeries(canonical)
-        if len(self._series) < 4 * MAX_SERIES:
-            self._series[items] = s
-        return s
 
     def snapshot(self, *, take_exemplars: bool = False) -> list[_SumSeries]:
         out = []
@@ -282,8 +272,6 @@ class GaugeSeries:
     unit: str
     description: str
     observe: Callable[[], Iterable[tuple[float, Labels]]]
-
-    kind = "gauge"
 
 
 Instrument = Histogram | Counter | GaugeSeries
