@@ -1,4 +1,4 @@
-"""Instruments: every metric spanmeter records, created once from a Meter.
+"""Instruments: every metric spanmeter records, created once per Telemetry.
 
 Labels are low-cardinality only: operation, provider, request and response model,
 server address/port, error.type, tenant, and small enums of our own. Never a run id,
@@ -11,8 +11,8 @@ signatures, a fraction of the cost per point. Label sets are built once and reus
 (`LabelCache`): a point then only makes a tuple of the dict's items to find its series.
 
 Budget gauges are read at collection time: the proxy pushes the latest numbers with
-`Telemetry.set_budget()` and `BudgetValues` reports them at collection time, so a
-scrape never touches the ledger.
+`Telemetry.set_budget()` and `BudgetValues` reports them when /metrics is rendered or a
+push is built, so a scrape never touches the ledger.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ LABEL_CACHE_ENTRIES: Final = 4096
 
 def frozen_labels(labels: Labels) -> FrozenLabels:
     """A label set to share: read-only by type (`Mapping`), so mypy rejects any change in
-    place. A plain dict, not a MappingProxyType: the SDK iterates a dict faster, and a
-    proxy would cost ~0.4 us on every point for a guarantee the types already give."""
+    place. A plain dict, not a MappingProxyType: a point iterates a dict faster, and a
+    proxy would cost on every point for a guarantee the types already give."""
     return labels
 
 
