@@ -1,7 +1,7 @@
 """One `/metrics` for N workers: the answering worker gathers its siblings' and merges.
 
-With `spanmeter serve --workers N` (proxy/workers.py) each worker has its own
-MeterProvider, so each knows only its share of the counts. A scrape of the shared port
+With `spanmeter serve --workers N` (proxy/workers.py) each worker has its own metric
+instruments, so each knows only its share of the counts. A scrape of the shared port
 lands on one worker, chosen by the kernel; that worker
 
 1. collects its own exposition and, at the same time, asks each sibling for its own on the

@@ -16,7 +16,7 @@ Decisions, and why:
   were imported (a replacement serves within ~100 ms, sharing the imported code's pages).
   Everything with a thread, a socket or a file handle is created after the fork, in the
   worker: the app (proxy/app.py) with its own SQLite writer thread or Redis pool, its own
-  telemetry (exporters, Prometheus registry), its own upstream connection pool, its own
+  telemetry (exporters, metric instruments), its own upstream connection pool, its own
   log writer thread.
 - **SO_REUSEPORT, one listening socket per worker.** The kernel spreads new connections
   over the workers' sockets by a hash of the connection, so the load is even; one shared

@@ -1,9 +1,9 @@
 """Merging Prometheus text expositions: several workers' `/metrics` as one process's.
 
-`spanmeter serve --workers N` runs N processes, each with its own OpenTelemetry
-MeterProvider. Whichever worker answers `GET /metrics` gathers its siblings' expositions
-and serves `merge(texts)`: ONE exposition of the same shape a single process emits, so
-dashboards and alert rules need no change.
+`spanmeter serve --workers N` runs N processes, each with its own metric instruments.
+Whichever worker answers `GET /metrics` gathers its siblings' expositions and serves
+`merge(texts)`: ONE exposition of the same shape a single process emits, so dashboards
+and alert rules need no change.
 
 The rules, per family (`# TYPE`):
 

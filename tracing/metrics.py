@@ -1,4 +1,4 @@
-"""Instruments: every metric spanmeter records, created once from a Meter.
+"""Instruments: every metric spanmeter records, created once per Telemetry.
 
 Labels are low-cardinality only: operation, provider, request and response model,
 server address/port, error.type, tenant, and small enums of our own. Never a run id,
@@ -6,25 +6,26 @@ conversation id, response id or trace id. Values a caller, its model or an upstr
 steer (models, error types, tool names) pass through `Instruments.labels`
 (tracing/labels.py) first: known or bounded values only.
 
-Label sets are built once and reused (`LabelCache`): the SDK cleans, copies and hashes
-whatever mapping it is given on every point, so ours only has to exist, not be rebuilt.
+The instruments are tracing/aggregate.py's plain-Python ones, not the SDK's: same call
+signatures, a fraction of the cost per point. Label sets are built once and reused
+(`LabelCache`): a point then only makes a tuple of the dict's items to find its series.
 
-Budget gauges are observable: the proxy pushes the latest numbers with
-`Instruments.set_budget()` and the callback reports them at collection time, so a
-scrape never touches the ledger.
+Budget gauges are read at collection time: the proxy pushes the latest numbers with
+`Telemetry.set_budget()` and `BudgetValues` reports them when /metrics is rendered or a
+push is built, so a scrape never touches the ledger.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
-from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.util.types import AttributeValue
 
 from tracing import attributes as A
+from tracing.aggregate import Counter, GaugeSeries, Histogram, Instrument
 from tracing.labels import KnownModel, LabelBounds
 
 __all__ = ["BudgetValues", "CallKey", "CallLabels", "Instruments", "LabelCache", "build_kind_labels", "frozen_labels"]
@@ -39,8 +40,8 @@ LABEL_CACHE_ENTRIES: Final = 4096
 
 def frozen_labels(labels: Labels) -> FrozenLabels:
     """A label set to share: read-only by type (`Mapping`), so mypy rejects any change in
-    place. A plain dict, not a MappingProxyType: the SDK iterates a dict faster, and a
-    proxy would cost ~0.4 us on every point for a guarantee the types already give."""
+    place. A plain dict, not a MappingProxyType: a point iterates a dict faster, and a
+    proxy would cost on every point for a guarantee the types already give."""
     return labels
 
 
@@ -127,6 +128,8 @@ class BudgetValues:
     """The latest budget numbers per (tenant, window), in micro-USD."""
 
     _values: dict[tuple[str, str], tuple[int, int | None]] = field(default_factory=dict)
+    _labels: LabelCache[tuple[str, str], FrozenLabels] = field(
+        default_factory=lambda: LabelCache(lambda key: frozen_labels(_budget_labels(*key))))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, tenant: str, window: str, spent_micros: int, limit_micros: int | None) -> None:
@@ -137,6 +140,12 @@ class BudgetValues:
     def snapshot(self) -> list[tuple[str, str, int, int | None]]:
         with self._lock:
             return [(t, w, s, lim) for (t, w), (s, lim) in self._values.items()]
+
+    def spent(self) -> list[tuple[float, FrozenLabels]]:
+        return [(s / 1e6, self._labels.get((t, w))) for t, w, s, _ in self.snapshot()]
+
+    def limits(self) -> list[tuple[float, FrozenLabels]]:
+        return [(lim / 1e6, self._labels.get((t, w))) for t, w, _, lim in self.snapshot() if lim is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +174,8 @@ class Instruments:
     kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
 
     @classmethod
-    def create(
-        cls, meter: Meter, *, semconv_latest: bool = False, known_model: KnownModel | None = None
-    ) -> Instruments:
-        """All instruments on `meter`; inference metrics use the post-1.41 names when opted in.
+    def create(cls, *, semconv_latest: bool = False, known_model: KnownModel | None = None) -> Instruments:
+        """All instruments; inference metrics use the post-1.41 names when opted in.
         `known_model`: the price table's lookup, so unpriced models collapse in labels."""
         duration, ttfc, tpoc = (
             (
@@ -183,60 +190,57 @@ class Instruments:
                 A.GEN_AI_CLIENT_TIME_PER_OUTPUT_CHUNK,
             )
         )
-        budgets = BudgetValues()
-        _budget_gauges(meter, budgets)
         return cls(
-            operation_duration=_histogram(meter, duration, A.DURATION_BUCKETS),
-            token_usage=_histogram(meter, A.GEN_AI_CLIENT_TOKEN_USAGE, A.TOKEN_BUCKETS),
-            time_to_first_chunk=_histogram(meter, ttfc, A.DURATION_BUCKETS),
-            time_per_output_chunk=_histogram(meter, tpoc, A.DURATION_BUCKETS),
-            execute_tool_duration=_histogram(meter, A.GEN_AI_EXECUTE_TOOL_DURATION, A.DURATION_BUCKETS),
-            mcp_duration=_histogram(meter, A.MCP_CLIENT_OPERATION_DURATION, A.MCP_DURATION_BUCKETS),
-            cost=_counter(meter, A.SPANMETER_COST),
-            limit_rejections=_counter(meter, A.SPANMETER_LIMIT_REJECTIONS),
-            repairs=_counter(meter, A.SPANMETER_REPAIRS_METRIC),
-            tool_calls=_counter(meter, A.SPANMETER_TOOL_CALLS),
-            guard_actions=_counter(meter, A.SPANMETER_GUARD_ACTIONS),
-            rewrites=_counter(meter, A.SPANMETER_REWRITES_METRIC),
-            ledger_overshoot=_counter(meter, A.SPANMETER_LEDGER_OVERSHOOT),
-            dropped_spans=_counter(meter, A.SPANMETER_TELEMETRY_DROPPED_SPANS),
-            cache_tokens=_counter(meter, A.SPANMETER_CACHE_INPUT_TOKENS),
-            cost_saved=_counter(meter, A.SPANMETER_COST_SAVED),
-            budgets=budgets,
-            wrap_up_notices=_counter(meter, A.SPANMETER_WRAP_UP_NOTICES),
-            runs_ended=_counter(meter, A.SPANMETER_RUNS_ENDED),
+            operation_duration=_histogram(duration, A.DURATION_BUCKETS),
+            token_usage=_histogram(A.GEN_AI_CLIENT_TOKEN_USAGE, A.TOKEN_BUCKETS),
+            time_to_first_chunk=_histogram(ttfc, A.DURATION_BUCKETS),
+            time_per_output_chunk=_histogram(tpoc, A.DURATION_BUCKETS),
+            execute_tool_duration=_histogram(A.GEN_AI_EXECUTE_TOOL_DURATION, A.DURATION_BUCKETS),
+            mcp_duration=_histogram(A.MCP_CLIENT_OPERATION_DURATION, A.MCP_DURATION_BUCKETS),
+            cost=_counter(A.SPANMETER_COST),
+            limit_rejections=_counter(A.SPANMETER_LIMIT_REJECTIONS),
+            repairs=_counter(A.SPANMETER_REPAIRS_METRIC),
+            tool_calls=_counter(A.SPANMETER_TOOL_CALLS),
+            guard_actions=_counter(A.SPANMETER_GUARD_ACTIONS),
+            rewrites=_counter(A.SPANMETER_REWRITES_METRIC),
+            ledger_overshoot=_counter(A.SPANMETER_LEDGER_OVERSHOOT),
+            dropped_spans=_counter(A.SPANMETER_TELEMETRY_DROPPED_SPANS),
+            cache_tokens=_counter(A.SPANMETER_CACHE_INPUT_TOKENS),
+            cost_saved=_counter(A.SPANMETER_COST_SAVED),
+            budgets=BudgetValues(),
+            wrap_up_notices=_counter(A.SPANMETER_WRAP_UP_NOTICES),
+            runs_ended=_counter(A.SPANMETER_RUNS_ENDED),
             labels=LabelBounds(known_model),
         )
 
+    def all(self) -> list[Instrument]:
+        """Every instrument, in the order expositions list them; the budget gauges last."""
+        recorded: list[Instrument] = [
+            self.operation_duration, self.token_usage, self.time_to_first_chunk, self.time_per_output_chunk,
+            self.execute_tool_duration, self.mcp_duration, self.cost, self.limit_rejections, self.repairs,
+            self.tool_calls, self.guard_actions, self.rewrites, self.ledger_overshoot, self.dropped_spans,
+            self.cache_tokens, self.cost_saved, self.wrap_up_notices, self.runs_ended,
+        ]  # fmt: skip
+        return [*recorded, *_budget_gauges(self.budgets)]
 
-def _histogram(meter: Meter, name: str, buckets: tuple[float, ...]) -> Histogram:
+
+def _histogram(name: str, buckets: tuple[float, ...]) -> Histogram:
     spec = A.METRICS_BY_NAME[name]
-    return meter.create_histogram(
-        name,
-        unit=spec.unit,
-        description=spec.description,
-        explicit_bucket_boundaries_advisory=list(buckets),
-    )
+    return Histogram(name, spec.unit, spec.description, buckets)
 
 
-def _counter(meter: Meter, name: str) -> Counter:
+def _counter(name: str) -> Counter:
     spec = A.METRICS_BY_NAME[name]
-    return meter.create_counter(name, unit=spec.unit, description=spec.description)
+    return Counter(name, spec.unit, spec.description)
 
 
-def _budget_gauges(meter: Meter, budgets: BudgetValues) -> None:
-    def spent(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(s / 1e6, _budget_labels(t, w)) for t, w, s, _ in budgets.snapshot()]
-
-    def limit(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(lim / 1e6, _budget_labels(t, w)) for t, w, _, lim in budgets.snapshot() if lim is not None]
-
-    for name, callback in (
-        (A.SPANMETER_BUDGET_SPENT_USD, spent),
-        (A.SPANMETER_BUDGET_LIMIT_USD, limit),
-    ):
-        spec = A.METRICS_BY_NAME[name]
-        meter.create_observable_gauge(name, callbacks=[callback], unit=spec.unit, description=spec.description)
+def _budget_gauges(budgets: BudgetValues) -> list[GaugeSeries]:
+    spent = A.METRICS_BY_NAME[A.SPANMETER_BUDGET_SPENT_USD]
+    limit = A.METRICS_BY_NAME[A.SPANMETER_BUDGET_LIMIT_USD]
+    return [
+        GaugeSeries(spent.name, spent.unit, spent.description, budgets.spent),
+        GaugeSeries(limit.name, limit.unit, limit.description, budgets.limits),
+    ]
 
 
 def _budget_labels(tenant: str, window: str) -> Labels:

@@ -1,6 +1,6 @@
 """Telemetry providers for one proxy process (or one test): traces, metrics, exporters.
 
-`setup_telemetry(cfg)` builds its *own* TracerProvider and MeterProvider and never
+`setup_telemetry(cfg)` builds its *own* TracerProvider and metric instruments and never
 touches the global ones, so tests can create several side by side.
 
 Traces go through a bounded BatchSpanProcessor to
@@ -14,8 +14,9 @@ Traces go through a bounded BatchSpanProcessor to
 Ending a span only appends it to an in-memory queue; export runs on the processor's
 thread. When the queue is full or an export fails the spans are dropped and counted in
 `spanmeter.telemetry.dropped_spans`, which `/metrics` shows even when the collector is the
-thing that is down. Metrics are read by a Prometheus reader on a private
-CollectorRegistry (`metrics_text()`), always; they are pushed over OTLP only when asked
+thing that is down. Metrics are aggregated by spanmeter's own instruments
+(tracing/aggregate.py, no SDK MeterProvider) and rendered as Prometheus text on demand
+(`metrics_text()`), always; they are pushed over OTLP only when asked
 for (`push_metrics`, `OTEL_METRICS_EXPORTER=otlp` or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`),
 never merely because a traces endpoint is set: many backends (Phoenix, Langfuse, Tempo)
 take only traces and answer a metrics push with an error, every interval.
@@ -31,15 +32,11 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from opentelemetry.context import Context
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import Counter
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -50,9 +47,10 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Tracer
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from tracing import attributes as A
+from tracing.aggregate import Counter, MetricsOut, PushLoop, Scope
 from tracing.labels import KnownModel
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
@@ -273,26 +271,22 @@ class Telemetry:
         self,
         config: TelemetryConfig,
         tracer_provider: TracerProvider,
-        meter_provider: MeterProvider,
+        metrics: MetricsOut,
         instruments: Instruments,
-        registry: CollectorRegistry,
         ids: RunIdGenerator,
-        pushed_metrics: list[MetricReader],
     ) -> None:
         self.config = config
         self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
+        self.metrics = metrics
         self.instruments = instruments
-        self.registry = registry
         self.ids = ids
-        self._pushed_metrics = pushed_metrics
         self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
         self._closed = False
 
     def metrics_text(self) -> bytes:
         """The Prometheus text exposition for the proxy's `/metrics` (content type
         `METRICS_CONTENT_TYPE`)."""
-        return generate_latest(self.registry)
+        return self.metrics.text()
 
     def set_budget(self, tenant: str, window: str, spent_micros: int, limit_micros: int | None) -> None:
         """Latest spend and limit of a tenant for `window` (day | month), for the gauges."""
@@ -301,11 +295,7 @@ class Telemetry:
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
         """Export what is queued. Blocks: call it from a thread, never on the event loop."""
         ok = self.tracer_provider.force_flush(timeout_millis)
-        # Only the push readers: collecting the Prometheus reader outside a scrape queues
-        # a second batch that its collector then writes out twice.
-        for reader in self._pushed_metrics:
-            ok = reader.force_flush(timeout_millis) and ok
-        return ok
+        return self.metrics.force_flush(timeout_millis) and ok
 
     def shutdown(self) -> None:
         """Flush and stop. Blocks (up to ~30 s plus the export timeout when the collector
@@ -313,7 +303,7 @@ class Telemetry:
         if self._closed:
             return
         self._closed = True
-        for stop in (self.tracer_provider.shutdown, self.meter_provider.shutdown):
+        for stop in (self.tracer_provider.shutdown, self.metrics.shutdown):
             try:
                 stop()
             except Exception:
@@ -341,12 +331,8 @@ def setup_telemetry(
             **cfg.resource_attributes,
         }
     )
-    registry = CollectorRegistry(auto_describe=True)
-    pushed = _push_readers(cfg, env)
-    readers = [PrometheusMetricReader(registry=registry), *pushed]
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-    meter = meter_provider.get_meter(SCOPE, schema_url=A.SCHEMA_URL)
-    instruments = Instruments.create(meter, semconv_latest=cfg.semconv_latest, known_model=cfg.known_model)
+    instruments = Instruments.create(semconv_latest=cfg.semconv_latest, known_model=cfg.known_model)
+    metrics = _metrics_out(cfg, env, resource, instruments)
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
     chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
@@ -356,7 +342,7 @@ def setup_telemetry(
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     if span_exporters is None:
         log.info("%s", describe_exports(cfg, env))
-    return Telemetry(cfg, tracer_provider, meter_provider, instruments, registry, ids, pushed)
+    return Telemetry(cfg, tracer_provider, metrics, instruments, ids)
 
 
 def describe_exports(cfg: TelemetryConfig, env: Mapping[str, str]) -> str:
@@ -418,19 +404,23 @@ def _otlp_span_exporter(cfg: TelemetryConfig, env: Mapping[str, str]) -> SpanExp
     return OTLPSpanExporter(endpoint=otlp_url(cfg, env, "traces"), timeout=cfg.export_timeout, compression=compression)
 
 
-def _push_readers(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[MetricReader]:
-    readers: list[MetricReader] = []
-    if cfg.otlp_metrics(env):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+def _metrics_out(cfg: TelemetryConfig, env: Mapping[str, str], resource: Resource,
+                 instruments: Instruments) -> MetricsOut:  # fmt: skip
+    """/metrics always; an OTLP push every `metric_export_interval_ms` when asked for."""
+    return MetricsOut(resource, Scope(SCOPE, None, A.SCHEMA_URL), instruments.all(), _metric_pushes(cfg, env))
 
-        compression = _compression(cfg, env, "metrics")
-        exporter = OTLPMetricExporter(endpoint=otlp_url(cfg, env, "metrics"), timeout=cfg.export_timeout,
-                                      compression=compression)
-        readers.append(
-            PeriodicExportingMetricReader(
-                exporter,
-                export_interval_millis=cfg.metric_export_interval_ms,
-                export_timeout_millis=cfg.export_timeout * 1000,
-            )
-        )
-    return readers
+
+def _metric_pushes(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[Callable[[MetricsOut], PushLoop]]:
+    if not cfg.otlp_metrics(env):
+        return []
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    compression = _compression(cfg, env, "metrics")
+    exporter = OTLPMetricExporter(endpoint=otlp_url(cfg, env, "metrics"), timeout=cfg.export_timeout,
+                                  compression=compression)
+
+    def start(out: MetricsOut) -> PushLoop:
+        return PushLoop(exporter, out.data, interval_ms=cfg.metric_export_interval_ms,
+                        timeout_ms=cfg.export_timeout * 1000)
+
+    return [start]
