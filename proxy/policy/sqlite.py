@@ -287,7 +287,9 @@ class SqliteStore(DerivedOps):
 
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
             ts = now.timestamp()
-            _expire(conn, ts, 64)
+            # Reservations past their ttl are charged by the sweeper's `expire` (every 15 s
+            # in the proxy), as on Redis: expiry moves reserved to settled and changes no
+            # headroom, so an admission need not pass over them itself.
             budget, run = _read_run(conn, tenant, run_id)
             # Everything the request settles about the run happens even if the call is
             # then refused: the tool results did arrive.
@@ -449,7 +451,7 @@ class SqliteStore(DerivedOps):
 
     async def expire(self, now: datetime) -> int:
         ts = now.timestamp()
-        result: int = await self._do(lambda conn: _expire(conn, ts, None))
+        result: int = await self._do(lambda conn: _expire(conn, ts))
         return result
 
     async def spend_detail(
@@ -704,21 +706,19 @@ def _sql(make: Callable[[int], str], n: int) -> str:
     return sql
 
 
-def _expire(conn: sqlite3.Connection, now_ts: float, limit: int | None) -> int:
-    """Charge reservations past their ttl at their reserved amount (unknown is not zero)."""
+def _expire(conn: sqlite3.Connection, now_ts: float) -> int:
+    """Charge reservations past their ttl at their reserved amount (unknown is not zero),
+    and forget what no settle can correct any more."""
     rows = conn.execute(
         "SELECT id, tenant, run_id, day_key, month_key, amount, key_id FROM reservations "
-        "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at LIMIT ?",
-        (now_ts, -1 if limit is None else limit),
+        "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at",
+        (now_ts,),
     ).fetchall()
     for rid, tenant, run_id, day, month, amount, key_id in rows:
         _add(conn, tenant, [(scope, key, amount, -amount) for scope, key in _reserved_on(run_id, day, month, key_id)])
         conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
-    if limit is None:
-        # The sweeper's full pass (every 15 s in the proxy) forgets what no settle can
-        # correct any more; an admission's own pass leaves that to it.
-        conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))
-        conn.execute("DELETE FROM contexts WHERE seen_at < ?", (now_ts - CONTEXT_KEPT_S,))
+    conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))
+    conn.execute("DELETE FROM contexts WHERE seen_at < ?", (now_ts - CONTEXT_KEPT_S,))
     return len(rows)
 
 
