@@ -26,7 +26,7 @@ the write). The settings differ in what survives an OS crash or a power cut:
             least what the call cost; the run totals it carried (counters for reports,
             the run record) are lost with it. Every admission is on disk before the
             call is forwarded. The WAL is one file written in order, so the next fsync
-            (of a later batch that writes anything not lazy, or a checkpoint) makes every lazy
+            (a later batch writing anything not lazy, or a checkpoint) makes every lazy
             settle before it durable too: a power cut loses at most the lazy settles
             committed since the last fsync.
     NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
