@@ -22,6 +22,13 @@ per EVALSHA), the servers' whole CPU (INFO cpu, user + sys: network I/O included
 bytes on the wire each way (INFO stats total_net_input_bytes / total_net_output_bytes),
 summed over every node, for --n admissions then --n settles at concurrency 16. These are the figures docs/scale.md sizes
 Redis shards from.
+
+--cpu measures, instead, what the serving process spends per pair (combined mode, the
+proxy's: an admit carrying the run's trace ids, then one settle with totals and every
+second call a tool call) at each --concurrency, on uvloop as the proxy runs: process CPU
+(time.process_time: every thread), the event-loop thread's (time.thread_time on it) and
+the ledger's own thread's (its CPU clock), in microseconds per pair, plus the wall rate.
+--repeat runs each level several times (interleaved with the other stores).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import asyncio
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from proxy.policy.store import Admission, Limits, Store, open_store
+from proxy.policy.store import Admission, Limits, Store, Turn, open_store
 from tests.fixtures.redis import BINARY, RedisServer
 from tests.fixtures.redis_cluster import CLI, LocalCluster
 
@@ -91,6 +99,42 @@ async def measure(url: str, mode: str, n: int, concurrency: int) -> tuple[float,
     p50 = statistics.median(latencies) * 1e3
     p99 = latencies[int(len(latencies) * 0.99) - 1] * 1e3
     return n / elapsed, p50, p99
+
+
+TRACE = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7"}
+
+
+def _thread_clock(name: str) -> int | None:
+    """The CPU clock of this process's thread called `name` (None when there is none)."""
+    for thread in threading.enumerate():
+        if thread.name == name and thread.ident is not None:
+            return time.pthread_getcpuclockid(thread.ident)
+    return None
+
+
+async def cpu(url: str, n: int, concurrency: int) -> dict[str, float]:
+    """CPU per pair: the whole process, the event-loop thread, the ledger's thread (us)."""
+    store = open_store(url)
+    await store.ping()
+    gate = asyncio.Semaphore(concurrency)
+    turn = Turn(trace=TRACE)
+
+    async def pair(i: int) -> None:
+        async with gate:
+            run_id = f"run-{i % 100}"
+            admission = await store.admit("bench", run_id, min_reserve=1, max_reserve=5_000, limits=LIMITS,
+                                          now=datetime.now(UTC), turn=turn)
+            await store.settle(admission, 1_234, run_totals=TOTALS, tools=_tools(i) or None)
+
+    await asyncio.gather(*(pair(i) for i in range(300)))  # warm up: page cache, statement cache
+    clock = _thread_clock("spanmeter-ledger")
+    ledger0 = time.clock_gettime(clock) if clock is not None else 0.0
+    proc0, loop0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
+    await asyncio.gather(*(pair(i) for i in range(n)))
+    proc, loop, wall = time.process_time() - proc0, time.thread_time() - loop0, time.perf_counter() - wall0
+    ledger = time.clock_gettime(clock) - ledger0 if clock is not None else float("nan")
+    await store.aclose()
+    return {"process": proc / n * 1e6, "loop": loop / n * 1e6, "ledger": ledger / n * 1e6, "rate": n / wall}
 
 
 def _counters(ports: list[int]) -> dict[str, float]:
@@ -149,14 +193,19 @@ async def cost(url: str, ports: list[int], n: int) -> list[tuple[str, dict[str, 
     return rows
 
 
-async def main() -> None:
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--concurrency", default="1,16,128")
     parser.add_argument("--modes", default="separate,combined")
     parser.add_argument("--stores", default="sqlite,sqlite-normal,redis,cluster")
     parser.add_argument("--cost", action="store_true", help="Redis cost per admit and settle instead")
-    args = parser.parse_args()
+    parser.add_argument("--cpu", action="store_true", help="the serving process's CPU per pair instead")
+    parser.add_argument("--repeat", type=int, default=1, help="--cpu: runs of each level")
+    return parser.parse_args()
+
+
+async def main(args: argparse.Namespace) -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = args.modes.split(",")
     wanted = args.stores.split(",")
@@ -179,6 +228,17 @@ async def main() -> None:
             targets["cluster"] = cluster.url
             ports["cluster"] = [node.port for node in cluster.nodes]
         try:
+            if args.cpu:
+                print(f"{'store':14} {'conc':>5} {'pairs/s':>9} {'process us':>11} {'loop us':>8} {'ledger us':>10}")
+                for c in levels:
+                    for _ in range(args.repeat):
+                        for name, url in targets.items():
+                            if name not in wanted:
+                                continue
+                            r = await cpu(url, args.n, c)
+                            print(f"{name:14} {c:>5} {r['rate']:>9,.0f} {r['process']:>11.1f} {r['loop']:>8.1f} "
+                                  f"{r['ledger']:>10.1f}", flush=True)
+                return
             if args.cost:
                 print(f"{'store':8} {'op':7} {'commands':>9} {'EVALSHA usec':>13} {'server CPU usec':>16} "
                       f"{'bytes in':>9} {'bytes out':>10}")
@@ -203,4 +263,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    options = parse()
+    if options.cpu:
+        import uvloop  # the proxy's loop (proxy/cli.py)
+
+        uvloop.run(main(options))
+    else:
+        asyncio.run(main(options))

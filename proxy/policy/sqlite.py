@@ -2,25 +2,39 @@
 
 Why one thread: sqlite3 calls block, so none may run on the event loop; and one writer
 makes every operation trivially atomic within the process. Operations queue up; the
-thread takes all that are waiting, runs each inside its own SAVEPOINT of one
+thread takes all that are waiting (a batch), runs them one after the other inside one
 `BEGIN IMMEDIATE` transaction and commits once (group commit). Each operation stays
-atomic and isolated (they run one after the other), and with `synchronous=FULL` a
-result is handed back only after its commit reached the disk, so spend survives a
-kill -9 or a power cut, while many admissions share one fsync under load.
+atomic and isolated: one that raises leaves no write behind and its batch-mates commit
+(`_run_batch`). Results are handed back only after the commit, all of a batch's at once:
+one wake-up of each waiting event loop per batch, not one per operation.
 
 `BEGIN IMMEDIATE` takes SQLite's write lock, so several processes (or several stores)
 on the same file also stay atomic with respect to each other.
 
-Durability is chosen by `synchronous` (URL: `sqlite:///ledger.db?synchronous=normal`):
+Durability is chosen by `synchronous` (URL: `sqlite:///ledger.db?synchronous=normal`).
+Whatever the setting, a result is handed back only once its commit is written to the WAL
+file, so everything returned survives a process crash (kill -9 included: the OS holds
+the write). The settings differ in what survives an OS crash or a power cut:
 
-    FULL    (default) the WAL is fsynced at every commit: a returned result survives a
-            process crash, an OS crash and a power cut.
+    FULL    (default) the WAL is fsynced before a batch's results are handed back, so
+            they all survive; except a batch made only of *lazy* settles, which commits
+            without waiting for the fsync. A settle is lazy when losing it can only
+            over-count (`_lazy_settle`): it cost no more than its reservation, and it
+            carries neither open tool calls, nor stored-context sizes, nor (when the
+            run's tokens are capped, runs.max_tokens) token totals. Lost, its
+            reservation stands and expires at its full amount (`_expire`), which is at
+            least what the call cost; the run totals it carried (counters for reports,
+            the run record) are lost with it. Every admission is on disk before the
+            call is forwarded. The WAL is one file written in order, so the next fsync
+            (a later batch writing anything not lazy, or a checkpoint) makes every lazy
+            settle before it durable too: a power cut loses at most the lazy settles
+            committed since the last fsync.
     NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
-            fsynced only at checkpoints. A returned result survives a process crash,
-            kill -9 included (the OS still holds the write), but an OS crash or power
-            loss may roll back the last transactions before the latest checkpoint. The
-            database is never corrupted either way, only possibly older. Saves one
-            fsync per commit batch.
+            fsynced only at checkpoints. An OS crash or power loss may roll back the
+            last transactions before the latest checkpoint, admissions and overshoots
+            included. The database is never corrupted either way, only possibly older.
+            Saves one fsync per commit batch.
+    EXTRA   as FULL, with no lazy commits.
 """
 
 from __future__ import annotations
@@ -29,14 +43,16 @@ import asyncio
 import contextlib
 import json
 import queue
+import secrets
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
+
+import orjson
 
 from proxy.errors import Refusal, StoreUnavailable
 from proxy.policy.rates import RateState, epoch_ms, rate_step
@@ -60,7 +76,6 @@ from proxy.policy.store import (
     rate_refusal,
     refusal,
     refused_with,
-    release_later,
     run_record,
     scope_of,
     streak_of,
@@ -75,9 +90,13 @@ __all__ = ["SYNCHRONOUS", "SqliteStore"]
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
-_Job = tuple[Op, asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+_Job = tuple[Op, asyncio.AbstractEventLoop, "asyncio.Future[Any]", bool]  # (op, its loop, its future, lazy)
 
 _BATCH = 256
+# Prepared statements kept per connection: every distinct SQL text of this module (about
+# 60, counting the per-row-count variants of the multi-row ones) stays prepared.
+_STATEMENTS = 256
+_RELEASING: set[asyncio.Task[None]] = set()  # keeps the releases of abandoned admissions alive
 SYNCHRONOUS = ("FULL", "NORMAL", "EXTRA")  # OFF is left out: an OS crash could corrupt the file
 _EXPIRED_KEPT_S = 7 * 86400  # how long an expired reservation can still be corrected
 
@@ -133,6 +152,7 @@ class SqliteStore(DerivedOps):
         self._synchronous = synchronous.upper()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
+        self._lazy = False  # the connection is at synchronous=NORMAL for a lazy batch (writer thread only)
         self.operations = 0  # store operations submitted since start (one transaction step each)
         self._thread = threading.Thread(target=self._serve, name="spanmeter-ledger", daemon=True)
         self._thread.start()
@@ -143,7 +163,8 @@ class SqliteStore(DerivedOps):
         # Two processes opening a new file at once race on the switch to WAL, which does
         # not wait on busy_timeout: "database is locked" then only means "try again".
         for attempt in range(50):
-            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False,
+                                   cached_statements=_STATEMENTS)
             try:
                 conn.execute("PRAGMA busy_timeout=30000")
                 conn.execute("PRAGMA journal_mode=WAL")
@@ -183,23 +204,64 @@ class SqliteStore(DerivedOps):
             if conn is None:
                 results: list[tuple[bool, Any]] = [(False, failure)] * len(batch)
             else:
-                results = _run_batch(conn, [op for op, _, _ in batch])
-            for (_, loop, fut), (ok, value) in zip(batch, results, strict=True):
-                _resolve(loop, fut, ok, value, self.path)
+                results = self._commit(conn, batch)
+            self._deliver(batch, results)
         if conn is not None:
             conn.close()
 
-    async def _do(self, op: Op) -> Any:
-        return await self._submit(op)
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        """Run a batch in one transaction, fsynced unless every op in it is lazy (FULL only)."""
+        lazy = self._synchronous == "FULL" and all(job[3] for job in batch)
+        if lazy != self._lazy:
+            try:  # outside any transaction: SQLite refuses to change it inside one
+                conn.execute(f"PRAGMA synchronous={'NORMAL' if lazy else 'FULL'}")
+            except sqlite3.Error as exc:
+                return [(False, exc)] * len(batch)
+            self._lazy = lazy
+        return _run_batch(conn, [job[0] for job in batch])
 
-    def _submit(self, op: Op) -> asyncio.Future[Any]:
-        """Queue `op` for the writer thread; the future resolves on the caller's loop."""
+    def _deliver(self, batch: list[_Job], results: list[tuple[bool, Any]]) -> None:
+        """Hand a batch's results back with one wake-up of each waiting event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+        for (_, loop, fut, _), (ok, value) in zip(batch, results, strict=True):
+            if not ok and isinstance(value, sqlite3.Error | OSError):
+                error = StoreUnavailable(f"The ledger {self.path} failed: {value}. Check the disk and its permissions.")
+                error.__cause__ = value
+                value = error
+            by_loop.setdefault(loop, []).append((fut, ok, value))
+        for loop, done in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(self._hand_back, done)
+
+    def _hand_back(self, done: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+        """On the caller's loop: resolve the futures of one batch."""
+        for fut, ok, value in done:
+            if not fut.done():
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+            elif ok and isinstance(value, Admission):
+                # Its caller was cancelled while it committed: nothing was forwarded, so
+                # zero is its true cost (rather than expiring at its reserved amount).
+                releasing = asyncio.ensure_future(self.release(value))
+                _RELEASING.add(releasing)
+                releasing.add_done_callback(_RELEASING.discard)
+
+    async def _do(self, op: Op, *, lazy: bool = False) -> Any:
+        return await self._submit(op, lazy)
+
+    def _submit(self, op: Op, lazy: bool = False) -> asyncio.Future[Any]:
+        """Queue `op` for the writer thread; the future resolves on the caller's loop.
+
+        `lazy`: losing this op's commit to a power cut can only over-count spend (see the
+        module docstring), so a batch made only of such ops may skip the fsync."""
         if self._closed:
             raise StoreUnavailable(f"The ledger {self.path} is closed.")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self.operations += 1
-        self._jobs.put((op, loop, fut))
+        self._jobs.put((op, loop, fut, lazy))
         return fut
 
     # --- ledger ----------------------------------------------------------------------
@@ -225,54 +287,52 @@ class SqliteStore(DerivedOps):
 
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
             ts = now.timestamp()
-            _expire(conn, ts, 64)
+            # Reservations past their ttl are charged by the sweeper's `expire` (every 15 s
+            # in the proxy), as on Redis: expiry moves reserved to settled and changes no
+            # headroom, so an admission need not pass over them itself.
+            budget, run = _read_run(conn, tenant, run_id)
             # Everything the request settles about the run happens even if the call is
             # then refused: the tool results did arrive.
-            closed = _close_tools(conn, tenant, run_id, turn.results, ts)
-            trace = _keep_trace(conn, tenant, run_id, turn.trace, ts) if turn.trace is not None else None
+            closed = _close_tools(conn, tenant, run_id, turn.results, run)
+            trace = run.keep_trace(turn.trace)
+
+            def refused(error: Refusal) -> Refusal:
+                _save_run(conn, tenant, run_id, run, ts)
+                return refused_with(error, closed, trace)
+
             loop = guard_refusal(tenant, run_id, closed, turn.guard)
             if loop is not None:
-                return refused_with(loop, closed, trace)
-            budget = conn.execute("SELECT day, month FROM budgets WHERE tenant=?", (tenant,)).fetchone()
-            eff = with_budgets(limits, *(budget or (None, None)))
+                return refused(loop)
+            eff = with_budgets(limits, *budget)
             if not turn.priced and costed(eff):
-                return refused_with(unpriced_refusal(tenant, turn.model), closed, trace)
+                return refused(unpriced_refusal(tenant, turn.model))
             known, unknown = _contexts(conn, tenant, turn.context)
             if unknown and costed(eff):
-                return refused_with(context_refusal(tenant, unknown, eff), closed, trace)
+                return refused(context_refusal(tenant, unknown, eff))
             extra = context_micros(known, turn.input_rate)
             lo, hi = min_reserve + extra, max_reserve + extra
-            row = conn.execute("SELECT calls, first_seen FROM runs WHERE tenant=? AND run_id=?",
-                               (tenant, run_id)).fetchone()
-            calls, first_seen = (int(row[0]), row[1]) if row else (0, None)
+            calls, first_seen = run.calls, run.first_seen
             run_tokens = _run_tokens(conn, tenant, run_id) if eff.run_max_tokens is not None else 0
             started = (first_seen if first_seen is not None else ts) if eff.run_max_seconds is not None else None
             elapsed = ts - started if started is not None else 0.0
             keys = ledger_keys(run_id, windows, turn.key)
-            ledger = {s: _spend(conn, tenant, *k) for s, k in keys.items()}
+            ledger = _spends(conn, tenant, keys)
             d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi, run_tokens=run_tokens, elapsed_s=elapsed)
             if d.refused:
-                error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
-                                tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key)
-                return refused_with(error, closed, trace)
+                return refused(refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
+                                       tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key))
             rates = _rates(conn, tenant, turn, now_ms)
             if any(state.wait_ms != 0 for _, state in rates):
-                return refused_with(rate_refusal(tenant, tuple(state for _, state in rates)), closed, trace)
+                return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
             for (debt, state) in rates:
                 conn.execute("INSERT INTO rates (tenant, bucket, debt, last_ms) VALUES (?,?,?,?) "
                              "ON CONFLICT DO UPDATE SET debt = excluded.debt, "
                              "last_ms = MAX(last_ms, excluded.last_ms)",
                              (tenant, state.rate.bucket, debt, now_ms))
-            for scope, key in (*keys.values(), ("total", "")):
-                _add(conn, tenant, scope, key, reserved=d.amount)
-            conn.execute(
-                "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen) "
-                "VALUES (?,?,1,?,?) "
-                "ON CONFLICT DO UPDATE SET calls = calls + 1, last_seen = excluded.last_seen, "
-                "first_seen = COALESCE(first_seen, excluded.first_seen)",
-                (tenant, run_id, ts, ts),
-            )
-            rid = uuid.uuid4().hex
+            _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
+            run.count(ts)
+            _save_run(conn, tenant, run_id, run, ts)
+            rid = secrets.token_hex(16)
             conn.execute(
                 "INSERT INTO reservations "
                 "(id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
@@ -303,34 +363,33 @@ class SqliteStore(DerivedOps):
 
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
             ts = now.timestamp()
-            trace = _keep_trace(conn, tenant, run_id, turn.trace, ts) if turn.trace is not None else None
+            budget, run = _read_run(conn, tenant, run_id)
+            trace = run.keep_trace(turn.trace)
+            _save_run(conn, tenant, run_id, run, ts)  # the trace is kept whatever follows
             if turn.name is None:
                 return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits)
             entry = (_take_for_mcp(conn, tenant, run_id, turn),)
             loop = guard_refusal(tenant, run_id, entry, turn.guard)
             if loop is not None:
                 return refused_with(loop, entry, trace)
-            budget = conn.execute("SELECT day, month FROM budgets WHERE tenant=?", (tenant,)).fetchone()
-            eff = with_budgets(limits, *(budget or (None, None)))
+            eff = with_budgets(limits, *budget)
             count = int(_one(conn, "SELECT value FROM run_totals WHERE tenant=? AND run_id=? AND name=?",
                              tenant, run_id, MCP_TOOL_CALLS) or 0)
             if turn.max_calls is not None and count >= turn.max_calls:
                 return refused_with(tool_ceiling(tenant, run_id, turn.max_calls), entry, trace)
             keys = {"run_cost": ("run", run_id), "tenant_day": ("day", windows[0]),
                     "tenant_month": ("month", windows[1])}
-            ledger = {s: _spend(conn, tenant, *k) for s, k in keys.items()}
+            ledger = _spends(conn, tenant, keys)
             d = decide(0, ledger, replace(eff, run_max_calls=None), min_reserve=turn.cost, max_reserve=turn.cost)
             if d.refused:
                 error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
                                 tz=tz, min_reserve=turn.cost)
                 return refused_with(error, entry, trace)
-            for scope, key in (*keys.values(), ("total", "")):
-                _add(conn, tenant, scope, key, reserved=d.amount)
+            _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
             _run_add(conn, tenant, run_id, [(MCP_TOOL_CALLS, 1), ("tool_calls", 0 if "id" in entry[0] else 1)])
-            conn.execute(
-                "INSERT INTO runs (tenant, run_id, first_seen, last_seen) VALUES (?,?,?,?) "
-                "ON CONFLICT DO UPDATE SET last_seen = excluded.last_seen", (tenant, run_id, ts, ts))
-            rid = uuid.uuid4().hex
+            run.last_seen, run.changed = ts, True
+            _save_run(conn, tenant, run_id, run, ts)
+            rid = secrets.token_hex(16)
             conn.execute(
                 "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at) "
                 "VALUES (?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s))
@@ -342,14 +401,9 @@ class SqliteStore(DerivedOps):
     async def _admit(self, op: Op) -> Admission:
         """Run an admission op; a refusal comes back as a value (its transaction commits the
         tool calls it closed) and is raised here."""
-        # Shielding the thread's own future (no extra task): a caller cancelled while the
-        # admission commits must not leak it, so it is released once it lands.
-        fut = self._submit(op)
-        try:
-            result = await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            fut.add_done_callback(lambda f: release_later(self, f))
-            raise
+        # A caller cancelled while the admission commits cancels this future; the
+        # admission is then released when it lands (`_hand_back`), never leaked.
+        result = await self._submit(op)
         if isinstance(result, Refusal):
             raise result
         assert isinstance(result, Admission)
@@ -372,7 +426,8 @@ class SqliteStore(DerivedOps):
 
         def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(
-                "SELECT tenant, run_id, day_key, month_key, amount, expired, key_id FROM reservations WHERE id=?",
+                "DELETE FROM reservations WHERE id=? "
+                "RETURNING tenant, run_id, day_key, month_key, amount, expired, key_id",
                 (admission.id,),
             ).fetchone()
             if row is None:
@@ -380,23 +435,23 @@ class SqliteStore(DerivedOps):
                 # with the first settle are not added again either.
                 return 0
             tenant, run_id, day, month, amount, expired, key_id = row
-            for scope, key in _reserved_on(run_id, day, month, key_id):
-                if expired:  # already charged at `amount`: correct it to the real cost
-                    _add(conn, tenant, scope, key, settled=actual - amount)
-                else:
-                    _add(conn, tenant, scope, key, settled=actual, reserved=-amount)
-            conn.execute("DELETE FROM reservations WHERE id=?", (admission.id,))
-            _run_add(conn, tenant, run_id, totals)
+            # An expired reservation was charged at `amount` already: correct it to the real cost.
+            settled, reserved = (actual - amount, 0) if expired else (actual, -amount)
+            _add(conn, tenant, [(scope, key, settled, reserved)
+                                for scope, key in _reserved_on(run_id, day, month, key_id)])
+            if totals:
+                _run_add(conn, tenant, run_id, totals)
             _tools_put(conn, tenant, run_id, encoded)
-            _remember(conn, tenant, seen, time.time())
+            if seen:
+                _remember(conn, tenant, seen, time.time())
             return max(0, actual - int(amount))
 
-        result: int = await self._do(op)
+        result: int = await self._do(op, lazy=_lazy_settle(admission, actual, totals, encoded, seen))
         return result
 
     async def expire(self, now: datetime) -> int:
         ts = now.timestamp()
-        result: int = await self._do(lambda conn: _expire(conn, ts, None))
+        result: int = await self._do(lambda conn: _expire(conn, ts))
         return result
 
     async def spend_detail(
@@ -527,18 +582,24 @@ class SqliteStore(DerivedOps):
 
 
 def _run_batch(conn: sqlite3.Connection, ops: list[Op]) -> list[tuple[bool, Any]]:
-    results: list[tuple[bool, Any]] = []
+    """Run `ops` in one transaction, each atomic: an op that raises leaves no write behind
+    and does not take its batch-mates down.
+
+    Ops almost never raise (arguments are checked before they are queued), so the batch
+    first runs without a SAVEPOINT per op (two statements per op saved). If one raises,
+    the whole transaction is rolled back, nothing of it committed or handed back, and the
+    batch runs again with each op in its own SAVEPOINT. This is sound because an op is a
+    function of the database only (no effect outside it, results handed back only after
+    the commit), so running it a second time on the same state is as if it ran once."""
     try:
         conn.execute("BEGIN IMMEDIATE")
-        for op in ops:
-            conn.execute("SAVEPOINT op")
-            try:
-                results.append((True, op(conn)))
-                conn.execute("RELEASE op")
-            except Exception as exc:  # one failing op must not take its batch-mates down
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-                results.append((False, exc))
+        try:
+            results: list[tuple[bool, Any]] = [(True, op(conn)) for op in ops]
+        except Exception:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.execute("BEGIN IMMEDIATE")
+            results = [_in_savepoint(conn, op) for op in ops]
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         if conn.in_transaction:
@@ -547,22 +608,16 @@ def _run_batch(conn: sqlite3.Connection, ops: list[Op]) -> list[tuple[bool, Any]
     return results
 
 
-def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], ok: bool, value: Any, path: str) -> None:
-    if not ok and isinstance(value, sqlite3.Error | OSError):
-        error = StoreUnavailable(f"The ledger {path} failed: {value}. Check the disk and its permissions.")
-        error.__cause__ = value
-        value = error
-
-    def deliver() -> None:
-        if fut.done():
-            return
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-        loop.call_soon_threadsafe(deliver)
+def _in_savepoint(conn: sqlite3.Connection, op: Op) -> tuple[bool, Any]:
+    conn.execute("SAVEPOINT op")
+    try:
+        result = op(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO op")
+        conn.execute("RELEASE op")
+        return False, exc
+    conn.execute("RELEASE op")
+    return True, result
 
 
 def _add_columns(conn: sqlite3.Connection) -> None:
@@ -613,49 +668,118 @@ def _spend(conn: sqlite3.Connection, tenant: str, scope: str, key: str) -> Spend
     return Spend(int(row[0]), int(row[1])) if row else Spend()
 
 
-def _add(
-    conn: sqlite3.Connection,
-    tenant: str,
-    scope: str,
-    key: str,
-    *,
-    settled: int = 0,
-    reserved: int = 0,
-) -> None:
-    conn.execute(
-        "INSERT INTO ledger (tenant, scope, key, settled, reserved) VALUES (?,?,?,?,?) "
-        "ON CONFLICT DO UPDATE SET settled = settled + excluded.settled, "
-        "reserved = reserved + excluded.reserved",
-        (tenant, scope, key, settled, reserved),
-    )
+def _spends(conn: sqlite3.Connection, tenant: str, keys: dict[str, tuple[str, str]]) -> dict[str, Spend]:
+    """The spend of each scope of `keys` (scope -> (ledger scope, key)), read in one statement."""
+    rows = conn.execute(_sql(_spends_sql, len(keys)), [v for k in keys.values() for v in (tenant, *k)]).fetchall()
+    found = {(scope, key): Spend(int(settled), int(reserved)) for scope, key, settled, reserved in rows}
+    return {s: found.get(k, Spend()) for s, k in keys.items()}
 
 
-def _expire(conn: sqlite3.Connection, now_ts: float, limit: int | None) -> int:
-    """Charge reservations past their ttl at their reserved amount (unknown is not zero)."""
+def _spends_sql(n: int) -> str:
+    # A UNION ALL of primary-key lookups: `(scope, key) IN (...)` would scan all the
+    # tenant's ledger rows (one per run) instead.
+    one = "SELECT scope, key, settled, reserved FROM ledger WHERE tenant=? AND scope=? AND key=?"
+    return " UNION ALL ".join([one] * n)
+
+
+def _add(conn: sqlite3.Connection, tenant: str, rows: list[tuple[str, str, int, int]]) -> None:
+    """Add (settled, reserved) to each (scope, key) of `rows`, in one statement."""
+    conn.execute(_sql(_add_sql, len(rows)), [v for row in rows for v in (tenant, *row)])
+
+
+def _add_sql(n: int) -> str:
+    return ("INSERT INTO ledger (tenant, scope, key, settled, reserved) VALUES "
+            + ",".join(["(?,?,?,?,?)"] * n)
+            + " ON CONFLICT DO UPDATE SET settled = settled + excluded.settled, "
+              "reserved = reserved + excluded.reserved")
+
+
+_SQL: dict[tuple[Callable[[int], str], int], str] = {}
+
+
+def _sql(make: Callable[[int], str], n: int) -> str:
+    """The statement `make` writes for n rows, built once (the text is the key of
+    sqlite3's prepared-statement cache, so it must not be rebuilt differently)."""
+    sql = _SQL.get((make, n))
+    if sql is None:
+        sql = _SQL[make, n] = make(n)
+    return sql
+
+
+def _expire(conn: sqlite3.Connection, now_ts: float) -> int:
+    """Charge reservations past their ttl at their reserved amount (unknown is not zero),
+    and forget what no settle can correct any more."""
     rows = conn.execute(
         "SELECT id, tenant, run_id, day_key, month_key, amount, key_id FROM reservations "
-        "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at LIMIT ?",
-        (now_ts, -1 if limit is None else limit),
+        "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at",
+        (now_ts,),
     ).fetchall()
     for rid, tenant, run_id, day, month, amount, key_id in rows:
-        for scope, key in _reserved_on(run_id, day, month, key_id):
-            _add(conn, tenant, scope, key, settled=amount, reserved=-amount)
+        _add(conn, tenant, [(scope, key, amount, -amount) for scope, key in _reserved_on(run_id, day, month, key_id)])
         conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
     conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))
-    if limit is None:  # the sweeper's full pass
-        conn.execute("DELETE FROM contexts WHERE seen_at < ?", (now_ts - CONTEXT_KEPT_S,))
+    conn.execute("DELETE FROM contexts WHERE seen_at < ?", (now_ts - CONTEXT_KEPT_S,))
     return len(rows)
 
 
+class _Run:
+    """A run's row as one operation reads it, changes it, and writes it back once
+    (`_save_run`): the op holds the write lock throughout, so nothing changes it between."""
+
+    __slots__ = ("calls", "changed", "failures", "first_seen", "last_seen", "sig", "streak", "trace")
+
+    def __init__(self, row: tuple[Any, ...] | None) -> None:
+        calls, self.first_seen, self.last_seen, self.trace, self.sig, streak, failures = row or (0, *[None] * 6)
+        self.calls, self.streak, self.failures = int(calls or 0), int(streak or 0), int(failures or 0)
+        self.changed = False
+
+    def keep_trace(self, trace: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The run's trace ids: the first ones stored win, so every replica uses the same."""
+        if trace is None:
+            return None
+        if self.trace:
+            return dict(json.loads(self.trace))
+        self.trace, self.changed = _dumps(trace), True
+        return trace
+
+    def count(self, ts: float) -> None:
+        self.calls, self.last_seen, self.changed = self.calls + 1, ts, True
+
+
+def _read_run(conn: sqlite3.Connection, tenant: str, run_id: str) -> tuple[tuple[int | None, int | None], _Run]:
+    """(the tenant's admin budgets (day, month), the run), in one statement."""
+    row = conn.execute(
+        "SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures "
+        "FROM (SELECT 1) LEFT JOIN budgets b ON b.tenant = ?1 "
+        "LEFT JOIN runs r ON r.tenant = ?1 AND r.run_id = ?2",
+        (tenant, run_id),
+    ).fetchone()
+    return (row[0], row[1]), _Run(row[2:] if row[2] is not None else None)
+
+
+def _save_run(conn: sqlite3.Connection, tenant: str, run_id: str, run: _Run, ts: float) -> None:
+    """Write the run's row back if the op changed it; a new run starts at `ts`."""
+    if not run.changed:
+        return
+    first_seen = run.first_seen if run.first_seen is not None else ts
+    last_seen = run.last_seen if run.last_seen is not None else ts
+    conn.execute(
+        "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, trace, sig, streak, failures) "
+        "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = excluded.calls, "
+        "first_seen = excluded.first_seen, last_seen = excluded.last_seen, trace = excluded.trace, "
+        "sig = excluded.sig, streak = excluded.streak, failures = excluded.failures",
+        (tenant, run_id, run.calls, first_seen, last_seen, run.trace, run.sig, run.streak, run.failures),
+    )
+    run.first_seen, run.last_seen, run.changed = first_seen, last_seen, False
+
+
 def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,
-                 results: tuple[tuple[str, bool], ...], ts: float) -> tuple[dict[str, Any], ...]:
+                 results: tuple[tuple[str, bool], ...], run: _Run) -> tuple[dict[str, Any], ...]:
     """Take the open tool calls these results answer, in order, counting the run's streak
     of identical calls and its consecutive failures after each (the loop guard's state)."""
     if not results:
         return ()
-    row = conn.execute("SELECT sig, streak, failures FROM runs WHERE tenant=? AND run_id=?",
-                       (tenant, run_id)).fetchone()
-    state: tuple[str | None, int, int] = (row[0], int(row[1]), int(row[2])) if row else (None, 0, 0)
+    state: tuple[str | None, int, int] = (run.sig, run.streak, run.failures)
     closed = []
     for call_id, ok in dict(results).items():
         taken = conn.execute("DELETE FROM tools WHERE tenant=? AND run_id=? AND id=? RETURNING call",
@@ -666,10 +790,7 @@ def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,
         state = streak_of(state, str(call.get("sig") or ""), ok)
         closed.append({**call, "ok": ok, "streak": state[1], "failures": state[2]})
     if closed:
-        conn.execute(
-            "INSERT INTO runs (tenant, run_id, sig, streak, failures, first_seen, last_seen) VALUES (?,?,?,?,?,?,?) "
-            "ON CONFLICT DO UPDATE SET sig = excluded.sig, streak = excluded.streak, failures = excluded.failures",
-            (tenant, run_id, *state, ts, ts))
+        (run.sig, run.streak, run.failures), run.changed = state, True
     return tuple(closed)
 
 
@@ -681,27 +802,13 @@ def _take_for_mcp(conn: sqlite3.Connection, tenant: str, run_id: str, turn: Tool
     matched = match_pending([json.loads(body) for _, body in rows], turn.name, turn.sig)
     if matched is not None:
         conn.execute("UPDATE tools SET call=? WHERE tenant=? AND run_id=? AND id=?",
-                     (json.dumps({**matched, "mcp": True}), tenant, run_id, str(matched["id"])))
+                     (_dumps({**matched, "mcp": True}), tenant, run_id, str(matched["id"])))
     row = conn.execute("SELECT sig, streak FROM mcp_guard WHERE tenant=? AND run_id=?", (tenant, run_id)).fetchone()
     streak = int(row[1]) + 1 if row is not None and row[0] == turn.sig else 1
     conn.execute("INSERT INTO mcp_guard (tenant, run_id, sig, streak) VALUES (?,?,?,?) "
                  "ON CONFLICT DO UPDATE SET sig = excluded.sig, streak = excluded.streak",
                  (tenant, run_id, turn.sig, streak))
     return tool_entry(matched, turn, streak)
-
-
-def _keep_trace(conn: sqlite3.Connection, tenant: str, run_id: str, trace: dict[str, Any],
-                ts: float) -> dict[str, Any]:
-    """The run's trace ids: the first ones stored win, so every replica uses the same."""
-    stored = _one(conn, "SELECT trace FROM runs WHERE tenant=? AND run_id=?", tenant, run_id)
-    if stored:
-        return dict(json.loads(stored))
-    conn.execute(
-        "INSERT INTO runs (tenant, run_id, trace, first_seen, last_seen) VALUES (?,?,?,?,?) "
-        "ON CONFLICT DO UPDATE SET trace = excluded.trace, "
-        "first_seen = COALESCE(first_seen, excluded.first_seen)",
-        (tenant, run_id, json.dumps(trace), ts, ts))
-    return trace
 
 
 def _contexts(conn: sqlite3.Connection, tenant: str, refs: tuple[str, ...]) -> tuple[int, list[str]]:
@@ -725,15 +832,46 @@ def _remember(conn: sqlite3.Connection, tenant: str, seen: list[tuple[str, int]]
 
 
 def _run_add(conn: sqlite3.Connection, tenant: str, run_id: str, totals: list[tuple[str, int]]) -> None:
-    conn.executemany(
-        "INSERT INTO run_totals (tenant, run_id, name, value) VALUES (?,?,?,?) "
-        "ON CONFLICT DO UPDATE SET value = value + excluded.value",
-        [(tenant, run_id, name, v) for name, v in totals],
-    )
+    if totals:
+        conn.execute(_sql(_run_add_sql, len(totals)), [v for name, n in totals for v in (tenant, run_id, name, n)])
+
+
+def _run_add_sql(n: int) -> str:
+    return ("INSERT INTO run_totals (tenant, run_id, name, value) VALUES " + ",".join(["(?,?,?,?)"] * n)
+            + " ON CONFLICT DO UPDATE SET value = value + excluded.value")
+
+
+_TOKEN_TOTALS = frozenset({"input_tokens", "output_tokens"})  # what `runs.max_tokens` counts (_run_tokens)
+
+
+def _lazy_settle(admission: Admission, actual: int, totals: list[tuple[str, int]],
+                 tools: list[tuple[str, str]], seen: list[tuple[str, int]]) -> bool:
+    """Whether losing this settle to a power cut can only over-count, so that its commit
+    need not wait for the fsync (module docstring). Lost, it leaves the reservation
+    standing, to be charged at its full amount when it expires; that is at least the cost
+    only when the cost did not exceed it. `admission.reserved` is the amount the row holds:
+    admit wrote both from one value and nothing changes a reservation's amount after."""
+    if actual > admission.reserved:
+        return False  # an overshoot: the reservation would charge less than the call cost
+    if tools or seen:
+        return False  # open tool calls (the loop guard counts them) and context sizes bound later calls
+    # The run's token totals bound its next calls under runs.max_tokens: lost, they would under-count.
+    capped = admission.limits is None or admission.limits.run_max_tokens is not None
+    return not (capped and any(name in _TOKEN_TOTALS for name, _ in totals))
+
+
+def _dumps(value: Any) -> str:
+    # orjson: the tool calls are encoded on the event loop, once per call that made any.
+    # (Decoding stays json's: orjson would read an integer past 64 bits, such as a trace
+    # id in a span link, as a float.)
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # what orjson refuses (ints past 64 bits, non-string keys) json still writes
+        return json.dumps(value)
 
 
 def _encode_tools(calls: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(str(call["id"]), json.dumps(call)) for call in calls]
+    return [(str(call["id"]), _dumps(call)) for call in calls]
 
 
 def _tools_put(conn: sqlite3.Connection, tenant: str, run_id: str, encoded: list[tuple[str, str]]) -> None:
