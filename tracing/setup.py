@@ -37,7 +37,6 @@ from typing import Any, Final, Literal
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import Counter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -53,6 +52,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tracing import attributes as A
+from tracing.export_process import ChildExporter, DropCounter, ExportProcessProcessor
 from tracing.labels import KnownModel
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
@@ -80,6 +80,7 @@ ENV_METRICS_EXPORTER: Final = "OTEL_METRICS_EXPORTER"
 ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
 
 Compression = Literal["gzip", "deflate", "none"]
+ExportProcess = Literal["auto", "on", "off"]
 _COMPRESSIONS: Final[tuple[Compression, ...]] = ("gzip", "deflate", "none")
 
 
@@ -110,6 +111,9 @@ class TelemetryConfig:
     # `_OTHER` (tracing/labels.py). The proxy passes its PriceTable's lookup; None means no
     # table, and models are then admitted first come, first served up to a bound.
     known_model: KnownModel | None = None
+    # Encode and send spans in a child process (tracing/export_process.py): `auto` when
+    # spans go over OTLP (protobuf encoding is the cost), `on` always, `off` never.
+    export_process: ExportProcess = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
@@ -225,7 +229,7 @@ class DropCountingProcessor(SpanProcessor):
     by a few under extreme load; it never misses a lost span.
     """
 
-    def __init__(self, exporter: SpanExporter, cfg: TelemetryConfig, counter: Counter, name: str):
+    def __init__(self, exporter: SpanExporter, cfg: TelemetryConfig, counter: DropCounter, name: str):
         self._capacity = cfg.max_queue
         self._queued = 0
         self._lock = threading.Lock()
@@ -349,9 +353,13 @@ def setup_telemetry(
     instruments = Instruments.create(meter, semconv_latest=cfg.semconv_latest, known_model=cfg.known_model)
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
-    chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
-    for name, exporter in chosen:
-        tracer_provider.add_span_processor(DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
+    if span_exporters is None and uses_export_process(cfg, env):
+        tracer_provider.add_span_processor(_export_process(cfg, env, resource, instruments.dropped_spans))
+    else:
+        chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
+        for name, exporter in chosen:
+            tracer_provider.add_span_processor(
+                DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
     for exporter in extra_exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     if span_exporters is None:
@@ -384,6 +392,35 @@ def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[
         local = JsonlSpanExporter(cfg.local_dir or DEFAULT_LOCAL_DIR, max_bytes=cfg.local_max_bytes)
         exporters.append(("local", local))
     return exporters
+
+
+def uses_export_process(cfg: TelemetryConfig, env: Mapping[str, str]) -> bool:
+    """Are spans exported by a child process? `auto`: when they go over OTLP, whose
+    protobuf encoding (~70 µs a span) is what the child takes off the serving process;
+    the local files alone cost about what the hand-off does (bench/bench_export.py)."""
+    return cfg.export_process == "on" or (cfg.export_process == "auto" and cfg.otlp_traces(env))
+
+
+def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Resource,
+                    counter: DropCounter) -> ExportProcessProcessor:
+    """The exporters `_span_exporters` would build, run by a child process."""
+    exporters: list[ChildExporter] = []
+    if cfg.otlp_traces(env):
+        options: tuple[tuple[str, Any], ...] = (
+            ("endpoint", otlp_url(cfg, env, "traces")), ("timeout", cfg.export_timeout),
+            ("compression", otlp_compression(cfg, env, "traces")))
+        exporters.append(ChildExporter("otlp", options, cfg.schedule_delay_ms))
+    if cfg.local_dir is not None or not exporters:
+        options = (("directory", str(cfg.local_dir or DEFAULT_LOCAL_DIR)), ("max_bytes", cfg.local_max_bytes))
+        exporters.append(ChildExporter("local", options, cfg.local_schedule_delay_ms))
+    # The hand-off needs no long delay (the child's processors batch again); it waits at
+    # most the local file's, so a long OTLP delay does not hold spans in this process.
+    delay = min(cfg.local_schedule_delay_ms, *(e.schedule_delay_ms for e in exporters))
+    return ExportProcessProcessor(
+        exporters, resource_attributes=dict(resource.attributes), resource_schema_url=resource.schema_url,
+        max_queue=cfg.max_queue, max_export_batch=cfg.max_export_batch, schedule_delay_ms=delay,
+        # The SDK's processor bounds its shutdown at ~30 s plus one export.
+        shutdown_timeout_s=30 + cfg.export_timeout, counter=counter)
 
 
 def _signal_url(base: str, signal: str) -> str:
