@@ -49,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -145,9 +146,19 @@ def encode_span(span: ReadableSpan, scopes: dict[int, tuple[str, str | None, str
     return (
         span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), _state(ctx.trace_state),
         parent.span_id if parent else None, parent.is_remote if parent else False,
-        span.kind.value, span.start_time, span.end_time, dict(span.attributes or {}),
+        span.kind.value, span.start_time, span.end_time, _attributes(span),
         status.status_code.value, status.description, events, links, scoped,
     )  # fmt: skip
+
+
+def _attributes(span: ReadableSpan) -> dict[str, Any]:
+    # dict(span.attributes) walks the SDK's BoundedAttributes through its Python-level
+    # __iter__/__getitem__: ~2.7 µs for a call span's 26 attributes, half of the whole
+    # encoding. The plain dict inside it copies in ~0.1 µs; the public way is the fallback.
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    if type(inner) is dict:
+        return inner.copy()
+    return dict(span.attributes or {})
 
 
 def _state(state: Any) -> tuple[tuple[str, str], ...] | None:
@@ -273,6 +284,10 @@ class ExportProcessProcessor(SpanProcessor):
         self._child: _Child | None = self._spawn()
         self._thread = threading.Thread(target=self._run, name="span-export-handoff", daemon=True)
         self._thread.start()
+        # A fork of this process (not an exec: those do not inherit the pipe) would keep
+        # the child's stdin open, and the child would not see EOF when we die.
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _close_in_fork(me))
 
     @property
     def child_pid(self) -> int | None:
@@ -287,7 +302,9 @@ class ExportProcessProcessor(SpanProcessor):
         if not (span.context and span.context.trace_flags.sampled):
             return
         with self._cond:
-            full = self._stopping or len(self._queue) >= self._capacity
+            if self._stopping:
+                return  # as the SDK's processor: nothing is taken after shutdown
+            full = len(self._queue) >= self._capacity
             if not full:
                 self._queue.append(span)
                 if len(self._queue) == self._batch:
@@ -310,7 +327,15 @@ class ExportProcessProcessor(SpanProcessor):
                 return
             self._stopping = True
             self._cond.notify()
-        self._thread.join()
+        # The hand-off thread sends what is queued, closes the pipe and waits for the child
+        # (bounded). A child that stopped reading (SIGSTOP, a hang) blocks the thread's
+        # write instead: kill it, which fails the write, and the thread counts the rest.
+        self._thread.join(self._shutdown_timeout_s + 5)
+        child = self._child
+        if self._thread.is_alive() and child is not None:
+            log.warning("span export process %d stopped reading; killed", child.proc.pid)
+            child.proc.kill()
+            self._thread.join(10)
 
     # --- hand-off thread ---
     def _run(self) -> None:
@@ -457,6 +482,17 @@ class ExportProcessProcessor(SpanProcessor):
             flushes = list(self._sent_flushes.values()) if child is self._child else []
         for flush in flushes:
             flush.done.set()
+
+
+def _close_in_fork(ref: weakref.ref[ExportProcessProcessor]) -> None:
+    processor = ref()
+    child = processor._child if processor is not None else None
+    if child is not None:
+        # /dev/null over the fd rather than close(): the file object still owns the number.
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, child.stdin.fileno())
+            os.close(null)
 
 
 # --- child ----------------------------------------------------------------------------

@@ -253,3 +253,21 @@ def test_the_child_exits_when_its_parent_is_killed(receiver: OtlpReceiver) -> No
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_a_fork_of_the_parent_does_not_keep_the_child_alive(receiver: OtlpReceiver) -> None:
+    # Exported only when the child sees EOF: an hour's delay.
+    tel, started = telemetry(receiver.endpoint, schedule_delay_ms=3_600_000, local_schedule_delay_ms=3_600_000)
+    (child,) = started
+    pid = os.fork()
+    if pid == 0:  # the fork: holds a copy of every fd, the child's stdin included, for a while
+        time.sleep(120)  # longer than our shutdown waits for the child
+        os._exit(0)
+    try:
+        tel.tracer.start_span("before-shutdown").end()
+        tel.shutdown()  # closes our end: the export child must see EOF despite the fork
+        assert wait_until(lambda: not alive(child))
+        assert [s["name"] for s in receiver.spans()] == ["before-shutdown"]
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
