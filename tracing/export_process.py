@@ -222,7 +222,9 @@ class _Child:
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,),
                                         name=f"span-export-reports-{self.proc.pid}", daemon=True)
         self._reader.start()
-        _write(self.stdin, _CONFIG, config)
+        # A child that died at once is noticed (and replaced) like any other dead child.
+        with contextlib.suppress(OSError, ValueError):
+            _write(self.stdin, _CONFIG, config)
 
     def _read(self, out: IO[bytes]) -> None:
         try:
@@ -288,11 +290,6 @@ class ExportProcessProcessor(SpanProcessor):
         # the child's stdin open, and the child would not see EOF when we die.
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _close_in_fork(me))
-
-    @property
-    def child_pid(self) -> int | None:
-        child = self._child
-        return child.proc.pid if child is not None else None
 
     # --- serving threads ---
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -398,25 +395,30 @@ class ExportProcessProcessor(SpanProcessor):
         child = self._child
         if child is not None and (child.ended.is_set() or child.proc.poll() is not None):
             self._child_died(child)
-            child = self._child
-        return child
+        elif child is None and self._may_spawn():  # given up earlier; the window has passed
+            self._child = self._spawn()
+        return self._child
 
     def _child_died(self, child: _Child) -> None:
         child.close_input()
         child.kill()  # reaps it; its reports are all read once `ended` is set
         self._count_lost()
         log.warning("span export process %d exited with %s", child.proc.pid, child.proc.returncode)
-        self._child = self._spawn()
+        if self._may_spawn():
+            self._child = self._spawn()
+        else:
+            self._child = None
+            log.error("span export process: not restarted (%d starts in %.0f s); spans are counted as "
+                      "dropped (export_failed) until it can be", len(self._respawns), RESPAWN_WINDOW_S)
 
-    def _spawn(self) -> _Child | None:
+    def _may_spawn(self) -> bool:
         now = time.monotonic()
         while self._respawns and now - self._respawns[0] > RESPAWN_WINDOW_S:
             self._respawns.popleft()
-        if len(self._respawns) > MAX_RESPAWNS:
-            log.error("span export process: not restarted (%d starts in %.0f s); spans are counted as "
-                      "dropped (export_failed)", len(self._respawns), RESPAWN_WINDOW_S)
-            return None
-        self._respawns.append(now)
+        return len(self._respawns) <= MAX_RESPAWNS
+
+    def _spawn(self) -> _Child | None:
+        self._respawns.append(time.monotonic())
         try:
             child = _Child(self, self._config)
         except (OSError, ValueError):
@@ -598,8 +600,14 @@ def main() -> None:
         while (msg := _read(inp)) is not None:
             kind, payload = msg
             if kind == _SPANS:
-                for data in payload:
-                    span = decode_span(data, resource)
+                try:
+                    decoded = [decode_span(data, resource) for data in payload]
+                except Exception:
+                    log.warning("could not decode %d spans", len(payload), exc_info=True)
+                    for name, _, _ in config["exporters"]:
+                        reporter.add(len(payload), {A.ERROR_TYPE: "export_failed", A.SPANMETER_EXPORTER: name})
+                    decoded = []
+                for span in decoded:
                     for p in processors:
                         p.on_end(span)
             elif kind == _FLUSH:

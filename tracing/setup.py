@@ -12,7 +12,10 @@ Traces go through a bounded BatchSpanProcessor to
   `local_dir` is set or when no OTLP endpoint is configured at all.
 
 Ending a span only appends it to an in-memory queue; export runs on the processor's
-thread. When the queue is full or an export fails the spans are dropped and counted in
+thread, or, with `export_process` (SPANMETER_EXPORT_PROCESS; `auto` turns it on when spans
+go over OTLP), in a child process that the queue's thread hands the spans to
+(tracing/export_process.py): the protobuf encoding then costs the serving process nothing.
+When the queue is full or an export fails the spans are dropped and counted in
 `spanmeter.telemetry.dropped_spans`, which `/metrics` shows even when the collector is the
 thing that is down. Metrics are read by a Prometheus reader on a private
 CollectorRegistry (`metrics_text()`), always; they are pushed over OTLP only when asked
@@ -381,7 +384,8 @@ def describe_exports(cfg: TelemetryConfig, env: Mapping[str, str]) -> str:
         metrics += (" only; not pushed over OTLP (set OTEL_METRICS_EXPORTER=otlp or "
                     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT to push them too)")
     project = f"; project {cfg.project_name}" if cfg.project_name else ""
-    return f"telemetry: spans to {' and '.join(spans)}; metrics on {metrics}{project}"
+    where = " (encoded and sent by an export process)" if uses_export_process(cfg, env) else ""
+    return f"telemetry: spans to {' and '.join(spans)}{where}; metrics on {metrics}{project}"
 
 
 def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[str, SpanExporter]]:

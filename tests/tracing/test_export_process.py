@@ -18,6 +18,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status, Status
 
 from tests.fixtures.otlp import OtlpReceiver, closed_endpoint
 from tests.tracing.test_export_health import dropped, one_call
+from tracing.export_process import MAX_RESPAWNS
 from tracing.local import read_spans
 from tracing.setup import ExportProcess, Telemetry, TelemetryConfig, setup_telemetry
 
@@ -41,6 +42,20 @@ def export_children(parent: int | None = None) -> set[int]:
         if int(ppid) == parent and state != "Z" and CHILD.encode() in cmdline:
             found.add(int(entry.name))
     return found
+
+
+_BASELINE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def baseline() -> None:
+    """Children of telemetries other tests left running are not this test's."""
+    _BASELINE.clear()
+    _BASELINE.update(export_children())
+
+
+def ours() -> set[int]:
+    return export_children() - _BASELINE
 
 
 def alive(pid: int) -> bool:
@@ -208,8 +223,8 @@ def test_a_killed_child_is_replaced_and_what_it_held_is_counted(receiver: OtlpRe
         assert receiver.arrived.wait(20)
         os.kill(first, signal.SIGKILL)
         # Noticed while idle (EOF of its reports), reaped and replaced without a new span.
-        assert wait_until(lambda: export_children() - {first} and not alive(first))
-        replaced = export_children() - {first}
+        assert wait_until(lambda: ours() - {first} and not alive(first))
+        replaced = ours() - {first}
         assert len(replaced) == 1
         # The proxy keeps serving; the next spans go to the new child.
         for i in range(4):
@@ -271,3 +286,24 @@ def test_a_fork_of_the_parent_does_not_keep_the_child_alive(receiver: OtlpReceiv
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_restarts_are_bounded_then_spans_are_counted_as_dropped(
+    receiver: OtlpReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    tel, started = telemetry(receiver.endpoint)
+    current = set(started)
+    try:
+        for _ in range(MAX_RESPAWNS + 1):  # the first start and every restart it allows
+            (pid,) = current
+            os.kill(pid, signal.SIGKILL)
+            assert wait_until(lambda p=pid: not alive(p) and (ours() - {p} or "not restarted" in caplog.text))
+            current = ours()
+        assert current == set() and "span export process: not restarted" in caplog.text
+        for i in range(3):
+            tel.tracer.start_span(f"no-child-{i}").end()  # the proxy goes on; its spans are counted
+        assert not tel.force_flush()
+        assert dropped(tel, "export_failed") == 3
+        assert not [s for s in receiver.spans() if s["name"].startswith("no-child")]
+    finally:
+        tel.shutdown()
