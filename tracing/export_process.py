@@ -57,7 +57,9 @@ from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from tracing import attributes as A
 
@@ -165,12 +167,11 @@ def _state(state: Any) -> tuple[tuple[str, str], ...] | None:
     return tuple(state.items()) if state else None
 
 
+_SCOPES: dict[tuple[str, str | None, str | None], InstrumentationScope] = {}
+
+
 def decode_span(data: Sequence[Any], resource: Any) -> ReadableSpan:
     """The child's side of `encode_span`: a ReadableSpan the SDK's exporters take."""
-    from opentelemetry.sdk.trace import Event
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-
     (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
      code, description, events, links, scope) = data  # fmt: skip
     context = SpanContext(trace_id, span_id, False, TraceFlags(flags), TraceState(state) if state else None)
@@ -188,7 +189,7 @@ def decode_span(data: Sequence[Any], resource: Any) -> ReadableSpan:
         status=Status(StatusCode(code), description),
         start_time=start,
         end_time=end,
-        instrumentation_scope=InstrumentationScope(*scope),
+        instrumentation_scope=_SCOPES.get(scope) or _SCOPES.setdefault(scope, InstrumentationScope(*scope)),
     )
 
 

@@ -307,3 +307,13 @@ def test_restarts_are_bounded_then_spans_are_counted_as_dropped(
         assert not [s for s in receiver.spans() if s["name"].startswith("no-child")]
     finally:
         tel.shutdown()
+
+
+@pytest.mark.parametrize(("setting", "otlp", "children"), [
+    ("auto", True, 1), ("auto", False, 0), ("off", True, 0), ("on", False, 1),
+])  # fmt: skip
+async def test_the_setting_reaches_the_proxy(make_proxy: Any, receiver: OtlpReceiver, setting: str, otlp: bool,
+                                             children: int) -> None:
+    endpoint = {"otlp_endpoint": receiver.endpoint} if otlp else {}
+    await make_proxy(export_process=setting, **endpoint)
+    assert len(ours()) == children
