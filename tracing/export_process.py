@@ -4,8 +4,8 @@ The serving process keeps the OpenTelemetry SDK's spans. `ExportProcessProcessor
 SpanProcessor) appends each finished span to a bounded in-memory queue; its background
 thread turns batches of them into plain tuples (ids, name, kind, times, attributes,
 status, events, links, scope), pickles them and writes them to the child's stdin. The
-child (`python -m tracing.export_process`, started with subprocess: fork+exec of a fresh
-interpreter, so it is safe from a forked worker of `spanmeter serve --workers N`, each of
+child (a fresh interpreter running `main()` below, started with subprocess: fork+exec,
+so it is safe from a forked worker of `spanmeter serve --workers N`, each of
 which owns its own child) rebuilds `ReadableSpan`s and runs the same exporters as the
 in-process path (OTLP/HTTP protobuf, the local JSON-lines files), each behind the same
 bounded, drop-counting BatchSpanProcessor. Protobuf encoding, gzip, HTTP and JSON all
@@ -208,13 +208,13 @@ class _Child:
     """One running child: its process, and the reader thread of its reports."""
 
     def __init__(self, owner: ExportProcessProcessor, config: Any) -> None:
-        env = dict(os.environ)
-        # The child imports this package the way the parent did, installed or not.
+        # The child finds this package where the parent did, installed or not: its directory
+        # goes last on the path (first, it could shadow the standard library when it is
+        # site-packages itself); the inherited environment and working directory come first.
         root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        start = f"import sys; sys.path.append({root!r}); from {__name__} import main; main()"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tracing.export_process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            [sys.executable, "-c", start], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
         )  # fmt: skip
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin: IO[bytes] = self.proc.stdin
