@@ -400,8 +400,11 @@ def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[
 
 def uses_export_process(cfg: TelemetryConfig, env: Mapping[str, str]) -> bool:
     """Are spans exported by a child process? `auto`: when they go over OTLP, whose
-    protobuf encoding (~70 µs a span) is what the child takes off the serving process;
-    the local files alone cost about what the hand-off does (bench/bench_export.py)."""
+    protobuf encoding (~65-80 µs a span on the export thread) becomes a ~5-9 µs hand-off.
+    The local files alone cost ~16-19 µs a span in-process against that hand-off, but
+    the child then spends ~24 µs on them and is one more process per worker, and the
+    spans `spanmeter runs` reads take one more hop: not worth it by default
+    (bench/bench_export.py)."""
     return cfg.export_process == "on" or (cfg.export_process == "auto" and cfg.otlp_traces(env))
 
 
