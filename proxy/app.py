@@ -201,7 +201,7 @@ def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], As
             otlp_endpoint=s.otlp_endpoint,
             push_metrics=s.otlp_metrics,
             project_name=s.project_name,
-            local_dir=str(traces) if s.local_traces else None,
+            local_dir=str(traces) if s.local_traces else None, export_process=s.export_process,
             known_model=_priced_name(app[PRICES]), resource_attributes=resource))
         yield
         if injected is None:

@@ -269,6 +269,8 @@ class Settings(BaseSettings):
     # resource attribute openinference.project.name; Langfuse takes it from the key pair).
     project_name: str | None = Field(None, min_length=1, max_length=256)
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
+    # Encode and send spans in a child process: auto = when exporting over OTLP.
+    export_process: Literal["auto", "on", "off"] = "auto"
 
     @classmethod
     def settings_customise_sources(

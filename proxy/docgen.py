@@ -89,6 +89,10 @@ FIELD_DOCS: dict[str, str] = {
               "million tokens, over the shipped table (proxy/data/prices.yaml).",
     "otlp_endpoint": "OTLP/HTTP base URL for spans and metrics (`http://collector:4318`); the standard "
                      "OTEL_EXPORTER_OTLP_ENDPOINT works too.",
+    "export_process": "Encode and send spans in a child process (one per worker), out of the serving "
+                      "process: `auto` (default) when spans go over OTLP, `on` also for the local files "
+                      "alone, `off` in the serving process. The child exits with its parent; one killed is "
+                      "restarted, what it held counted in `spanmeter.telemetry.dropped_spans`.",
     "local_traces": "Keep spans in `{data_dir}/traces` for `spanmeter runs` (also when exporting over OTLP).",
     "policy.runs.max_llm_calls": "Model calls per run. A request may lower it with `X-Run-Max-Calls`.",
     "policy.runs.max_cost_usd": "Cost per run in USD. A request may lower it with `X-Run-Max-Cost-Usd`.",

@@ -12,7 +12,10 @@ Traces go through a bounded BatchSpanProcessor to
   `local_dir` is set or when no OTLP endpoint is configured at all.
 
 Ending a span only appends it to an in-memory queue; export runs on the processor's
-thread. When the queue is full or an export fails the spans are dropped and counted in
+thread, or, with `export_process` (SPANMETER_EXPORT_PROCESS; `auto` turns it on when spans
+go over OTLP), in a child process that the queue's thread hands the spans to
+(tracing/export_process.py): the protobuf encoding then costs the serving process nothing.
+When the queue is full or an export fails the spans are dropped and counted in
 `spanmeter.telemetry.dropped_spans`, which `/metrics` shows even when the collector is the
 thing that is down. Metrics are aggregated by spanmeter's own instruments
 (tracing/aggregate.py, no SDK MeterProvider) and rendered as Prometheus text on demand
@@ -50,7 +53,8 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tracing import attributes as A
-from tracing.aggregate import Counter, MetricsOut, PushLoop, Scope
+from tracing.aggregate import MetricsOut, PushLoop, Scope
+from tracing.export_process import ChildExporter, DropCounter, ExportProcessProcessor
 from tracing.labels import KnownModel
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
@@ -78,6 +82,7 @@ ENV_METRICS_EXPORTER: Final = "OTEL_METRICS_EXPORTER"
 ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
 
 Compression = Literal["gzip", "deflate", "none"]
+ExportProcess = Literal["auto", "on", "off"]
 _COMPRESSIONS: Final[tuple[Compression, ...]] = ("gzip", "deflate", "none")
 
 
@@ -108,6 +113,9 @@ class TelemetryConfig:
     # `_OTHER` (tracing/labels.py). The proxy passes its PriceTable's lookup; None means no
     # table, and models are then admitted first come, first served up to a bound.
     known_model: KnownModel | None = None
+    # Encode and send spans in a child process (tracing/export_process.py): `auto` when
+    # spans go over OTLP (protobuf encoding is the cost), `on` always, `off` never.
+    export_process: ExportProcess = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
@@ -223,7 +231,7 @@ class DropCountingProcessor(SpanProcessor):
     by a few under extreme load; it never misses a lost span.
     """
 
-    def __init__(self, exporter: SpanExporter, cfg: TelemetryConfig, counter: Counter, name: str):
+    def __init__(self, exporter: SpanExporter, cfg: TelemetryConfig, counter: DropCounter, name: str):
         self._capacity = cfg.max_queue
         self._queued = 0
         self._lock = threading.Lock()
@@ -335,9 +343,13 @@ def setup_telemetry(
     metrics = _metrics_out(cfg, env, resource, instruments)
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
-    chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
-    for name, exporter in chosen:
-        tracer_provider.add_span_processor(DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
+    if span_exporters is None and uses_export_process(cfg, env):
+        tracer_provider.add_span_processor(_export_process(cfg, env, resource, instruments.dropped_spans))
+    else:
+        chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
+        for name, exporter in chosen:
+            tracer_provider.add_span_processor(
+                DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
     for exporter in extra_exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     if span_exporters is None:
@@ -359,7 +371,8 @@ def describe_exports(cfg: TelemetryConfig, env: Mapping[str, str]) -> str:
         metrics += (" only; not pushed over OTLP (set OTEL_METRICS_EXPORTER=otlp or "
                     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT to push them too)")
     project = f"; project {cfg.project_name}" if cfg.project_name else ""
-    return f"telemetry: spans to {' and '.join(spans)}; metrics on {metrics}{project}"
+    where = " (encoded and sent by an export process)" if uses_export_process(cfg, env) else ""
+    return f"telemetry: spans to {' and '.join(spans)}{where}; metrics on {metrics}{project}"
 
 
 def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[str, SpanExporter]]:
@@ -370,6 +383,38 @@ def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[
         local = JsonlSpanExporter(cfg.local_dir or DEFAULT_LOCAL_DIR, max_bytes=cfg.local_max_bytes)
         exporters.append(("local", local))
     return exporters
+
+
+def uses_export_process(cfg: TelemetryConfig, env: Mapping[str, str]) -> bool:
+    """Are spans exported by a child process? `auto`: when they go over OTLP, whose
+    protobuf encoding (~65-80 µs a span on the export thread) becomes a ~5-9 µs hand-off.
+    The local files alone cost ~16-19 µs a span in-process against that hand-off, but
+    the child then spends ~24 µs on them and is one more process per worker, and the
+    spans `spanmeter runs` reads take one more hop: not worth it by default
+    (bench/bench_export.py)."""
+    return cfg.export_process == "on" or (cfg.export_process == "auto" and cfg.otlp_traces(env))
+
+
+def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Resource,
+                    counter: DropCounter) -> ExportProcessProcessor:
+    """The exporters `_span_exporters` would build, run by a child process."""
+    exporters: list[ChildExporter] = []
+    if cfg.otlp_traces(env):
+        options: tuple[tuple[str, Any], ...] = (
+            ("endpoint", otlp_url(cfg, env, "traces")), ("timeout", cfg.export_timeout),
+            ("compression", otlp_compression(cfg, env, "traces")))
+        exporters.append(ChildExporter("otlp", options, cfg.schedule_delay_ms))
+    if cfg.local_dir is not None or not exporters:
+        options = (("directory", str(cfg.local_dir or DEFAULT_LOCAL_DIR)), ("max_bytes", cfg.local_max_bytes))
+        exporters.append(ChildExporter("local", options, cfg.local_schedule_delay_ms))
+    # The hand-off needs no long delay (the child's processors batch again); it waits at
+    # most the local file's, so a long OTLP delay does not hold spans in this process.
+    delay = min(cfg.local_schedule_delay_ms, *(e.schedule_delay_ms for e in exporters))
+    return ExportProcessProcessor(
+        exporters, resource_attributes=dict(resource.attributes), resource_schema_url=resource.schema_url,
+        max_queue=cfg.max_queue, max_export_batch=cfg.max_export_batch, schedule_delay_ms=delay,
+        # The SDK's processor bounds its shutdown at ~30 s plus one export.
+        shutdown_timeout_s=30 + cfg.export_timeout, counter=counter)
 
 
 def _signal_url(base: str, signal: str) -> str:

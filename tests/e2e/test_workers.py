@@ -31,6 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import hash_key
 from proxy.policy.store import open_store
+from proxy.siblings import WORKER_ATTRIBUTE
+from tests.fixtures.otlp import OtlpReceiver, otlp_receiver  # noqa: F401
+from tests.tracing.test_export_process import export_children
 from tests.tracing.test_prometheus_scrape import PROMETHEUS, listening_port, poll, query
 from tracing.viewer import load_runs
 
@@ -67,7 +70,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[Any]:
     started: list[Served] = []
 
     async def start(sim_url: str, *, policy: str, ledger: str | None = None, new_session: bool = False,
-                    workers: int = 2) -> Served:
+                    workers: int = 2, extra_env: dict[str, str] | None = None) -> Served:
         name = f"serve{len(started)}"
         cfg = tmp_path / f"{name}.yaml"
         cfg.write_text(f"upstream_keys: {{openai: OPENAI_API_KEY}}\nadmin_token: {ADMIN}\n"
@@ -77,6 +80,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[Any]:
                "SPANMETER_DATA_DIR": str(data), "OPENAI_API_KEY": "sk-upstream"}
         if ledger:
             env["SPANMETER_LEDGER_URL"] = ledger
+        env.update(extra_env or {})
         err = tmp_path / f"{name}.err"
         with err.open("w") as sink:
             proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", "0", "--workers", str(workers)],
@@ -404,6 +408,32 @@ async def test_replacements_that_keep_dying_back_off_and_workers_stop_with_their
     await _until(lambda: _async(not any(_alive(pid) for pid in workers)), "workers gone with their supervisor")
     with socket.socket() as s:
         s.bind(("127.0.0.1", srv.port))
+
+
+async def test_each_worker_exports_spans_through_its_own_child_process(sim, serve, otlp_receiver):  # noqa: F811
+    srv = await serve(sim.url, policy="{runs: {max_llm_calls: 1000}}",
+                      extra_env={"SPANMETER_OTLP_ENDPOINT": otlp_receiver.endpoint})
+    workers = [w["pid"] for w in srv.status()["workers"]]
+    # SPANMETER_EXPORT_PROCESS=auto and spans go over OTLP: one export child per worker.
+    children = {pid: export_children(pid) for pid in workers}
+    assert all(len(c) == 1 for c in children.values()), children
+    async with _client(srv, max_retries=0) as client:
+        await asyncio.gather(*(_ask(client, f"r-before-{i}") for i in range(10)))
+        # kill -9 of a worker: its export child exits by itself (EOF on its pipe).
+        (dead_child,) = children[workers[1]]
+        os.kill(workers[1], signal.SIGKILL)
+        await _until(lambda: _async(not _alive(dead_child)), "the dead worker's export child exits")
+        await _until(lambda: _async(_replaced(srv, workers[1], index=1)), "a replacement worker")
+        new = srv.status()["workers"][1]["pid"]
+        await _until(lambda: _async(len(export_children(new)) == 1), "the replacement's export child")
+        await asyncio.gather(*(_ask(client, f"r-after-{i}") for i in range(20)))
+    # A graceful stop flushes every worker's spans through its child before it exits.
+    srv.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(srv.proc.wait, 60) == 0
+    runs = {s["attributes"].get("spanmeter.run.id") for s in otlp_receiver.spans() if s["kind"] == "SPAN_KIND_CLIENT"}
+    assert {f"r-after-{i}" for i in range(20)} <= runs
+    assert len({s["resource"][WORKER_ATTRIBUTE] for s in otlp_receiver.spans()}) >= 2  # each worker's own
+    assert not any(_alive(pid) for c in children.values() for pid in c)
 
 
 async def test_a_worker_that_cannot_start_stops_the_supervisor_with_exit_1(tmp_path):

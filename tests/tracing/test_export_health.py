@@ -54,6 +54,7 @@ def test_a_hanging_collector_never_holds_up_calls_and_drops_are_counted(
         schedule_delay_ms=10,
         export_timeout=60,  # the exporter would wait a minute: calls must not
         metric_export_interval_ms=3_600_000,
+        export_process="off",  # the in-process queue alone; the child's: test_export_process.py
     )
     tel = setup_telemetry(cfg, environ={})
     try:
