@@ -12,13 +12,14 @@ The handler parses the request body once (orjson) and hands the dict to
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from proxy.errors import MalformedBody, ProxyError
-from proxy.model import Call, Outcome, Rewrite, StreamEvent
+from proxy.model import Call, Outcome, Rewrite, StreamEvent, Usage
 from proxy.providers.splice import Edit, Path, splice
 
 if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
@@ -35,6 +36,7 @@ __all__ = [
     "Path",
     "ProviderAdapter",
     "SseEvent",
+    "TextShape",
     "array",
     "count_field",
     "integer",
@@ -71,6 +73,25 @@ class SseEvent:
         return self._json
 
 
+@dataclass(frozen=True, slots=True)
+class TextShape:
+    """How a dialect's stream events that carry nothing but a piece of the answer's text
+    are told by their bytes (proxy/providers/shortcut.py learns each stream's own shapes).
+
+    `key` is the member whose string value is the text. `plain` says of such an event,
+    parsed, that it is one every stream rewriter forwards untouched while the answer's
+    text is not repaired. `ignored` members change from event to event and are read by
+    nothing (a sequence number, an obfuscation pad). `usage` is a member holding running
+    usage that every text event repeats (Gemini), read with `usage_of`.
+    """
+
+    key: bytes
+    plain: Callable[[SseEvent], bool]
+    ignored: tuple[bytes, ...] = ()
+    usage: bytes | None = None
+    usage_of: Callable[[Any], Usage] | None = None
+
+
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
@@ -89,38 +110,50 @@ class Framer:
         self._tail = b""
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
+        return [_parse(raw) for raw in self.split(chunk)]
+
+    def split(self, chunk: bytes) -> list[bytes]:
+        """The raw bytes of each event `chunk` completes: one slice each, nothing parsed
+        (the relay reads an event's fields only when it must, see proxy/providers/shortcut.py)."""
         buf = self._tail + chunk if self._tail else chunk
-        events: list[SseEvent] = []
+        events: list[bytes] = []
         start = 0
         if b"\r" not in buf:
             # The common framing (OpenAI, Anthropic): plain `\n\n`, found without the regex.
             while (end := buf.find(b"\n\n", start)) != -1:
-                events.append(_parse(buf[start : end + 2]))
+                events.append(buf[start : end + 2])
                 start = end + 2
         else:
             while (m := _BOUNDARY.search(buf, start)) is not None:
-                events.append(_parse(buf[start : m.end()]))
+                events.append(buf[start : m.end()])
                 start = m.end()
-        self._tail = buf[start:]
+        self._tail = buf[start:] if start else buf
         return events
 
     def flush(self) -> SseEvent | None:
         """The last event when the stream ended without a blank line."""
+        raw = self.flush_raw()
+        return None if raw is None else _parse(raw)
+
+    def flush_raw(self) -> bytes | None:
+        """`flush`, its raw bytes."""
         tail, self._tail = self._tail, b""
-        return _parse(tail) if tail.strip() else None
+        return tail if tail.strip() else None
 
 
 def _parse(raw: bytes) -> SseEvent:
     if raw.startswith(b"data: ") and raw.count(b"\n") == 2 and b"\r" not in raw:
         return SseEvent(raw, None, raw[6:-2].decode("utf-8", "replace"))  # one data line: most events
+    # Lines end at CR, LF or CRLF and nowhere else (a U+2028 in a JSON string is no line end).
+    lines = raw.split(b"\n") if b"\r" not in raw else raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     name: str | None = None
-    data: list[str] = []
-    for line in raw.decode("utf-8", "replace").splitlines():
-        if line.startswith("data:"):
-            data.append(line[6:] if line[5:6] == " " else line[5:])
-        elif line.startswith("event:"):
-            name = line[6:].strip()
-    return SseEvent(raw, name, "\n".join(data))
+    data: list[bytes] = []
+    for line in lines:
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            name = line[6:].decode("utf-8", "replace").strip()
+    return SseEvent(raw, name, b"\n".join(data).decode("utf-8", "replace"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +184,8 @@ class ProviderAdapter(Protocol):
     # Bytes that mark an explicit prompt-cache breakpoint (Anthropic `cache_control`),
     # whose writes bill above plain input; None when the API bills no write premium.
     cache_marker: bytes | None
+    # How a plain text delta of this API's streams looks; None: every event is parsed.
+    text_shape: TextShape | None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         """The call's facts; refuses (MalformedBody) a field that changes cost and is not

@@ -1,0 +1,287 @@
+"""Stream events that carry only a piece of the answer's text, told by their bytes.
+
+Most events of a streamed answer are text deltas that differ from one another only in
+their text (and in members nothing reads: a sequence number, an obfuscation pad, or
+Gemini's running usage). While no hook of the call reads the answer's text, such an
+event needs no JSON parse and no event objects. The first event of a shape is parsed in
+full, as every other event is, and a template is learnt from it: the bytes before and
+after its text, with holes where the members that change are. A later event that fits a
+template byte for byte outside its holes gives its text from one slice, and the observer
+the same events the full parse would have given it. Anything else, or anything that does
+not fit exactly (a tool call, a finish reason, an escape the template cannot vouch for),
+is parsed in full.
+
+Why a fitting event parses as its template did: the template's text hole is proven, when
+it is learnt, to be exactly the inside of the string token that parse_event reads as the
+text (an event with a marker in its place parses to the marker); a hole accepts only what
+a JSON string's inside (or an integer, or one whole JSON value) may be, so an event that
+fits has the template's JSON structure, and every other byte is the template's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from proxy.model import MetaEvent, StreamEvent, TextDelta, UsageEvent
+from proxy.observer import Observer
+from proxy.providers.base import ProviderAdapter, SseEvent, TextShape, _parse
+
+__all__ = ["TextShortcut"]
+
+# The inside of a JSON string (RFC 8259: no quote, backslash or control character
+# unescaped), and a JSON integer.
+_STRING: Final = re.compile(rb'[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*')
+_INT: Final = re.compile(rb"-?(?:0|[1-9][0-9]*)")
+_PLAIN: Final = re.compile(rb'[^"\\\x00-\x1f]+')  # a string's inside with nothing escaped
+
+_TEXT, _IGNORED_STRING, _IGNORED_INT, _USAGE = range(4)
+_TEMPLATES: Final = 4  # kept per stream: one per text block / output item in flight is plenty
+_LEARNS: Final = 8  # per stream: a dialect whose deltas never repeat a shape stops paying for learning
+_MARKER: Final = b"spanmeter-probe"
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    head: bytes  # the bytes before the first hole
+    steps: tuple[tuple[int, bytes], ...]  # (hole kind, the bytes after it up to the next hole)
+    side: tuple[StreamEvent, ...]  # what a fitting event gives besides its text and usage
+    tail: bytes | None  # the bytes after the text when it is the only hole (the common case, matched faster)
+
+
+class TextShortcut:
+    """The text deltas of one stream, taken by their bytes (see the module docstring).
+
+    `take(raw)` feeds the observer and says True for an event that fits a learnt
+    template; for every other event the caller parses in full and then calls `learn`.
+    """
+
+    __slots__ = ("_adapter", "_last", "_learns", "_observer", "_shape", "_templates")
+
+    def __init__(self, adapter: ProviderAdapter, shape: TextShape, observer: Observer) -> None:
+        self._adapter = adapter
+        self._shape = shape
+        self._observer = observer
+        self._templates: list[_Template] = []
+        self._learns = 0
+        self._last: _Template | None = None  # the template of the last event the observer was fed
+
+    def take(self, raw: bytes) -> bool:
+        for t in self._templates:
+            if not raw.startswith(t.head):
+                continue
+            usage: Any = None
+            if t.tail is not None:  # head, text, tail
+                if not raw.endswith(t.tail) or len(raw) <= len(t.head) + len(t.tail):
+                    continue
+                inside = raw[len(t.head):len(raw) - len(t.tail)]
+                if b"\\" in inside:
+                    text = _decode(inside)
+                    if text is None:
+                        continue
+                elif _PLAIN.fullmatch(inside) is None:
+                    continue
+                else:
+                    text = inside.decode("utf-8", "replace")
+            elif (fit := _fit(t, raw)) is not None:
+                text, usage = fit
+            else:
+                continue
+            observer = self._observer
+            # Metadata and usage fed again change nothing when the last event fed was of
+            # this same template: only its text was fed since.
+            if t.side and t is not self._last:
+                observer.feed(t.side)
+            if usage is not None and self._shape.usage_of is not None:
+                observer.feed((UsageEvent(self._shape.usage_of(usage)),))
+            observer.add_text(text)
+            self._last = t
+            return True
+        return False
+
+    def learn(self, event: SseEvent, parsed: list[StreamEvent]) -> None:
+        """After `event` was parsed in full and fed: learn a template from it if it is a
+        plain text delta."""
+        self._last = None
+        if self._learns >= _LEARNS or not _text_only(parsed):
+            return
+        try:
+            if not self._shape.plain(event):
+                return
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return
+        self._learns += 1
+        template = self._template(event.raw, parsed)
+        if template is not None:
+            self._templates.insert(0, template)
+            del self._templates[_TEMPLATES:]
+            self._last = template
+
+    def _template(self, raw: bytes, parsed: list[StreamEvent]) -> _Template | None:
+        shape = self._shape
+        text = _holes(raw, shape.key, string_only=True)
+        if len(text) != 1:
+            return None
+        holes = [(text[0][0], text[0][1], _TEXT)]
+        for key in shape.ignored:
+            holes += [(s, e, _IGNORED_STRING if raw[s - 1:s] == b'"' else _IGNORED_INT)
+                      for s, e in _holes(raw, key, string_only=False)]
+        usage_hole = shape.usage is not None and shape.usage in raw
+        if shape.usage is not None and usage_hole:
+            usage = _object_at(raw, shape.usage)
+            if usage is None:
+                return None
+            holes.append((*usage, _USAGE))
+        holes.sort()
+        if any(a[1] > b[0] for a, b in itertools.pairwise(holes)):
+            return None
+        if any(kind == _USAGE for _, _, kind in holes[:-1]):
+            return None  # a usage hole must be the last: its end is found from the tail
+        steps = tuple((kind, raw[end:holes[i + 1][0]] if i + 1 < len(holes) else raw[end:])
+                      for i, (_, end, kind) in enumerate(holes))
+        side = tuple(e for e in parsed if isinstance(e, MetaEvent) or (isinstance(e, UsageEvent) and not usage_hole))
+        tail = steps[0][1] if len(steps) == 1 and steps[0][0] == _TEXT else None
+        template = _Template(raw[:holes[0][0]], steps, side, tail)
+        return template if self._proven(template, raw, holes, parsed) else None
+
+    def _proven(self, t: _Template, raw: bytes, holes: list[tuple[int, int, int]],
+                parsed: list[StreamEvent]) -> bool:
+        """The template reads what the full parse read, from the event it was learnt from
+        and from a probe with every hole changed (a marker as the text, empty usage), which
+        the adapter parses in full: the text hole is the text's token, the usage hole the
+        usage the adapter reads."""
+        probe, at = [], 0
+        for start, end, kind in holes:
+            probe += [raw[at:start], {_TEXT: _MARKER, _IGNORED_STRING: b"", _IGNORED_INT: b"0", _USAGE: b"{}"}[kind]]
+            at = end
+        probe.append(raw[at:])
+        probe_raw = b"".join(probe)
+        try:
+            want = self._adapter.parse_event(_parse(probe_raw))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return False
+        return self._reads(t, raw, parsed) and self._reads(t, probe_raw, want) \
+            and [e.text for e in want if isinstance(e, TextDelta)] == [_MARKER.decode()]
+
+    def _reads(self, t: _Template, raw: bytes, parsed: list[StreamEvent]) -> bool:
+        """Whether `t` fits `raw` and gives the events `parsed` (metadata and usage in their order)."""
+        fit = _fit(t, raw)
+        if fit is None:
+            return False
+        text, usage = fit
+        got: list[StreamEvent] = list(t.side)
+        if usage is not None and self._shape.usage_of is not None:
+            got.append(UsageEvent(self._shape.usage_of(usage)))
+        return [e.text for e in parsed if isinstance(e, TextDelta)] == [text] \
+            and [e for e in parsed if not isinstance(e, TextDelta)] == got
+
+
+def _fit(t: _Template, raw: bytes) -> tuple[str, Any] | None:
+    """(the text, the usage hole's value or None) when `raw` fits `t` (its head is checked)."""
+    pos = len(t.head)
+    text = b""
+    usage: Any = None
+    for kind, after in t.steps:
+        if kind == _USAGE:  # always the last hole: it ends where the template's tail begins
+            end = len(raw) - len(after)
+            if end <= pos or not raw.endswith(after):
+                return None
+            try:
+                usage = orjson.loads(raw[pos:end])
+            except orjson.JSONDecodeError:
+                return None
+            if not isinstance(usage, dict):
+                return None
+            pos = len(raw)
+            break
+        m = (_INT if kind == _IGNORED_INT else _STRING).match(raw, pos)
+        if m is None:
+            return None
+        end = m.end()
+        if kind == _TEXT:
+            text = raw[pos:end]
+        if not raw.startswith(after, end):
+            return None
+        pos = end + len(after)
+    if pos != len(raw) or not text:
+        return None
+    decoded = _decode(text)
+    return None if decoded is None else (decoded, usage)
+
+
+def _text_only(parsed: list[StreamEvent]) -> bool:
+    """One non-empty text delta, with nothing but response metadata and usage beside it."""
+    texts = 0
+    for e in parsed:
+        if isinstance(e, TextDelta):
+            if not e.text:
+                return False
+            texts += 1
+        elif not isinstance(e, MetaEvent | UsageEvent):
+            return False
+    return texts == 1
+
+
+def _holes(raw: bytes, key: bytes, *, string_only: bool) -> list[tuple[int, int]]:
+    """(start, end) of the value of each `key` member: a string's inside, or an integer."""
+    out = []
+    at = raw.find(key)
+    while at != -1:
+        pos = at + len(key)
+        while raw[pos:pos + 1] == b" ":
+            pos += 1
+        if raw[pos:pos + 1] == b'"':
+            m = _STRING.match(raw, pos + 1)
+            if m is None or raw[m.end():m.end() + 1] != b'"':
+                return []
+            out.append((pos + 1, m.end()))
+        elif not string_only and (m := _INT.match(raw, pos)) is not None:
+            out.append((pos, m.end()))
+        else:
+            return []
+        at = raw.find(key, at + 1)
+    return out
+
+
+def _object_at(raw: bytes, key: bytes) -> tuple[int, int] | None:
+    """(start, end) of the JSON object that is the value of the only `key` member."""
+    at = raw.find(key)
+    if at == -1 or raw.find(key, at + 1) != -1:
+        return None
+    pos = at + len(key)
+    while raw[pos:pos + 1] == b" ":
+        pos += 1
+    if raw[pos:pos + 1] != b"{":
+        return None
+    start, depth = pos, 0
+    while pos < len(raw):
+        c = raw[pos]
+        if c == 0x22:  # a string: skip its inside, whatever brackets it holds
+            m = _STRING.match(raw, pos + 1)
+            if m is None or raw[m.end():m.end() + 1] != b'"':
+                return None
+            pos = m.end() + 1
+            continue
+        if c in b"{[":
+            depth += 1
+        elif c in b"}]":
+            depth -= 1
+            if depth == 0:
+                return start, pos + 1
+        pos += 1
+    return None
+
+
+def _decode(inside: bytes) -> str | None:
+    """A JSON string's inside as the full parse reads it (invalid UTF-8 replaced first)."""
+    if b"\\" not in inside:
+        return inside.decode("utf-8", "replace")
+    try:
+        value = orjson.loads('"' + inside.decode("utf-8", "replace") + '"')
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
