@@ -176,40 +176,53 @@ class StreamRelay:
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to send the client for what `chunk` completes."""
-        return self._events(self._framer.split(chunk))
+        ends = self._framer.begin(chunk)
+        buf, shortcut = ends.buf, self._shortcut
+        parts: list[bytes] = []
+        start = sent = 0  # buf[sent:start] goes out as it came
+        while (end := ends.after(start)) != -1:
+            if shortcut is not None and shortcut.take(buf, start, end):
+                self.taken += 1
+            else:
+                out = self._event(buf[start:end])
+                if out is not None:
+                    parts += (buf[sent:start], out)
+                    sent = end
+            start = end
+        self._framer.keep(ends, start)
+        if not parts:
+            return buf[:start]
+        parts.append(buf[sent:start])
+        return b"".join(parts)
 
     def flush(self) -> bytes:
         """The bytes for an unterminated last event, at the stream's end."""
         raw = self._framer.flush_raw()
-        return b"" if raw is None else self._events([raw])
+        if raw is None:
+            return b""
+        out = self._event(raw)
+        return raw if out is None else out
 
-    def _events(self, raws: list[bytes]) -> bytes:
-        parts = []
-        adapter, observer, hooks, shortcut = self._adapter, self._observer, self._hooks, self._shortcut
-        for raw in raws:
-            if shortcut is not None and shortcut.take(raw):
-                parts.append(raw)
-                self.taken += 1
+    def _event(self, raw: bytes) -> bytes | None:
+        """An event parsed in full, fed and offered to the hooks: its replacement, or None."""
+        observer = self._observer
+        event = _parse(raw)
+        parsed = _safe(self._adapter.parse_event, event, observer)
+        observer.feed(parsed)
+        if self._shortcut is not None:
+            self._shortcut.learn(event, parsed)
+        # The first hook that claims an event decides its bytes; the hooks of one call never
+        # claim the same events (the usage-only chunk has no text to repair).
+        for hook in self._hooks.on_event:
+            try:
+                out = hook(event, parsed)
+            except Exception:  # never cut a client's stream over a rewrite
+                log.exception("stream rewrite failed; forwarding the event unchanged")
+                observer.note("rewrite_failed")
                 continue
-            event = _parse(raw)
-            parsed = _safe(adapter.parse_event, event, observer)
-            observer.feed(parsed)
-            if shortcut is not None:
-                shortcut.learn(event, parsed)
-            out: bytes | None = None
-            # The first hook that claims an event decides its bytes; the hooks of one call never
-            # claim the same events (the usage-only chunk has no text to repair).
-            for hook in hooks.on_event:
-                try:
-                    out = hook(event, parsed)
-                except Exception:  # never cut a client's stream over a rewrite
-                    log.exception("stream rewrite failed; forwarding the event unchanged")
-                    observer.note("rewrite_failed")
-                    out = None
-                if out is not None:
-                    break
-            parts.append(raw if out is None else out)
-        return b"".join(parts)
+            if out is not None:
+                return out
+        return None
 
 
 def _safe(fn: Callable[[T], list[StreamEvent]], arg: T, observer: Observer) -> list[StreamEvent]:

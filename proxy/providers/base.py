@@ -11,7 +11,6 @@ The handler parses the request body once (orjson) and hands the dict to
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +28,7 @@ if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
 __all__ = [
     "MAX_OUTPUT_MULTIPLIER",
     "MAX_TOKENS_LIMIT",
+    "EventEnds",
     "Exchange",
     "Framer",
     "History",
@@ -92,7 +92,6 @@ class TextShape:
     usage_of: Callable[[Any], Usage] | None = None
 
 
-_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
 class Framer:
@@ -113,22 +112,25 @@ class Framer:
         return [_parse(raw) for raw in self.split(chunk)]
 
     def split(self, chunk: bytes) -> list[bytes]:
-        """The raw bytes of each event `chunk` completes: one slice each, nothing parsed
-        (the relay reads an event's fields only when it must, see proxy/providers/shortcut.py)."""
-        buf = self._tail + chunk if self._tail else chunk
+        """The raw bytes of each event `chunk` completes: one slice each, nothing parsed."""
+        ends = self.begin(chunk)
         events: list[bytes] = []
         start = 0
-        if b"\r" not in buf:
-            # The common framing (OpenAI, Anthropic): plain `\n\n`, found without the regex.
-            while (end := buf.find(b"\n\n", start)) != -1:
-                events.append(buf[start : end + 2])
-                start = end + 2
-        else:
-            while (m := _BOUNDARY.search(buf, start)) is not None:
-                events.append(buf[start : m.end()])
-                start = m.end()
-        self._tail = buf[start:] if start else buf
+        while (end := ends.after(start)) != -1:
+            events.append(ends.buf[start:end])
+            start = end
+        self.keep(ends, start)
         return events
+
+    def begin(self, chunk: bytes) -> EventEnds:
+        """The bytes held back so far and `chunk`, to find the events in; `keep` says where
+        the unfinished rest starts (the relay reads events in place, unsliced)."""
+        ends = EventEnds(self._tail + chunk if self._tail else chunk)
+        self._tail = b""
+        return ends
+
+    def keep(self, ends: EventEnds, start: int) -> None:
+        self._tail = ends.buf[start:] if start else ends.buf
 
     def flush(self) -> SseEvent | None:
         """The last event when the stream ended without a blank line."""
@@ -141,9 +143,54 @@ class Framer:
         return tail if tail.strip() else None
 
 
+class EventEnds:
+    """Where the SSE events in one buffer end: after the earliest blank line (CRLF CRLF,
+    LF LF or CR CR) from an event's start. Each kind of blank line is looked for again
+    only once passed, so a buffer is read once, however many events it holds."""
+
+    __slots__ = ("_cr", "_crlf", "_lf", "buf")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self._lf = buf.find(b"\n\n")
+        # The common framing (OpenAI, Anthropic) has no CR: only LF LF is looked for.
+        self._crlf = self._cr = -1 if b"\r" not in buf else -2  # -2: not looked for yet
+
+    def after(self, start: int) -> int:
+        """The end of the event that starts at `start`, blank line included; -1: unfinished."""
+        buf, lf = self.buf, self._lf
+        if lf != -1 and lf < start:
+            lf = self._lf = buf.find(b"\n\n", start)
+        crlf, cr = self._crlf, self._cr
+        if crlf == -1 and cr == -1:
+            return -1 if lf == -1 else lf + 2
+        if crlf != -1 and crlf < start:
+            crlf = self._crlf = buf.find(b"\r\n\r\n", start)
+        if cr != -1 and cr < start:
+            cr = self._cr = buf.find(b"\r\r", start)
+        at, size = crlf, 4
+        if lf != -1 and (at == -1 or lf < at):
+            at, size = lf, 2
+        if cr != -1 and (at == -1 or cr < at):
+            at, size = cr, 2
+        return -1 if at == -1 else at + size
+
+
 def _parse(raw: bytes) -> SseEvent:
-    if raw.startswith(b"data: ") and raw.count(b"\n") == 2 and b"\r" not in raw:
-        return SseEvent(raw, None, raw[6:-2].decode("utf-8", "replace"))  # one data line: most events
+    # The framings of nearly every event, read by position: one data line (OpenAI, Gemini's
+    # CRLF), or an event line and a data line (Anthropic, Responses).
+    if b"\r" not in raw:
+        if raw.endswith(b"\n\n"):
+            newlines = raw.count(b"\n")
+            if newlines == 2 and raw.startswith(b"data: "):
+                return SseEvent(raw, None, raw[6:-2].decode("utf-8", "replace"))
+            if newlines == 3 and raw.startswith(b"event: "):
+                nl = raw.find(b"\n")
+                if raw.startswith(b"data: ", nl + 1):
+                    return SseEvent(raw, raw[7:nl].decode("utf-8", "replace").strip(),
+                                    raw[nl + 7:-2].decode("utf-8", "replace"))
+    elif raw.startswith(b"data: ") and raw.endswith(b"\r\n\r\n") and raw.count(b"\n") == 2 and raw.count(b"\r") == 2:
+        return SseEvent(raw, None, raw[6:-4].decode("utf-8", "replace"))
     # Lines end at CR, LF or CRLF and nowhere else (a U+2028 in a JSON string is no line end).
     lines = raw.split(b"\n") if b"\r" not in raw else raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     name: str | None = None

@@ -230,8 +230,10 @@ def _plain_delta(event: SseEvent) -> bool:
 
 
 class ResponsesAdapter(OpenAIFamily):
+    # A text delta names its output item, which nothing reads from it: a hole, so that the
+    # shape is the same in every stream.
     text_shape: TextShape | None = TextShape(b'"delta":', _plain_delta,
-                                             ignored=(b'"sequence_number":', b'"obfuscation":'))
+                                             ignored=(b'"sequence_number":', b'"item_id":', b'"obfuscation":'))
     api = "responses"
     text_part = "input_text"
 

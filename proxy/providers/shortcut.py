@@ -45,19 +45,32 @@ _LEARNS: Final = 8  # per stream: a dialect whose deltas never repeat a shape st
 _MARKER: Final = b"spanmeter-probe"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Template:
     head: bytes  # the bytes before the first hole
     steps: tuple[tuple[int, bytes], ...]  # (hole kind, the bytes after it up to the next hole)
     side: tuple[StreamEvent, ...]  # what a fitting event gives besides its text and usage
     tail: bytes | None  # the bytes after the text when it is the only hole (the common case, matched faster)
+    # A template that names nothing of its response (no metadata beside the text: Anthropic,
+    # Responses) is the same in every stream of its API: proven once per process, and the
+    # second stream that shows it gets it as one regex, when it has more holes than the text.
+    streams: int = 1
+    regex: re.Pattern[bytes] | None = None
+
+
+# Proven templates that name no response, by their bytes; bounded by the few shapes an API
+# has (a hostile upstream inventing shapes only makes it start over).
+_SHARED: dict[tuple[str, bytes, tuple[tuple[int, bytes], ...]], _Template] = {}
+_SHARED_MAX: Final = 256
+_HOLE_PATTERNS: Final = {_TEXT: b"(" + _STRING.pattern + b")", _IGNORED_STRING: _STRING.pattern,
+                         _IGNORED_INT: _INT.pattern, _USAGE: rb"(.+)"}
 
 
 class TextShortcut:
     """The text deltas of one stream, taken by their bytes (see the module docstring).
 
-    `take(raw)` feeds the observer and says True for an event that fits a learnt
-    template; for every other event the caller parses in full and then calls `learn`.
+    `take` feeds the observer and says True for an event that fits a learnt template;
+    for every other event the caller parses in full and then calls `learn`.
     """
 
     __slots__ = ("_adapter", "_last", "_learns", "_observer", "_shape", "_templates")
@@ -70,15 +83,31 @@ class TextShortcut:
         self._learns = 0
         self._last: _Template | None = None  # the template of the last event the observer was fed
 
-    def take(self, raw: bytes) -> bool:
+    def take(self, buf: bytes, start: int, end: int) -> bool:
+        """Feed the observer the event `buf[start:end]` and say True, if it fits a template."""
         for t in self._templates:
-            if not raw.startswith(t.head):
+            if not buf.startswith(t.head, start, end):
                 continue
             usage: Any = None
-            if t.tail is not None:  # head, text, tail
-                if not raw.endswith(t.tail) or len(raw) <= len(t.head) + len(t.tail):
+            if t.regex is not None:
+                m = t.regex.fullmatch(buf, start, end)
+                if m is None or m.end(1) == m.start(1):
                     continue
-                inside = raw[len(t.head):len(raw) - len(t.tail)]
+                text = _decode(m.group(1))
+                if text is None:
+                    continue
+                if t.steps[-1][0] == _USAGE:
+                    try:
+                        usage = orjson.loads(m.group(2))
+                    except orjson.JSONDecodeError:
+                        continue
+                    if not isinstance(usage, dict):
+                        continue
+            elif t.tail is not None:  # head, text, tail
+                s, e = start + len(t.head), end - len(t.tail)
+                if e <= s or not buf.endswith(t.tail, s, end):
+                    continue
+                inside = buf[s:e]
                 if b"\\" in inside:
                     text = _decode(inside)
                     if text is None:
@@ -87,7 +116,7 @@ class TextShortcut:
                     continue
                 else:
                     text = inside.decode("utf-8", "replace")
-            elif (fit := _fit(t, raw)) is not None:
+            elif (fit := _fit(t, buf, start, end)) is not None:
                 text, usage = fit
             else:
                 continue
@@ -145,8 +174,22 @@ class TextShortcut:
                       for i, (_, end, kind) in enumerate(holes))
         side = tuple(e for e in parsed if isinstance(e, MetaEvent) or (isinstance(e, UsageEvent) and not usage_hole))
         tail = steps[0][1] if len(steps) == 1 and steps[0][0] == _TEXT else None
+        shared = (self._adapter.api, raw[:holes[0][0]], steps)
+        known = _SHARED.get(shared) if not side else None
+        if known is not None and self._reads(known, raw, parsed):
+            known.streams += 1
+            if known.streams == 2 and known.tail is None:
+                known.regex = re.compile(re.escape(known.head) + b"".join(
+                    _HOLE_PATTERNS[kind] + re.escape(after) for kind, after in known.steps), re.DOTALL)
+            return known
         template = _Template(raw[:holes[0][0]], steps, side, tail)
-        return template if self._proven(template, raw, holes, parsed) else None
+        if not self._proven(template, raw, holes, parsed):
+            return None
+        if not side:
+            if len(_SHARED) >= _SHARED_MAX:
+                _SHARED.clear()
+            _SHARED[shared] = template
+        return template
 
     def _proven(self, t: _Template, raw: bytes, holes: list[tuple[int, int, int]],
                 parsed: list[StreamEvent]) -> bool:
@@ -169,7 +212,7 @@ class TextShortcut:
 
     def _reads(self, t: _Template, raw: bytes, parsed: list[StreamEvent]) -> bool:
         """Whether `t` fits `raw` and gives the events `parsed` (metadata and usage in their order)."""
-        fit = _fit(t, raw)
+        fit = _fit(t, raw, 0, len(raw))
         if fit is None:
             return False
         text, usage = fit
@@ -180,34 +223,35 @@ class TextShortcut:
             and [e for e in parsed if not isinstance(e, TextDelta)] == got
 
 
-def _fit(t: _Template, raw: bytes) -> tuple[str, Any] | None:
-    """(the text, the usage hole's value or None) when `raw` fits `t` (its head is checked)."""
-    pos = len(t.head)
+def _fit(t: _Template, buf: bytes, start: int, end: int) -> tuple[str, Any] | None:
+    """(the text, the usage hole's value or None) when `buf[start:end]` fits `t` (its head
+    is checked)."""
+    pos = start + len(t.head)
     text = b""
     usage: Any = None
     for kind, after in t.steps:
         if kind == _USAGE:  # always the last hole: it ends where the template's tail begins
-            end = len(raw) - len(after)
-            if end <= pos or not raw.endswith(after):
+            stop = end - len(after)
+            if stop <= pos or not buf.endswith(after, pos, end):
                 return None
             try:
-                usage = orjson.loads(raw[pos:end])
+                usage = orjson.loads(buf[pos:stop])
             except orjson.JSONDecodeError:
                 return None
             if not isinstance(usage, dict):
                 return None
-            pos = len(raw)
+            pos = end
             break
-        m = (_INT if kind == _IGNORED_INT else _STRING).match(raw, pos)
+        m = (_INT if kind == _IGNORED_INT else _STRING).match(buf, pos, end)
         if m is None:
             return None
-        end = m.end()
+        stop = m.end()
         if kind == _TEXT:
-            text = raw[pos:end]
-        if not raw.startswith(after, end):
+            text = buf[pos:stop]
+        if not buf.startswith(after, stop, end):
             return None
-        pos = end + len(after)
-    if pos != len(raw) or not text:
+        pos = stop + len(after)
+    if pos != end or not text:
         return None
     decoded = _decode(text)
     return None if decoded is None else (decoded, usage)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from proxy import steps
 from proxy.config import DEFAULT_POLICY
 from proxy.model import Outcome
 from proxy.observer import Observer
-from proxy.providers.base import ProviderAdapter, open_exchange
+from proxy.providers.base import Framer, ProviderAdapter, SseEvent, _parse, open_exchange
 from proxy.relay import Hooks, StreamRelay
 from tests.providers.cases import ADAPTERS, DATA, Case, stream_cases
 
@@ -145,3 +146,39 @@ def test_a_delta_of_an_earlier_shape_after_another_brings_its_own_metadata_back(
     relayed = _same("chat", [stream])
     assert relayed.taken == 5  # all but the first of each shape
     assert relayed.outcome.response_id == "chatcmpl-B9"
+
+
+def _reference_events(stream: bytes) -> list[bytes]:
+    """SSE framing as the spec's blank lines end events, read with one regex (the earliest
+    of CRLF CRLF, LF LF, CR CR), and the unterminated rest."""
+    out, start = [], 0
+    while (m := re.compile(rb"\r\n\r\n|\n\n|\r\r").search(stream, start)) is not None:
+        out.append(stream[start:m.end()])
+        start = m.end()
+    return out + ([stream[start:]] if stream[start:].strip() else [])
+
+
+_SSE_BYTES = st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"data:y", b"event: e ", b"a", b" "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=st.lists(_SSE_BYTES, max_size=40).map(b"".join),
+       cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=5))
+def test_the_framer_ends_events_where_the_spec_does_however_the_stream_is_cut(stream: bytes, cuts: list[int]) -> None:
+    framer = Framer()
+    at = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    got = [e for a, b in itertools.pairwise(at) for e in framer.split(stream[a:b])]
+    tail = framer.flush_raw()
+    assert got + ([tail] if tail is not None else []) == _reference_events(stream)
+    assert [_parse(e) for e in got] == [_reference_parse(e) for e in got]
+
+
+def _reference_parse(raw: bytes) -> SseEvent:
+    """An event's fields as the SSE spec reads them: lines end at CR, LF or CRLF."""
+    name, data = None, []
+    for line in re.split(rb"\r\n|\r|\n", raw):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            name = line[6:].decode("utf-8", "replace").strip()
+    return SseEvent(raw, name, b"\n".join(data).decode("utf-8", "replace"))
