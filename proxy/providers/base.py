@@ -347,7 +347,7 @@ class Exchange:
     the provider's cached prefix, is kept to the byte. `body` is kept equal to what is sent.
     """
 
-    __slots__ = ("_added", "_edited", "_edits", "adapter", "body", "call", "raw")
+    __slots__ = ("_added", "_edited", "_edits", "_sent", "adapter", "body", "call", "raw")
 
     def __init__(self, adapter: ProviderAdapter, call: Call, raw: bytes, body: dict[str, Any]) -> None:
         self.adapter = adapter
@@ -357,6 +357,7 @@ class Exchange:
         self._added: dict[str, Any] = {}
         self._edits: dict[Path, Edit] = {}
         self._edited = False
+        self._sent: bytes | None = None  # request_bytes, until the next patch
 
     def set_top(self, key: str, value: Any) -> None:
         """Set a top-level field of the request."""
@@ -366,11 +367,13 @@ class Exchange:
         else:
             self._added[key] = value
         self.body[key] = value
+        self._sent = None
 
     def edited(self) -> None:
         """Say that `body` was changed in place below the top level, somewhere not told:
         the request is then re-serialised whole (prefer `set_top` or `prefix_at`)."""
         self._edited = True
+        self._sent = None
 
     def prefix_tool_result(self, call_id: str, text: str) -> bool:
         """Prefix `text` to the last tool result for `call_id`, in the dialect's own shape."""
@@ -455,8 +458,16 @@ class Exchange:
     def _add_edit(self, path: Path, edit: Edit) -> None:
         before = self._edits.get(path)
         self._edits[path] = edit if before is None else lambda old: edit(before(old))
+        self._sent = None
 
     def request_bytes(self) -> bytes:
+        """The request as it goes upstream: spliced once per set of patches (the handler
+        measures it for admission, then sends it)."""
+        if self._sent is None:
+            self._sent = self._request_bytes()
+        return self._sent
+
+    def _request_bytes(self) -> bytes:
         if self._edited:
             return orjson.dumps(self.body)
         out = self.raw
