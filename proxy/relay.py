@@ -176,8 +176,15 @@ class StreamRelay:
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to send the client for what `chunk` completes."""
+        shortcut = self._shortcut
+        if self._framer.single(chunk):
+            if shortcut is not None and shortcut.take(chunk, 0, len(chunk)):
+                self.taken += 1
+                return chunk
+            out = self._event(chunk)
+            return chunk if out is None else out
         ends = self._framer.begin(chunk)
-        buf, shortcut = ends.buf, self._shortcut
+        buf = ends.buf
         parts: list[bytes] = []
         start = sent = 0  # buf[sent:start] goes out as it came
         while (end := ends.after(start)) != -1:

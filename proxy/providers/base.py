@@ -122,6 +122,12 @@ class Framer:
         self.keep(ends, start)
         return events
 
+    def single(self, chunk: bytes) -> bool:
+        """Whether `chunk` is one whole event and nothing is held back: what a model's stream
+        mostly is, one event per write (LF framing; anything else is found by `begin`)."""
+        return (not self._tail and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2
+                and b"\r" not in chunk)
+
     def begin(self, chunk: bytes) -> EventEnds:
         """The bytes held back so far and `chunk`, to find the events in; `keep` says where
         the unfinished rest starts (the relay reads events in place, unsliced)."""

@@ -67,11 +67,28 @@ def _relay(adapter: ProviderAdapter, dialect: str, request: str, chunks: list[by
     return Relayed(sent, observer.finish(200), records, relay.taken)
 
 
+def _reference(adapter: ProviderAdapter, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
+    """The stream relayed as the spec frames it, every event parsed, the first hook that
+    claims an event deciding its bytes: what the relay must do however the stream is cut."""
+    hooks, observer, sent = _hooks(dialect, request), Observer(), []
+    for raw in _reference_events(stream):
+        event = _reference_parse(raw)
+        try:
+            parsed = adapter.parse_event(event)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            observer.note("unparsed_event")
+            parsed = []
+        observer.feed(parsed)
+        sent.append(next((b for hook in hooks.on_event if (b := hook(event, parsed)) is not None), raw))
+    return b"".join(sent), observer.finish(200)
+
+
 def _same(dialect: str, chunks: list[bytes], request: str = "stream") -> Relayed:
     adapter = ADAPTERS[dialect]
     full = _relay(adapter, dialect, request, chunks, full=True)
     fast = _relay(adapter, dialect, request, chunks, full=False)
     assert full.taken == 0
+    assert (full.sent, full.outcome) == _reference(adapter, dialect, request, b"".join(chunks))
     assert fast.sent == full.sent
     assert fast.outcome == full.outcome
     assert fast.records == full.records
