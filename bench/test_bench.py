@@ -141,3 +141,15 @@ def test_a_supervisors_cpu_and_memory_include_its_workers(tmp_path: Path) -> Non
         assert own > 0 and proc.status()["Threads"] == 3 and proc.fds() >= 3
     finally:
         procs.close()
+
+
+def test_the_stream_benchmark_relays_each_dialects_answer_whole() -> None:
+    import bench_stream
+
+    for dialect, adapter, events in bench_stream.STREAMS:
+        body, outcome = bench_stream._relay_once(adapter, bench_stream._hooks(adapter, dialect), events)
+        assert len(events) == bench_stream.EVENTS
+        assert outcome.finish_reasons and outcome.usage.output_tokens, dialect
+        assert len(outcome.text) > 200, dialect  # every delta's text
+        # What the client gets is what came, but for the usage chunk chat drops (not asked for).
+        assert (body == b"".join(events)) == (dialect != "chat"), dialect

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from proxy.model import (
     Finish,
     MetaEvent,
@@ -38,7 +40,7 @@ class Observer:
         self._error: StreamError | None = None
         self._notes: list[str] = []
 
-    def feed(self, events: list[StreamEvent]) -> None:
+    def feed(self, events: Iterable[StreamEvent]) -> None:
         for e in events:
             if isinstance(e, TextDelta):
                 self._text.append(e.text)
@@ -53,6 +55,10 @@ class Observer:
                 self._finish[e.index] = e.reason
             elif isinstance(e, StreamError):
                 self._error = e
+
+    def add_text(self, text: str) -> None:
+        """A piece of the answer's text, as a TextDelta would bring it."""
+        self._text.append(text)
 
     def note(self, note: str) -> None:
         if note not in self._notes:

@@ -35,6 +35,7 @@ def install(adapter: ProviderAdapter, call: Call, policy: RepairPolicy, hooks: H
         rewriter = adapter.stream_rewriter(_StreamEdits(call, policy, hooks))
         if rewriter is not None:
             hooks.on_event.append(rewriter)
+            hooks.reads_text |= call.output is not None  # the text is repaired: no delta may be skipped
             # Headers leave before the stream: say up front that it may be rewritten.
             hooks.rewrites.append(Rewrite("repair", "stream"))
 

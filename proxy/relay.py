@@ -23,16 +23,20 @@ from multidict import CIMultiDict
 from proxy.errors import ProxyError
 from proxy.model import Outcome, Repair, Rewrite, StreamError, StreamEvent
 from proxy.observer import Observer
-from proxy.providers.base import Framer, ProviderAdapter, SseEvent
+from proxy.providers.base import Framer, ProviderAdapter, SseEvent, _parse
+from proxy.providers.shortcut import TextShortcut
 from proxy.upstream import UpstreamResponse, response_headers
 
-__all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "relay"]
+__all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "StreamRelay", "relay"]
 
 T = TypeVar("T")
 log = logging.getLogger("spanmeter.relay")
 
 EventHook = Callable[[SseEvent, list[StreamEvent]], bytes | None]
-"""Returns replacement bytes for an event (b"" drops it) or None to forward it unchanged."""
+"""Returns replacement bytes for an event (b"" drops it) or None to forward it unchanged.
+Unless `Hooks.reads_text`, it must forward a plain text delta (one the dialect's
+`TextShape.plain` accepts) unchanged and learn nothing from it: such events may not be
+shown to it at all."""
 
 BodyHook = Callable[[object], bytes | None]
 """Given the parsed JSON body, returns a replacement body or None."""
@@ -59,6 +63,7 @@ class Hooks:
 
     on_event: list[EventHook] = field(default_factory=list)
     on_body: list[BodyHook] = field(default_factory=list)
+    reads_text: bool = False  # an event hook must see every text delta (the answer's text is repaired)
     rewrites: list[Rewrite] = field(default_factory=list)
     repairs: list[Repair] = field(default_factory=list)
     retry_feedback: str | None = None  # set when repaired output should be asked for again
@@ -123,7 +128,7 @@ async def _stream(
     _stamp(headers, hooks)
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
-    observer, framer = flow.observer, Framer()
+    stream = StreamRelay(adapter, flow.observer, hooks)
     last = 0.0
     try:
         async for chunk in upstream.chunks():
@@ -133,42 +138,98 @@ async def _stream(
             else:
                 flow.chunk_gaps_s.append(now - last)
             last = now
-            out = _events(framer.feed(chunk), adapter, observer, hooks)
+            out = stream.feed(chunk)
             if out:
                 await resp.write(out)
-        tail = framer.flush()
-        if tail is not None:
-            out = _events([tail], adapter, observer, hooks)
-            if out:
-                await resp.write(out)
+        out = stream.flush()
+        if out:
+            await resp.write(out)
         flow.complete = True
     except ProxyError as exc:
         # The status line is gone already: end the stream with the dialect's error event.
-        observer.feed([_stream_error(exc)])
+        flow.observer.feed([_stream_error(exc)])
         await _try_write(resp, adapter.render_stream_error(exc))
     await _try_eof(resp)
     return resp
 
 
-def _events(events: list[SseEvent], adapter: ProviderAdapter, observer: Observer, hooks: Hooks) -> bytes:
-    parts = []
-    for event in events:
-        parsed = _safe(adapter.parse_event, event, observer)
+class StreamRelay:
+    """What relaying one stream does between the upstream's chunks and the client's writes:
+    frame the events, feed the observer, let the hooks rewrite.
+
+    While no hook reads the answer's text (`Hooks.reads_text`), a text delta whose shape
+    this stream has shown before is taken by its bytes (proxy/providers/shortcut.py): no
+    parse, no event objects, its bytes forwarded as they came. Every other event is parsed
+    and offered to the hooks.
+    """
+
+    __slots__ = ("_adapter", "_framer", "_hooks", "_observer", "_shortcut", "taken")
+
+    def __init__(self, adapter: ProviderAdapter, observer: Observer, hooks: Hooks) -> None:
+        self._adapter = adapter
+        self._observer = observer
+        self._hooks = hooks
+        self._framer = Framer()
+        shape = adapter.text_shape
+        self._shortcut = None if shape is None or hooks.reads_text else TextShortcut(adapter, shape, observer)
+        self.taken = 0  # events taken by their bytes, unparsed
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send the client for what `chunk` completes."""
+        shortcut = self._shortcut
+        if self._framer.single(chunk):
+            if shortcut is not None and shortcut.take(chunk, 0, len(chunk)):
+                self.taken += 1
+                return chunk
+            out = self._event(chunk)
+            return chunk if out is None else out
+        ends = self._framer.begin(chunk)
+        buf = ends.buf
+        parts: list[bytes] = []
+        start = sent = 0  # buf[sent:start] goes out as it came
+        while (end := ends.after(start)) != -1:
+            if shortcut is not None and shortcut.take(buf, start, end):
+                self.taken += 1
+            else:
+                out = self._event(buf[start:end])
+                if out is not None:
+                    parts += (buf[sent:start], out)
+                    sent = end
+            start = end
+        self._framer.keep(ends, start)
+        if not parts:
+            return buf[:start]
+        parts.append(buf[sent:start])
+        return b"".join(parts)
+
+    def flush(self) -> bytes:
+        """The bytes for an unterminated last event, at the stream's end."""
+        raw = self._framer.flush_raw()
+        if raw is None:
+            return b""
+        out = self._event(raw)
+        return raw if out is None else out
+
+    def _event(self, raw: bytes) -> bytes | None:
+        """An event parsed in full, fed and offered to the hooks: its replacement, or None."""
+        observer = self._observer
+        event = _parse(raw)
+        parsed = _safe(self._adapter.parse_event, event, observer)
         observer.feed(parsed)
-        out: bytes | None = None
+        if self._shortcut is not None:
+            self._shortcut.learn(event, parsed)
         # The first hook that claims an event decides its bytes; the hooks of one call never
         # claim the same events (the usage-only chunk has no text to repair).
-        for hook in hooks.on_event:
+        for hook in self._hooks.on_event:
             try:
                 out = hook(event, parsed)
             except Exception:  # never cut a client's stream over a rewrite
                 log.exception("stream rewrite failed; forwarding the event unchanged")
                 observer.note("rewrite_failed")
-                out = None
+                continue
             if out is not None:
-                break
-        parts.append(event.raw if out is None else out)
-    return b"".join(parts)
+                return out
+        return None
 
 
 def _safe(fn: Callable[[T], list[StreamEvent]], arg: T, observer: Observer) -> list[StreamEvent]:

@@ -47,6 +47,7 @@ from proxy.providers.base import (
     History,
     HistoryCall,
     SseEvent,
+    TextShape,
     count_field,
     number,
     text_of,
@@ -223,6 +224,14 @@ def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
                          "request_id": request_id})
 
 
+def _plain_delta(event: SseEvent) -> bool:
+    """A text_delta of a content_block_delta event: what AnthropicStreamRepair passes."""
+    data = event.json()
+    delta = data.get("delta")
+    return (data.get("type") == "content_block_delta" and event.event in (None, "content_block_delta")
+            and isinstance(delta, dict) and delta.get("type") == "text_delta")
+
+
 class AnthropicAdapter:
     api = "messages"
     dialect = "anthropic"
@@ -230,6 +239,7 @@ class AnthropicAdapter:
     upstream_setting = "anthropic_base_url"
     text_part = "text"
     cache_marker: bytes | None = b"\"cache_control\""
+    text_shape: TextShape | None = TextShape(b'"text":', _plain_delta)
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         tools = _tools(body.get("tools"))

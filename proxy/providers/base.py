@@ -11,14 +11,14 @@ The handler parses the request body once (orjson) and hands the dict to
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from proxy.errors import MalformedBody, ProxyError
-from proxy.model import Call, Outcome, Rewrite, StreamEvent
+from proxy.model import Call, Outcome, Rewrite, StreamEvent, Usage
 from proxy.providers.splice import Edit, Path, splice
 
 if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
 __all__ = [
     "MAX_OUTPUT_MULTIPLIER",
     "MAX_TOKENS_LIMIT",
+    "EventEnds",
     "Exchange",
     "Framer",
     "History",
@@ -35,6 +36,7 @@ __all__ = [
     "Path",
     "ProviderAdapter",
     "SseEvent",
+    "TextShape",
     "array",
     "count_field",
     "integer",
@@ -71,7 +73,25 @@ class SseEvent:
         return self._json
 
 
-_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+@dataclass(frozen=True, slots=True)
+class TextShape:
+    """How a dialect's stream events that carry nothing but a piece of the answer's text
+    are told by their bytes (proxy/providers/shortcut.py learns each stream's own shapes).
+
+    `key` is the member whose string value is the text. `plain` says of such an event,
+    parsed, that it is one every stream rewriter forwards untouched while the answer's
+    text is not repaired. `ignored` members change from event to event and are read by
+    nothing (a sequence number, an obfuscation pad). `usage` is a member holding running
+    usage that every text event repeats (Gemini), read with `usage_of`.
+    """
+
+    key: bytes
+    plain: Callable[[SseEvent], bool]
+    ignored: tuple[bytes, ...] = ()
+    usage: bytes | None = None
+    usage_of: Callable[[Any], Usage] | None = None
+
+
 
 
 class Framer:
@@ -89,38 +109,104 @@ class Framer:
         self._tail = b""
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        buf = self._tail + chunk if self._tail else chunk
-        events: list[SseEvent] = []
+        return [_parse(raw) for raw in self.split(chunk)]
+
+    def split(self, chunk: bytes) -> list[bytes]:
+        """The raw bytes of each event `chunk` completes: one slice each, nothing parsed."""
+        ends = self.begin(chunk)
+        events: list[bytes] = []
         start = 0
-        if b"\r" not in buf:
-            # The common framing (OpenAI, Anthropic): plain `\n\n`, found without the regex.
-            while (end := buf.find(b"\n\n", start)) != -1:
-                events.append(_parse(buf[start : end + 2]))
-                start = end + 2
-        else:
-            while (m := _BOUNDARY.search(buf, start)) is not None:
-                events.append(_parse(buf[start : m.end()]))
-                start = m.end()
-        self._tail = buf[start:]
+        while (end := ends.after(start)) != -1:
+            events.append(ends.buf[start:end])
+            start = end
+        self.keep(ends, start)
         return events
+
+    def single(self, chunk: bytes) -> bool:
+        """Whether `chunk` is one whole event and nothing is held back: what a model's stream
+        mostly is, one event per write (LF framing; anything else is found by `begin`)."""
+        return (not self._tail and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2
+                and b"\r" not in chunk)
+
+    def begin(self, chunk: bytes) -> EventEnds:
+        """The bytes held back so far and `chunk`, to find the events in; `keep` says where
+        the unfinished rest starts (the relay reads events in place, unsliced)."""
+        ends = EventEnds(self._tail + chunk if self._tail else chunk)
+        self._tail = b""
+        return ends
+
+    def keep(self, ends: EventEnds, start: int) -> None:
+        self._tail = ends.buf[start:] if start else ends.buf
 
     def flush(self) -> SseEvent | None:
         """The last event when the stream ended without a blank line."""
+        raw = self.flush_raw()
+        return None if raw is None else _parse(raw)
+
+    def flush_raw(self) -> bytes | None:
+        """`flush`, its raw bytes."""
         tail, self._tail = self._tail, b""
-        return _parse(tail) if tail.strip() else None
+        return tail if tail.strip() else None
+
+
+class EventEnds:
+    """Where the SSE events in one buffer end: after the earliest blank line (CRLF CRLF,
+    LF LF or CR CR) from an event's start. Each kind of blank line is looked for again
+    only once passed, so a buffer is read once, however many events it holds."""
+
+    __slots__ = ("_cr", "_crlf", "_lf", "buf")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self._lf = buf.find(b"\n\n")
+        # The common framing (OpenAI, Anthropic) has no CR: only LF LF is looked for.
+        self._crlf = self._cr = -1 if b"\r" not in buf else -2  # -2: not looked for yet
+
+    def after(self, start: int) -> int:
+        """The end of the event that starts at `start`, blank line included; -1: unfinished."""
+        buf, lf = self.buf, self._lf
+        if lf != -1 and lf < start:
+            lf = self._lf = buf.find(b"\n\n", start)
+        crlf, cr = self._crlf, self._cr
+        if crlf == -1 and cr == -1:
+            return -1 if lf == -1 else lf + 2
+        if crlf != -1 and crlf < start:
+            crlf = self._crlf = buf.find(b"\r\n\r\n", start)
+        if cr != -1 and cr < start:
+            cr = self._cr = buf.find(b"\r\r", start)
+        at, size = crlf, 4
+        if lf != -1 and (at == -1 or lf < at):
+            at, size = lf, 2
+        if cr != -1 and (at == -1 or cr < at):
+            at, size = cr, 2
+        return -1 if at == -1 else at + size
 
 
 def _parse(raw: bytes) -> SseEvent:
-    if raw.startswith(b"data: ") and raw.count(b"\n") == 2 and b"\r" not in raw:
-        return SseEvent(raw, None, raw[6:-2].decode("utf-8", "replace"))  # one data line: most events
+    # The framings of nearly every event, read by position: one data line (OpenAI, Gemini's
+    # CRLF), or an event line and a data line (Anthropic, Responses).
+    if b"\r" not in raw:
+        if raw.endswith(b"\n\n"):
+            newlines = raw.count(b"\n")
+            if newlines == 2 and raw.startswith(b"data: "):
+                return SseEvent(raw, None, raw[6:-2].decode("utf-8", "replace"))
+            if newlines == 3 and raw.startswith(b"event: "):
+                nl = raw.find(b"\n")
+                if raw.startswith(b"data: ", nl + 1):
+                    return SseEvent(raw, raw[7:nl].decode("utf-8", "replace").strip(),
+                                    raw[nl + 7:-2].decode("utf-8", "replace"))
+    elif raw.startswith(b"data: ") and raw.endswith(b"\r\n\r\n") and raw.count(b"\n") == 2 and raw.count(b"\r") == 2:
+        return SseEvent(raw, None, raw[6:-4].decode("utf-8", "replace"))
+    # Lines end at CR, LF or CRLF and nowhere else (a U+2028 in a JSON string is no line end).
+    lines = raw.split(b"\n") if b"\r" not in raw else raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     name: str | None = None
-    data: list[str] = []
-    for line in raw.decode("utf-8", "replace").splitlines():
-        if line.startswith("data:"):
-            data.append(line[6:] if line[5:6] == " " else line[5:])
-        elif line.startswith("event:"):
-            name = line[6:].strip()
-    return SseEvent(raw, name, "\n".join(data))
+    data: list[bytes] = []
+    for line in lines:
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            name = line[6:].decode("utf-8", "replace").strip()
+    return SseEvent(raw, name, b"\n".join(data).decode("utf-8", "replace"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +237,8 @@ class ProviderAdapter(Protocol):
     # Bytes that mark an explicit prompt-cache breakpoint (Anthropic `cache_control`),
     # whose writes bill above plain input; None when the API bills no write premium.
     cache_marker: bytes | None
+    # How a plain text delta of this API's streams looks; None: every event is parsed.
+    text_shape: TextShape | None
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         """The call's facts; refuses (MalformedBody) a field that changes cost and is not
@@ -265,7 +353,7 @@ class Exchange:
     the provider's cached prefix, is kept to the byte. `body` is kept equal to what is sent.
     """
 
-    __slots__ = ("_added", "_edited", "_edits", "adapter", "body", "call", "raw")
+    __slots__ = ("_added", "_edited", "_edits", "_sent", "adapter", "body", "call", "raw")
 
     def __init__(self, adapter: ProviderAdapter, call: Call, raw: bytes, body: dict[str, Any]) -> None:
         self.adapter = adapter
@@ -275,6 +363,7 @@ class Exchange:
         self._added: dict[str, Any] = {}
         self._edits: dict[Path, Edit] = {}
         self._edited = False
+        self._sent: bytes | None = None  # request_bytes, until the next patch
 
     def set_top(self, key: str, value: Any) -> None:
         """Set a top-level field of the request."""
@@ -284,11 +373,13 @@ class Exchange:
         else:
             self._added[key] = value
         self.body[key] = value
+        self._sent = None
 
     def edited(self) -> None:
         """Say that `body` was changed in place below the top level, somewhere not told:
         the request is then re-serialised whole (prefer `set_top` or `prefix_at`)."""
         self._edited = True
+        self._sent = None
 
     def prefix_tool_result(self, call_id: str, text: str) -> bool:
         """Prefix `text` to the last tool result for `call_id`, in the dialect's own shape."""
@@ -373,8 +464,16 @@ class Exchange:
     def _add_edit(self, path: Path, edit: Edit) -> None:
         before = self._edits.get(path)
         self._edits[path] = edit if before is None else lambda old: edit(before(old))
+        self._sent = None
 
     def request_bytes(self) -> bytes:
+        """The request as it goes upstream: spliced once per set of patches (the handler
+        measures it for admission, then sends it)."""
+        if self._sent is None:
+            self._sent = self._request_bytes()
+        return self._sent
+
+    def _request_bytes(self) -> bytes:
         if self._edited:
             return orjson.dumps(self.body)
         out = self.raw

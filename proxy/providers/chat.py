@@ -42,6 +42,7 @@ from proxy.providers.base import (
     History,
     HistoryCall,
     SseEvent,
+    TextShape,
     count_field,
     number,
     text_of,
@@ -249,6 +250,7 @@ class OpenAIFamily:
     provider = "openai"
     upstream_setting = "openai_base_url"
     cache_marker: bytes | None = None  # automatic prompt caching bills no write premium
+    text_shape: TextShape | None = None
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
         return openai_error_body(error)
@@ -260,9 +262,21 @@ class OpenAIFamily:
         return {"Authorization": f"Bearer {key}"}
 
 
+def _plain_chunk(event: SseEvent) -> bool:
+    """One choice whose delta is its text alone, unfinished: what ChatStreamRepair passes."""
+    chunk = event.json()
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta")
+    return isinstance(delta, dict) and "tool_calls" not in delta and choices[0].get("finish_reason") is None
+
+
 class ChatAdapter(OpenAIFamily):
     api = "chat"
     text_part = "text"
+    # `obfuscation` pads each chunk to a random length (include_obfuscation, on by default).
+    text_shape: TextShape | None = TextShape(b'"content":', _plain_chunk, ignored=(b'"obfuscation":',))
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         messages = body.get("messages")

@@ -54,6 +54,7 @@ from proxy.providers.base import (
     History,
     HistoryCall,
     SseEvent,
+    TextShape,
     count_field,
     number,
     text_of,
@@ -76,7 +77,13 @@ def _get(d: Any, camel: str) -> Any:
         return None
     if camel in d:
         return d[camel]
-    return d.get(_SNAKE.sub("_", camel).lower())
+    snake = _SNAKES.get(camel)
+    if snake is None:
+        snake = _SNAKES[camel] = _SNAKE.sub("_", camel).lower()  # the callers name a few dozen fields
+    return d.get(snake)
+
+
+_SNAKES: dict[str, str] = {}
 
 
 def gemini_usage(u: Any) -> Usage:
@@ -297,6 +304,10 @@ def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
                                    "status": error.google_status, "details": [info]}})
 
 
+def _plain_chunk(event: SseEvent) -> bool:
+    return True  # GeminiStreamRepair reads no chunk while the text is not repaired
+
+
 class GeminiAdapter:
     api = "gemini"
     dialect = "gemini"
@@ -304,6 +315,8 @@ class GeminiAdapter:
     upstream_setting = "gemini_base_url"
     text_part = "text"
     cache_marker: bytes | None = None
+    # Every chunk repeats the running usage: a hole of its own, read per chunk.
+    text_shape: TextShape | None = TextShape(b'"text":', _plain_chunk, usage=b'"usageMetadata":', usage_of=gemini_usage)
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:
         m = _PATH.search(path)

@@ -47,6 +47,7 @@ from proxy.providers.base import (
     History,
     HistoryCall,
     SseEvent,
+    TextShape,
     count_field,
     number,
     text_of,
@@ -224,7 +225,15 @@ def _input_items(given: Any) -> list[Any]:
     return [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
 
 
+def _plain_delta(event: SseEvent) -> bool:
+    return bool(event.json().get("type") == "response.output_text.delta")
+
+
 class ResponsesAdapter(OpenAIFamily):
+    # A text delta names its output item, which nothing reads from it: a hole, so that the
+    # shape is the same in every stream.
+    text_shape: TextShape | None = TextShape(b'"delta":', _plain_delta,
+                                             ignored=(b'"sequence_number":', b'"item_id":', b'"obfuscation":'))
     api = "responses"
     text_part = "input_text"
 

@@ -1,0 +1,331 @@
+"""Stream events that carry only a piece of the answer's text, told by their bytes.
+
+Most events of a streamed answer are text deltas that differ from one another only in
+their text (and in members nothing reads: a sequence number, an obfuscation pad, or
+Gemini's running usage). While no hook of the call reads the answer's text, such an
+event needs no JSON parse and no event objects. The first event of a shape is parsed in
+full, as every other event is, and a template is learnt from it: the bytes before and
+after its text, with holes where the members that change are. A later event that fits a
+template byte for byte outside its holes gives its text from one slice, and the observer
+the same events the full parse would have given it. Anything else, or anything that does
+not fit exactly (a tool call, a finish reason, an escape the template cannot vouch for),
+is parsed in full.
+
+Why a fitting event parses as its template did: the template's text hole is proven, when
+it is learnt, to be exactly the inside of the string token that parse_event reads as the
+text (an event with a marker in its place parses to the marker); a hole accepts only what
+a JSON string's inside (or an integer, or one whole JSON value) may be, so an event that
+fits has the template's JSON structure, and every other byte is the template's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from proxy.model import MetaEvent, StreamEvent, TextDelta, UsageEvent
+from proxy.observer import Observer
+from proxy.providers.base import ProviderAdapter, SseEvent, TextShape, _parse
+
+__all__ = ["TextShortcut"]
+
+# The inside of a JSON string (RFC 8259: no quote, backslash or control character
+# unescaped), and a JSON integer.
+_STRING: Final = re.compile(rb'[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*')
+_INT: Final = re.compile(rb"-?(?:0|[1-9][0-9]*)")
+_PLAIN: Final = re.compile(rb'[^"\\\x00-\x1f]+')  # a string's inside with nothing escaped
+
+_TEXT, _IGNORED_STRING, _IGNORED_INT, _USAGE = range(4)
+_TEMPLATES: Final = 4  # kept per stream: one per text block / output item in flight is plenty
+_LEARNS: Final = 8  # per stream: a dialect whose deltas never repeat a shape stops paying for learning
+_MARKER: Final = b"spanmeter-probe"
+
+
+@dataclass(slots=True)
+class _Template:
+    head: bytes  # the bytes before the first hole
+    steps: tuple[tuple[int, bytes], ...]  # (hole kind, the bytes after it up to the next hole)
+    side: tuple[StreamEvent, ...]  # what a fitting event gives besides its text and usage
+    tail: bytes | None  # the bytes after the text when it is the only hole (the common case, matched faster)
+    # A template that names nothing of its response (no metadata beside the text: Anthropic,
+    # Responses) is the same in every stream of its API: proven once per process, and the
+    # second stream that shows it gets it as one regex, when it has more holes than the text.
+    streams: int = 1
+    regex: re.Pattern[bytes] | None = None
+
+
+# Proven templates that name no response, by their bytes; bounded by the few shapes an API
+# has (a hostile upstream inventing shapes only makes it start over).
+_SHARED: dict[tuple[str, bytes, tuple[tuple[int, bytes], ...]], _Template] = {}
+_SHARED_MAX: Final = 256
+_HOLE_PATTERNS: Final = {_TEXT: b"(" + _STRING.pattern + b")", _IGNORED_STRING: _STRING.pattern,
+                         _IGNORED_INT: _INT.pattern, _USAGE: rb"(.+)"}
+
+
+class TextShortcut:
+    """The text deltas of one stream, taken by their bytes (see the module docstring).
+
+    `take` feeds the observer and says True for an event that fits a learnt template;
+    for every other event the caller parses in full and then calls `learn`.
+    """
+
+    __slots__ = ("_adapter", "_last", "_learns", "_observer", "_shape", "_templates")
+
+    def __init__(self, adapter: ProviderAdapter, shape: TextShape, observer: Observer) -> None:
+        self._adapter = adapter
+        self._shape = shape
+        self._observer = observer
+        self._templates: list[_Template] = []
+        self._learns = 0
+        self._last: _Template | None = None  # the template of the last event the observer was fed
+
+    def take(self, buf: bytes, start: int, end: int) -> bool:
+        """Feed the observer the event `buf[start:end]` and say True, if it fits a template."""
+        for t in self._templates:
+            if not buf.startswith(t.head, start, end):
+                continue
+            usage: Any = None
+            if t.regex is not None:
+                m = t.regex.fullmatch(buf, start, end)
+                if m is None or m.end(1) == m.start(1):
+                    continue
+                text = _decode(m.group(1))
+                if text is None:
+                    continue
+                if t.steps[-1][0] == _USAGE:
+                    try:
+                        usage = orjson.loads(m.group(2))
+                    except orjson.JSONDecodeError:
+                        continue
+                    if not isinstance(usage, dict):
+                        continue
+            elif t.tail is not None:  # head, text, tail
+                s, e = start + len(t.head), end - len(t.tail)
+                if e <= s or not buf.endswith(t.tail, s, end):
+                    continue
+                inside = buf[s:e]
+                if b"\\" in inside:
+                    text = _decode(inside)
+                    if text is None:
+                        continue
+                elif _PLAIN.fullmatch(inside) is None:
+                    continue
+                else:
+                    text = inside.decode("utf-8", "replace")
+            elif (fit := _fit(t, buf, start, end)) is not None:
+                text, usage = fit
+            else:
+                continue
+            observer = self._observer
+            # Metadata and usage fed again change nothing when the last event fed was of
+            # this same template: only its text was fed since.
+            if t.side and t is not self._last:
+                observer.feed(t.side)
+            if usage is not None and self._shape.usage_of is not None:
+                observer.feed((UsageEvent(self._shape.usage_of(usage)),))
+            observer.add_text(text)
+            self._last = t
+            return True
+        return False
+
+    def learn(self, event: SseEvent, parsed: list[StreamEvent]) -> None:
+        """After `event` was parsed in full and fed: learn a template from it if it is a
+        plain text delta."""
+        self._last = None
+        if self._learns >= _LEARNS or not _text_only(parsed):
+            return
+        try:
+            if not self._shape.plain(event):
+                return
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return
+        self._learns += 1
+        template = self._template(event.raw, parsed)
+        if template is not None:
+            self._templates.insert(0, template)
+            del self._templates[_TEMPLATES:]
+            self._last = template
+
+    def _template(self, raw: bytes, parsed: list[StreamEvent]) -> _Template | None:
+        shape = self._shape
+        text = _holes(raw, shape.key, string_only=True)
+        if len(text) != 1:
+            return None
+        holes = [(text[0][0], text[0][1], _TEXT)]
+        for key in shape.ignored:
+            holes += [(s, e, _IGNORED_STRING if raw[s - 1:s] == b'"' else _IGNORED_INT)
+                      for s, e in _holes(raw, key, string_only=False)]
+        usage_hole = shape.usage is not None and shape.usage in raw
+        if shape.usage is not None and usage_hole:
+            usage = _object_at(raw, shape.usage)
+            if usage is None:
+                return None
+            holes.append((*usage, _USAGE))
+        holes.sort()
+        if any(a[1] > b[0] for a, b in itertools.pairwise(holes)):
+            return None
+        if any(kind == _USAGE for _, _, kind in holes[:-1]):
+            return None  # a usage hole must be the last: its end is found from the tail
+        steps = tuple((kind, raw[end:holes[i + 1][0]] if i + 1 < len(holes) else raw[end:])
+                      for i, (_, end, kind) in enumerate(holes))
+        side = tuple(e for e in parsed if isinstance(e, MetaEvent) or (isinstance(e, UsageEvent) and not usage_hole))
+        tail = steps[0][1] if len(steps) == 1 and steps[0][0] == _TEXT else None
+        shared = (self._adapter.api, raw[:holes[0][0]], steps)
+        known = _SHARED.get(shared) if not side else None
+        if known is not None and self._reads(known, raw, parsed):
+            known.streams += 1
+            if known.streams == 2 and known.tail is None:
+                known.regex = re.compile(re.escape(known.head) + b"".join(
+                    _HOLE_PATTERNS[kind] + re.escape(after) for kind, after in known.steps), re.DOTALL)
+            return known
+        template = _Template(raw[:holes[0][0]], steps, side, tail)
+        if not self._proven(template, raw, holes, parsed):
+            return None
+        if not side:
+            if len(_SHARED) >= _SHARED_MAX:
+                _SHARED.clear()
+            _SHARED[shared] = template
+        return template
+
+    def _proven(self, t: _Template, raw: bytes, holes: list[tuple[int, int, int]],
+                parsed: list[StreamEvent]) -> bool:
+        """The template reads what the full parse read, from the event it was learnt from
+        and from a probe with every hole changed (a marker as the text, empty usage), which
+        the adapter parses in full: the text hole is the text's token, the usage hole the
+        usage the adapter reads."""
+        probe, at = [], 0
+        for start, end, kind in holes:
+            probe += [raw[at:start], {_TEXT: _MARKER, _IGNORED_STRING: b"", _IGNORED_INT: b"0", _USAGE: b"{}"}[kind]]
+            at = end
+        probe.append(raw[at:])
+        probe_raw = b"".join(probe)
+        try:
+            want = self._adapter.parse_event(_parse(probe_raw))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return False
+        return self._reads(t, raw, parsed) and self._reads(t, probe_raw, want) \
+            and [e.text for e in want if isinstance(e, TextDelta)] == [_MARKER.decode()]
+
+    def _reads(self, t: _Template, raw: bytes, parsed: list[StreamEvent]) -> bool:
+        """Whether `t` fits `raw` and gives the events `parsed` (metadata and usage in their order)."""
+        fit = _fit(t, raw, 0, len(raw))
+        if fit is None:
+            return False
+        text, usage = fit
+        got: list[StreamEvent] = list(t.side)
+        if usage is not None and self._shape.usage_of is not None:
+            got.append(UsageEvent(self._shape.usage_of(usage)))
+        return [e.text for e in parsed if isinstance(e, TextDelta)] == [text] \
+            and [e for e in parsed if not isinstance(e, TextDelta)] == got
+
+
+def _fit(t: _Template, buf: bytes, start: int, end: int) -> tuple[str, Any] | None:
+    """(the text, the usage hole's value or None) when `buf[start:end]` fits `t` (its head
+    is checked)."""
+    pos = start + len(t.head)
+    text = b""
+    usage: Any = None
+    for kind, after in t.steps:
+        if kind == _USAGE:  # always the last hole: it ends where the template's tail begins
+            stop = end - len(after)
+            if stop <= pos or not buf.endswith(after, pos, end):
+                return None
+            try:
+                usage = orjson.loads(buf[pos:stop])
+            except orjson.JSONDecodeError:
+                return None
+            if not isinstance(usage, dict):
+                return None
+            pos = end
+            break
+        m = (_INT if kind == _IGNORED_INT else _STRING).match(buf, pos, end)
+        if m is None:
+            return None
+        stop = m.end()
+        if kind == _TEXT:
+            text = buf[pos:stop]
+        if not buf.startswith(after, stop, end):
+            return None
+        pos = stop + len(after)
+    if pos != end or not text:
+        return None
+    decoded = _decode(text)
+    return None if decoded is None else (decoded, usage)
+
+
+def _text_only(parsed: list[StreamEvent]) -> bool:
+    """One non-empty text delta, with nothing but response metadata and usage beside it."""
+    texts = 0
+    for e in parsed:
+        if isinstance(e, TextDelta):
+            if not e.text:
+                return False
+            texts += 1
+        elif not isinstance(e, MetaEvent | UsageEvent):
+            return False
+    return texts == 1
+
+
+def _holes(raw: bytes, key: bytes, *, string_only: bool) -> list[tuple[int, int]]:
+    """(start, end) of the value of each `key` member: a string's inside, or an integer."""
+    out = []
+    at = raw.find(key)
+    while at != -1:
+        pos = at + len(key)
+        while raw[pos:pos + 1] == b" ":
+            pos += 1
+        if raw[pos:pos + 1] == b'"':
+            m = _STRING.match(raw, pos + 1)
+            if m is None or raw[m.end():m.end() + 1] != b'"':
+                return []
+            out.append((pos + 1, m.end()))
+        elif not string_only and (m := _INT.match(raw, pos)) is not None:
+            out.append((pos, m.end()))
+        else:
+            return []
+        at = raw.find(key, at + 1)
+    return out
+
+
+def _object_at(raw: bytes, key: bytes) -> tuple[int, int] | None:
+    """(start, end) of the JSON object that is the value of the only `key` member."""
+    at = raw.find(key)
+    if at == -1 or raw.find(key, at + 1) != -1:
+        return None
+    pos = at + len(key)
+    while raw[pos:pos + 1] == b" ":
+        pos += 1
+    if raw[pos:pos + 1] != b"{":
+        return None
+    start, depth = pos, 0
+    while pos < len(raw):
+        c = raw[pos]
+        if c == 0x22:  # a string: skip its inside, whatever brackets it holds
+            m = _STRING.match(raw, pos + 1)
+            if m is None or raw[m.end():m.end() + 1] != b'"':
+                return None
+            pos = m.end() + 1
+            continue
+        if c in b"{[":
+            depth += 1
+        elif c in b"}]":
+            depth -= 1
+            if depth == 0:
+                return start, pos + 1
+        pos += 1
+    return None
+
+
+def _decode(inside: bytes) -> str | None:
+    """A JSON string's inside as the full parse reads it (invalid UTF-8 replaced first)."""
+    if b"\\" not in inside:
+        return inside.decode("utf-8", "replace")
+    try:
+        value = orjson.loads('"' + inside.decode("utf-8", "replace") + '"')
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None

@@ -1,0 +1,201 @@
+"""Text deltas taken by their bytes (proxy/providers/shortcut.py) give what the full parse
+gives: the same bytes to the client, the same outcome, the same hook records.
+
+The full path is the same relay with the shortcut off (`Hooks.reads_text`, as when the
+answer's text is repaired). Streams: every recorded stream of every dialect, those
+streams with their text deltas multiplied (texts from hypothesis: escapes, unicode, raw
+control characters, arbitrary bytes), cut at every byte and at random places.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy import steps
+from proxy.config import DEFAULT_POLICY
+from proxy.model import Outcome
+from proxy.observer import Observer
+from proxy.providers.base import Framer, ProviderAdapter, SseEvent, _parse, open_exchange
+from proxy.relay import Hooks, StreamRelay
+from tests.providers.cases import ADAPTERS, DATA, Case, stream_cases
+
+DIALECTS = ("chat", "anthropic", "responses", "gemini")
+
+
+@dataclass
+class Relayed:
+    sent: bytes
+    outcome: Outcome
+    records: Any
+    taken: int
+
+
+def _hooks(dialect: str, request: str) -> Hooks:
+    req = orjson.loads((DATA / dialect / f"{request}.request.json").read_bytes())
+    body, path = req["body"], req["path"]
+    if dialect == "gemini":
+        path = path.replace(":generateContent", ":streamGenerateContent")
+    else:
+        body = {**body, "stream": True}
+    adapter = ADAPTERS[dialect]
+    ex = open_exchange(adapter, orjson.dumps(body), path)
+    assert ex.call.stream
+    hooks = Hooks()
+    hooks.rewrites += adapter.prepare(ex)
+    steps.response_hooks(adapter, ex.call, DEFAULT_POLICY, hooks)
+    return hooks
+
+
+def _relay(adapter: ProviderAdapter, dialect: str, request: str, chunks: list[bytes], *, full: bool) -> Relayed:
+    hooks = _hooks(dialect, request)
+    assert not hooks.reads_text  # no structured output asked: the shortcut may run
+    hooks.reads_text = full
+    observer = Observer()
+    relay = StreamRelay(adapter, observer, hooks)
+    sent = b"".join([*(relay.feed(c) for c in chunks), relay.flush()])
+    records = ([r.header_value() for r in hooks.rewrites], hooks.repairs, hooks.delivered_text,
+               hooks.delivered_arguments)
+    return Relayed(sent, observer.finish(200), records, relay.taken)
+
+
+def _reference(adapter: ProviderAdapter, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
+    """The stream relayed as the spec frames it, every event parsed, the first hook that
+    claims an event deciding its bytes: what the relay must do however the stream is cut."""
+    hooks, observer, sent = _hooks(dialect, request), Observer(), []
+    for raw in _reference_events(stream):
+        event = _reference_parse(raw)
+        try:
+            parsed = adapter.parse_event(event)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            observer.note("unparsed_event")
+            parsed = []
+        observer.feed(parsed)
+        sent.append(next((b for hook in hooks.on_event if (b := hook(event, parsed)) is not None), raw))
+    return b"".join(sent), observer.finish(200)
+
+
+def _same(dialect: str, chunks: list[bytes], request: str = "stream") -> Relayed:
+    adapter = ADAPTERS[dialect]
+    full = _relay(adapter, dialect, request, chunks, full=True)
+    fast = _relay(adapter, dialect, request, chunks, full=False)
+    assert full.taken == 0
+    assert (full.sent, full.outcome) == _reference(adapter, dialect, request, b"".join(chunks))
+    assert fast.sent == full.sent
+    assert fast.outcome == full.outcome
+    assert fast.records == full.records
+    return fast
+
+
+def _events(raw: bytes) -> list[bytes]:
+    sep = b"\r\n\r\n" if b"\r\n\r\n" in raw else b"\n\n"
+    return [e + sep for e in raw.split(sep) if e.strip()]
+
+
+def _grown(dialect: str, insides: list[bytes]) -> bytes:
+    """The dialect's recorded text stream with its first text delta repeated, once per
+    `insides` (the bytes between the text's quotes)."""
+    events = _events((DATA / dialect / "text_stream.sse").read_bytes())
+    at = next(i for i, e in enumerate(events) if b'"Paris is' in e)
+    event = events[at]
+    start = event.index(b'"Paris is') + 1
+    end = event.index(b'"', start)
+    return b"".join([*events[:at], *(event[:start] + x + event[end:] for x in insides), *events[at:]])
+
+
+@pytest.mark.parametrize("request_kind", ["stream", "tools"])
+@pytest.mark.parametrize("case", [c for c in stream_cases() if c.dialect in DIALECTS], ids=str)
+def test_every_recorded_stream_relays_the_same_through_the_shortcut(case: Case, request_kind: str) -> None:
+    _same(case.dialect, [case.input], request_kind)
+    _same(case.dialect, _events(case.input), request_kind)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_long_answer_is_mostly_taken_by_its_bytes_and_cut_anywhere_relays_the_same(dialect: str) -> None:
+    words = [b"Paris ", b"is ", b"\\\"sunny\\\" ", b"caf\\u00e9 ", "naïve ".encode(), b"\\ud83d\\ude00", b"\\n"]
+    stream = _grown(dialect, [words[i % len(words)] for i in range(40)])
+    whole = _same(dialect, [stream])
+    assert whole.taken >= 35  # all but the first of a shape, when nothing reads the text
+    assert whole.outcome.text.startswith('Paris is "sunny" café naïve 😀\nParis ')
+    for cut in range(1, len(stream)):
+        _same(dialect, [stream[:cut], stream[cut:]])
+    _same(dialect, [stream[i:i + 1] for i in range(len(stream))])
+
+
+_JSON_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
+
+
+@st.composite
+def _inside(draw: st.DrawFn) -> bytes:
+    """What may stand between a text's quotes: JSON-encoded text (escaped or raw UTF-8),
+    or any bytes at all (invalid escapes, quotes, control characters, broken UTF-8)."""
+    kind = draw(st.sampled_from(["ascii", "utf8", "bytes"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=8))
+    text = draw(_JSON_TEXT)
+    return json.dumps(text, ensure_ascii=kind == "ascii").encode()[1:-1]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(DIALECTS), insides=st.lists(_inside(), min_size=1, max_size=12),
+       cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6))
+def test_any_text_deltas_cut_anywhere_relay_the_same(dialect: str, insides: list[bytes], cuts: list[int]) -> None:
+    stream = _grown(dialect, insides)
+    at = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    _same(dialect, [stream[a:b] for a, b in itertools.pairwise(at)])
+
+
+def test_a_delta_of_an_earlier_shape_after_another_brings_its_own_metadata_back() -> None:
+    # Two shapes in one stream (the response id changed in between): the last delta's id is
+    # the outcome's, whichever shape it fits, as the full parse reads it.
+    events = _events((DATA / "chat" / "text_stream.sse").read_bytes())
+    first = next(e for e in events if b'"Paris is ' in e)
+    other = first.replace(b"chatcmpl-B9", b"chatcmpl-C7")
+    stream = b"".join([first, first, other, other, first, other, first])
+    relayed = _same("chat", [stream])
+    assert relayed.taken == 5  # all but the first of each shape
+    assert relayed.outcome.response_id == "chatcmpl-B9"
+
+
+def _reference_events(stream: bytes) -> list[bytes]:
+    """SSE framing as the spec's blank lines end events, read with one regex (the earliest
+    of CRLF CRLF, LF LF, CR CR), and the unterminated rest."""
+    out, start = [], 0
+    while (m := re.compile(rb"\r\n\r\n|\n\n|\r\r").search(stream, start)) is not None:
+        out.append(stream[start:m.end()])
+        start = m.end()
+    return out + ([stream[start:]] if stream[start:].strip() else [])
+
+
+_SSE_BYTES = st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"data:y", b"event: e ", b"a", b" "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=st.lists(_SSE_BYTES, max_size=40).map(b"".join),
+       cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=5))
+def test_the_framer_ends_events_where_the_spec_does_however_the_stream_is_cut(stream: bytes, cuts: list[int]) -> None:
+    framer = Framer()
+    at = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    got = [e for a, b in itertools.pairwise(at) for e in framer.split(stream[a:b])]
+    tail = framer.flush_raw()
+    assert got + ([tail] if tail is not None else []) == _reference_events(stream)
+    assert [_parse(e) for e in got] == [_reference_parse(e) for e in got]
+
+
+def _reference_parse(raw: bytes) -> SseEvent:
+    """An event's fields as the SSE spec reads them: lines end at CR, LF or CRLF."""
+    name, data = None, []
+    for line in re.split(rb"\r\n|\r|\n", raw):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            name = line[6:].decode("utf-8", "replace").strip()
+    return SseEvent(raw, name, b"\n".join(data).decode("utf-8", "replace"))
