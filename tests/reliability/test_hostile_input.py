@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy import steps
@@ -173,13 +173,14 @@ requests = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6)
 @pytest.mark.parametrize("d", DIALECTS, ids=lambda d: d.name)
 @settings(max_examples=100, deadline=None)
 @given(data=st.binary(max_size=300), piece=st.integers(1, 64))
+@example(data=b"{}", piece=1)  # random bytes seldom parse; this one reads as a call in every dialect
 def test_any_bytes_read_as_a_call_or_a_request_error(d: Dialect, data: bytes, piece: int) -> None:
     try:
-        got_raw, got_body, call = _read(data, d, piece)
+        ex = _read(data, d, piece)
     except RequestError:
         return
-    assert got_raw == data, "the reader hands on what it read, whole"
-    assert isinstance(got_body, dict) and isinstance(call, Call)
+    assert ex.raw == data, "the reader hands on what it read, whole"
+    assert isinstance(ex.body, dict) and isinstance(ex.call, Call)
 
 
 @pytest.mark.parametrize("d", DIALECTS, ids=lambda d: d.name)
