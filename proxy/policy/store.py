@@ -586,8 +586,8 @@ def open_store(url: str) -> Store:
     if url.startswith("sqlite:///"):
         from proxy.policy.sqlite import SqliteStore
 
-        path, options = _sqlite_options(url)
-        return SqliteStore(path, **options)
+        path, synchronous = _sqlite_options(url)
+        return SqliteStore(path, synchronous=synchronous)
     if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         from proxy.policy.redis import RedisStore
 
@@ -599,12 +599,12 @@ def open_store(url: str) -> Store:
     )
 
 
-def _sqlite_options(url: str) -> tuple[str, dict[str, str]]:
-    """(path, SqliteStore keyword arguments) from a sqlite:/// URL."""
+def _sqlite_options(url: str) -> tuple[str, str]:
+    """(path, synchronous) from a sqlite:/// URL."""
     from proxy.policy.sqlite import SYNCHRONOUS
 
     path, _, query = url.removeprefix("sqlite:///").partition("?")
-    options: dict[str, str] = {}
+    synchronous = "FULL"
     for name, values in parse_qs(query, keep_blank_values=True).items():
         value = values[-1].upper()
         if name != "synchronous" or value not in SYNCHRONOUS:
@@ -613,8 +613,8 @@ def _sqlite_options(url: str) -> tuple[str, dict[str, str]]:
                 f"synchronous={'|'.join(v.lower() for v in SYNCHRONOUS)} (full, the default, survives "
                 f"power loss; normal survives process crashes and saves an fsync per commit)."
             )
-        options["synchronous"] = value
-    return path, options
+        synchronous = value
+    return path, synchronous
 
 
 def run_record(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from proxy.errors import StoreUnavailable
 from proxy.policy.sqlite import SqliteStore, _lazy_settle
 from proxy.policy.store import Admission, Limits
 
@@ -208,5 +209,46 @@ async def test_the_batch_decides_whether_its_commit_waits_for_the_fsync(
         # The next batch of an admission alone waits again (FULL: 2), whatever came before.
         await admit(store, "r-after")
         assert await store._do(_level, lazy=False) == {"full": 2, "extra": 3, "normal": 1}[synchronous]
+    finally:
+        await store.aclose()
+
+
+# --- another process's write lock ------------------------------------------------------------
+
+
+async def test_an_admission_waits_for_a_lock_held_elsewhere_and_goes_through_once_it_is_free(tmp_path: Path) -> None:
+    """Another connection (a sibling worker) holds the write lock: the admission waits,
+    neither failing nor lost, and commits as soon as the lock is released."""
+    path = str(tmp_path / "ledger.db")
+    store = SqliteStore(path)
+    try:
+        await admit(store, "warm")  # the file and its schema exist
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        pending = asyncio.ensure_future(admit(store, "r-1"))
+        await asyncio.sleep(0.3)
+        assert not pending.done(), "the lock is held: nothing can have committed"
+        other.execute("COMMIT")
+        other.close()
+        admission = await asyncio.wait_for(pending, 30)
+        assert admission.reserved == 100
+        assert await store.run_calls("acme", "r-1") == 1
+    finally:
+        await store.aclose()
+
+
+async def test_a_lock_held_past_the_patience_is_a_store_error_and_the_next_batch_recovers(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.db")
+    store = SqliteStore(path, lock_patience_s=0.2)
+    try:
+        await admit(store, "warm")
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable, match=r"stayed locked by another connection for 0\.2 s"):
+            await admit(store, "r-1")
+        other.execute("COMMIT")
+        other.close()
+        assert (await admit(store, "r-2")).reserved == 100
+        assert await store.run_calls("acme", "r-1") == 0
     finally:
         await store.aclose()
