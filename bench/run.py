@@ -93,7 +93,7 @@ class Plan:
 
 
 FULL = Plan(reps=3, duration_s=3, warmup_s=2, ttfb_n=300, profile_s=6,
-            targets=["direct", "bare", "sm-full", "sm-redis", "sm-local", "sm-off", "sm-workers2"])
+            targets=["direct", "bare", "sm-full", "sm-redis", "sm-cluster", "sm-local", "sm-off", "sm-workers2"])
 QUICK = Plan(reps=1, duration_s=2, warmup_s=1, ttfb_n=150, profile_s=4,
              targets=["direct", "bare", "sm-full", "sm-off"])
 
@@ -102,6 +102,7 @@ DESCRIPTIONS = {
     "bare": "bare aiohttp+uvloop pass-through (bench/passthrough.py)",
     "sm-full": "spanmeter, all on: tenant key, run ceilings + budgets, SQLite ledger, OTLP export to sink, repair on",
     "sm-redis": "spanmeter, all on, Redis ledger",
+    "sm-cluster": "spanmeter, all on, Redis Cluster ledger (three local masters; the tenant's keys on one)",
     "sm-local": "spanmeter, all on but tracing local only (JSONL file, no OTLP)",
     "sm-off": "spanmeter, all on but tracing export off (no OTLP, no local file)",
     "sm-workers2": "sm-full with --workers 2: a supervisor and 2 workers on CPUs 0-1, sharing CPU 1 with wrk and "
@@ -152,7 +153,7 @@ def tenant_config(tmp: Path) -> tuple[Path, str]:
 
 
 def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_port: int,
-                  redis_port: int | None) -> dict[str, str]:
+                  redis_port: int | None, cluster_url: str | None = None) -> dict[str, str]:
     data = tmp / name
     data.mkdir(exist_ok=True)
     env = {
@@ -167,11 +168,35 @@ def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_p
         "OPENAI_API_KEY": UPSTREAM_KEY,
         "PYTHONUNBUFFERED": "1",
     }
-    if name in ("sm-full", "sm-redis", "sm-workers2", "sm-before"):
+    if name in ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before"):
         env["SPANMETER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
     if name == "sm-redis":
         env["SPANMETER_LEDGER_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    if name == "sm-cluster" and cluster_url is not None:
+        env["SPANMETER_LEDGER_URL"] = cluster_url
     return env
+
+
+def start_cluster(procs: Procs, masters: int = 3) -> str:
+    """A Redis Cluster of `masters` local masters (no replicas) on the load core; its URL."""
+    ports = [free_port() for _ in range(masters)]
+    for i, port in enumerate(ports):
+        workdir = procs.tmp / f"cluster-{i}"
+        workdir.mkdir(exist_ok=True)
+        procs.start(f"redis-cluster-{i}", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                           "--appendonly", "no", "--dir", str(workdir), "--cluster-enabled", "yes",
+                                           "--cluster-port", str(free_port()), "--cluster-config-file",
+                                           str(workdir / "nodes.conf")], cpu=LOAD_CPU, port=port)
+    subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas",
+                    "0", "--cluster-yes"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        infos = [subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"], capture_output=True, text=True,
+                                timeout=5).stdout for p in ports]
+        if all("cluster_state:ok" in info and "cluster_slots_ok:16384" in info for info in infos):
+            return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+        time.sleep(0.1)
+    raise RuntimeError("the bench's Redis Cluster did not reach cluster_state:ok in 20 s")
 
 
 def start_targets(procs: Procs, plan: Plan, upstream: Proc, baseline: Path | None = None) -> list[Target]:
@@ -197,9 +222,16 @@ def start_targets(procs: Procs, plan: Plan, upstream: Proc, baseline: Path | Non
         else:
             print("redis-server not found: skipping sm-redis")
             names.remove("sm-redis")
+    cluster_url = None
+    if "sm-cluster" in names:
+        if shutil.which("redis-server") and shutil.which("redis-cli"):
+            cluster_url = start_cluster(procs)
+        else:
+            print("redis-server or redis-cli not found: skipping sm-cluster")
+            names.remove("sm-cluster")
     for name in names:
         port = free_port()
-        env = spanmeter_env(name, procs.tmp, upstream.port, config, sink, redis_port)
+        env = spanmeter_env(name, procs.tmp, upstream.port, config, sink, redis_port, cluster_url)
         env["SPANMETER_PORT"] = str(port)
         env["SPANMETER_WORKERS"] = str(WORKERS.get(name, 1))
         home = ROOT
