@@ -135,6 +135,11 @@ async def test_a_replica_takes_over_a_dead_master_and_its_tenants_come_back(make
             await asyncio.sleep(0.05)
         assert statuses[-1] == 200, f"no promotion within 15 s: {statuses[-5:]}"
         assert set(statuses[:-1]) <= {503}, "until the replica took over, the tenant failed closed"
+        # The proxy followed the promotion; the node the fixture asks may hear of it a
+        # gossip round later.
+        view_deadline = time.monotonic() + 10
+        while cluster.node_of(tag(doomed)) is master and time.monotonic() < view_deadline:
+            await asyncio.sleep(0.1)
         assert cluster.node_of(tag(doomed)) is not master
         await proxy.settled()
         # What the promoted replica had of the tenant's ledger (asynchronous replication) is there.
