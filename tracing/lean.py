@@ -24,6 +24,8 @@ What the SDK would do that is kept, and why the rest can go:
 - `on_start` and `_on_ending` are not called: the processors setup_telemetry installs
   (DropCountingProcessor, ExportProcessProcessor, SimpleSpanProcessor) do nothing there.
 - A disabled tracer (OTEL_SDK_DISABLED, a tracer configurator) records nothing.
+- The SDK's own span-count metrics (`otel.sdk.span.*`) go to the global MeterProvider,
+  which spanmeter never sets (tracing/setup.py): a no-op there, skipped here.
 """
 
 from __future__ import annotations
