@@ -454,9 +454,9 @@ def _end_attrs(
     if budget_remaining_micros is not None:
         attrs[A.SPANMETER_BUDGET_REMAINING_USD] = budget_remaining_micros / 1e6
     if rewrites:
-        attrs[A.SPANMETER_REWRITES] = [_text(r.header_value()) for r in rewrites[: A.SPAN_LIST_LIMIT]]
+        attrs[A.SPANMETER_REWRITES] = tuple(_text(r.header_value()) for r in rewrites[: A.SPAN_LIST_LIMIT])
     if repairs:
-        attrs[A.SPANMETER_REPAIRS] = [_text(repair_text(r)) for r in repairs[: A.SPAN_LIST_LIMIT]]
+        attrs[A.SPANMETER_REPAIRS] = tuple(_text(repair_text(r)) for r in repairs[: A.SPAN_LIST_LIMIT])
     if refusal is not None:
         attrs[A.SPANMETER_REFUSAL_REASON] = _text(refusal)
     return attrs
