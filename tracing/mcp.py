@@ -28,7 +28,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -43,7 +42,7 @@ from tracing.spans import (
     TraceParent,
     _cap_bytes,
     _name,
-    _parent_context,
+    _parent_span,
     _present,
     _redact,
     _status_text,
@@ -133,16 +132,14 @@ def record_request(
         if req.tool is not None:
             attrs.update(_tool_attrs(tel, caller, req, out, call_id, capture))
         links = [Link(SpanContext(link.trace_id, link.span_id, is_remote=False))] if link else None
-        span = tel.tracer.start_span(
+        span = tel.lean.open(
             f"{req.method} {_name(target)}" if (target := req.tool or req.prompt) else _name(req.method),
-            context=_parent_context(parent, run_trace), kind=SpanKind.CLIENT, attributes=attrs, links=links,
-            start_time=start_ns)
+            _parent_span(parent, run_trace), SpanKind.CLIENT, attrs, start_ns, links or ())
         if failure:
             why = out.error_message or out.rpc_message or failure
             span.set_status(Status(StatusCode.ERROR, _status_text(why, caller)))
-        ctx = trace.set_span_in_context(span, Context())
-        _record_metrics(tel, caller, req, out, failure, max(0, end_ns - start_ns) / 1e9, ctx)
-        span.end(end_time=end_ns)
+        _record_metrics(tel, caller, req, out, failure, max(0, end_ns - start_ns) / 1e9, span.parent_context())
+        tel.lean.end(span, end_ns)
     except Exception:
         log.exception("record_request failed")
 

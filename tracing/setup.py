@@ -56,6 +56,7 @@ from tracing import attributes as A
 from tracing.aggregate import MetricsOut, PushLoop, Scope
 from tracing.export_process import ChildExporter, DropCounter, ExportProcessProcessor
 from tracing.labels import KnownModel
+from tracing.lean import LeanTracer
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
 
@@ -289,6 +290,7 @@ class Telemetry:
         self.instruments = instruments
         self.ids = ids
         self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
+        self.lean = LeanTracer(self.tracer)  # call and tool spans: tracing/lean.py
         self._closed = False
 
     def metrics_text(self) -> bytes:

@@ -38,7 +38,6 @@ from typing import Any, Final
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import (
-    INVALID_SPAN,
     Link,
     NonRecordingSpan,
     SpanContext,
@@ -52,7 +51,8 @@ from opentelemetry.util.types import AttributeValue
 
 from proxy.model import Call, Caller, Outcome, Repair, Rewrite
 from tracing import attributes as A
-from tracing import digests, summaries
+from tracing import digests, lean, summaries
+from tracing.lean import LeanSpan
 from tracing.metrics import CallKey, LabelCache
 from tracing.setup import Telemetry
 from tracing.traceparent import TraceParent, parse_traceparent
@@ -156,36 +156,40 @@ def new_run_trace(parent: TraceParent | None = None, *, start_ns: int | None = N
     )
 
 
-def _parent_context(parent: TraceParent | None, run_trace: RunTrace | None) -> Context:
+def _parent_span(parent: TraceParent | None, run_trace: RunTrace | None) -> SpanContext | None:
     """Explicit, never the ambient context: a server span of the proxy is not our parent."""
     if parent is not None:
-        ctx = SpanContext(
+        return SpanContext(
             parent.trace_id,
             parent.span_id,
             is_remote=True,
             trace_flags=TraceFlags(TraceFlags.SAMPLED if parent.sampled else TraceFlags.DEFAULT),
             trace_state=TraceState.from_header([parent.tracestate]) if parent.tracestate else None,
         )
-    elif run_trace is not None:
-        ctx = SpanContext(
+    if run_trace is not None:
+        return SpanContext(
             run_trace.trace_id,
             run_trace.span_id,
             is_remote=False,
             trace_flags=TraceFlags(TraceFlags.SAMPLED if run_trace.sampled else TraceFlags.DEFAULT),
         )
-    else:
-        return Context()
-    return trace.set_span_in_context(NonRecordingSpan(ctx), Context())
+    return None
 
 
-# Every call of a run has the same parent: build its context once per run.
-_RUN_PARENTS: Final[LabelCache[RunTrace, Context]] = LabelCache(lambda run: _parent_context(None, run))
+def _parent_context(parent: TraceParent | None, run_trace: RunTrace | None) -> Context:
+    """The parent as a Context, for spans still started through the SDK's tracer."""
+    ctx = _parent_span(parent, run_trace)
+    return Context() if ctx is None else trace.set_span_in_context(NonRecordingSpan(ctx), Context())
 
 
-def _call_parent(parent: TraceParent | None, run_trace: RunTrace | None) -> Context:
+# Every call of a run has the same parent: build it once per run.
+_RUN_PARENTS: Final[LabelCache[RunTrace, SpanContext | None]] = LabelCache(lambda run: _parent_span(None, run))
+
+
+def _call_parent(parent: TraceParent | None, run_trace: RunTrace | None) -> SpanContext | None:
     if parent is None and run_trace is not None:
         return _RUN_PARENTS.get(run_trace)
-    return _parent_context(parent, run_trace)
+    return _parent_span(parent, run_trace)
 
 
 # --- model calls -------------------------------------------------------------------------
@@ -193,9 +197,12 @@ def _call_parent(parent: TraceParent | None, run_trace: RunTrace | None) -> Cont
 
 @dataclass(slots=True)
 class CallSpan:
-    """An open model-call span and what end_call needs to finish it."""
+    """An open model-call span and what end_call needs to finish it.
 
-    span: trace.Span
+    `context` holds the span (a NonRecordingSpan of its SpanContext): the parent of child
+    spans and the exemplar of the call's metric points."""
+
+    span: LeanSpan
     start_ns: int
     caller: Caller
     provider: str
@@ -205,7 +212,7 @@ class CallSpan:
 
     @property
     def ref(self) -> SpanRef | None:
-        ctx = self.span.get_span_context()
+        ctx = self.span.context
         return SpanRef(ctx.trace_id, ctx.span_id) if ctx.is_valid else None
 
 
@@ -225,18 +232,21 @@ def start_call(
     run_trace: RunTrace | None = None,
     start_ns: int | None = None,
 ) -> CallSpan:
-    """Open the CLIENT span of a model call; sampling-relevant attributes are set at start."""
+    """Open the CLIENT span of a model call; sampling-relevant attributes are set at start.
+
+    Only its ids and sampling are decided here (tracing/lean.py): the span is built whole
+    and handed to the span processors when it ends."""
     start = time.time_ns() if start_ns is None else start_ns
-    cs = CallSpan(INVALID_SPAN, start, caller, provider, server_address, server_port, _NO_CONTEXT)
+    cs = CallSpan(lean.INVALID, start, caller, provider, server_address, server_port, _NO_CONTEXT)
     try:
-        cs.span = tel.tracer.start_span(
+        cs.span = tel.lean.open(
             call_span_name(call),
-            context=_call_parent(parent, run_trace),
-            kind=SpanKind.CLIENT,
-            attributes=_request_attrs(caller, call, provider, server_address, server_port),
-            start_time=start,
+            _call_parent(parent, run_trace),
+            SpanKind.CLIENT,
+            _request_attrs(caller, call, provider, server_address, server_port),
+            start,
         )
-        cs.context = trace.set_span_in_context(cs.span, Context())
+        cs.context = cs.span.parent_context()
     except Exception:
         log.exception("start_call failed")
     return cs
@@ -297,7 +307,7 @@ def end_call(
         _record_cache_metrics(tel, cs, call, outcome, saved_micros, admit=refusal is None)
         if refusal:
             _count_refusal(tel, cs.caller, call, cs.provider, refusal, cs.context)
-        cs.span.end(end_time=end)
+        tel.lean.end(cs.span, end)
     except Exception:
         log.exception("end_call failed")
 
@@ -339,7 +349,7 @@ def record_refusal(
         cs.span.set_attributes({A.ERROR_TYPE: _name(error_type), A.SPANMETER_REFUSAL_REASON: why})
         cs.span.set_status(Status(StatusCode.ERROR, _status_text(message, caller)))
         _count_refusal(tel, caller, call, provider, reason or error_type, cs.context)
-        cs.span.end()
+        tel.lean.end(cs.span, time.time_ns())
         return cs.ref
     except Exception:
         log.exception("record_refusal failed")
@@ -444,9 +454,9 @@ def _end_attrs(
     if budget_remaining_micros is not None:
         attrs[A.SPANMETER_BUDGET_REMAINING_USD] = budget_remaining_micros / 1e6
     if rewrites:
-        attrs[A.SPANMETER_REWRITES] = [_text(r.header_value()) for r in rewrites[: A.SPAN_LIST_LIMIT]]
+        attrs[A.SPANMETER_REWRITES] = tuple(_text(r.header_value()) for r in rewrites[: A.SPAN_LIST_LIMIT])
     if repairs:
-        attrs[A.SPANMETER_REPAIRS] = [_text(repair_text(r)) for r in repairs[: A.SPAN_LIST_LIMIT]]
+        attrs[A.SPANMETER_REPAIRS] = tuple(_text(repair_text(r)) for r in repairs[: A.SPAN_LIST_LIMIT])
     if refusal is not None:
         attrs[A.SPANMETER_REFUSAL_REASON] = _text(refusal)
     return attrs
@@ -642,21 +652,20 @@ def tool_span(
         cap = tel.config.content_cap_bytes if content else None
         attrs = _tool_attrs(caller, name, call_id, arguments, result, verdict, cap, description, tool_type)
         links = [Link(SpanContext(link.trace_id, link.span_id, is_remote=False))] if link else None
-        span = tel.tracer.start_span(
+        span = tel.lean.open(
             f"{A.OPERATION_EXECUTE_TOOL} {_name(name)}",
-            context=_parent_context(parent, run_trace),
-            kind=SpanKind.INTERNAL,
-            attributes={**attrs, A.ERROR_TYPE: error_type} if error_type else attrs,
-            links=links,
-            start_time=start_ns,
+            _parent_span(parent, run_trace),
+            SpanKind.INTERNAL,
+            {**attrs, A.ERROR_TYPE: error_type} if error_type else attrs,
+            start_ns,
+            links or (),
         )
         if error_type:
             why = _NO_RESULT if verdict is None else verdict.digest
             span.set_status(Status(StatusCode.ERROR, _status_text(why, caller)))
-        ctx = trace.set_span_in_context(span, Context())
-        _record_tool_metrics(tel, caller, name, error_type, verdict, (end_ns - start_ns) / 1e9, ctx)
-        span.end(end_time=end_ns)
-        ref = span.get_span_context()
+        _record_tool_metrics(tel, caller, name, error_type, verdict, (end_ns - start_ns) / 1e9, span.parent_context())
+        tel.lean.end(span, end_ns)
+        ref = span.context
         return SpanRef(ref.trace_id, ref.span_id) if ref.is_valid else None
     except Exception:
         log.exception("tool_span failed")
@@ -878,7 +887,7 @@ def record_wrap_up(tel: Telemetry, caller: Caller, reason: str, *, cs: CallSpan 
     """A wrap-up note went to the model with this call (`reason`: the ceiling whose share it reached)."""
     try:
         if cs is not None:
-            cs.span.set_attribute(A.SPANMETER_WRAP_UP_REASON, reason)
+            cs.span.set_attributes({A.SPANMETER_WRAP_UP_REASON: reason})
         labels = {A.SPANMETER_REASON: tel.instruments.labels.kind(reason), **_tenant(caller)}
         tel.instruments.wrap_up_notices.add(1, labels, context=cs.context if cs else None)
     except Exception:

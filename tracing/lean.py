@@ -1,0 +1,209 @@
+"""Finished spans built from a plain record and handed to the span processors directly.
+
+The SDK's `Tracer.start_span` + `Span.set_attributes` + `Span.end` cost ~20 µs a span on
+the event loop: the sampler, a BoundedAttributes that cleans every value (twice when the
+attributes come at start and at end), per-span locks, processors' `on_start`. A span we
+emit is known whole when it ends, so `LeanTracer` only decides its identity when it opens
+(ids from the tracer's own id generator, the sampling decision the tracer's sampler makes)
+and, when it ends, builds the one `ReadableSpan` the SDK would build and calls the same
+processors' `on_end`, in the same order (the tracer provider's multi-span processor).
+
+What the SDK would do that is kept, and why the rest can go:
+- Sampling: the default sampler (ParentBased(ALWAYS_ON), `DEFAULT_ON`) is decided inline;
+  any other sampler (OTEL_TRACES_SAMPLER) is asked, with the span's start attributes.
+  A DROP decision gives a non-recording span with fresh ids, as the SDK's does.
+- Attribute values: ours are str, int, float, bool or tuples of one of them (the builders
+  in tracing/spans.py cut and type every value a caller steers, and drop None). Anything
+  else (a list, a mapping, None, an unknown type) goes through the SDK's own
+  `_clean_attribute_value`, so it ends as the SDK would store it (lists become tuples).
+- Setting a key again moves it last, as BoundedAttributes does: the order on the wire is
+  the same.
+- Limits: a span with more attributes than the tracer's `SpanLimits` allow (128 by
+  default; ours carry ~50 at most), or a value-length limit set by env, goes through the
+  SDK's BoundedAttributes, which drops the oldest and counts them as the SDK would.
+- `on_start` and `_on_ending` are not called: the processors setup_telemetry installs
+  (DropCountingProcessor, ExportProcessProcessor, SimpleSpanProcessor) do nothing there.
+- A disabled tracer (OTEL_SDK_DISABLED, a tracer configurator) records nothing.
+- The SDK's own span-count metrics (`otel.sdk.span.*`) go to the global MeterProvider,
+  which spanmeter never sets (tracing/setup.py): a no-op there, skipped here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes, _clean_attribute_value
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
+from opentelemetry.util.types import AttributeValue
+
+__all__ = ["LeanSpan", "LeanTracer"]
+
+Attrs = dict[str, AttributeValue]
+
+_UNSET: Final = Status(StatusCode.UNSET)
+# Values the SDK stores as they are (its cleaning returns them unchanged); anything else
+# is cleaned by the SDK's own function.
+_KEPT: Final = frozenset({str, int, float, bool})
+# (sampled, random trace id) -> the span's flags, as the SDK's tracer sets them.
+_FLAGS: Final = {
+    (True, False): TraceFlags(TraceFlags.SAMPLED),
+    (False, False): TraceFlags(TraceFlags.DEFAULT),
+    (True, True): TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID),
+    (False, True): TraceFlags(TraceFlags.RANDOM_TRACE_ID),
+}
+
+
+class LeanSpan:
+    """An open span: who it is, and its attributes as a plain dict until it ends."""
+
+    __slots__ = ("attributes", "context", "kind", "links", "name", "parent", "recording", "start_ns", "status")
+
+    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
+                 start_ns: int, attributes: Attrs, links: Sequence[Link], *, recording: bool) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.kind = kind
+        self.start_ns = start_ns
+        self.attributes = attributes
+        self.links = links
+        self.status = _UNSET
+        self.recording = recording  # False once ended, and for spans the sampler dropped
+
+    def set_attributes(self, attrs: Mapping[str, AttributeValue]) -> None:
+        if not self.recording:
+            return  # as the SDK's: nothing is set on an ended (or unrecorded) span
+        mine = self.attributes
+        if not mine.keys().isdisjoint(attrs):
+            for key in attrs:  # BoundedAttributes moves a key set again to the end
+                mine.pop(key, None)
+        mine.update(attrs)
+
+    def set_status(self, status: Status) -> None:
+        # The SDK keeps OK once set and ignores UNSET; we only ever set ERROR.
+        if not self.recording or self.status.status_code is StatusCode.OK or status.status_code is StatusCode.UNSET:
+            return
+        self.status = status
+
+    def parent_context(self) -> Context:
+        """A context holding this span, for child spans and metric exemplars."""
+        return trace.set_span_in_context(NonRecordingSpan(self.context), Context())
+
+
+INVALID: Final = LeanSpan("", INVALID_SPAN_CONTEXT, None, SpanKind.INTERNAL, 0, {}, (), recording=False)
+
+
+class LeanTracer:
+    """Opens and ends `LeanSpan`s with what `tracer` (an SDK tracer) would use."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        sdk = tracer if isinstance(tracer, SdkTracer) else None
+        self._sdk = sdk
+        if sdk is not None:
+            self._ids = sdk.id_generator
+            self._sampler = sdk.sampler
+            self._default_sampler = sdk.sampler is DEFAULT_ON
+            self._processor = sdk.span_processor
+            self._resource = sdk.resource
+            self._scope = sdk._instrumentation_scope
+            self._info = sdk.instrumentation_info
+            limits: SpanLimits = sdk._span_limits
+            self._max_attributes = limits.max_span_attributes
+            self._max_length = limits.max_attribute_length
+            self._max_links = limits.max_links
+            self._max_link_attributes = limits.max_link_attributes
+
+    def open(self, name: str, parent: SpanContext | None, kind: SpanKind, attributes: Attrs, start_ns: int,
+             links: Sequence[Link] = ()) -> LeanSpan:
+        """A span's identity, as `Tracer.start_span(name, parent, kind, attributes, links)` decides it.
+
+        `attributes` is kept (not copied): the caller hands it over."""
+        sdk = self._sdk
+        if sdk is None or not sdk._is_enabled():
+            # The SDK's disabled tracer answers with the parent's span, recording nothing.
+            return LeanSpan(name, parent or INVALID_SPAN_CONTEXT, None, kind, start_ns, {}, (), recording=False)
+        if parent is not None and not parent.is_valid:
+            parent = None
+        trace_id = self._ids.generate_trace_id() if parent is None else parent.trace_id
+        if self._default_sampler:
+            # ParentBased(ALWAYS_ON): a parent's decision, else sampled; the parent's trace state.
+            sampled = parent.trace_flags.sampled if parent is not None else True
+            recording = sampled
+            trace_state = parent.trace_state if parent is not None else None
+        else:
+            ctx = trace.set_span_in_context(NonRecordingSpan(parent), Context()) if parent else Context()
+            result = self._sampler.should_sample(ctx, trace_id, name, kind, attributes, links)
+            sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
+            recording = result.decision.is_recording()  # type: ignore[no-untyped-call]
+            trace_state = result.trace_state
+            attributes = dict(result.attributes) if result.attributes else {}
+        random = self._ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id
+        flags = _FLAGS[sampled, bool(random)]
+        context = SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=flags,
+                              trace_state=trace_state)
+        if not recording:
+            return LeanSpan(name, context, parent, kind, start_ns, {}, (), recording=False)
+        return LeanSpan(name, context, parent, kind, start_ns, attributes,
+                        self._links(links) if links else (), recording=True)
+
+    def end(self, span: LeanSpan, end_ns: int) -> None:
+        """Finish `span` and hand it to the span processors, once."""
+        if not span.recording:
+            return
+        span.recording = False
+        sdk = self._sdk
+        assert sdk is not None  # a recording span comes from an SDK tracer
+        readable = ReadableSpan(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=self._resource,
+            attributes=self._attributes(span.attributes),
+            links=span.links,
+            kind=span.kind,
+            status=span.status,
+            start_time=span.start_ns,
+            end_time=end_ns,
+            instrumentation_info=self._info,
+            instrumentation_scope=self._scope,
+        )
+        self._processor.on_end(readable)
+
+    def _attributes(self, attrs: Attrs) -> Attrs | BoundedAttributes:
+        for key, value in attrs.items():
+            kind = type(value)
+            if kind in _KEPT or (isinstance(value, tuple) and all(type(v) in _KEPT for v in value)):
+                continue  # the SDK's cleaning returns these unchanged (or an equal tuple)
+            attrs[key] = _clean_attribute_value(value, None)
+        limit = self._max_attributes
+        if self._max_length is None and (limit is None or len(attrs) <= limit):
+            return attrs
+        return BoundedAttributes(limit, attrs, immutable=True, max_value_len=self._max_length)
+
+    def _links(self, links: Sequence[Link]) -> Sequence[Link]:
+        # As `_Span._new_links`: valid links only, their attributes bounded, at most max_links.
+        from opentelemetry.sdk.trace import _is_valid_link
+        from opentelemetry.sdk.util import BoundedList
+
+        kept = []
+        for link in links:
+            if link and _is_valid_link(link.context, link.attributes):
+                link._attributes = BoundedAttributes(
+                    self._max_link_attributes, link.attributes, max_value_len=self._max_length, immutable=True)
+                kept.append(link)
+        return BoundedList.from_seq(self._max_links, kept)
