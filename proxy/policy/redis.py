@@ -38,6 +38,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,6 +49,7 @@ from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
 from redis._parsers import AsyncCommandsParser
+from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -58,6 +60,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.errors import ConfigError, StoreUnavailable
 from proxy.policy.rates import RateState, epoch_ms
+from proxy.policy.redis_pipe import Pipe, pack
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
     NO_TURN,
@@ -104,15 +107,30 @@ OLD_LAYOUT = ("sm:exp", "sm:runs", "sm:active")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9_.~-]*")  # what quote(safe="") leaves as it is
+_TAGS: dict[str, str] = {}
+_TAGS_KEPT = 4096
+
+
+def _quote(part: str) -> str:
+    # Run ids, dates and key ids are mostly plain: a match is cheaper than quote's walk.
+    return part if _PLAIN.fullmatch(part) else quote(part, safe="")
+
+
 def tag(tenant: str) -> str:
     """`sm:{<tenant>}`: the prefix of every key of a tenant, its Cluster hash tag between the
     braces. Percent-encoding leaves no brace in the tag; the empty tenant gets `%`, which no
     encoded name is (an empty tag would hash each key whole)."""
-    return "sm:{" + (quote(tenant, safe="") or "%") + "}"
+    found = _TAGS.get(tenant)
+    if found is None:
+        if len(_TAGS) >= _TAGS_KEPT:  # tenants are few; this only bounds a flood of names
+            _TAGS.clear()
+        found = _TAGS[tenant] = "sm:{" + (_quote(tenant) or "%") + "}"
+    return found
 
 
 def key(tenant: str, kind: str, *parts: str) -> str:
-    return ":".join([tag(tenant), kind, *(quote(p, safe="") for p in parts)])
+    return ":".join([tag(tenant), kind, *(_quote(p) for p in parts)])
 
 
 def is_cluster_url(url: str) -> bool:
@@ -136,6 +154,7 @@ class RedisStore(DerivedOps):
         self.cluster = is_cluster_url(url)
         self._timeout_s = timeout_s
         self._gate: asyncio.Semaphore | None = None
+        self._pipe: Pipe | None = None
         self._redis: Any
         if self.cluster:
             self._redis = _cluster_client(url, max_connections=max_connections, timeout_s=timeout_s)
@@ -153,6 +172,9 @@ class RedisStore(DerivedOps):
                 retry=Retry(NoBackoff(), 0),
             )
             self._redis = aioredis.Redis(connection_pool=pool)
+            # The scripts of every call (admit, settle, ...) go on one pipelined connection
+            # made with the pool's settings; the other operations (reads, sweeps, admin) on the pool.
+            self._pipe = Pipe(pool.make_connection, timeout_s=timeout_s, parse_error=BaseParser.parse_error)
         self._scripts = {p.stem: _Script(p.read_text(encoding="utf-8")) for p in _LUA.glob("*.lua")}
         self._registered: dict[str, float] = {}  # tenant -> when this process last registered it
         self._registering: set[str] = set()
@@ -211,6 +233,17 @@ class RedisStore(DerivedOps):
     async def _script(self, name: str, keys: list[str], args: list[Any], *, repeatable: bool,
                       tenant: str | None = None) -> Any:
         script = self._scripts[name]
+        pipe = self._pipe
+        if pipe is not None:
+            packed = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+
+            async def piped() -> Any:
+                try:
+                    return await pipe.call(packed)
+                except NoScriptError:  # a restarted Redis: EVAL runs the script and loads it
+                    return await pipe.call(pack(("EVAL", script.text, len(keys), *keys, *args)))
+
+            return await self._call(piped, repeatable=repeatable, tenant=tenant)
 
         async def run() -> Any:
             try:
@@ -315,7 +348,7 @@ class RedisStore(DerivedOps):
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
             raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
-        rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
+        rid = f"{_quote(tenant)}.{uuid.uuid4().hex}"
         ts = now.timestamp()
         guard = turn.guard
         keys = [*self._scope_keys(tenant, run_id, *windows), key(tenant, "res", rid), *self._index_keys(tenant),
@@ -409,7 +442,7 @@ class RedisStore(DerivedOps):
         windows = window_keys(now, tz)
         if turn.cost < 0:
             raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
-        rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
+        rid = f"{_quote(tenant)}.{uuid.uuid4().hex}"
         ts = now.timestamp()
         guard = turn.guard
         keys = [*self._scope_keys(tenant, run_id, *windows), key(tenant, "res", rid), *self._index_keys(tenant),
@@ -667,6 +700,8 @@ class RedisStore(DerivedOps):
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self._pipe is not None:
+            await self._pipe.aclose()
         await self._redis.aclose()
         if not self.cluster:
             await self._redis.connection_pool.disconnect()
