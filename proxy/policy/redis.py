@@ -54,7 +54,15 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import ClusterDownError, NoScriptError, RedisClusterException, RedisError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -154,7 +162,8 @@ class RedisStore(DerivedOps):
         self.cluster = is_cluster_url(url)
         self._timeout_s = timeout_s
         self._gate: asyncio.Semaphore | None = None
-        self._pipe: Pipe | None = None
+        self._pipe: Pipe | None = None  # standalone: the scripts' connection
+        self._pipes: dict[str, Pipe] = {}  # Cluster: one per node, by name
         self._redis: Any
         if self.cluster:
             self._redis = _cluster_client(url, max_connections=max_connections, timeout_s=timeout_s)
@@ -185,11 +194,12 @@ class RedisStore(DerivedOps):
 
     # --- plumbing --------------------------------------------------------------------
 
-    async def _call(self, make: Callable[[], Awaitable[T]], *, repeatable: bool, tenant: str | None = None) -> T:
+    async def _call(self, make: Callable[[], Awaitable[T]], *, repeatable: bool, tenant: str | None = None,
+                    gated: bool = True) -> T:
         """Run one redis operation; translate its errors once, here (fail closed)."""
         for attempt in (1, 2):
             try:
-                if self._gate is None:
+                if self._gate is None or not gated:
                     return await make()
                 return await self._gated(make)
             except (ClusterDownError, TryAgainError) as exc:
@@ -233,25 +243,54 @@ class RedisStore(DerivedOps):
     async def _script(self, name: str, keys: list[str], args: list[Any], *, repeatable: bool,
                       tenant: str | None = None) -> Any:
         script = self._scripts[name]
-        pipe = self._pipe
-        if pipe is not None:
-            packed = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+        packed = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
 
-            async def piped() -> Any:
-                try:
-                    return await pipe.call(packed)
-                except NoScriptError:  # a restarted Redis: EVAL runs the script and loads it
-                    return await pipe.call(pack(("EVAL", script.text, len(keys), *keys, *args)))
+        async def piped(pipe: Pipe) -> Any:
+            try:
+                return await pipe.call(packed)
+            except NoScriptError:  # this node has not seen the script (yet, or since a restart)
+                return await pipe.call(pack(("EVAL", script.text, len(keys), *keys, *args)))
 
-            return await self._call(piped, repeatable=repeatable, tenant=tenant)
+        if self._pipe is not None:
+            standalone = self._pipe
+            return await self._call(lambda: piped(standalone), repeatable=repeatable, tenant=tenant)
 
-        async def run() -> Any:
+        async def pooled() -> Any:
             try:
                 return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:  # this node has not seen the script (yet, or since a restart)
+            except NoScriptError:
                 return await self._redis.eval(script.text, len(keys), *keys, *args)
 
-        return await self._call(run, repeatable=repeatable, tenant=tenant)
+        slot = key_slot(keys[0].encode())  # every key of a script shares its tenant's hash tag
+
+        async def clustered() -> Any:
+            await self._redis.initialize()  # at once unless an error below asked to learn the layout again
+            node = self._redis.nodes_manager.get_node_from_slot(slot)
+            try:
+                return await piped(self._node_pipe(node))
+            except (MovedError, AskError):
+                # Not run: the slot is moving or has moved. redis-py's client follows the
+                # redirection and updates the slot map that later calls are routed by.
+                return await self._gated(pooled)
+            except (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError):
+                # As redis-py's client does: the layout is learnt again before the next
+                # command (a replica may have taken over the node's slots).
+                self._redis.nodes_manager.move_node_to_end_of_cached_nodes(node.name)  # asked last for it
+                self._redis._initialize = True
+                raise
+
+        return await self._call(clustered, repeatable=repeatable, tenant=tenant, gated=False)
+
+    def _node_pipe(self, node: ClusterNode) -> Pipe:
+        pipe = self._pipes.get(node.name)
+        if pipe is None:
+            def connection() -> Any:
+                # As redis-py's client makes its nodes' connections: no retry below ours.
+                return node.connection_class(**{**node.connection_kwargs, "retry": Retry(NoBackoff(), 0)})
+
+            pipe = self._pipes[node.name] = Pipe(connection, timeout_s=self._timeout_s,
+                                                 parse_error=BaseParser.parse_error)
+        return pipe
 
     async def _admitting(self, tenant: str, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run an admission script, after checking the key layout (once per process) and
@@ -700,8 +739,7 @@ class RedisStore(DerivedOps):
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._pipe is not None:
-            await self._pipe.aclose()
+        await asyncio.gather(*(p.aclose() for p in [*self._pipes.values(), *([self._pipe] if self._pipe else [])]))
         await self._redis.aclose()
         if not self.cluster:
             await self._redis.connection_pool.disconnect()
