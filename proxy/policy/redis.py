@@ -268,11 +268,13 @@ class RedisStore(DerivedOps):
             node = self._redis.nodes_manager.get_node_from_slot(slot)
             try:
                 return await piped(self._node_pipe(node))
-            except (MovedError, AskError):
-                # Not run: the slot is moving or has moved. redis-py's client follows the
-                # redirection and updates the slot map that later calls are routed by.
+            except (MovedError, AskError, TryAgainError, ClusterDownError):
+                # Not run: the slot is moving or has moved, or the shard is between masters.
+                # The call goes again through redis-py's client, as it did before these
+                # connections: it follows the redirection and updates the slot map later calls
+                # are routed by, waits out TRYAGAIN, and learns the layout again after CLUSTERDOWN.
                 return await self._gated(pooled)
-            except (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError):
+            except (RedisConnectionError, RedisTimeoutError, OSError):
                 # As redis-py's client does: the layout is learnt again before the next
                 # command (a replica may have taken over the node's slots).
                 self._redis.nodes_manager.move_node_to_end_of_cached_nodes(node.name)  # asked last for it
