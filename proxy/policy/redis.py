@@ -38,6 +38,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -389,12 +390,11 @@ class RedisStore(DerivedOps):
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
             raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
-        rid = f"{_quote(tenant)}.{uuid.uuid4().hex}"
+        rid = f"{_quote(tenant)}.{os.urandom(16).hex()}"
         ts = now.timestamp()
         guard = turn.guard
-        keys = [*self._scope_keys(tenant, run_id, *windows), key(tenant, "res", rid), *self._index_keys(tenant),
-                key(tenant, "tools", run_id), key(tenant, "budget"), key(tenant, "totals", run_id),
-                *self._key_scopes(tenant, turn.key, windows),
+        names = _call_keys(tenant, run_id, windows, turn.key)
+        keys = [*names.scopes, key(tenant, "res", rid), *names.admit,
                 *(key(tenant, "rate", rate.bucket) for rate in turn.rates),
                 *(key(tenant, "ctx", ref) for ref in turn.context)]
         args: list[Any] = [
@@ -483,7 +483,7 @@ class RedisStore(DerivedOps):
         windows = window_keys(now, tz)
         if turn.cost < 0:
             raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
-        rid = f"{_quote(tenant)}.{uuid.uuid4().hex}"
+        rid = f"{_quote(tenant)}.{os.urandom(16).hex()}"
         ts = now.timestamp()
         guard = turn.guard
         keys = [*self._scope_keys(tenant, run_id, *windows), key(tenant, "res", rid), *self._index_keys(tenant),
@@ -561,17 +561,8 @@ class RedisStore(DerivedOps):
         for name, value in totals.items():
             args += [name, int(value)]
         args += [len(tools or []), *_tool_args(tools or []), CONTEXT_KEPT_S, *(int(t) for t in seen.values())]
-        windows = (admission.day_key, admission.month_key)
-        keys = [
-            key(tenant, "res", admission.id),
-            key(tenant, "exp"),
-            key(tenant, "totals", run_id),
-            key(tenant, "tools", run_id),
-            key(tenant, "toolseq", run_id),
-            *self._scope_keys(tenant, run_id, *windows),
-            *self._key_scopes(tenant, admission.key, windows),
-            *(key(tenant, "ctx", ref) for ref in seen),
-        ]
+        names = _call_keys(tenant, run_id, (admission.day_key, admission.month_key), admission.key)
+        keys = [key(tenant, "res", admission.id), *names.settle, *(key(tenant, "ctx", ref) for ref in seen)]
         # Repeatable: the script deletes the reservation, so a retry applies nothing twice.
         found, amount = await self._script("settle", keys, args, repeatable=True, tenant=tenant)
         return max(0, actual - int(amount)) if int(found) else 0
@@ -826,6 +817,35 @@ def _cluster_client(url: str, *, max_connections: int, timeout_s: float) -> Redi
     )
     client.commands_parser = _CommandsParser(client)
     return client
+
+
+class _CallKeys:
+    """The keys a run's model calls name in admit.lua and settle.lua, in their order, but
+    the reservation's and the per-call ones. The same for every call of a run in a day."""
+
+    __slots__ = ("admit", "scopes", "settle")
+
+    def __init__(self, tenant: str, run_id: str, windows: tuple[str, str], key_id: str | None) -> None:
+        scopes = RedisStore._scope_keys(tenant, run_id, *windows)
+        key_scopes = RedisStore._key_scopes(tenant, key_id, windows)
+        exp, totals, tools = key(tenant, "exp"), key(tenant, "totals", run_id), key(tenant, "tools", run_id)
+        self.scopes = tuple(scopes)
+        self.admit = (exp, key(tenant, "runs"), key(tenant, "active"), tools, key(tenant, "budget"), totals,
+                      *key_scopes)
+        self.settle = (exp, totals, tools, key(tenant, "toolseq", run_id), *scopes, *key_scopes)
+
+
+_CALL_KEYS: dict[tuple[str, str, tuple[str, str], str | None], _CallKeys] = {}
+_CALL_KEYS_KEPT = 4096  # runs in flight in one process; past it the cache starts again
+
+
+def _call_keys(tenant: str, run_id: str, windows: tuple[str, str], key_id: str | None) -> _CallKeys:
+    found = _CALL_KEYS.get((tenant, run_id, windows, key_id))
+    if found is None:
+        if len(_CALL_KEYS) >= _CALL_KEYS_KEPT:
+            _CALL_KEYS.clear()
+        found = _CALL_KEYS[(tenant, run_id, windows, key_id)] = _CallKeys(tenant, run_id, windows, key_id)
+    return found
 
 
 def _rate_states(turn: Turn, flat: list[Any]) -> tuple[RateState, ...]:
