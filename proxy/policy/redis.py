@@ -191,6 +191,7 @@ class RedisStore(DerivedOps):
         self._tried: set[str] = set()
         self._background: set[asyncio.Future[None]] = set()
         self._layout_checked = False
+        self._layout_check: asyncio.Future[None] | None = None
         self._layout_retry_at = 0.0
 
     # --- plumbing --------------------------------------------------------------------
@@ -299,7 +300,12 @@ class RedisStore(DerivedOps):
         """Run an admission script, after checking the key layout (once per process) and
         beside registering the tenant (the sweeps walk the registry)."""
         if not self._layout_checked and time.monotonic() >= self._layout_retry_at:
-            await self._check_layout()
+            if self._layout_check is None:
+                # One check for the calls that arrive together at start (each would take a
+                # pooled connection of its own), its outcome theirs.
+                self._layout_check = asyncio.ensure_future(self._check_layout())
+                self._layout_check.add_done_callback(self._layout_done)
+            await asyncio.shield(self._layout_check)
         due = time.monotonic() - self._registered.get(tenant, -_REGISTER_EVERY_S) >= _REGISTER_EVERY_S
         if not due or tenant in self._registering:
             return await self._script(name, keys, args, repeatable=True, tenant=tenant)
@@ -317,6 +323,11 @@ class RedisStore(DerivedOps):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return await self._script(name, keys, args, repeatable=True, tenant=tenant)
+
+    def _layout_done(self, check: asyncio.Future[None]) -> None:
+        self._layout_check = None  # a failed check is made again by the next call
+        if not check.cancelled():
+            check.exception()  # each waiter raises it; not one for the loop to log
 
     async def _check_layout(self) -> None:
         if self.cluster:
@@ -731,7 +742,8 @@ class RedisStore(DerivedOps):
         raise error or RedisConnectionError("the cluster has no primary")
 
     async def aclose(self) -> None:
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._background, *([self._layout_check] if self._layout_check else []),
+                             return_exceptions=True)
         await asyncio.gather(*(p.aclose() for p in [*self._pipes.values(), *([self._pipe] if self._pipe else [])]))
         await self._redis.aclose()
         if not self.cluster:
