@@ -20,7 +20,12 @@ adds a tenant to (SADD, outside the admission, once per process and again every 
 minutes) when it first admits a call for it.
 
 Scripts run with EVALSHA; a NOSCRIPT reply (a restarted Redis, a new Cluster node) runs
-the same script with EVAL on that node, which also loads it there.
+the same script with EVAL on that node, which also loads it there. They go on one
+auto-pipelined connection per server (proxy/policy/redis_pipe.py: the scripts of every call
+issued in one loop iteration in one write, replies matched in order), to the Cluster node
+that owns the tenant's slot in redis-py's slot map; a MOVED, ASK, TRYAGAIN or CLUSTERDOWN
+reply (the script did not run) hands that call to redis-py's Cluster client, which follows
+the redirection and updates the map. Reads, sweeps and admin commands use redis-py's pool.
 
 Every redis error becomes StoreUnavailable here and nowhere else (fail closed: the
 handler answers 503 unless the operator chose fail-open). redis-py's own retries are
@@ -154,9 +159,11 @@ class RedisStore(DerivedOps):
     """`Store` over Redis or Redis Cluster.
 
     `url`: redis://host:port/db, rediss://..., unix://...; redis+cluster://host:port[,host:port]
-    (rediss+cluster:// for TLS; a Cluster has only db 0). At most `max_connections`
-    operations are in flight at once; one that waits longer than `timeout_s` for a
-    connection, or for its reply, fails closed."""
+    (rediss+cluster:// for TLS; a Cluster has only db 0). The scripts of the calls go
+    pipelined on one connection per server, any number in flight; one whose reply has not
+    come `timeout_s` after it was sent fails closed, with every one behind it on that
+    connection. The other operations take pooled connections, at most `max_connections` in
+    flight; one that waits longer than `timeout_s` for a connection, or its reply, fails closed."""
 
     def __init__(self, url: str, *, max_connections: int = 64, timeout_s: float = 2.0) -> None:
         self.url = url
