@@ -21,6 +21,7 @@ its reply is read and dropped when it comes, so the replies behind it stay match
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -43,9 +44,11 @@ class _Link:
 
     def __init__(self, conn: AbstractConnection, parse_error: Callable[[str], RedisError],
                  timeout_s: float, on_dead: Callable[[_Link], None]) -> None:
-        self.conn = conn
-        reader, writer = conn._reader, conn._writer  # made by redis-py's handshake, used only here
+        reader, writer = conn._reader, conn._writer  # made by redis-py's handshake
         assert reader is not None and writer is not None
+        # Ours from here: redis-py's Connection lets go of them (it would close them, or warn
+        # that they are open, when it is collected).
+        conn._reader = conn._writer = None
         self.reader: asyncio.StreamReader = reader
         self.writer: asyncio.StreamWriter = writer
         self.loop = asyncio.get_running_loop()
@@ -56,12 +59,15 @@ class _Link:
         self.out: list[bytes] = []
         self.flush_due = False
         self.timer: asyncio.TimerHandle | None = None
-        self.dead = False
+        self.dead: BaseException | None = None  # why the connection was given up
         self._on_dead = on_dead
         self.task = self.loop.create_task(self._read())
 
     def send(self, packed: bytes) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
+        if self.dead is not None:  # lost between the caller's connect and its send
+            fut.set_exception(self.dead)
+            return fut
         self.pending.append((fut, self.loop.time() + self.timeout_s))
         self.out.append(packed)
         if not self.flush_due:
@@ -73,7 +79,7 @@ class _Link:
 
     def _flush(self) -> None:
         self.flush_due = False
-        if self.dead or not self.out:
+        if self.dead is not None or not self.out:
             return
         data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
         self.out.clear()
@@ -85,7 +91,7 @@ class _Link:
     def _check(self) -> None:
         """The oldest reply is overdue: the connection is given up; else look again then."""
         self.timer = None
-        if self.dead or not self.pending:
+        if self.dead is not None or not self.pending:
             return
         deadline = self.pending[0][1]
         if deadline <= self.loop.time():
@@ -113,9 +119,9 @@ class _Link:
             self.fail(RedisConnectionError(f"Error while reading from {self.where}: {exc!r}"))
 
     def fail(self, exc: BaseException) -> None:
-        if self.dead:
+        if self.dead is not None:
             return
-        self.dead = True
+        self.dead = exc
         self._on_dead(self)
         if self.timer is not None:
             self.timer.cancel()
@@ -131,7 +137,8 @@ class _Link:
     async def close(self) -> None:
         self.fail(RedisConnectionError(f"Connection to {self.where} closed."))
         await asyncio.gather(self.task, return_exceptions=True)
-        await self.conn.disconnect()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
 
 
 class Pipe:
