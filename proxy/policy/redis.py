@@ -20,7 +20,12 @@ adds a tenant to (SADD, outside the admission, once per process and again every 
 minutes) when it first admits a call for it.
 
 Scripts run with EVALSHA; a NOSCRIPT reply (a restarted Redis, a new Cluster node) runs
-the same script with EVAL on that node, which also loads it there.
+the same script with EVAL on that node, which also loads it there. They go on one
+auto-pipelined connection per server (proxy/policy/redis_pipe.py: the scripts of every call
+issued in one loop iteration in one write, replies matched in order), to the Cluster node
+that owns the tenant's slot in redis-py's slot map; a MOVED, ASK, TRYAGAIN or CLUSTERDOWN
+reply (the script did not run) hands that call to redis-py's Cluster client, which follows
+the redirection and updates the map. Reads, sweeps and admin commands use redis-py's pool.
 
 Every redis error becomes StoreUnavailable here and nowhere else (fail closed: the
 handler answers 503 unless the operator chose fail-open). redis-py's own retries are
@@ -38,6 +43,8 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,16 +55,26 @@ from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
 from redis._parsers import AsyncCommandsParser
+from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import ClusterDownError, NoScriptError, RedisClusterException, RedisError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.errors import ConfigError, StoreUnavailable
 from proxy.policy.rates import RateState, epoch_ms
+from proxy.policy.redis_pipe import Pipe, pack
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
     NO_TURN,
@@ -104,15 +121,30 @@ OLD_LAYOUT = ("sm:exp", "sm:runs", "sm:active")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9_.~-]*")  # what quote(safe="") leaves as it is
+_TAGS: dict[str, str] = {}
+_TAGS_KEPT = 4096
+
+
+def _quote(part: str) -> str:
+    # Run ids, dates and key ids are mostly plain: a match is cheaper than quote's walk.
+    return part if _PLAIN.fullmatch(part) else quote(part, safe="")
+
+
 def tag(tenant: str) -> str:
     """`sm:{<tenant>}`: the prefix of every key of a tenant, its Cluster hash tag between the
     braces. Percent-encoding leaves no brace in the tag; the empty tenant gets `%`, which no
     encoded name is (an empty tag would hash each key whole)."""
-    return "sm:{" + (quote(tenant, safe="") or "%") + "}"
+    found = _TAGS.get(tenant)
+    if found is None:
+        if len(_TAGS) >= _TAGS_KEPT:  # tenants are few; this only bounds a flood of names
+            _TAGS.clear()
+        found = _TAGS[tenant] = "sm:{" + (_quote(tenant) or "%") + "}"
+    return found
 
 
 def key(tenant: str, kind: str, *parts: str) -> str:
-    return ":".join([tag(tenant), kind, *(quote(p, safe="") for p in parts)])
+    return ":".join([tag(tenant), kind, *(_quote(p) for p in parts)])
 
 
 def is_cluster_url(url: str) -> bool:
@@ -127,15 +159,19 @@ class RedisStore(DerivedOps):
     """`Store` over Redis or Redis Cluster.
 
     `url`: redis://host:port/db, rediss://..., unix://...; redis+cluster://host:port[,host:port]
-    (rediss+cluster:// for TLS; a Cluster has only db 0). At most `max_connections`
-    operations are in flight at once; one that waits longer than `timeout_s` for a
-    connection, or for its reply, fails closed."""
+    (rediss+cluster:// for TLS; a Cluster has only db 0). The scripts of the calls go
+    pipelined on one connection per server, any number in flight; one whose reply has not
+    come `timeout_s` after it was sent fails closed, with every one behind it on that
+    connection. The other operations take pooled connections, at most `max_connections` in
+    flight; one that waits longer than `timeout_s` for a connection, or its reply, fails closed."""
 
     def __init__(self, url: str, *, max_connections: int = 64, timeout_s: float = 2.0) -> None:
         self.url = url
         self.cluster = is_cluster_url(url)
         self._timeout_s = timeout_s
         self._gate: asyncio.Semaphore | None = None
+        self._pipe: Pipe | None = None  # standalone: the scripts' connection
+        self._pipes: dict[str, Pipe] = {}  # Cluster: one per node, by name
         self._redis: Any
         if self.cluster:
             self._redis = _cluster_client(url, max_connections=max_connections, timeout_s=timeout_s)
@@ -153,21 +189,26 @@ class RedisStore(DerivedOps):
                 retry=Retry(NoBackoff(), 0),
             )
             self._redis = aioredis.Redis(connection_pool=pool)
+            # The scripts of every call (admit, settle, ...) go on one pipelined connection
+            # made with the pool's settings; the other operations (reads, sweeps, admin) on the pool.
+            self._pipe = Pipe(pool.make_connection, timeout_s=timeout_s, parse_error=BaseParser.parse_error)
         self._scripts = {p.stem: _Script(p.read_text(encoding="utf-8")) for p in _LUA.glob("*.lua")}
         self._registered: dict[str, float] = {}  # tenant -> when this process last registered it
         self._registering: set[str] = set()
         self._tried: set[str] = set()
         self._background: set[asyncio.Future[None]] = set()
         self._layout_checked = False
+        self._layout_check: asyncio.Future[None] | None = None
         self._layout_retry_at = 0.0
 
     # --- plumbing --------------------------------------------------------------------
 
-    async def _call(self, make: Callable[[], Awaitable[T]], *, repeatable: bool, tenant: str | None = None) -> T:
+    async def _call(self, make: Callable[[], Awaitable[T]], *, repeatable: bool, tenant: str | None = None,
+                    gated: bool = True) -> T:
         """Run one redis operation; translate its errors once, here (fail closed)."""
         for attempt in (1, 2):
             try:
-                if self._gate is None:
+                if self._gate is None or not gated:
                     return await make()
                 return await self._gated(make)
             except (ClusterDownError, TryAgainError) as exc:
@@ -211,20 +252,67 @@ class RedisStore(DerivedOps):
     async def _script(self, name: str, keys: list[str], args: list[Any], *, repeatable: bool,
                       tenant: str | None = None) -> Any:
         script = self._scripts[name]
+        packed = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
 
-        async def run() -> Any:
+        async def piped(pipe: Pipe) -> Any:
+            try:
+                return await pipe.call(packed)
+            except NoScriptError:  # this node has not seen the script (yet, or since a restart)
+                return await pipe.call(pack(("EVAL", script.text, len(keys), *keys, *args)))
+
+        if self._pipe is not None:
+            standalone = self._pipe
+            return await self._call(lambda: piped(standalone), repeatable=repeatable, tenant=tenant)
+
+        async def pooled() -> Any:
             try:
                 return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:  # this node has not seen the script (yet, or since a restart)
+            except NoScriptError:
                 return await self._redis.eval(script.text, len(keys), *keys, *args)
 
-        return await self._call(run, repeatable=repeatable, tenant=tenant)
+        slot = key_slot(keys[0].encode())  # every key of a script shares its tenant's hash tag
+
+        async def clustered() -> Any:
+            await self._redis.initialize()  # at once unless an error below asked to learn the layout again
+            node = self._redis.nodes_manager.get_node_from_slot(slot)
+            try:
+                return await piped(self._node_pipe(node))
+            except (MovedError, AskError, TryAgainError, ClusterDownError):
+                # Not run: the slot is moving or has moved, or the shard is between masters.
+                # The call goes again through redis-py's client, as it did before these
+                # connections: it follows the redirection and updates the slot map later calls
+                # are routed by, waits out TRYAGAIN, and learns the layout again after CLUSTERDOWN.
+                return await self._gated(pooled)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # As redis-py's client does: the layout is learnt again before the next
+                # command (a replica may have taken over the node's slots).
+                self._redis.nodes_manager.move_node_to_end_of_cached_nodes(node.name)  # asked last for it
+                self._redis._initialize = True
+                raise
+
+        return await self._call(clustered, repeatable=repeatable, tenant=tenant, gated=False)
+
+    def _node_pipe(self, node: ClusterNode) -> Pipe:
+        pipe = self._pipes.get(node.name)
+        if pipe is None:
+            def connection() -> Any:
+                # As redis-py's client makes its nodes' connections: no retry below ours.
+                return node.connection_class(**{**node.connection_kwargs, "retry": Retry(NoBackoff(), 0)})
+
+            pipe = self._pipes[node.name] = Pipe(connection, timeout_s=self._timeout_s,
+                                                 parse_error=BaseParser.parse_error)
+        return pipe
 
     async def _admitting(self, tenant: str, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run an admission script, after checking the key layout (once per process) and
         beside registering the tenant (the sweeps walk the registry)."""
         if not self._layout_checked and time.monotonic() >= self._layout_retry_at:
-            await self._check_layout()
+            if self._layout_check is None:
+                # One check for the calls that arrive together at start (each would take a
+                # pooled connection of its own), its outcome theirs.
+                self._layout_check = asyncio.ensure_future(self._check_layout())
+                self._layout_check.add_done_callback(self._layout_done)
+            await asyncio.shield(self._layout_check)
         due = time.monotonic() - self._registered.get(tenant, -_REGISTER_EVERY_S) >= _REGISTER_EVERY_S
         if not due or tenant in self._registering:
             return await self._script(name, keys, args, repeatable=True, tenant=tenant)
@@ -242,6 +330,11 @@ class RedisStore(DerivedOps):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return await self._script(name, keys, args, repeatable=True, tenant=tenant)
+
+    def _layout_done(self, check: asyncio.Future[None]) -> None:
+        self._layout_check = None  # a failed check is made again by the next call
+        if not check.cancelled():
+            check.exception()  # each waiter raises it; not one for the loop to log
 
     async def _check_layout(self) -> None:
         if self.cluster:
@@ -315,12 +408,11 @@ class RedisStore(DerivedOps):
         windows = window_keys(now, tz)
         if not 0 <= min_reserve <= max_reserve:
             raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
-        rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
+        rid = f"{_quote(tenant)}.{os.urandom(16).hex()}"
         ts = now.timestamp()
         guard = turn.guard
-        keys = [*self._scope_keys(tenant, run_id, *windows), key(tenant, "res", rid), *self._index_keys(tenant),
-                key(tenant, "tools", run_id), key(tenant, "budget"), key(tenant, "totals", run_id),
-                *self._key_scopes(tenant, turn.key, windows),
+        names = _call_keys(tenant, run_id, windows, turn.key)
+        keys = [*names.scopes, key(tenant, "res", rid), *names.admit,
                 *(key(tenant, "rate", rate.bucket) for rate in turn.rates),
                 *(key(tenant, "ctx", ref) for ref in turn.context)]
         args: list[Any] = [
@@ -409,7 +501,7 @@ class RedisStore(DerivedOps):
         windows = window_keys(now, tz)
         if turn.cost < 0:
             raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
-        rid = f"{quote(tenant, safe='')}.{uuid.uuid4().hex}"
+        rid = f"{_quote(tenant)}.{os.urandom(16).hex()}"
         ts = now.timestamp()
         guard = turn.guard
         keys = [*self._scope_keys(tenant, run_id, *windows), key(tenant, "res", rid), *self._index_keys(tenant),
@@ -487,17 +579,8 @@ class RedisStore(DerivedOps):
         for name, value in totals.items():
             args += [name, int(value)]
         args += [len(tools or []), *_tool_args(tools or []), CONTEXT_KEPT_S, *(int(t) for t in seen.values())]
-        windows = (admission.day_key, admission.month_key)
-        keys = [
-            key(tenant, "res", admission.id),
-            key(tenant, "exp"),
-            key(tenant, "totals", run_id),
-            key(tenant, "tools", run_id),
-            key(tenant, "toolseq", run_id),
-            *self._scope_keys(tenant, run_id, *windows),
-            *self._key_scopes(tenant, admission.key, windows),
-            *(key(tenant, "ctx", ref) for ref in seen),
-        ]
+        names = _call_keys(tenant, run_id, (admission.day_key, admission.month_key), admission.key)
+        keys = [key(tenant, "res", admission.id), *names.settle, *(key(tenant, "ctx", ref) for ref in seen)]
         # Repeatable: the script deletes the reservation, so a retry applies nothing twice.
         found, amount = await self._script("settle", keys, args, repeatable=True, tenant=tenant)
         return max(0, actual - int(amount)) if int(found) else 0
@@ -666,7 +749,9 @@ class RedisStore(DerivedOps):
         raise error or RedisConnectionError("the cluster has no primary")
 
     async def aclose(self) -> None:
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._background, *([self._layout_check] if self._layout_check else []),
+                             return_exceptions=True)
+        await asyncio.gather(*(p.aclose() for p in [*self._pipes.values(), *([self._pipe] if self._pipe else [])]))
         await self._redis.aclose()
         if not self.cluster:
             await self._redis.connection_pool.disconnect()
@@ -751,6 +836,35 @@ def _cluster_client(url: str, *, max_connections: int, timeout_s: float) -> Redi
     )
     client.commands_parser = _CommandsParser(client)
     return client
+
+
+class _CallKeys:
+    """The keys a run's model calls name in admit.lua and settle.lua, in their order, but
+    the reservation's and the per-call ones. The same for every call of a run in a day."""
+
+    __slots__ = ("admit", "scopes", "settle")
+
+    def __init__(self, tenant: str, run_id: str, windows: tuple[str, str], key_id: str | None) -> None:
+        scopes = RedisStore._scope_keys(tenant, run_id, *windows)
+        key_scopes = RedisStore._key_scopes(tenant, key_id, windows)
+        exp, totals, tools = key(tenant, "exp"), key(tenant, "totals", run_id), key(tenant, "tools", run_id)
+        self.scopes = tuple(scopes)
+        self.admit = (exp, key(tenant, "runs"), key(tenant, "active"), tools, key(tenant, "budget"), totals,
+                      *key_scopes)
+        self.settle = (exp, totals, tools, key(tenant, "toolseq", run_id), *scopes, *key_scopes)
+
+
+_CALL_KEYS: dict[tuple[str, str, tuple[str, str], str | None], _CallKeys] = {}
+_CALL_KEYS_KEPT = 4096  # runs in flight in one process; past it the cache starts again
+
+
+def _call_keys(tenant: str, run_id: str, windows: tuple[str, str], key_id: str | None) -> _CallKeys:
+    found = _CALL_KEYS.get((tenant, run_id, windows, key_id))
+    if found is None:
+        if len(_CALL_KEYS) >= _CALL_KEYS_KEPT:
+            _CALL_KEYS.clear()
+        found = _CALL_KEYS[(tenant, run_id, windows, key_id)] = _CallKeys(tenant, run_id, windows, key_id)
+    return found
 
 
 def _rate_states(turn: Turn, flat: list[Any]) -> tuple[RateState, ...]:
