@@ -63,6 +63,9 @@ def match(raw_path: str) -> Route:
     Refuses, for every route, a path that a client or server on the way could normalise
     into another one: what is metered must be what the upstream serves.
     """
+    fixed = _FIXED_ROUTES.get(raw_path)
+    if fixed is not None:  # the common case, found by one dict lookup
+        return fixed
     if _AMBIGUOUS.search(raw_path):
         raise UnknownRoute(
             f"spanmeter does not serve the path {raw_path[:200]!r}: it has dot segments, empty "
@@ -83,6 +86,10 @@ def match(raw_path: str) -> Route:
             raise UnknownRoute(f"{name[:80]!r} is not an upstream name: use letters, digits, `.`, `_` and `-`.")
         path = "/" + rest
     return Route(adapter_for(path), name, path)
+
+
+# The routes of the fixed paths, as match would build them (none is ambiguous).
+_FIXED_ROUTES = {path: Route(adapter, None, path) for path, adapter in _FIXED.items()}
 
 
 def adapter_for(path: str) -> ProviderAdapter | None:
