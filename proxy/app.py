@@ -97,16 +97,19 @@ def create_app(
 async def _dispatch(request: web.Request) -> web.StreamResponse:
     if request.raw_path.startswith(MCP_PREFIX):
         return await handle_mcp(request)  # routes.match there too; its errors are JSON-RPC errors
-    request[ADAPTER] = _guess_dialect(request)  # for errors before the route is known
     # The path exactly as sent, not aiohttp's decoded `request.path`: what is matched and
     # metered must be byte for byte what goes upstream.
-    route = match(request.raw_path.partition("?")[0])
+    try:
+        route = match(request.raw_path.partition("?")[0])
+    except ProxyError:
+        request[ADAPTER] = _guess_dialect(request)  # the refusal is answered and logged in it
+        raise
     adapter, upstream_name = route.adapter, route.upstream_name
     request.match_info["tail"] = route.path.removeprefix("/")
-    if adapter is not None:
-        request[ADAPTER] = adapter
-        if request.method == "POST":
-            return await handle_call(request, adapter, upstream_name)
+    # The dialect errors are answered in: the route's, guessed only off the metered routes.
+    request[ADAPTER] = adapter if adapter is not None else _guess_dialect(request)
+    if adapter is not None and request.method == "POST":
+        return await handle_call(request, adapter, upstream_name)
     if (request.method == "GET" and route.path == "/v1/models") or request.app[SETTINGS].allow_passthrough:
         return await admin.passthrough(request, request[ADAPTER], upstream_name)
     raise unknown_route(request.method, request.path)

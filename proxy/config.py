@@ -306,21 +306,32 @@ class Settings(BaseSettings):
     def policy_for(self, tenant: str) -> Policy:
         """The tenant's policy over the global one over the defaults; built once per tenant
         (settings are frozen, and layering with pydantic costs ~40 µs per call)."""
-        found = self._policies.get(tenant)
+        policies: dict[str, Policy] = self._private()["_policies"]
+        found = policies.get(tenant)
         if found is None:
             t = self.tenants.get(tenant)
             base = self.policy.over(DEFAULT_POLICY)
-            found = self._policies[tenant] = t.policy.over(base) if t else base
+            found = policies[tenant] = t.policy.over(base) if t else base
         return found
 
     def key_policy(self, tenant: str, key_id: str | None) -> KeyPolicy | None:
         """The limits of one key of `tenant` (by `Caller.key_id`), or None if it has none."""
         if key_id is None:
             return None
-        if self._key_policies is None:
-            self._key_policies = {(name, k.key_id): k.policy for name, t in self.tenants.items()
-                                  for k in t.key_configs() if k.policy != KeyPolicy()}
-        return self._key_policies.get((tenant, key_id))
+        private = self._private()
+        index: dict[tuple[str, str], KeyPolicy] | None = private["_key_policies"]
+        if index is None:
+            index = private["_key_policies"] = {(name, k.key_id): k.policy for name, t in self.tenants.items()
+                                                for k in t.key_configs() if k.policy != KeyPolicy()}
+        return index.get((tenant, key_id))
+
+    def _private(self) -> dict[str, Any]:
+        """The private attributes' storage. Both lookups above run on every call, and reading
+        `self._policies` goes through BaseModel.__getattr__ (~1 µs each); pydantic keeps private
+        attributes in this dict, which is an ordinary slot."""
+        private = self.__pydantic_private__
+        assert private is not None  # never None on a model that declares private attributes
+        return private
 
     def check(self) -> Settings:
         """Cross-field rules pydantic cannot express; raises ConfigError with the fix."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ def match(raw_path: str) -> Route:
     Refuses, for every route, a path that a client or server on the way could normalise
     into another one: what is metered must be what the upstream serves.
     """
+    fixed = _FIXED_ROUTES.get(raw_path)
+    if fixed is not None:  # the common case, found by one dict lookup
+        return fixed
     if _AMBIGUOUS.search(raw_path):
         raise UnknownRoute(
             f"spanmeter does not serve the path {raw_path[:200]!r}: it has dot segments, empty "
@@ -82,6 +86,10 @@ def match(raw_path: str) -> Route:
             raise UnknownRoute(f"{name[:80]!r} is not an upstream name: use letters, digits, `.`, `_` and `-`.")
         path = "/" + rest
     return Route(adapter_for(path), name, path)
+
+
+# The routes of the fixed paths, as match would build them (none is ambiguous).
+_FIXED_ROUTES = {path: Route(adapter, None, path) for path, adapter in _FIXED.items()}
 
 
 def adapter_for(path: str) -> ProviderAdapter | None:
@@ -133,6 +141,10 @@ _KNOWN_SUFFIXES = (
 
 def provider_name(adapter: ProviderAdapter, host: str, configured: str | None = None) -> str:
     """gen_ai.provider.name for a call of `adapter`'s API to `host` (semconv v1.41.1)."""
+    return _provider(adapter.provider, host, configured)
+
+
+def _provider(default: str, host: str, configured: str | None) -> str:
     if configured:
         return configured
     host = host.lower()
@@ -142,7 +154,7 @@ def provider_name(adapter: ProviderAdapter, host: str, configured: str | None = 
     for suffix, name in _KNOWN_SUFFIXES:
         if host.endswith(suffix):
             return name
-    return adapter.provider
+    return default
 
 
 def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
@@ -162,9 +174,16 @@ def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, ups
     else:
         base = getattr(settings, adapter.upstream_setting)
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
+    url, provider, host, port = _endpoint(adapter.provider, base, configured)
+    return Target(url, _auth(settings, adapter, caller, key_env), provider, host, port)
+
+
+@functools.lru_cache(maxsize=256)
+def _endpoint(default_provider: str, base: str, configured: str | None) -> tuple[str, str, str, int]:
+    """What a base URL names: parsed once per upstream, not per call (urlsplit and the
+    provider's host lookup are pure, and a process has a handful of upstreams)."""
     host, port = host_port(base)
-    provider = provider_name(adapter, host, configured)
-    return Target(base.rstrip("/"), _auth(settings, adapter, caller, key_env), provider, host, port)
+    return base.rstrip("/"), _provider(default_provider, host, configured), host, port
 
 
 def _auth(settings: Settings, adapter: ProviderAdapter, caller: Caller, key_env: str | None) -> dict[str, str]:

@@ -107,7 +107,14 @@ class Runs:
         if pending:  # tool calls never answered: failed, as their spans say
             await self._store.run_add(tenant, run_id, {"tool_failures": len(pending),
                                                        "tool_results_missing": len(pending)})
-        totals = {"failures": 0, "tool_failures": 0, **await self._store.run_totals(tenant, run_id)}
+            counted = await self._store.run_totals(tenant, run_id)
+        else:
+            # The run's record carries its totals, read in the same store operation that
+            # ended it (Store.run_end); nothing here has added to them since. Asking again
+            # cost a ledger round trip on every ended run: with runs of one call (no
+            # X-Run-Id), on every call.
+            counted = rec["totals"]
+        totals = {"failures": 0, "tool_failures": 0, **counted}
         if self._tel is not None:
             stored = rec.get("trace")
             caller = _run_caller(tenant, run_id, stored, source)

@@ -94,8 +94,10 @@ def upstream_url(target: Target, request: web.Request) -> str:
     path = "/" + path if path is not None else request.path
     # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
     # and %23 into a fragment on the way out.
-    return forward_url(target.base_url, path, request.rel_url.raw_query_string,
-                       presented_key(request.headers, request.query))
+    query = request.rel_url.raw_query_string
+    if not query:  # the usual case: no query, so no credential in it to look for
+        return target.base_url + path
+    return forward_url(target.base_url, path, query, presented_key(request.headers, request.query))
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:

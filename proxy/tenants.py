@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
-import uuid
 from collections.abc import Mapping
 from typing import Literal
 
@@ -31,10 +31,13 @@ class KeyIndex:
     def __init__(self, settings: Settings) -> None:
         self._by_hash = {k.hash: name for name, t in settings.tenants.items() for k in t.key_configs()}
 
-    def tenant_of(self, key: str) -> str | None:
+    def tenant_of(self, key: str) -> tuple[str, str] | None:
+        """(tenant, key id) of a presented key, or None: one sha256 for both."""
         # The lookup is by sha256 of the presented key: timing can reveal at most how
         # a hash the caller cannot steer compares, never a prefix of a stored key.
-        return self._by_hash.get(hash_key(key))
+        digest = hash_key(key)
+        tenant = self._by_hash.get(digest)
+        return None if tenant is None else (tenant, key_id_of(digest))
 
 
 def new_key() -> str:
@@ -69,7 +72,7 @@ def identify(
                 "The API key is not a spanmeter key of any tenant. Use the key printed by "
                 "`spanmeter keys create --tenant NAME` (spanmeter injects the provider key itself)."
             )
-        tenant, upstream_key, key_id = found, None, key_id_of(hash_key(key))
+        (tenant, key_id), upstream_key = found, None
     run_id, source = _run(headers)
     return Caller(tenant, run_id, source, key_id, upstream_key,
                   agent_name=_agent_name(headers.get("x-agent-name")),
@@ -119,4 +122,34 @@ def _run(headers: Mapping[str, str]) -> tuple[str, RunIdSource]:
     parent = parse_traceparent(headers.get("traceparent"))
     if parent is not None:
         return parent.trace_id_hex, "traceparent"
-    return "run-" + uuid.uuid4().hex[:16], "generated"
+    return "run-" + _RUN_IDS.next_hex(), "generated"
+
+
+class _RandomHex:
+    """16 random hex digits at a time (what uuid4().hex[:16] gave), from os.urandom drawn
+    4 KiB at a time. os.urandom releases the GIL: drawn per call, on the event loop, it
+    handed the GIL to the ledger's thread once per request and the loop then waited to
+    get it back (in the bench the largest wall-clock item of identify). Same source of
+    randomness; a forked worker drops the parent's bytes, so no two processes share any.
+    Used on the event loop's thread only (identify), so `_at` needs no lock."""
+
+    _BYTES = 8
+    _CHUNK = 4096
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._at = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._pool, self._at = b"", 0
+
+    def next_hex(self) -> str:
+        if self._at + self._BYTES > len(self._pool):
+            self._pool, self._at = os.urandom(self._CHUNK), 0
+        at = self._at
+        self._at = at + self._BYTES
+        return self._pool[at:at + self._BYTES].hex()
+
+
+_RUN_IDS = _RandomHex()

@@ -22,7 +22,6 @@ budgets (a key's or its tenant's, whichever is tighter).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from proxy.ceilings import Admitted
 from proxy.model import Caller, Rewrite
@@ -53,15 +52,21 @@ class Remaining:
 
     def headers(self) -> dict[str, str]:
         """`x-spanmeter-run-calls-remaining` and the like, for each ceiling that is set."""
-        values = {
-            "x-spanmeter-run-calls-remaining": _plain(self.run_calls),
-            "x-spanmeter-run-cost-remaining-usd": _dollars(self.run_cost_micros),
-            "x-spanmeter-run-tokens-remaining": _plain(self.run_tokens),
-            "x-spanmeter-run-seconds-remaining": None if self.run_seconds is None else f"{self.run_seconds:.3f}",
-            "x-spanmeter-budget-day-remaining-usd": _dollars(self.day_micros),
-            "x-spanmeter-budget-month-remaining-usd": _dollars(self.month_micros),
-        }
-        return {k: v for k, v in values.items() if v is not None}
+        # Built entry by entry (on every answer), in this order, only for what is set.
+        out: dict[str, str] = {}
+        if self.run_calls is not None:
+            out["x-spanmeter-run-calls-remaining"] = str(self.run_calls)
+        if self.run_cost_micros is not None:
+            out["x-spanmeter-run-cost-remaining-usd"] = _dollars(self.run_cost_micros)
+        if self.run_tokens is not None:
+            out["x-spanmeter-run-tokens-remaining"] = str(self.run_tokens)
+        if self.run_seconds is not None:
+            out["x-spanmeter-run-seconds-remaining"] = f"{self.run_seconds:.3f}"
+        if self.day_micros is not None:
+            out["x-spanmeter-budget-day-remaining-usd"] = _dollars(self.day_micros)
+        if self.month_micros is not None:
+            out["x-spanmeter-budget-month-remaining-usd"] = _dollars(self.month_micros)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +77,22 @@ class Notice:
 
 def remaining(limits: Limits, adm: Admission, now_s: float) -> Remaining:
     left = adm.remaining
-
-    def tightest(*scopes: str) -> int | None:
-        values = [v for s in scopes if (v := left.get(s)) is not None]
-        return max(0, min(values)) if values else None
-
+    cost = left.get("run_cost")
     return Remaining(
         run_calls=None if limits.run_max_calls is None else max(0, limits.run_max_calls - adm.calls),
-        run_cost_micros=tightest("run_cost"),
+        run_cost_micros=None if cost is None else max(0, cost),
         run_tokens=None if limits.run_max_tokens is None else max(0, limits.run_max_tokens - adm.run_tokens),
         run_seconds=None if limits.run_max_seconds is None else max(0.0, limits.run_max_seconds - _elapsed(adm, now_s)),
-        day_micros=tightest("tenant_day", "key_day"),
-        month_micros=tightest("tenant_month", "key_month"),
+        day_micros=_tightest(left.get("tenant_day"), left.get("key_day")),
+        month_micros=_tightest(left.get("tenant_month"), left.get("key_month")),
     )
+
+
+def _tightest(tenant: int | None, key: int | None) -> int | None:
+    """The smaller headroom of a tenant's and its key's window (never below zero)."""
+    if tenant is None:
+        return None if key is None else max(0, key)
+    return max(0, tenant if key is None else min(tenant, key))
 
 
 def notice(limits: Limits, adm: Admission, share: float | None, now_s: float) -> Notice | None:
@@ -144,12 +152,14 @@ def _elapsed(adm: Admission, now_s: float) -> float:
     return max(0.0, now_s - adm.started_at) if adm.started_at is not None else 0.0
 
 
-def _plain(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _dollars(micros: int | None) -> str | None:
-    return None if micros is None else usd(micros).removeprefix("$")
+def _dollars(micros: int) -> str:
+    if micros < 0:  # never, as `remaining` clamps at zero; the ledger's own formatting then
+        return usd(micros).removeprefix("$")
+    # What usd() writes (at least cents, more digits only when not zero), in integer
+    # arithmetic: three of these go on every answer, and usd's Decimal costs ~1.5 µs each.
+    whole, frac = divmod(micros, 1_000_000)
+    cents = f"{frac:06d}".rstrip("0")
+    return f"{whole}.{cents.ljust(2, '0')}"
 
 
 def _count(n: int | None, noun: str) -> str:

@@ -1,0 +1,208 @@
+"""CPU per proxied JSON call, measured in the proxy's own process (issue 16: the per-call Python).
+
+The real app (proxy.app.create_app) runs in this process on uvloop with the settings the
+full bench's sm-full uses (a tenant key, run ceilings, daily and monthly budgets, the
+SQLite ledger in a temp dir, repair on; no OTLP endpoint, so no span export). The
+upstream (bench/upstream.py, aiohttp) and the client driving the calls run in two child
+processes, so nothing but the proxy is counted here: no baseline to subtract.
+
+Reported per call, over the measured calls (after a warm-up):
+  process  time.process_time() of this process: the event loop plus the ledger and log threads
+  loop     time.thread_time() of the event-loop thread alone
+
+    python bench/bench_percall.py [--calls N] [--profile out.prof] [--top 40]
+
+`--profile` runs cProfile (timed by the thread's CPU clock) on the event-loop thread over
+the measured calls and lists our functions (proxy/, tracing/) by self and by inclusive time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+CONCURRENCY = 64
+UPSTREAM_KEY = "sk-bench-upstream"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the client (a child process) ------------------------------------------------------
+
+
+async def _drive(port: int, key: str, warmup: int, calls: int) -> None:
+    import aiohttp
+    from payloads import REQUEST_JSON
+
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                async with session.post(url, data=REQUEST_JSON, headers=headers) as resp:
+                    await resp.read()
+                    if resp.status != 200:
+                        raise SystemExit(f"proxy answered {resp.status}: {await resp.text()}")
+
+        async def phase(total: int) -> None:
+            share, extra = divmod(total, CONCURRENCY)
+            await asyncio.gather(*(worker(share + (i < extra)) for i in range(CONCURRENCY)))
+
+        await phase(warmup)
+        print("warm", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        await phase(calls)
+        print("done", flush=True)
+
+
+# --- the proxy (this process) ----------------------------------------------------------
+
+
+def _configure(tmp: Path, upstream_port: int) -> str:
+    from run import tenant_config
+
+    config, key = tenant_config(tmp)
+    data = tmp / "data"
+    data.mkdir()
+    os.environ.update({
+        "SPANMETER_CONFIG": str(config),
+        "SPANMETER_DATA_DIR": str(data),
+        "SPANMETER_OPENAI_BASE_URL": f"http://127.0.0.1:{upstream_port}",
+        "SPANMETER_MAX_CONNECTIONS": "1024",
+        "SPANMETER_LOCAL_TRACES": "false",
+        "OPENAI_API_KEY": UPSTREAM_KEY,
+    })
+    return key
+
+
+async def _wait_port(port: int) -> None:
+    for _ in range(200):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return
+    raise SystemExit(f"upstream on port {port} never came up")
+
+
+async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    from aiohttp import web
+
+    from proxy.app import create_app
+    from proxy.config import load_settings
+
+    upstream_port = _free_port()
+    key = _configure(tmp, upstream_port)
+    upstream = await asyncio.create_subprocess_exec(
+        sys.executable, str(HERE / "upstream.py"), "--port", str(upstream_port))
+    runner = None
+    client = None
+    try:
+        await _wait_port(upstream_port)
+        runner = web.AppRunner(create_app(load_settings()), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--client", str(port), "--key", key, "--warmup", str(args.warmup),
+            "--calls", str(args.calls), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        assert client.stdout is not None and client.stdin is not None
+        assert (await client.stdout.readline()).strip() == b"warm"
+        profiler = None
+        if args.profile:
+            import cProfile
+            # CPU time of this thread, not wall time: on a shared machine wall time would
+            # charge a function for the moments the thread was descheduled or waiting for
+            # the GIL (os.urandom, for one, releases it).
+            profiler = cProfile.Profile(time.thread_time)
+        p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
+        if profiler:
+            profiler.enable()
+        client.stdin.write(b"go\n")
+        await client.stdin.drain()
+        line = await client.stdout.readline()
+        if profiler:
+            profiler.disable()
+        p1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
+        assert line.strip() == b"done", line
+        await client.wait()
+        if profiler:
+            profiler.dump_stats(args.profile)
+        n = args.calls
+        return {"process_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6,
+                "wall_us": (w1 - w0) / n * 1e6}
+    finally:
+        if client is not None and client.returncode is None:
+            client.kill()
+            await client.wait()
+        if runner is not None:
+            await runner.cleanup()
+        upstream.terminate()
+        await upstream.wait()
+
+
+def _rank(path: str, top: int) -> None:
+    import pstats
+
+    stats: Any = pstats.Stats(path).stats  # {(file, line, fn): (cc, nc, tt, ct, callers)}
+    total = sum(v[2] for v in stats.values())
+    ours = {k: v for k, v in stats.items() if "/proxy/" in k[0] or "/tracing/" in k[0]}
+    ours = {k: v for k, v in ours.items() if "site-packages" not in k[0]}
+
+    def name(k: tuple[str, int, str]) -> str:
+        file = k[0].split("/proxy/", 1)[-1] if "/proxy/" in k[0] else "tracing/" + k[0].split("/tracing/", 1)[-1]
+        return f"{file}:{k[1]} {k[2]}"
+
+    print(f"\nloop-thread profile: {total:.3f} s total; ours self = "
+          f"{sum(v[2] for v in ours.values()) / total:.1%}")
+    for label, idx in (("self", 2), ("inclusive", 3)):
+        print(f"\n  top {top} of ours by {label} time (% of the profiled thread, calls)")
+        for k, v in sorted(ours.items(), key=lambda kv: -kv[1][idx])[:top]:
+            print(f"  {v[idx] / total:6.1%}  {v[1]:>8}  {name(k)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=20000)
+    p.add_argument("--warmup", type=int, default=3000)
+    p.add_argument("--profile", help="cProfile the event-loop thread into this file")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--client", type=int, help=argparse.SUPPRESS)  # child mode: the proxy's port
+    p.add_argument("--key", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    import uvloop
+
+    if args.client:
+        uvloop.run(_drive(args.client, args.key, args.warmup, args.calls))
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-percall-") as tmp:
+        result = uvloop.run(_serve_and_measure(args, Path(tmp)))
+    print(f"{args.calls} calls at concurrency {CONCURRENCY}: CPU per call process {result['process_us']:.1f} us, "
+          f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
+    if args.profile:
+        _rank(args.profile, args.top)
+
+
+if __name__ == "__main__":
+    main()
