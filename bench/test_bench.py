@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from payloads import JSON_BODY, SSE_EVENTS, STREAM_EVENTS
-from procs import Procs
+from procs import Proc, Procs
 from profile_hot import fold
 from run import Target, _contention, ratios, render_before, render_workers, summarise, workers_vs_one
 from upstream import nginx_conf
@@ -96,27 +98,34 @@ def test_a_change_is_ratios_to_its_baseline_in_the_same_run() -> None:
     assert render_before({"sm-full": summary["sm-full"]}) == ""
 
 
-def test_grandchildren_count_too(tmp_path: Path) -> None:
-    """A worker's own child (the span-export process) is part of the proxy's cost."""
-    script = ("import os, time\n"
-              "end = time.time() + 30\n"
-              "if os.fork() == 0:\n"
-              "    os.fork()\n"
-              "    while time.time() < end:\n"
-              "        sum(range(10000))\n"
-              "time.sleep(30)\n")
+@contextlib.contextmanager
+def _busy_tree(tmp_path: Path, script: str) -> Iterator[tuple[Proc, int]]:
+    """A real process tree of three (the script forks), and its CPU ticks over 0.5 s."""
     procs = Procs(tmp_path)
     try:
         proc = procs.start("tree", [sys.executable, "-c", script], cpu=None, port=None)
         deadline = time.monotonic() + 10
         while len(proc.pids()) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(proc.pids()) == 3  # the parent, its child and its grandchild
+        assert len(proc.pids()) == 3
         before = proc.cpu_ticks()
         time.sleep(0.5)
-        assert proc.cpu_ticks() - before >= 20
+        yield proc, proc.cpu_ticks() - before
     finally:
         procs.close()
+
+
+def test_grandchildren_count_too(tmp_path: Path) -> None:
+    """A worker's own child (the span-export process) is part of the proxy's cost: here
+    only the grandchild is busy."""
+    script = ("import os, time\n"
+              "end = time.time() + 30\n"
+              "if os.fork() == 0 and os.fork() == 0:\n"
+              "    while time.time() < end:\n"
+              "        sum(range(10000))\n"
+              "time.sleep(30)\n")
+    with _busy_tree(tmp_path, script) as (_, ticks):
+        assert ticks >= 20  # ~50 ticks in 0.5 s at HZ=100, all of them the grandchild's
 
 
 def test_a_supervisors_cpu_and_memory_include_its_workers(tmp_path: Path) -> None:
@@ -127,20 +136,9 @@ def test_a_supervisors_cpu_and_memory_include_its_workers(tmp_path: Path) -> Non
               "    time.sleep(30)\n"
               "while time.time() < end:\n"
               "    sum(range(10000))\n")
-    procs = Procs(tmp_path)
-    try:
-        proc = procs.start("tree", [sys.executable, "-c", script], cpu=None, port=None)
-        deadline = time.monotonic() + 10
-        while len(proc.pids()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(proc.pids()) == 3
-        before = proc.cpu_ticks()
-        time.sleep(0.5)
-        own = proc.main_thread_ticks()
-        assert proc.cpu_ticks() - before >= 20  # two busy children, ~50 ticks in 0.5 s at HZ=100
-        assert own > 0 and proc.status()["Threads"] == 3 and proc.fds() >= 3
-    finally:
-        procs.close()
+    with _busy_tree(tmp_path, script) as (proc, ticks):
+        assert ticks >= 20  # two busy children, ~50 ticks in 0.5 s at HZ=100
+        assert proc.main_thread_ticks() > 0 and proc.status()["Threads"] == 3 and proc.fds() >= 3
 
 
 def test_the_stream_benchmark_relays_each_dialects_answer_whole() -> None:
