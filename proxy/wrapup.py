@@ -153,13 +153,7 @@ def _elapsed(adm: Admission, now_s: float) -> float:
 
 
 def _dollars(micros: int) -> str:
-    if micros < 0:  # never, as `remaining` clamps at zero; the ledger's own formatting then
-        return usd(micros).removeprefix("$")
-    # What usd() writes (at least cents, more digits only when not zero), in integer
-    # arithmetic: three of these go on every answer, and usd's Decimal costs ~1.5 µs each.
-    whole, frac = divmod(micros, 1_000_000)
-    cents = f"{frac:06d}".rstrip("0")
-    return f"{whole}.{cents.ljust(2, '0')}"
+    return usd(micros).removeprefix("$")
 
 
 def _count(n: int | None, noun: str) -> str:

@@ -6,8 +6,6 @@ Every message ends by saying that nothing was forwarded or charged, because an a
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 __all__ = [
     "DEFAULT_ORIGINS",
     "call_ceiling",
@@ -40,9 +38,11 @@ _NOT_SENT = "The call was not forwarded and nothing was charged."
 
 def usd(micros: int) -> str:
     """Exact dollars: at least cents, more digits only when they are not zero."""
-    text = f"{Decimal(micros) / 1_000_000:.6f}".rstrip("0")
-    whole, _, frac = text.partition(".")
-    return f"${whole}.{frac.ljust(2, '0')}"
+    # Integer arithmetic, not Decimal (~1.5 µs): the remaining-budget headers of every
+    # answer and every access-log line are written with it.
+    whole, frac = divmod(abs(micros), 1_000_000)
+    sign = "-" if micros < 0 else ""
+    return f"${sign}{whole}.{f'{frac:06d}'.rstrip('0').ljust(2, '0')}"
 
 
 def _plural(n: int, noun: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from proxy import docgen
 from proxy.config import DEFAULT_POLICY, Settings
-from proxy.policy.messages import call_ceiling, cost_ceiling
+from proxy.policy.messages import call_ceiling, cost_ceiling, usd
 from proxy.siblings import WORKER_ATTRIBUTE, WORKER_SERIES
 from proxy.simulator.script import SCENARIO_HELP, SCENARIOS
 from tracing import attributes as A
@@ -37,6 +37,15 @@ def test_a_ceiling_from_a_request_header_says_to_change_the_header():
     assert "Raise X-Run-Max-Cost-Usd on this run's requests" in cost and "for this tenant" not in cost
     assert cost_ceiling("run_cost", tenant="acme", run_id="r-1", window=None, tz="UTC", limit=10_000, spent=9_000,
                         reserved=0, needed=2_000).endswith("Raise the ceiling for this tenant, or start a new run.")
+
+
+@pytest.mark.parametrize(("micros", "text"), [
+    (0, "$0.00"), (1, "$0.000001"), (10_000, "$0.01"), (1_500_000, "$1.50"), (123_456_789, "$123.456789"),
+    (-500_000, "$-0.50"), (-1, "$-0.000001"), (2**53, "$9007199254.740992"),
+])
+def test_dollars_are_exact_with_at_least_cents(micros, text):
+    """The ledger's messages, the remaining-budget headers and the access log all write money so."""
+    assert usd(micros) == text
 
 
 @pytest.mark.parametrize(("usd", "text"), [
