@@ -76,6 +76,7 @@ from proxy.policy.store import (
     rate_refusal,
     refusal,
     refused_with,
+    release_soon,
     run_record,
     scope_of,
     streak_of,
@@ -96,7 +97,6 @@ _BATCH = 256
 # Prepared statements kept per connection: every distinct SQL text of this module (about
 # 60, counting the per-row-count variants of the multi-row ones) stays prepared.
 _STATEMENTS = 256
-_RELEASING: set[asyncio.Task[None]] = set()  # keeps the releases of abandoned admissions alive
 # Waiting for another process's write lock (the workers of `spanmeter serve --workers N`
 # share the file). SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries,
 # far longer than a batch holds the lock (its commit's fsync, a few ms), so two workers
@@ -256,9 +256,7 @@ class SqliteStore(DerivedOps):
             elif ok and isinstance(value, Admission):
                 # Its caller was cancelled while it committed: nothing was forwarded, so
                 # zero is its true cost (rather than expiring at its reserved amount).
-                releasing = asyncio.ensure_future(self.release(value))
-                _RELEASING.add(releasing)
-                releasing.add_done_callback(_RELEASING.discard)
+                release_soon(self, value)
 
     async def _do(self, op: Op, *, lazy: bool = False) -> Any:
         return await self._submit(op, lazy)

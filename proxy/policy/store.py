@@ -59,6 +59,7 @@ __all__ = [
     "refusal",
     "release_if_cancelled",
     "release_later",
+    "release_soon",
     "window_keys",
 ]
 
@@ -419,7 +420,13 @@ def release_later(store: Store, task: asyncio.Future[Any]) -> None:
     """Release the admission an abandoned admit produced (a refusal needs nothing)."""
     if task.cancelled() or task.exception() is not None or not isinstance(task.result(), Admission):
         return
-    releasing = asyncio.ensure_future(store.release(task.result()))
+    release_soon(store, task.result())
+
+
+def release_soon(store: Store, admission: Admission) -> None:
+    """Release an admission whose call was never forwarded (zero is its true cost), in a
+    task kept alive until it is done."""
+    releasing = asyncio.ensure_future(store.release(admission))
     _RELEASING.add(releasing)
     releasing.add_done_callback(_RELEASING.discard)
 
