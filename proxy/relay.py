@@ -23,7 +23,7 @@ from multidict import CIMultiDict
 from proxy.errors import ProxyError
 from proxy.model import Outcome, Repair, Rewrite, StreamError, StreamEvent
 from proxy.observer import Observer
-from proxy.providers.base import Framer, ProviderAdapter, SseEvent, _parse
+from proxy.providers.base import Framer, ProviderAdapter, SseEvent, parse_sse_event
 from proxy.providers.shortcut import TextShortcut
 from proxy.upstream import UpstreamResponse, response_headers
 
@@ -213,7 +213,7 @@ class StreamRelay:
     def _event(self, raw: bytes) -> bytes | None:
         """An event parsed in full, fed and offered to the hooks: its replacement, or None."""
         observer = self._observer
-        event = _parse(raw)
+        event = parse_sse_event(raw)
         parsed = _safe(self._adapter.parse_event, event, observer)
         observer.feed(parsed)
         if self._shortcut is not None:

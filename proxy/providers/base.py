@@ -42,6 +42,7 @@ __all__ = [
     "integer",
     "number",
     "open_exchange",
+    "parse_sse_event",
     "string",
     "text_of",
 ]
@@ -109,7 +110,7 @@ class Framer:
         self._tail = b""
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        return [_parse(raw) for raw in self.split(chunk)]
+        return [parse_sse_event(raw) for raw in self.split(chunk)]
 
     def split(self, chunk: bytes) -> list[bytes]:
         """The raw bytes of each event `chunk` completes: one slice each, nothing parsed."""
@@ -141,7 +142,7 @@ class Framer:
     def flush(self) -> SseEvent | None:
         """The last event when the stream ended without a blank line."""
         raw = self.flush_raw()
-        return None if raw is None else _parse(raw)
+        return None if raw is None else parse_sse_event(raw)
 
     def flush_raw(self) -> bytes | None:
         """`flush`, its raw bytes."""
@@ -182,7 +183,8 @@ class EventEnds:
         return -1 if at == -1 else at + size
 
 
-def _parse(raw: bytes) -> SseEvent:
+def parse_sse_event(raw: bytes) -> SseEvent:
+    """One SSE event from its raw bytes (blank line included): its name and its data lines joined."""
     # The framings of nearly every event, read by position: one data line (OpenAI, Gemini's
     # CRLF), or an event line and a data line (Anthropic, Responses).
     if b"\r" not in raw:

@@ -29,7 +29,7 @@ import orjson
 
 from proxy.model import MetaEvent, StreamEvent, TextDelta, UsageEvent
 from proxy.observer import Observer
-from proxy.providers.base import ProviderAdapter, SseEvent, TextShape, _parse
+from proxy.providers.base import ProviderAdapter, SseEvent, TextShape, parse_sse_event
 
 __all__ = ["TextShortcut"]
 
@@ -204,7 +204,7 @@ class TextShortcut:
         probe.append(raw[at:])
         probe_raw = b"".join(probe)
         try:
-            want = self._adapter.parse_event(_parse(probe_raw))
+            want = self._adapter.parse_event(parse_sse_event(probe_raw))
         except (ValueError, TypeError, KeyError, AttributeError, IndexError):
             return False
         return self._reads(t, raw, parsed) and self._reads(t, probe_raw, want) \

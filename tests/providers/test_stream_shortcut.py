@@ -24,7 +24,7 @@ from proxy import steps
 from proxy.config import DEFAULT_POLICY
 from proxy.model import Outcome
 from proxy.observer import Observer
-from proxy.providers.base import Framer, ProviderAdapter, SseEvent, _parse, open_exchange
+from proxy.providers.base import Framer, ProviderAdapter, SseEvent, open_exchange, parse_sse_event
 from proxy.relay import Hooks, StreamRelay
 from tests.providers.cases import ADAPTERS, DATA, Case, stream_cases
 
@@ -187,7 +187,7 @@ def test_the_framer_ends_events_where_the_spec_does_however_the_stream_is_cut(st
     got = [e for a, b in itertools.pairwise(at) for e in framer.split(stream[a:b])]
     tail = framer.flush_raw()
     assert got + ([tail] if tail is not None else []) == _reference_events(stream)
-    assert [_parse(e) for e in got] == [_reference_parse(e) for e in got]
+    assert [parse_sse_event(e) for e in got] == [_reference_parse(e) for e in got]
 
 
 def _reference_parse(raw: bytes) -> SseEvent:
