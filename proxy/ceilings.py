@@ -122,7 +122,8 @@ def _header_value(name: str, value: str, header: str) -> float | int:
 
 
 # The request headers that change a plan (they may only tighten it).
-_PLAN_HEADERS = (*(header.lower() for _, header in _RUN_FIELDS.values()), "x-run-wrap-up-at")
+_WRAP_UP_HEADER = "X-Run-Wrap-Up-At"
+_PLAN_HEADERS = tuple(header.lower() for header in (*(h for _, h in _RUN_FIELDS.values()), _WRAP_UP_HEADER))
 _PLAN_CACHE_MAX = 1024
 # Plans of requests that send none of _PLAN_HEADERS, which depend on the policies alone:
 # (id(policy), id(key), key_id) -> (policy, key, plan). Building one costs ~4 µs, on every
@@ -168,8 +169,8 @@ def _wrap_up_at(runs: RunPolicy, key: RunPolicy | None, headers: Mapping[str, st
     shares = [s for s in (runs.wrap_up_at, key.wrap_up_at if key else None) if s is not None]
     if not shares:
         return None
-    if (h := headers.get("x-run-wrap-up-at")) is not None:
-        shares.append(_header_float(h, "X-Run-Wrap-Up-At", 1.0, "a fraction above 0 and at most 1"))
+    if (h := headers.get(_WRAP_UP_HEADER.lower())) is not None:
+        shares.append(_header_float(h, _WRAP_UP_HEADER, 1.0, "a fraction above 0 and at most 1"))
     return min(shares)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from multidict import CIMultiDict
 
 from proxy.ceilings import limits_for, plan
 from proxy.config import KeyPolicy, Settings, load_settings
@@ -135,6 +136,24 @@ def test_a_plan_carries_the_rate_limits_and_the_earliest_wrap_up():
     assert plan(policy, {"x-run-wrap-up-at": "0.25"}).wrap_up_at == 0.25
     off = Settings().policy_for("default")
     assert plan(off, {"x-run-wrap-up-at": "0.25"}).wrap_up_at is None, "a request cannot turn notes on"
+
+
+@pytest.mark.parametrize("header", ["x-run-max-calls", "X-Run-Max-Calls", "X-RUN-MAX-CALLS"])
+def test_a_plan_remembered_without_headers_never_answers_a_request_that_sends_them(header):
+    """Plans of header-less requests are cached per policy and key; a request that tightens
+    its run, in any spelling of the header, a key of its own, or another tenant's policy,
+    gets its own plan."""
+    settings = Settings(policy={"runs": {"max_llm_calls": 10}}, tenants={"other": {"policy": {"runs": {
+        "max_llm_calls": 3}}}})
+    policy = settings.policy_for("default")
+    assert plan(policy, CIMultiDict()).limits.run_max_calls == 10
+    assert plan(policy, CIMultiDict()) is plan(policy, CIMultiDict())  # remembered
+    assert plan(policy, CIMultiDict({header: "2"})).limits.run_max_calls == 2
+    assert plan(policy, CIMultiDict({"x-run-wrap-up-at": "0.5"})).wrap_up_at is None
+    key = KeyPolicy(runs={"max_llm_calls": 4})
+    assert plan(policy, CIMultiDict(), key, "k1").limits.run_max_calls == 4
+    assert plan(settings.policy_for("other"), CIMultiDict()).limits.run_max_calls == 3
+    assert plan(policy, CIMultiDict()).limits.run_max_calls == 10
 
 
 @pytest.mark.parametrize("header,value", [("x-run-max-tokens", "0"), ("x-run-max-seconds", "-3"),
