@@ -847,10 +847,10 @@ class _CallKeys:
     def __init__(self, tenant: str, run_id: str, windows: tuple[str, str], key_id: str | None) -> None:
         scopes = RedisStore._scope_keys(tenant, run_id, *windows)
         key_scopes = RedisStore._key_scopes(tenant, key_id, windows)
-        exp, totals, tools = key(tenant, "exp"), key(tenant, "totals", run_id), key(tenant, "tools", run_id)
+        indexes = RedisStore._index_keys(tenant)
+        exp, totals, tools = indexes[0], key(tenant, "totals", run_id), key(tenant, "tools", run_id)
         self.scopes = tuple(scopes)
-        self.admit = (exp, key(tenant, "runs"), key(tenant, "active"), tools, key(tenant, "budget"), totals,
-                      *key_scopes)
+        self.admit = (*indexes, tools, key(tenant, "budget"), totals, *key_scopes)
         self.settle = (exp, totals, tools, key(tenant, "toolseq", run_id), *scopes, *key_scopes)
 
 
