@@ -24,6 +24,7 @@ Usage (`usageMetadata`, repeated on stream chunks with running totals):
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -77,13 +78,12 @@ def _get(d: Any, camel: str) -> Any:
         return None
     if camel in d:
         return d[camel]
-    snake = _SNAKES.get(camel)
-    if snake is None:
-        snake = _SNAKES[camel] = _SNAKE.sub("_", camel).lower()  # the callers name a few dozen fields
-    return d.get(snake)
+    return d.get(_snake(camel))
 
 
-_SNAKES: dict[str, str] = {}
+@functools.cache  # the callers name a few dozen fields, all literals of this module
+def _snake(camel: str) -> str:
+    return _SNAKE.sub("_", camel).lower()
 
 
 def gemini_usage(u: Any) -> Usage:
