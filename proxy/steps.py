@@ -95,9 +95,8 @@ def upstream_url(target: Target, request: web.Request) -> str:
     # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
     # and %23 into a fragment on the way out.
     query = request.rel_url.raw_query_string
-    if not query:  # the usual case: no query, so no credential in it to look for
-        return target.base_url + path
-    return forward_url(target.base_url, path, query, presented_key(request.headers, request.query))
+    # The caller's key matters only to strip it from a query (parsing one costs on every call).
+    return forward_url(target.base_url, path, query, presented_key(request.headers, request.query) if query else None)
 
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
