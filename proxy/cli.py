@@ -275,8 +275,10 @@ def _json_arg(s: argparse.ArgumentParser) -> None:
 def _admin_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--url", default=_env("SPANMETER_URL", DEFAULT_URL),
                    help=f"the proxy's base URL (default: {_default('SPANMETER_URL', DEFAULT_URL)})")
-    s.add_argument("--token", default=os.environ.get("SPANMETER_ADMIN_TOKEN"),
-                   help="the proxy's admin token (default: $SPANMETER_ADMIN_TOKEN)")
+    s.add_argument("--token", default=None,
+                   help="the proxy's admin token (default: $SPANMETER_ADMIN_TOKEN, else admin_token in the "
+                        "config file)")
+    _config_arg(s)
     _json_arg(s)
 
 
@@ -333,6 +335,12 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     return settings
 
 
+def _start_warnings(settings: Settings) -> list[str]:
+    from proxy.config import unknown_env_variables, unset_default_keys
+
+    return [*unknown_env_variables(), *unset_default_keys(settings)]
+
+
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -363,6 +371,8 @@ def _say_listening(settings: Settings, port: int) -> None:
              _redact_url(settings.ledger), "on" if settings.admin_token else "off", workers)
     if settings.fail_open:
         log.warning("fail_open is on: calls are served unmetered, with no ceilings, while the ledger is down")
+    for warning in _start_warnings(settings):
+        log.warning("%s", warning)
 
 
 def _serve_workers(settings: Settings) -> int:
@@ -484,6 +494,8 @@ def _check_config(args: argparse.Namespace) -> int:
     if missing:
         print(f"\n{unset_keys_problem(missing)}", file=sys.stderr)
         return 2
+    for warning in _start_warnings(settings):
+        print(f"warning: {warning}")
     print("\nspanmeter serve would start with this configuration.")
     return 0
 
@@ -619,7 +631,7 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _run_json(r: Any) -> dict[str, Any]:
     return {"run_id": r.run_id, "tenant": r.tenant, "start_ns": r.start_ns, "end_ns": r.end_ns, "calls": r.calls,
-            "tool_calls": r.tool_calls, "tokens": r.tokens, "cost_usd": round(r.cost_usd, 6),
+            "refused_calls": r.refused, "tool_calls": r.tool_calls, "tokens": r.tokens, "cost_usd": round(r.cost_usd, 6),
             "failures": r.failures, "status": r.status}
 
 
@@ -636,7 +648,8 @@ def _keys_create(args: argparse.Namespace) -> None:
         print(json.dumps({"tenant": args.tenant, "key": key, "sha256": digest, "key_id": digest[:8]}))
         return
     print(f"New key for tenant {args.tenant!r} (shown once; spanmeter stores only its hash):\n\n  {key}\n")
-    print("Add the hash to the config file named by SPANMETER_CONFIG:\n")
+    print("Add the hash to the config file named by SPANMETER_CONFIG (as it is, this is a whole config: the "
+          "proxy then needs only the key of the provider you call, e.g. OPENAI_API_KEY, in its environment):\n")
     print(f"tenants:\n  {args.tenant}:\n    keys:\n      - {digest}")
 
 
@@ -671,13 +684,31 @@ class _UsageError(_AdminError):
     """The command as given cannot be sent: exit 2."""
 
 
+def _admin_token(args: argparse.Namespace) -> str:
+    """The token as the proxy reads it: --token, else SPANMETER_ADMIN_TOKEN, else `admin_token`
+    in the config file (--config or SPANMETER_CONFIG)."""
+    if args.token:
+        return str(args.token)
+    from proxy.config import load_settings
+
+    if args.config:
+        os.environ["SPANMETER_CONFIG"] = args.config
+    token = load_settings().admin_token
+    if not token:
+        where = os.environ.get("SPANMETER_CONFIG")
+        read = f"the config file {where} has no `admin_token:`" if where else "no config file is named"
+        raise _UsageError(
+            f"No admin token: SPANMETER_ADMIN_TOKEN is not set and {read}. The admin API needs the token the "
+            "proxy was started with: put `admin_token: ...` in the config file both read (SPANMETER_CONFIG, or "
+            "--config here), or set SPANMETER_ADMIN_TOKEN in the proxy's environment and here, or pass --token.")
+    return token
+
+
 def _admin(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    if not args.token:
-        raise _AdminError("Set SPANMETER_ADMIN_TOKEN (or pass --token): the admin API needs the proxy's admin "
-                          "token.")
+    token = _admin_token(args)
     req = urllib.request.Request(args.url.rstrip("/") + path, method=method,
                                  data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Authorization": f"Bearer {args.token}",
+                                 headers={"Authorization": f"Bearer {token}",
                                           "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -737,14 +768,17 @@ def _spend(args: argparse.Namespace) -> None:
 
     rows = [("SCOPE", "PERIOD", "SPENT", "BUDGET", "LEFT", "CALLS"),
             ("day", spend["day"], money(spend["day_usd"]), _budget(budgets["daily_usd"]),
-             left(spend["day_usd"], budgets["daily_usd"]), ""),
+             left(spend["day_usd"], budgets["daily_usd"]), "-"),
             ("month", spend["month"], money(spend["month_usd"]), _budget(budgets["monthly_usd"]),
-             left(spend["month_usd"], budgets["monthly_usd"]), "")]
+             left(spend["month_usd"], budgets["monthly_usd"]), "-")]
     if args.run:
         calls = spend.get("run_calls", 0)
         rows.append(("run", args.run, money(spend["run_usd"]), "", "", f"{calls} model call{'s' * (calls != 1)}"))
     print(f"Spend of tenant {spend['tenant']} (spent includes calls in flight)")
     print("\n".join(_table(rows)))
+    # The ledger counts calls per run (for the run ceilings), not per day or month.
+    print("CALLS: counted per run (--run RUN); per day or month, count gen_ai_client_operation_duration_seconds_count "
+          "on /metrics")
 
 
 def _budget(v: float | None) -> str:

@@ -473,37 +473,61 @@ def _yaml_problem(shown: str, text: str, exc: Any) -> str:
             f"Fix the file and start again; {_CHECK_HINT}")
 
 
-def unset_upstream_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
-    """Tenant mode: environment variables the config names for upstream keys that are not
-    set, each with who needs it ("openai API of tenants acme, beta"). Empty in open mode,
-    where callers bring their own keys. A variable set to an empty string counts as set:
-    calls then go upstream without a key (a local server that needs none)."""
-    env = os.environ if environ is None else environ
-    if settings.open_mode:
-        return {}
-    needs: dict[str, dict[str, list[str]]] = {}  # variable -> what needs it -> tenants
-
-    def need(var: str, what: str, tenant: str) -> None:
-        needs.setdefault(var, {}).setdefault(what, []).append(tenant)
-
+def _key_needs(settings: Settings) -> list[tuple[str, str, str, bool]]:
+    """(variable, what needs it, tenant, named in the config) for each upstream key a tenant
+    uses. The built-in `upstream_keys` (OPENAI_API_KEY, ...) are not named by the config
+    unless it sets `upstream_keys` itself."""
+    out: list[tuple[str, str, str, bool]] = []
+    global_named = "upstream_keys" in settings.model_fields_set
     for name, tenant in sorted(settings.tenants.items()):
         if tenant.upstream:
             up = settings.upstreams.get(tenant.upstream)
             if up is not None and up.key_env:
-                need(up.key_env, f"{up.dialect} API (upstream {tenant.upstream})", name)
+                out.append((up.key_env, f"{up.dialect} API (upstream {tenant.upstream})", name, True))
             continue
         for dialect in ("openai", "anthropic", "gemini"):
-            var = tenant.upstream_keys.get(dialect) or settings.upstream_keys.get(dialect)
+            own = tenant.upstream_keys.get(dialect)
+            var = own or settings.upstream_keys.get(dialect)
             if var:
-                need(var, f"{dialect} API", name)
-    out: dict[str, list[str]] = {}
-    for var, whats in needs.items():
-        if var not in env:
-            out[var] = [f"{what} of tenant{'s' if len(ts) > 1 else ''} {', '.join(ts)}" for what, ts in whats.items()]
+                out.append((var, f"{dialect} API", name, bool(own) or global_named))
+    return out
+
+
+def _who(needs: list[tuple[str, str, str, bool]], env: Mapping[str, str], named: bool) -> dict[str, list[str]]:
+    by_var: dict[str, dict[str, list[str]]] = {}  # variable -> what needs it -> tenants
+    for var, what, tenant, is_named in needs:
+        if is_named == named and var not in env:
+            by_var.setdefault(var, {}).setdefault(what, []).append(tenant)
+    return {var: [f"{what} of tenant{'s' if len(ts) > 1 else ''} {', '.join(ts)}" for what, ts in whats.items()]
+            for var, whats in by_var.items()}
+
+
+def unset_upstream_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Tenant mode: environment variables the config names for upstream keys that are not
+    set, each with who needs it ("openai API of tenants acme, beta"): spanmeter refuses to
+    start without them. Empty in open mode, where callers bring their own keys. A variable
+    set to an empty string counts as set: calls then go upstream without a key (a local
+    server that needs none). The built-in defaults are not named by the config: see
+    `unset_default_keys`."""
+    env = os.environ if environ is None else environ
+    if settings.open_mode:
+        return {}
+    out = _who(_key_needs(settings), env, named=True)
     for up_name, up in sorted(settings.upstreams.items()):
         if up.key_env and up.key_env not in env:
             out.setdefault(up.key_env, []).append(f"upstream {up_name}, {up.dialect} API, for any tenant")
     return out
+
+
+def unset_default_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warnings, not refusals: the built-in key variables (OPENAI_API_KEY, ...) that are not
+    set. A config that names no `upstream_keys` starts with only the provider it uses; a
+    call to another API is answered with an error naming the variable."""
+    env = os.environ if environ is None else environ
+    if settings.open_mode:
+        return []
+    return [f"{var} is not set: calls to the {', '.join(who)} will be refused with 500 naming it (set it and "
+            f"restart to use that API)" for var, who in sorted(_who(_key_needs(settings), env, named=False).items())]
 
 
 def unset_keys_problem(missing: Mapping[str, list[str]]) -> str:

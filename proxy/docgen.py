@@ -11,6 +11,8 @@ its file; tests/unit/test_docs.py holds the committed files to the rendering:
   meaning from FIELD_DOCS below (which must name every field, and only fields);
 - `metrics` (docs/operations.md): every metric in `tracing.attributes.METRICS`, under its
   Prometheus names, with what it tells an operator (METRIC_DOCS);
+- `metric-push` and `otel-variables` (docs/operations.md): when metrics are pushed, and
+  which standard OTEL_* variables spanmeter honours and which not, from tracing/setup.py;
 - `scenarios` (docs/simulator.md): the simulator's markers (`proxy.simulator.script`).
 """
 
@@ -87,8 +89,8 @@ FIELD_DOCS: dict[str, str] = {
     "policy": "The global policy, under each tenant's own `policy`.",
     "prices": "Price overrides per model: `{MODEL: {input, cached_input, cache_write, output}}` in USD per "
               "million tokens, over the shipped table (proxy/data/prices.yaml).",
-    "otlp_endpoint": "OTLP/HTTP base URL for spans and metrics (`http://collector:4318`); the standard "
-                     "OTEL_EXPORTER_OTLP_ENDPOINT works too.",
+    "otlp_endpoint": "OTLP/HTTP base URL for spans (`http://collector:4318`); metrics go there too only "
+                     "with `otlp_metrics`. The standard OTEL_EXPORTER_OTLP_ENDPOINT works too.",
     "export_process": "Encode and send spans in a child process (one per worker), out of the serving "
                       "process: `auto` (default) when spans go over OTLP, `on` also for the local files "
                       "alone, `off` in the serving process. The child exits with its parent; one killed is "
@@ -309,9 +311,24 @@ def render_metrics() -> str:
 # --- the files ------------------------------------------------------------------------------
 
 
+def render_otel_variables() -> str:
+    from tracing.setup import HONOURED_OTEL_VARIABLES, NOT_HONOURED_OTEL_VARIABLES
+
+    rows = ["| variable | honoured | what it does in spanmeter |", "|---|---|---|"]
+    rows += [f"| `{name}` | yes | {what} |" for name, what in HONOURED_OTEL_VARIABLES]
+    rows += [f"| `{name}` | no | {why} |" for name, why in NOT_HONOURED_OTEL_VARIABLES]
+    return "\n".join(rows) + "\n"
+
+
 def render(name: str) -> str:
     if name == "config-reference":
         return render_config_reference()
+    if name == "metric-push":
+        from tracing.setup import METRIC_PUSH_RULE
+
+        return METRIC_PUSH_RULE + "\n"
+    if name == "otel-variables":
+        return render_otel_variables()
     if name == "metrics":
         return render_metrics()
     if name == "scenarios":
@@ -322,7 +339,7 @@ def render(name: str) -> str:
 
 
 GENERATED: dict[str, tuple[str, ...]] = {
-    "docs/operations.md": ("config-reference", "metrics"),
+    "docs/operations.md": ("config-reference", "metric-push", "otel-variables", "metrics"),
     "docs/simulator.md": ("scenarios",),
 }
 

@@ -194,7 +194,8 @@ def _auth(settings: Settings, adapter: ProviderAdapter, caller: Caller, key_env:
     key = os.environ.get(key_env)
     if key is None:
         raise ConfigError(
-            f"The upstream key for tenant {caller.tenant!r} is read from the environment variable "
-            f"{key_env}, which is not set in the proxy's environment. Set it and restart spanmeter."
+            f"This proxy has no key for the {adapter.dialect} API: the upstream key for tenant {caller.tenant!r} "
+            f"is read from the environment variable {key_env}, which is not set in the proxy's environment. "
+            f"Set {key_env} and restart spanmeter (or call an API whose key is set)."
         )
     return adapter.auth_headers(key) if key else {}

@@ -19,8 +19,11 @@ Counting. Every span is accounted for in `spanmeter.telemetry.dropped_spans` or 
 - the child died (killed, crashed): what the parent had handed to it and the child had
   not reported as exported or dropped is counted `export_failed`. The parent notices the
   death on its next write or at EOF of the child's reports, and starts a new child
-  (at most `MAX_RESPAWNS` within `RESPAWN_WINDOW_S`, each logged); past that, spans are
-  counted `export_failed` without a child, and the proxy goes on serving.
+  (at most `MAX_RESPAWNS` within `RESPAWN_WINDOW_S`, each logged); past that the child is
+  given up until the window has passed: spans are counted `export_process_down`, an ERROR
+  line says so (once a minute, with the count), and the proxy goes on serving.
+- the parent's queue is bounded by bytes too (`max_queue_bytes`, by `span_bytes`): a span
+  that would cross it is counted `queue_full`.
 
 Lifetime. The child ignores SIGINT and SIGTERM (a Ctrl-C of the terminal or a signal to
 the whole process group must not kill it before the parent's shutdown flushes through
@@ -63,12 +66,13 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from tracing import attributes as A
 
-__all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main"]
+__all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main", "span_bytes"]
 
 log = logging.getLogger(__name__)
 
 MAX_RESPAWNS: Final = 5
 RESPAWN_WINDOW_S: Final = 300.0
+_DOWN_LOG_EVERY_S: Final = 60.0
 _HEADER: Final = struct.Struct("!I")
 
 # parent -> child
@@ -126,6 +130,27 @@ def _read_exactly(inp: IO[bytes], n: int) -> bytes | None:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
+
+
+# What a span costs in memory besides its string attributes (ids, times, the SDK's objects,
+# the small attributes): measured ~1-2 kB for a call span; counted low on purpose, since
+# the bound is there for what content capture adds (prompts of tens of kB).
+_SPAN_OVERHEAD: Final = 512
+
+
+def span_bytes(span: ReadableSpan) -> int:
+    """An estimate of the memory a queued span holds: its string attributes (where captured
+    content lives) plus a fixed overhead. Reads the attributes' plain dict as `_attributes`
+    below does (~0.5 µs for a call span), the public mapping as the fallback."""
+    raw = getattr(span, "_attributes", None)
+    attributes = raw if type(raw) is dict else getattr(raw, "_dict", None)
+    if type(attributes) is not dict:
+        attributes = dict(span.attributes or {})
+    n = _SPAN_OVERHEAD
+    for value in attributes.values():
+        if type(value) is str:
+            n += len(value)
+    return n
 
 
 def encode_span(span: ReadableSpan, scopes: dict[int, tuple[str, str | None, str | None]]) -> tuple[Any, ...]:
@@ -264,20 +289,23 @@ class ExportProcessProcessor(SpanProcessor):
 
     def __init__(self, exporters: Sequence[ChildExporter], *, resource_attributes: Mapping[str, Any],
                  resource_schema_url: str, max_queue: int, max_export_batch: int, schedule_delay_ms: int,
-                 shutdown_timeout_s: float, counter: DropCounter) -> None:
+                 shutdown_timeout_s: float, counter: DropCounter, max_queue_bytes: int = 64 << 20) -> None:
         self._names = [e.name for e in exporters]
         self._config = {
             "exporters": tuple((e.name, e.options, e.schedule_delay_ms) for e in exporters),
             "resource": (dict(resource_attributes), resource_schema_url),
             "max_queue": max_queue,
             "max_export_batch": max_export_batch,
+            "max_queue_bytes": max_queue_bytes,
         }
         self._capacity = max_queue
+        self._max_bytes = max_queue_bytes
+        self._bytes = 0  # span_bytes() of what is queued
         self._batch = max(1, min(max_export_batch, max_queue))
         self._delay_s = schedule_delay_ms / 1000
         self._shutdown_timeout_s = shutdown_timeout_s
         self._counter = counter
-        self._queue: deque[ReadableSpan] = deque()
+        self._queue: deque[tuple[ReadableSpan, int]] = deque()
         self._cond = threading.Condition()
         self._flushes: list[_Flush] = []  # asked for, not yet sent to the child
         self._sent_flushes: dict[int, _Flush] = {}
@@ -286,6 +314,9 @@ class ExportProcessProcessor(SpanProcessor):
         self._report_lock = threading.Lock()
         self._in_flight = dict.fromkeys(self._names, 0)  # handed to the child, not yet reported
         self._respawns: deque[float] = deque()
+        self._down_since: float | None = None  # given up on the child: when
+        self._down_dropped = 0  # spans dropped since the last "down" log line
+        self._down_logged = 0.0
         self._scopes: dict[int, tuple[str, str | None, str | None]] = {}
         self._child: _Child | None = self._spawn()
         self._thread = threading.Thread(target=self._run, name="span-export-handoff", daemon=True)
@@ -302,12 +333,14 @@ class ExportProcessProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if not (span.context and span.context.trace_flags.sampled):
             return
+        size = span_bytes(span)
         with self._cond:
             if self._stopping:
                 return  # as the SDK's processor: nothing is taken after shutdown
-            full = len(self._queue) >= self._capacity
+            full = len(self._queue) >= self._capacity or self._bytes + size > self._max_bytes
             if not full:
-                self._queue.append(span)
+                self._queue.append((span, size))
+                self._bytes += size
                 if len(self._queue) == self._batch:
                     self._cond.notify()  # a full batch; otherwise the thread wakes on its delay
         if full:
@@ -345,7 +378,9 @@ class ExportProcessProcessor(SpanProcessor):
                 if not (self._queue and len(self._queue) >= self._batch) and not self._flushes \
                         and not self._stopping:
                     self._cond.wait(self._delay_s)
-                batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                taken = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                self._bytes -= sum(size for _, size in taken)
+                batch = [span for span, _ in taken]
                 more = bool(self._queue)
                 flushes = [] if more else self._flushes
                 if not more:
@@ -365,7 +400,7 @@ class ExportProcessProcessor(SpanProcessor):
     def _send(self, batch: list[ReadableSpan]) -> None:
         child = self._live_child()
         if child is None:
-            self._drop(len(batch), "export_failed")
+            self._down(len(batch))
             return
         try:
             payload = [encode_span(s, self._scopes) for s in batch]
@@ -401,6 +436,10 @@ class ExportProcessProcessor(SpanProcessor):
             self._child_died(child)
         elif child is None and self._may_spawn():  # given up earlier; the window has passed
             self._child = self._spawn()
+            if self._child is not None:
+                log.warning("span export process started again as pid %d after %.0f s down; spans are exported "
+                            "again", self._child.proc.pid, time.monotonic() - (self._down_since or time.monotonic()))
+                self._down_since = None
         return self._child
 
     def _child_died(self, child: _Child) -> None:
@@ -412,8 +451,11 @@ class ExportProcessProcessor(SpanProcessor):
             self._child = self._spawn()
         else:
             self._child = None
-            log.error("span export process: not restarted (%d starts in %.0f s); spans are counted as "
-                      "dropped (export_failed) until it can be", len(self._respawns), RESPAWN_WINDOW_S)
+            self._down_since, self._down_logged = time.monotonic(), float("-inf")  # the first drop says so
+            log.error("span export process: not restarted (%d starts in %.0f s); given up: every span is dropped "
+                      "and counted (export_process_down) until it is tried again at most %.0f s from now. To "
+                      "recover at once, restart spanmeter; find why it died in the lines above (docs/reliability.md)",
+                      len(self._respawns), RESPAWN_WINDOW_S, RESPAWN_WINDOW_S)
 
     def _may_spawn(self) -> bool:
         now = time.monotonic()
@@ -455,6 +497,19 @@ class ExportProcessProcessor(SpanProcessor):
                 self._counter.add(n, {A.ERROR_TYPE: "export_failed", A.SPANMETER_EXPORTER: name})
         for flush in flushes:
             flush.done.set()
+
+    def _down(self, n: int) -> None:
+        """Spans dropped because the child is given up: counted apart, on /metrics at each
+        drop, and said in the log (once a minute at most, with the count since)."""
+        self._drop(n, "export_process_down")
+        self._down_dropped += n
+        now = time.monotonic()
+        if now - self._down_logged >= _DOWN_LOG_EVERY_S:
+            since = now - (self._down_since or now)
+            log.error("span export process is down (given up %.0f s ago after %d starts): %d spans dropped since "
+                      "the last line; restart spanmeter to export again (docs/reliability.md)",
+                      since, MAX_RESPAWNS + 1, self._down_dropped)
+            self._down_logged, self._down_dropped = now, 0
 
     def _drop(self, n: int, reason: str) -> None:
         for name in self._names:
@@ -560,7 +615,8 @@ def _child_exporters(config: Mapping[str, Any], reporter: _Reporter) -> list[Spa
     for name, options, delay in config["exporters"]:
         opts = dict(options)
         cfg = TelemetryConfig(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
-                              schedule_delay_ms=delay, local_schedule_delay_ms=delay)
+                              max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay,
+                              local_schedule_delay_ms=delay)
         inner = _otlp(opts) if name == "otlp" else _local(opts)
         processors.append(DropCountingProcessor(Reporting(name, inner), cfg, reporter, name))
     return processors

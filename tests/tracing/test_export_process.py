@@ -303,7 +303,9 @@ def test_restarts_are_bounded_then_spans_are_counted_as_dropped(
         for i in range(3):
             tel.tracer.start_span(f"no-child-{i}").end()  # the proxy goes on; its spans are counted
         assert not tel.force_flush()
-        assert dropped(tel, "export_failed") == 3
+        assert dropped(tel, "export_process_down") == 3
+        assert "span export process is down" in caplog.text  # said at the first drop
+        assert 'error_type="export_process_down"' in tel.metrics_text().decode()
         assert not [s for s in receiver.spans() if s["name"].startswith("no-child")]
     finally:
         tel.shutdown()
