@@ -52,7 +52,8 @@ def _tenant(request: web.Request) -> str:
     settings = request.app[SETTINGS]
     known = set(settings.tenants) or {"default"}
     if tenant not in known:
-        raise RequestError(f"Unknown tenant {tenant!r}. Known tenants: {sorted(known)}.", param="tenant")
+        raise RequestError(f"Unknown tenant {tenant!r}: no tenant of that name is configured. The configured "
+                           f"tenants are {', '.join(sorted(known))}.", param="tenant")
     return tenant
 
 

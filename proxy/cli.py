@@ -1,4 +1,4 @@
-"""spanmeter serve | check-config | demo | simulate | runs | keys | spend | budget | ledger
+"""spanmeter serve | check-config | config | demo | simulate | runs | keys | spend | budget | ledger
 
 Exit codes: 0 done; 1 the thing asked for is not there or the proxy said no (unknown run,
 admin API error, proxy unreachable); 2 the command or the configuration is wrong (usage
@@ -116,6 +116,18 @@ def _parser() -> argparse.ArgumentParser:
                  ["spanmeter check-config", "spanmeter check-config --config /etc/spanmeter/spanmeter.yaml"])
     _config_arg(s)
     s.set_defaults(fn=_check_config)
+
+    config = _command(sub, "config", "the configuration reference: every setting, its variable and default",
+                      "What can go in the YAML file named by SPANMETER_CONFIG, and the SPANMETER_* variable of "
+                      "each setting; the same table as docs/operations.md, for installs without the docs.",
+                      ["spanmeter config reference", "spanmeter config reference | grep max_llm_calls"])
+    actions = config.add_subparsers(metavar="ACTION", title="actions")
+    config.set_defaults(help_of=config)
+    s = _command(actions, "reference", "print every setting with its environment variable, type and default",
+                 "Prints the configuration reference (a Markdown table: setting, environment variable, type, "
+                 "default, meaning), then the standard OTEL_* variables spanmeter reads.",
+                 ["spanmeter config reference"])
+    s.set_defaults(fn=_config_reference)
 
     s = _command(sub, "demo", "offline demo: simulator + proxy + an openai SDK agent loop",
                  "Starts the simulated model API and the proxy on free ports, runs a short agent loop "
@@ -483,6 +495,18 @@ def _redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+def _config_reference(args: argparse.Namespace) -> int:
+    from proxy.docgen import render_config_reference, render_otel_variables
+
+    print("# spanmeter configuration reference\n\nSettings come from the YAML file named by SPANMETER_CONFIG "
+          "(nested as written), or each from its environment variable (nested fields joined with `__`), which "
+          "wins.\n")
+    print(render_config_reference())
+    print("## Standard OpenTelemetry variables\n")
+    print(render_otel_variables())
+    return 0
+
+
 def _check_config(args: argparse.Namespace) -> int:
     from proxy.config import load_settings, unset_keys_problem, unset_upstream_keys
 
@@ -631,7 +655,8 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _run_json(r: Any) -> dict[str, Any]:
     return {"run_id": r.run_id, "tenant": r.tenant, "start_ns": r.start_ns, "end_ns": r.end_ns, "calls": r.calls,
-            "refused_calls": r.refused, "tool_calls": r.tool_calls, "tokens": r.tokens, "cost_usd": round(r.cost_usd, 6),
+            "refused_calls": r.refused,
+            "tool_calls": r.tool_calls, "tokens": r.tokens, "cost_usd": round(r.cost_usd, 6),
             "failures": r.failures, "status": r.status}
 
 

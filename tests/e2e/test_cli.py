@@ -188,7 +188,8 @@ async def test_serve_then_calls_then_runs_spend_and_budgets(sim, tmp_path):
     assert "e-05" not in spend.stdout
     assert json.loads(spend_json.stdout)["day_usd"] > 0
     assert no_tenant.returncode == 1
-    assert "answered 400: Unknown tenant 'nobody'. Known tenants: ['acme', 'beta']." in no_tenant.stderr
+    assert ("answered 400: Unknown tenant 'nobody': no tenant of that name is configured. The configured tenants "
+            "are acme, beta.") in no_tenant.stderr
 
     # budget set changes only what it is given, validates, and clears only on request.
     assert set_daily.returncode == 0, set_daily.stderr
