@@ -69,6 +69,7 @@ from tracing import attributes as A
 __all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main", "span_bytes"]
 
 log = logging.getLogger(__name__)
+_CHILD_LOG = logging.getLogger("spanmeter.export")
 
 MAX_RESPAWNS: Final = 5
 RESPAWN_WINDOW_S: Final = 300.0
@@ -83,6 +84,8 @@ _FLUSH: Final = 3
 _EXPORTED: Final = 10  # (exporter, n)
 _DROPPED: Final = 11  # ((exporter, reason, n), ...)
 _FLUSHED: Final = 12  # (token, ok)
+_LOG: Final = 13  # (pid, level, logger, message): the child's log records, logged by the parent
+_LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not forwarded
 
 
 class DropCounter(Protocol):
@@ -517,7 +520,12 @@ class ExportProcessProcessor(SpanProcessor):
 
     # --- report reader threads ---
     def report(self, kind: int, payload: Any) -> None:
-        if kind == _EXPORTED:
+        if kind == _LOG:
+            pid, level, name, message = payload
+            # Through this process's logging: the child's lines take the configured format
+            # (SPANMETER_LOG_FORMAT), with their level and time, like every other line.
+            _CHILD_LOG.log(int(level), "span export process %d (%s): %s", pid, name, message)
+        elif kind == _EXPORTED:
             name, n = payload
             with self._report_lock:
                 self._in_flight[name] = max(0, self._in_flight.get(name, 0) - n)
@@ -637,6 +645,54 @@ def _local(opts: Mapping[str, Any]) -> Any:
     return JsonlSpanExporter(opts["directory"], max_bytes=opts["max_bytes"])
 
 
+class _Forward(logging.Handler):
+    """The child's log records (its own and the SDK's: "Failed to export ...", retries), sent
+    to the parent, which logs them in the configured format. A record like one sent within
+    `_LOG_REPEAT_S` (same logger and message template) is counted instead, and the next one
+    sent says how many were left out: a collector that is down makes one line a minute per
+    kind of failure, not three per batch."""
+
+    def __init__(self, reporter: _Reporter) -> None:
+        super().__init__(logging.WARNING)
+        self._reporter = reporter
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, template) -> (sent at, left out)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            key = (record.name, str(record.msg))
+            now = time.monotonic()
+            sent, left_out = self._seen.get(key, (-_LOG_REPEAT_S, 0))
+            if now - sent < _LOG_REPEAT_S:
+                self._seen[key] = (sent, left_out + 1)
+                return
+            if len(self._seen) > 1000:  # templates are few; messages with ids in them are not
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+            message = record.getMessage()
+            if left_out:
+                message += f" ({left_out} more like this in the last {now - sent:.0f} s)"
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            self._reporter.send(_LOG, (os.getpid(), record.levelno, record.name, message))
+        except Exception:
+            self.handleError(record)
+
+
+def _log_to_parent(reporter: _Reporter) -> None:
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(_Forward(reporter))
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+
+    def thread_failed(args: threading.ExceptHookArgs) -> None:
+        exc_info = (args.exc_type, args.exc_value, args.exc_traceback) if args.exc_value is not None else None
+        log.error("thread %s failed", args.thread.name if args.thread else "?", exc_info=exc_info)
+
+    threading.excepthook = thread_failed
+
+
 def main() -> None:
     """The child: read the config, then batches of spans, until EOF."""
     # Our reports own fd 1; anything a library prints goes to stderr instead.
@@ -644,7 +700,8 @@ def main() -> None:
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="spanmeter export process %(process)d: %(message)s")
+    reporter = _Reporter(out)
+    _log_to_parent(reporter)
     inp = sys.stdin.buffer
     first = _read(inp)
     if first is None or first[0] != _CONFIG:
@@ -654,7 +711,6 @@ def main() -> None:
 
     attributes, schema_url = config["resource"]
     resource = Resource(attributes, schema_url)
-    reporter = _Reporter(out)
     processors = _child_exporters(config, reporter)
     try:
         while (msg := _read(inp)) is not None:
