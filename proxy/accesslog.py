@@ -338,7 +338,8 @@ def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
     handler = _Offloaded(stream or sys.stderr, capacity)
     handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
     root = logging.getLogger()
-    for old in root.handlers[:]:
+    before, before_level = root.handlers[:], root.level
+    for old in before:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
@@ -346,5 +347,9 @@ def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
     def stop() -> None:
         root.removeHandler(handler)
         handler.stop(2.0)
+        # What was there before (a test runner's capture, say) comes back.
+        for old in before:
+            root.addHandler(old)
+        root.setLevel(before_level)
 
     return stop

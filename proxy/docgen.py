@@ -54,8 +54,10 @@ FIELD_DOCS: dict[str, str] = {
     "upstreams": "Named extra upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path "
                  "prefix: `{NAME: {dialect, base_url, key_env, provider_name}}`.",
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
-                     "`anthropic`, `gemini`). Every variable named here must be set when spanmeter starts "
-                     "(empty: calls go without a key); list only the dialects your tenants use.",
+                     "`anthropic`, `gemini`). The built-in ones need be set only for the APIs called (unset: a "
+                     "warning at start, and calls to that API get a 500 naming the variable); once this setting "
+                     "is written in the config, every variable it names must be set at start (empty: calls go "
+                     "without a key).",
     "otlp_metrics": "Also push metrics over OTLP (as do OTEL_METRICS_EXPORTER=otlp or "
                     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT). Off by default: trace-only backends (Phoenix, "
                     "Langfuse, Tempo) refuse metrics; `/metrics` always serves them.",
@@ -80,8 +82,8 @@ FIELD_DOCS: dict[str, str] = {
     "timezone": "IANA timezone of the calendar days and months that daily and monthly budgets count in.",
     "run_idle_timeout_s": "A run with no call for this long ends (its run span is emitted, open tool calls "
                           "are recorded as missing).",
-    "admin_token": "Bearer token of the admin API under `/admin` (`spanmeter spend`, `spanmeter budget`); "
-                   "unset: the admin API is off.",
+    "admin_token": "Bearer token of the admin API under `/admin` (`spanmeter spend`, `spanmeter budget`, which "
+                   "read it from the same file or variable); unset: the admin API is off.",
     "log_level": "Log level; INFO logs one access line per call, 5xx answers are logged at ERROR.",
     "log_format": "`text` (one line per record) or `json` (one JSON object per line, for log pipelines).",
     "tenants": "Tenants by name; none configured means open mode (one tenant `default`, each caller's own "
