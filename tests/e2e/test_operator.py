@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -306,3 +307,31 @@ def test_a_workers_log_lines_say_which_worker_and_are_written_in_whole_lines_of_
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
+
+
+async def test_the_printed_key_snippet_is_a_whole_config_that_starts_with_one_provider_key(tmp_path: Path,
+                                                                                            make_proxy: Any):
+    """`spanmeter keys create`'s snippet, used as the whole config, with only OPENAI_API_KEY
+    set: check-config says serve would start (warning about the others); a call to an API
+    whose key is unset gets an error in that SDK's shape naming the variable."""
+    import anthropic
+
+    code, out, err = _finish(_start(["keys", "create", "--tenant", "acme"], {}))
+    assert code == 0, err
+    snippet = out[out.index("tenants:"):]
+    key = re.search(r"^  (sm-\S+)$", out, re.M).group(1)
+    cfg = tmp_path / "spanmeter.yaml"
+    cfg.write_text(snippet)
+    code, out, err = _finish(_start(["check-config", "--config", str(cfg)], {"OPENAI_API_KEY": "sk-x"}))
+    assert code == 0, err
+    assert "warning: ANTHROPIC_API_KEY is not set: calls to the anthropic API of tenant acme" in out
+    assert out.rstrip().endswith("spanmeter serve would start with this configuration.")
+
+    os.environ.pop("ANTHROPIC_API_KEY", None)
+    proxy = await make_proxy(tenants={"acme": {"keys": [hash_key(key)]}})
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await client.messages.create(model="claude-sonnet-4-5", max_tokens=10,
+                                     messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 500
+    assert "ANTHROPIC_API_KEY, which is not set in the proxy's environment" in caught.value.message
