@@ -192,7 +192,8 @@ async def test_access_lines_in_json_one_per_call_refusal_and_failure(json_log, m
     assert refused["reason"].startswith("Run r-log of tenant acme reached its ceiling of 1 model call ")
     assert dead["level"] == "ERROR" and dead["status"] == 502 and dead["upstream_status"] is None
     assert dead["error"] == "spanmeter.upstream_unreachable" and "could not connect" in dead["reason"]
-    assert bad["status"] == 400 and bad["tenant"] is None and bad["error"] == "spanmeter.malformed_body"
+    # The key was checked before the body was read: the line names the caller (issue 24.8).
+    assert bad["status"] == 400 and bad["tenant"] == "acme" and bad["error"] == "spanmeter.malformed_body"
     assert all(r["time"].endswith("Z") and r["message"] for r in records)
     everything = json.dumps(records)
     assert "sk-upstream-secret-777" not in everything and KEY not in everything and "hi" not in [
