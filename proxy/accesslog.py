@@ -37,6 +37,7 @@ __all__ = [
     "access",
     "answered",
     "configure_logging",
+    "identified",
     "request_finished",
     "request_logged",
     "request_seconds",
@@ -58,6 +59,8 @@ class _Request:
     covered: bool = False
     status: int | None = None  # what the caller got when an error was raised after admission
     upstream_status: int | None = None
+    tenant: str | None = None  # who called, once the key was checked: a later refusal names them
+    run_id: str | None = None
 
 
 _CURRENT: contextvars.ContextVar[_Request | None] = contextvars.ContextVar("spanmeter_access", default=None)
@@ -83,6 +86,14 @@ def answered(status: int, upstream_status: int | None) -> None:
     current = _CURRENT.get()
     started = current.started if current is not None else time.perf_counter()
     _CURRENT.set(_Request(started, True, status, upstream_status or None))
+
+
+def identified(tenant: str, run_id: str) -> None:
+    """The caller is known (its key checked): a line written for an error raised after this
+    (a body that is not JSON, ...) names the tenant and run, not `-`."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.tenant, current.run_id = tenant, run_id
 
 
 def request_logged() -> bool:
@@ -121,6 +132,8 @@ def access(
         current.covered = True
         if current.status is not None:
             status, upstream_status = current.status, current.upstream_status
+        if tenant is None:
+            tenant, run_id = current.tenant, run_id or current.run_id
     failed = status >= 500 or (upstream_status or 0) >= 500 or error in _SERVICE_ERRORS
     level = logging.ERROR if failed else logging.INFO
     if not log.isEnabledFor(level):
@@ -173,9 +186,19 @@ def _quote(v: object) -> str:
     if v is None:
         return "-"
     text = str(v)
-    # json.dumps escapes newlines and control characters: a hostile model name cannot
-    # forge a log line.
-    return text if _SAFE.match(text) else json.dumps(text, ensure_ascii=False)
+    # json.dumps escapes newlines and control characters, and _escape_breaks the line
+    # separators it keeps (U+2028, ...): a hostile model name cannot forge a log line.
+    return text if _SAFE.match(text) else _escape_breaks(json.dumps(text, ensure_ascii=False))
+
+
+# Every character besides \n that some consumer splits lines on (str.splitlines does on all
+# of them; JavaScript on U+2028/U+2029): written as \uXXXX escapes, in text and JSON.
+_BREAKS = {c: f"\\u{c:04x}" for c in (0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
+def _escape_breaks(line: str) -> str:
+    # Printable ASCII (nearly every line) holds none of them: no translate.
+    return line if line.isascii() and line.isprintable() else line.translate(_BREAKS)
 
 
 # --- set-up -------------------------------------------------------------------------------
@@ -191,6 +214,11 @@ class TextFormatter(logging.Formatter):
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return _iso(record.created)
+
+    def format(self, record: logging.LogRecord) -> str:
+        # A message may quote anything (an exception text); only \n breaks a text line, as
+        # a traceback's lines do.
+        return _escape_breaks(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -211,7 +239,7 @@ class JsonFormatter(logging.Formatter):
             out["worker"] = self._worker
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False, default=str)
+        return _escape_breaks(json.dumps(out, ensure_ascii=False, default=str))
 
 
 def _iso(created: float) -> str:
@@ -310,7 +338,8 @@ def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
     handler = _Offloaded(stream or sys.stderr, capacity)
     handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
     root = logging.getLogger()
-    for old in root.handlers[:]:
+    before, before_level = root.handlers[:], root.level
+    for old in before:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
@@ -318,5 +347,9 @@ def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
     def stop() -> None:
         root.removeHandler(handler)
         handler.stop(2.0)
+        # What was there before (a test runner's capture, say) comes back.
+        for old in before:
+            root.addHandler(old)
+        root.setLevel(before_level)
 
     return stop

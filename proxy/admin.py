@@ -35,12 +35,16 @@ def add_routes(app: web.Application) -> None:
 def _require_admin(request: web.Request) -> None:
     token = request.app[SETTINGS].admin_token
     if not token:
-        raise Unauthorized("The admin API is disabled: set SPANMETER_ADMIN_TOKEN to enable it.")
+        raise Unauthorized("The admin API of this proxy is disabled: it was started with no admin token. Set "
+                           "`admin_token:` in the config file it reads (SPANMETER_CONFIG) or SPANMETER_ADMIN_TOKEN in "
+                           "its environment, restart it, and send the same token (the spanmeter CLI reads it from "
+                           "the same config file or variable, or --token).")
     given = presented_key(request.headers, {}) or ""
     # Constant time: the token is compared byte by byte against a caller-chosen value.
     if not hmac.compare_digest(given.encode(), token.encode()):
-        raise Unauthorized("The admin API needs the admin token (SPANMETER_ADMIN_TOKEN) as a Bearer token; "
-                           "tenant keys cannot use it.")
+        raise Unauthorized("The admin API needs this proxy's admin token (its `admin_token:` setting, or "
+                           "SPANMETER_ADMIN_TOKEN) as a Bearer token; the one sent does not match, and tenant keys "
+                           "cannot use it.")
 
 
 def _tenant(request: web.Request) -> str:
@@ -48,7 +52,8 @@ def _tenant(request: web.Request) -> str:
     settings = request.app[SETTINGS]
     known = set(settings.tenants) or {"default"}
     if tenant not in known:
-        raise RequestError(f"Unknown tenant {tenant!r}. Known tenants: {sorted(known)}.", param="tenant")
+        raise RequestError(f"Unknown tenant {tenant!r}: no tenant of that name is configured. The configured "
+                           f"tenants are {', '.join(sorted(known))}.", param="tenant")
     return tenant
 
 

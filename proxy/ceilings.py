@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 
 from proxy.config import MAX_RUN_CALLS, MAX_RUN_SECONDS, MAX_RUN_TOKENS, MAX_USD, KeyPolicy, Policy, RunPolicy
-from proxy.errors import RequestError
+from proxy.errors import NOT_ECHOED, RequestError
 from proxy.model import Call, Caller, Rewrite, Usage
 from proxy.policy.pricing import (
     Price,
@@ -180,8 +180,7 @@ def _header_int(value: str, name: str, upper: int = MAX_RUN_CALLS) -> int:
     except ValueError:
         n = 0
     if not 1 <= n <= upper:
-        raise RequestError(f"{name} must be a whole number from 1 to {upper}, got {value[:24]!r}.",
-                           param=name)
+        raise RequestError(f"{name} must be a whole number from 1 to {upper}; {NOT_ECHOED}", param=name)
     return n
 
 
@@ -191,7 +190,7 @@ def _header_float(value: str, name: str, upper: float, what: str) -> float:
     except ValueError:
         x = -1.0
     if not 0 < x <= upper:  # also refuses nan and inf
-        raise RequestError(f"{name} must be {what} (at most {upper:g}), got {value[:24]!r}.", param=name)
+        raise RequestError(f"{name} must be {what} (at most {upper:g}); {NOT_ECHOED}", param=name)
     return x
 
 
@@ -201,8 +200,8 @@ def _header_usd(value: str, name: str) -> int:
     except ValueError:
         usd = -1.0
     if not 0 < usd <= MAX_USD:  # also refuses nan and inf
-        raise RequestError(f"{name} must be an amount of US dollars above 0 and at most {MAX_USD}, "
-                           f"got {value[:24]!r}.", param=name)
+        raise RequestError(f"{name} must be an amount of US dollars above 0 and at most {MAX_USD}; {NOT_ECHOED}",
+                           param=name)
     return round(usd * 1_000_000)
 
 

@@ -1,4 +1,4 @@
-"""spanmeter serve | check-config | demo | simulate | runs | keys | spend | budget | ledger
+"""spanmeter serve | check-config | config | demo | simulate | runs | keys | spend | budget | ledger
 
 Exit codes: 0 done; 1 the thing asked for is not there or the proxy said no (unknown run,
 admin API error, proxy unreachable); 2 the command or the configuration is wrong (usage
@@ -116,6 +116,18 @@ def _parser() -> argparse.ArgumentParser:
                  ["spanmeter check-config", "spanmeter check-config --config /etc/spanmeter/spanmeter.yaml"])
     _config_arg(s)
     s.set_defaults(fn=_check_config)
+
+    config = _command(sub, "config", "the configuration reference: every setting, its variable and default",
+                      "What can go in the YAML file named by SPANMETER_CONFIG, and the SPANMETER_* variable of "
+                      "each setting; the same table as docs/operations.md, for installs without the docs.",
+                      ["spanmeter config reference", "spanmeter config reference | grep max_llm_calls"])
+    actions = config.add_subparsers(metavar="ACTION", title="actions")
+    config.set_defaults(help_of=config)
+    s = _command(actions, "reference", "print every setting with its environment variable, type and default",
+                 "Prints the configuration reference (a Markdown table: setting, environment variable, type, "
+                 "default, meaning), then the standard OTEL_* variables spanmeter reads.",
+                 ["spanmeter config reference"])
+    s.set_defaults(fn=_config_reference)
 
     s = _command(sub, "demo", "offline demo: simulator + proxy + an openai SDK agent loop",
                  "Starts the simulated model API and the proxy on free ports, runs a short agent loop "
@@ -275,8 +287,10 @@ def _json_arg(s: argparse.ArgumentParser) -> None:
 def _admin_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--url", default=_env("SPANMETER_URL", DEFAULT_URL),
                    help=f"the proxy's base URL (default: {_default('SPANMETER_URL', DEFAULT_URL)})")
-    s.add_argument("--token", default=os.environ.get("SPANMETER_ADMIN_TOKEN"),
-                   help="the proxy's admin token (default: $SPANMETER_ADMIN_TOKEN)")
+    s.add_argument("--token", default=None,
+                   help="the proxy's admin token (default: $SPANMETER_ADMIN_TOKEN, else admin_token in the "
+                        "config file)")
+    _config_arg(s)
     _json_arg(s)
 
 
@@ -333,6 +347,12 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     return settings
 
 
+def _start_warnings(settings: Settings) -> list[str]:
+    from proxy.config import unknown_env_variables, unset_default_keys
+
+    return [*unknown_env_variables(), *unset_default_keys(settings)]
+
+
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -363,6 +383,8 @@ def _say_listening(settings: Settings, port: int) -> None:
              _redact_url(settings.ledger), "on" if settings.admin_token else "off", workers)
     if settings.fail_open:
         log.warning("fail_open is on: calls are served unmetered, with no ceilings, while the ledger is down")
+    for warning in _start_warnings(settings):
+        log.warning("%s", warning)
 
 
 def _serve_workers(settings: Settings) -> int:
@@ -473,6 +495,18 @@ def _redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+def _config_reference(args: argparse.Namespace) -> int:
+    from proxy.docgen import render_config_reference, render_otel_variables
+
+    print("# spanmeter configuration reference\n\nSettings come from the YAML file named by SPANMETER_CONFIG "
+          "(nested as written), or each from its environment variable (nested fields joined with `__`), which "
+          "wins.\n")
+    print(render_config_reference())
+    print("## Standard OpenTelemetry variables\n")
+    print(render_otel_variables())
+    return 0
+
+
 def _check_config(args: argparse.Namespace) -> int:
     from proxy.config import load_settings, unset_keys_problem, unset_upstream_keys
 
@@ -484,6 +518,8 @@ def _check_config(args: argparse.Namespace) -> int:
     if missing:
         print(f"\n{unset_keys_problem(missing)}", file=sys.stderr)
         return 2
+    for warning in _start_warnings(settings):
+        print(f"warning: {warning}")
     print("\nspanmeter serve would start with this configuration.")
     return 0
 
@@ -619,6 +655,7 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _run_json(r: Any) -> dict[str, Any]:
     return {"run_id": r.run_id, "tenant": r.tenant, "start_ns": r.start_ns, "end_ns": r.end_ns, "calls": r.calls,
+            "refused_calls": r.refused,
             "tool_calls": r.tool_calls, "tokens": r.tokens, "cost_usd": round(r.cost_usd, 6),
             "failures": r.failures, "status": r.status}
 
@@ -636,7 +673,8 @@ def _keys_create(args: argparse.Namespace) -> None:
         print(json.dumps({"tenant": args.tenant, "key": key, "sha256": digest, "key_id": digest[:8]}))
         return
     print(f"New key for tenant {args.tenant!r} (shown once; spanmeter stores only its hash):\n\n  {key}\n")
-    print("Add the hash to the config file named by SPANMETER_CONFIG:\n")
+    print("Add the hash to the config file named by SPANMETER_CONFIG (as it is, this is a whole config: the "
+          "proxy then needs only the key of the provider you call, e.g. OPENAI_API_KEY, in its environment):\n")
     print(f"tenants:\n  {args.tenant}:\n    keys:\n      - {digest}")
 
 
@@ -671,13 +709,31 @@ class _UsageError(_AdminError):
     """The command as given cannot be sent: exit 2."""
 
 
+def _admin_token(args: argparse.Namespace) -> str:
+    """The token as the proxy reads it: --token, else SPANMETER_ADMIN_TOKEN, else `admin_token`
+    in the config file (--config or SPANMETER_CONFIG)."""
+    if args.token:
+        return str(args.token)
+    from proxy.config import load_settings
+
+    if args.config:
+        os.environ["SPANMETER_CONFIG"] = args.config
+    token = load_settings().admin_token
+    if not token:
+        where = os.environ.get("SPANMETER_CONFIG")
+        read = f"the config file {where} has no `admin_token:`" if where else "no config file is named"
+        raise _UsageError(
+            f"No admin token: SPANMETER_ADMIN_TOKEN is not set and {read}. The admin API needs the token the "
+            "proxy was started with: put `admin_token: ...` in the config file both read (SPANMETER_CONFIG, or "
+            "--config here), or set SPANMETER_ADMIN_TOKEN in the proxy's environment and here, or pass --token.")
+    return token
+
+
 def _admin(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    if not args.token:
-        raise _AdminError("Set SPANMETER_ADMIN_TOKEN (or pass --token): the admin API needs the proxy's admin "
-                          "token.")
+    token = _admin_token(args)
     req = urllib.request.Request(args.url.rstrip("/") + path, method=method,
                                  data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Authorization": f"Bearer {args.token}",
+                                 headers={"Authorization": f"Bearer {token}",
                                           "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -737,14 +793,17 @@ def _spend(args: argparse.Namespace) -> None:
 
     rows = [("SCOPE", "PERIOD", "SPENT", "BUDGET", "LEFT", "CALLS"),
             ("day", spend["day"], money(spend["day_usd"]), _budget(budgets["daily_usd"]),
-             left(spend["day_usd"], budgets["daily_usd"]), ""),
+             left(spend["day_usd"], budgets["daily_usd"]), "-"),
             ("month", spend["month"], money(spend["month_usd"]), _budget(budgets["monthly_usd"]),
-             left(spend["month_usd"], budgets["monthly_usd"]), "")]
+             left(spend["month_usd"], budgets["monthly_usd"]), "-")]
     if args.run:
         calls = spend.get("run_calls", 0)
         rows.append(("run", args.run, money(spend["run_usd"]), "", "", f"{calls} model call{'s' * (calls != 1)}"))
     print(f"Spend of tenant {spend['tenant']} (spent includes calls in flight)")
     print("\n".join(_table(rows)))
+    # The ledger counts calls per run (for the run ceilings), not per day or month.
+    print("CALLS: counted per run (--run RUN); per day or month, count gen_ai_client_operation_duration_seconds_count "
+          "on /metrics")
 
 
 def _budget(v: float | None) -> str:

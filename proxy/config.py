@@ -7,6 +7,7 @@ Policy is layered once more: global `policy` < the tenant's `policy` < request h
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import ipaddress
 import os
@@ -46,11 +47,18 @@ __all__ = [
     "key_id_of",
     "load_settings",
     "read_config_file",
+    "unknown_env_variables",
+    "unset_default_keys",
     "unset_keys_problem",
     "unset_upstream_keys",
 ]
 
+# SPANMETER_* variables that are not settings: the CLI's own.
+_CLIENT_VARIABLES = frozenset({"SPANMETER_URL"})
+_REFERENCE_HINT = "`spanmeter config reference` prints every setting"
+
 ENV_PREFIX = "SPANMETER_"
+KEY_PREFIX = "sm-"  # how every spanmeter key starts (proxy/tenants.py new_key)
 MAX_WORKERS = 256
 
 
@@ -170,10 +178,14 @@ class KeyPolicy(_Strict):
 
 def _check_hash(k: str) -> str:
     if len(k) != 64 or any(c not in "0123456789abcdef" for c in k):
+        if k.startswith(KEY_PREFIX):
+            raise ValueError(
+                "this is a spanmeter key itself, pasted where its sha256 hash belongs; the config holds only "
+                "hashes, never keys (anyone who reads the file could spend with it). Put the 64-character hash "
+                "`spanmeter keys create` printed beside the key, and consider the key exposed: create a new one")
         raise ValueError(
-            "tenant keys are stored as sha256 hex digests, never in clear; "
-            "create one with `spanmeter keys create --tenant NAME`"
-        )
+            "a key entry is the sha256 hex digest of a key (64 characters, 0-9 and a-f), never the key in "
+            "clear; `spanmeter keys create --tenant NAME` prints a key and its hash")
     return k
 
 
@@ -382,6 +394,34 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def unknown_env_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warnings for SPANMETER_* variables that name no setting (SPANMETER_PORTT=1 would
+    otherwise be ignored in silence). A misspelt nested one (SPANMETER_POLICY__RUNS__...)
+    is refused by the settings themselves, with the same did-you-mean."""
+    env = os.environ if environ is None else environ
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    out = []
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or var in _CLIENT_VARIABLES or "__" in var:
+            continue
+        if var.upper() not in known:
+            # Compared without the prefix, which every candidate shares.
+            names = sorted(k.removeprefix(ENV_PREFIX) for k in known | _CLIENT_VARIABLES)
+            guess = difflib.get_close_matches(var.upper().removeprefix(ENV_PREFIX), names, n=1, cutoff=0.75)
+            hint = f" did you mean {ENV_PREFIX}{guess[0]}?" if guess else ""
+            out.append(f"the environment variable {var} is not a spanmeter setting and is ignored;{hint} "
+                       f"({_REFERENCE_HINT})")
+    return out
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "runs": RunPolicy, "budgets": BudgetPolicy, "rate_limits": RateLimitPolicy, "repair": RepairPolicy,
+    "guard": GuardPolicy, "policy": Policy}
+
+
+_ENTRIES: dict[str, type[BaseModel]] = {"tenants": TenantConfig, "upstreams": Upstream, "mcp_servers": McpServer}
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -407,12 +447,42 @@ def _explain(exc: ValidationError) -> str:
         env = ENV_PREFIX + "__".join(loc).upper()
         source = f"environment variable {env}" if env in os.environ else (
             f"config file {path}" if path else "defaults")
-        if err["type"] == "extra_forbidden":
-            fix = "remove it, or check its spelling against the configuration reference in docs/operations.md"
-        else:
-            fix = f"expected {err['msg'].lower()}"
-        lines.append(f"- {'.'.join(loc)} (from {source}): got {err.get('input')!r}; {fix}.")
+        lines.append(f"- {'.'.join(loc)} (from {source}): {_problem(loc, err)}.")
+    lines.append(f"({_REFERENCE_HINT} with its type and default; `spanmeter check-config` checks a file.)")
     return "\n".join(lines)
+
+
+def _problem(loc: list[str], err: Any) -> str:
+    """One configuration mistake in our words: what is wrong and what to write instead."""
+    kind, given = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        guess = difflib.get_close_matches(loc[-1], _names_beside(loc), n=1, cutoff=0.6)
+        hint = f"did you mean `{guess[0]}`? " if guess else ""
+        return f"`{loc[-1]}` is not a setting here; {hint}remove it or fix its spelling"
+    if kind in ("model_type", "dict_type", "model_attributes_type") and isinstance(given, str):
+        return (f"expected a mapping of settings (`key: value` lines indented under `{loc[-1]}:`, or "
+                f"`{{key: value}}`), got the text {given[:80]!r}: is a colon missing after a key, or the "
+                f"space after a colon?")
+    if kind == "value_error":
+        message = str((err.get("ctx") or {}).get("error") or err["msg"])
+        if "keys" in loc:  # a key pasted where its hash goes: never echo it
+            return message
+        return f"got {given!r}: {message}"
+    return f"got {given!r}; expected {err['msg'][0].lower()}{err['msg'][1:]}"
+
+
+def _names_beside(loc: list[str]) -> list[str]:
+    """The setting names valid where `loc` points (its parent section's fields)."""
+    parent = loc[-2] if len(loc) > 1 else ""
+    grand = loc[-3] if len(loc) > 2 else ""
+    model: type[BaseModel] = Settings
+    if parent in _SECTIONS:
+        model = KeyPolicy if parent == "policy" and "keys" in loc else _SECTIONS[parent]
+    elif grand in _ENTRIES:
+        model = _ENTRIES[grand]
+    elif "keys" in (parent, grand):
+        model = KeyConfig
+    return list(model.model_fields)
 
 
 _CHECK_HINT = "`spanmeter check-config` checks a configuration without starting the proxy."
@@ -446,7 +516,7 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"The config file {shown} is empty (no settings, only comments or blank lines). "
             "spanmeter will not start from it in open mode, which has no tenant keys and no budgets. "
-            "Add the settings (see docs/operations.md#configuration-reference), or unset "
+            "Add the settings (`spanmeter config reference` lists them), or unset "
             "SPANMETER_CONFIG to run on defaults.")
     if not isinstance(data, dict):
         raise ConfigError(
@@ -473,37 +543,61 @@ def _yaml_problem(shown: str, text: str, exc: Any) -> str:
             f"Fix the file and start again; {_CHECK_HINT}")
 
 
-def unset_upstream_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
-    """Tenant mode: environment variables the config names for upstream keys that are not
-    set, each with who needs it ("openai API of tenants acme, beta"). Empty in open mode,
-    where callers bring their own keys. A variable set to an empty string counts as set:
-    calls then go upstream without a key (a local server that needs none)."""
-    env = os.environ if environ is None else environ
-    if settings.open_mode:
-        return {}
-    needs: dict[str, dict[str, list[str]]] = {}  # variable -> what needs it -> tenants
-
-    def need(var: str, what: str, tenant: str) -> None:
-        needs.setdefault(var, {}).setdefault(what, []).append(tenant)
-
+def _key_needs(settings: Settings) -> list[tuple[str, str, str, bool]]:
+    """(variable, what needs it, tenant, named in the config) for each upstream key a tenant
+    uses. The built-in `upstream_keys` (OPENAI_API_KEY, ...) are not named by the config
+    unless it sets `upstream_keys` itself."""
+    out: list[tuple[str, str, str, bool]] = []
+    global_named = "upstream_keys" in settings.model_fields_set
     for name, tenant in sorted(settings.tenants.items()):
         if tenant.upstream:
             up = settings.upstreams.get(tenant.upstream)
             if up is not None and up.key_env:
-                need(up.key_env, f"{up.dialect} API (upstream {tenant.upstream})", name)
+                out.append((up.key_env, f"{up.dialect} API (upstream {tenant.upstream})", name, True))
             continue
         for dialect in ("openai", "anthropic", "gemini"):
-            var = tenant.upstream_keys.get(dialect) or settings.upstream_keys.get(dialect)
+            own = tenant.upstream_keys.get(dialect)
+            var = own or settings.upstream_keys.get(dialect)
             if var:
-                need(var, f"{dialect} API", name)
-    out: dict[str, list[str]] = {}
-    for var, whats in needs.items():
-        if var not in env:
-            out[var] = [f"{what} of tenant{'s' if len(ts) > 1 else ''} {', '.join(ts)}" for what, ts in whats.items()]
+                out.append((var, f"{dialect} API", name, bool(own) or global_named))
+    return out
+
+
+def _who(needs: list[tuple[str, str, str, bool]], env: Mapping[str, str], named: bool) -> dict[str, list[str]]:
+    by_var: dict[str, dict[str, list[str]]] = {}  # variable -> what needs it -> tenants
+    for var, what, tenant, is_named in needs:
+        if is_named == named and var not in env:
+            by_var.setdefault(var, {}).setdefault(what, []).append(tenant)
+    return {var: [f"{what} of tenant{'s' if len(ts) > 1 else ''} {', '.join(ts)}" for what, ts in whats.items()]
+            for var, whats in by_var.items()}
+
+
+def unset_upstream_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Tenant mode: environment variables the config names for upstream keys that are not
+    set, each with who needs it ("openai API of tenants acme, beta"): spanmeter refuses to
+    start without them. Empty in open mode, where callers bring their own keys. A variable
+    set to an empty string counts as set: calls then go upstream without a key (a local
+    server that needs none). The built-in defaults are not named by the config: see
+    `unset_default_keys`."""
+    env = os.environ if environ is None else environ
+    if settings.open_mode:
+        return {}
+    out = _who(_key_needs(settings), env, named=True)
     for up_name, up in sorted(settings.upstreams.items()):
         if up.key_env and up.key_env not in env:
             out.setdefault(up.key_env, []).append(f"upstream {up_name}, {up.dialect} API, for any tenant")
     return out
+
+
+def unset_default_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warnings, not refusals: the built-in key variables (OPENAI_API_KEY, ...) that are not
+    set. A config that names no `upstream_keys` starts with only the provider it uses; a
+    call to another API is answered with an error naming the variable."""
+    env = os.environ if environ is None else environ
+    if settings.open_mode:
+        return []
+    return [f"{var} is not set: calls to the {', '.join(who)} will be refused with 500 naming it (set it and "
+            f"restart to use that API)" for var, who in sorted(_who(_key_needs(settings), env, named=False).items())]
 
 
 def unset_keys_problem(missing: Mapping[str, list[str]]) -> str:

@@ -11,6 +11,8 @@ its file; tests/unit/test_docs.py holds the committed files to the rendering:
   meaning from FIELD_DOCS below (which must name every field, and only fields);
 - `metrics` (docs/operations.md): every metric in `tracing.attributes.METRICS`, under its
   Prometheus names, with what it tells an operator (METRIC_DOCS);
+- `metric-push` and `otel-variables` (docs/operations.md): when metrics are pushed, and
+  which standard OTEL_* variables spanmeter honours and which not, from tracing/setup.py;
 - `scenarios` (docs/simulator.md): the simulator's markers (`proxy.simulator.script`).
 """
 
@@ -52,8 +54,10 @@ FIELD_DOCS: dict[str, str] = {
     "upstreams": "Named extra upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path "
                  "prefix: `{NAME: {dialect, base_url, key_env, provider_name}}`.",
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
-                     "`anthropic`, `gemini`). Every variable named here must be set when spanmeter starts "
-                     "(empty: calls go without a key); list only the dialects your tenants use.",
+                     "`anthropic`, `gemini`). The built-in ones need be set only for the APIs called (unset: a "
+                     "warning at start, and calls to that API get a 500 naming the variable); once this setting "
+                     "is written in the config, every variable it names must be set at start (empty: calls go "
+                     "without a key).",
     "otlp_metrics": "Also push metrics over OTLP (as do OTEL_METRICS_EXPORTER=otlp or "
                     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT). Off by default: trace-only backends (Phoenix, "
                     "Langfuse, Tempo) refuse metrics; `/metrics` always serves them.",
@@ -78,8 +82,8 @@ FIELD_DOCS: dict[str, str] = {
     "timezone": "IANA timezone of the calendar days and months that daily and monthly budgets count in.",
     "run_idle_timeout_s": "A run with no call for this long ends (its run span is emitted, open tool calls "
                           "are recorded as missing).",
-    "admin_token": "Bearer token of the admin API under `/admin` (`spanmeter spend`, `spanmeter budget`); "
-                   "unset: the admin API is off.",
+    "admin_token": "Bearer token of the admin API under `/admin` (`spanmeter spend`, `spanmeter budget`, which "
+                   "read it from the same file or variable); unset: the admin API is off.",
     "log_level": "Log level; INFO logs one access line per call, 5xx answers are logged at ERROR.",
     "log_format": "`text` (one line per record) or `json` (one JSON object per line, for log pipelines).",
     "tenants": "Tenants by name; none configured means open mode (one tenant `default`, each caller's own "
@@ -87,8 +91,8 @@ FIELD_DOCS: dict[str, str] = {
     "policy": "The global policy, under each tenant's own `policy`.",
     "prices": "Price overrides per model: `{MODEL: {input, cached_input, cache_write, output}}` in USD per "
               "million tokens, over the shipped table (proxy/data/prices.yaml).",
-    "otlp_endpoint": "OTLP/HTTP base URL for spans and metrics (`http://collector:4318`); the standard "
-                     "OTEL_EXPORTER_OTLP_ENDPOINT works too.",
+    "otlp_endpoint": "OTLP/HTTP base URL for spans (`http://collector:4318`); metrics go there too only "
+                     "with `otlp_metrics`. The standard OTEL_EXPORTER_OTLP_ENDPOINT works too.",
     "export_process": "Encode and send spans in a child process (one per worker), out of the serving "
                       "process: `auto` (default) when spans go over OTLP, `on` also for the local files "
                       "alone, `off` in the serving process. The child exits with its parent; one killed is "
@@ -309,9 +313,24 @@ def render_metrics() -> str:
 # --- the files ------------------------------------------------------------------------------
 
 
+def render_otel_variables() -> str:
+    from tracing.setup import HONOURED_OTEL_VARIABLES, NOT_HONOURED_OTEL_VARIABLES
+
+    rows = ["| variable | honoured | what it does in spanmeter |", "|---|---|---|"]
+    rows += [f"| `{name}` | yes | {what} |" for name, what in HONOURED_OTEL_VARIABLES]
+    rows += [f"| `{name}` | no | {why} |" for name, why in NOT_HONOURED_OTEL_VARIABLES]
+    return "\n".join(rows) + "\n"
+
+
 def render(name: str) -> str:
     if name == "config-reference":
         return render_config_reference()
+    if name == "metric-push":
+        from tracing.setup import METRIC_PUSH_RULE
+
+        return METRIC_PUSH_RULE + "\n"
+    if name == "otel-variables":
+        return render_otel_variables()
     if name == "metrics":
         return render_metrics()
     if name == "scenarios":
@@ -322,7 +341,7 @@ def render(name: str) -> str:
 
 
 GENERATED: dict[str, tuple[str, ...]] = {
-    "docs/operations.md": ("config-reference", "metrics"),
+    "docs/operations.md": ("config-reference", "metric-push", "otel-variables", "metrics"),
     "docs/simulator.md": ("scenarios",),
 }
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "NOT_ECHOED",
     "BodyTimeout",
     "BodyTooLarge",
     "CeilingReached",
@@ -52,6 +53,10 @@ __all__ = [
     "UpstreamTimeout",
 ]
 
+
+# A rejected header's value is never repeated, in the answer or in the access log that
+# quotes the answer: a client that put its key in the wrong header must not find it there.
+NOT_ECHOED = "the value sent is not one (it is not repeated here: a header may hold a secret sent by mistake)."
 
 class ProxyError(Exception):
     status: ClassVar[int] = 500

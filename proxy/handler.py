@@ -34,6 +34,7 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     app, settings = request.app, request.app[SETTINGS]
     arrived = time.time_ns()
     caller = identify(request.headers, request.query, settings, app[KEYS])
+    accesslog.identified(caller.tenant, caller.run_id)
     ex = await steps.open_call(request, adapter, settings.max_body_bytes)
     target = target_for(settings, adapter, caller, upstream_name)
     policy = settings.policy_for(caller.tenant)

@@ -100,9 +100,25 @@ def adapter_for(path: str) -> ProviderAdapter | None:
     return GEMINI if _GEMINI.fullmatch(path) else None
 
 
+# Served paths as an SDK whose base URL lacks `/v1` sends them (OpenAI's SDK appends only
+# the rest): the 404 says to add it.
+_WITHOUT_V1 = ("/chat/completions", "/responses", "/embeddings", "/models", "/messages")
+
+
+def _base_url_hint(path: str) -> str:
+    bare = path.split("?", 1)[0]
+    if bare.startswith("/v1/v1/") or bare.startswith("/v1/v1beta/"):
+        return ("The path starts with /v1 twice: the SDK's base URL already ends in /v1 and the SDK adds its "
+                "own (the Anthropic and Gemini SDKs take the base URL without /v1: http://127.0.0.1:8787). ")
+    if any(bare == p or bare.startswith(p + "/") for p in _WITHOUT_V1):
+        return (f"Add /v1: the SDK's base URL must end in /v1 (OpenAI(base_url=\"http://127.0.0.1:8787/v1\"), "
+                f"or OPENAI_BASE_URL=http://127.0.0.1:8787/v1), so that it calls /v1{bare}. ")
+    return ""
+
+
 def unknown_route(method: str, path: str) -> UnknownRoute:
     return UnknownRoute(
-        f"spanmeter does not serve {method} {path}. Supported routes: {'; '.join(SUPPORTED)}. "
+        f"spanmeter does not serve {method} {path}. {_base_url_hint(path)}Supported routes: {'; '.join(SUPPORTED)}. "
         "Unmetered pass-through of other paths is off because it would let calls bypass "
         "budgets; an operator can allow it with SPANMETER_ALLOW_PASSTHROUGH=true."
     )
@@ -194,7 +210,8 @@ def _auth(settings: Settings, adapter: ProviderAdapter, caller: Caller, key_env:
     key = os.environ.get(key_env)
     if key is None:
         raise ConfigError(
-            f"The upstream key for tenant {caller.tenant!r} is read from the environment variable "
-            f"{key_env}, which is not set in the proxy's environment. Set it and restart spanmeter."
+            f"This proxy has no key for the {adapter.dialect} API: the upstream key for tenant {caller.tenant!r} "
+            f"is read from the environment variable {key_env}, which is not set in the proxy's environment. "
+            f"Set {key_env} and restart spanmeter (or call an API whose key is set)."
         )
     return adapter.auth_headers(key) if key else {}

@@ -8,8 +8,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Literal
 
-from proxy.config import Settings, hash_key, key_id_of
-from proxy.errors import RequestError, Unauthorized
+from proxy.config import KEY_PREFIX, Settings, hash_key, key_id_of
+from proxy.errors import NOT_ECHOED, RequestError, Unauthorized
 from proxy.model import Caller
 from tracing.traceparent import parse_traceparent
 
@@ -41,7 +41,7 @@ class KeyIndex:
 
 
 def new_key() -> str:
-    return "sm-" + secrets.token_urlsafe(32)
+    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 def presented_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
@@ -86,8 +86,8 @@ def _agent_name(value: str | None) -> str | None:
     name = value.strip()
     if not name or len(name) > AGENT_NAME_MAX or not name.isprintable():
         raise RequestError(
-            f"X-Agent-Name {value[:40]!r} is not a valid agent name: use 1 to {AGENT_NAME_MAX} printable "
-            "characters (no control characters or line breaks), e.g. `X-Agent-Name: support-bot`.",
+            f"X-Agent-Name is not a valid agent name: use 1 to {AGENT_NAME_MAX} printable characters (no control "
+            f"characters or line breaks), e.g. `X-Agent-Name: support-bot`; {NOT_ECHOED}",
             param="X-Agent-Name",
         )
     return name
@@ -100,8 +100,8 @@ def _conversation_id(value: str | None) -> str | None:
     cid = value.strip()
     if not _CONVERSATION_ID.fullmatch(cid):
         raise RequestError(
-            f"X-Conversation-Id {value[:40]!r} is not a valid conversation id: use 1 to "
-            f"{CONVERSATION_ID_MAX} visible ASCII characters without spaces (your session or thread id).",
+            f"X-Conversation-Id is not a valid conversation id: use 1 to {CONVERSATION_ID_MAX} visible ASCII "
+            f"characters without spaces (your session or thread id); {NOT_ECHOED}",
             param="X-Conversation-Id",
         )
     return cid
@@ -113,8 +113,8 @@ def _run(headers: Mapping[str, str]) -> tuple[str, RunIdSource]:
         rid = rid.strip()
         if not _RUN_ID.match(rid):
             raise RequestError(
-                f"X-Run-Id {rid[:40]!r} is not a valid run id: use 1 to 128 characters of "
-                "letters, digits and . _ : @ / + = -",
+                "X-Run-Id is not a valid run id: use 1 to 128 characters of letters, digits and . _ : @ / + = -; "
+                f"{NOT_ECHOED}",
                 param="X-Run-Id",
             )
         return rid, "header"

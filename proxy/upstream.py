@@ -250,7 +250,9 @@ def _translate(exc: BaseException, url: str = "") -> Exception:
         return UpstreamConnectError(
             f"spanmeter could not connect to the upstream{where}: {exc.os_error.strerror or exc}. "
             "Check the base URL setting for this API (e.g. SPANMETER_OPENAI_BASE_URL) and that "
-            "the upstream is reachable from the proxy.")
+            "the upstream is reachable from the proxy. No network or no provider key? `spanmeter demo` runs "
+            "an agent through spanmeter offline, and `spanmeter simulate --port 8788` serves a simulated model "
+            "API to point SPANMETER_OPENAI_BASE_URL (or the Anthropic/Gemini one) at.")
     if isinstance(exc, aiohttp.ClientError | ConnectionError):
         return UpstreamProtocolError(
             f"The upstream{where} closed the connection or broke the protocol "

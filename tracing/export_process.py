@@ -19,8 +19,11 @@ Counting. Every span is accounted for in `spanmeter.telemetry.dropped_spans` or 
 - the child died (killed, crashed): what the parent had handed to it and the child had
   not reported as exported or dropped is counted `export_failed`. The parent notices the
   death on its next write or at EOF of the child's reports, and starts a new child
-  (at most `MAX_RESPAWNS` within `RESPAWN_WINDOW_S`, each logged); past that, spans are
-  counted `export_failed` without a child, and the proxy goes on serving.
+  (at most `MAX_RESPAWNS` within `RESPAWN_WINDOW_S`, each logged); past that the child is
+  given up until the window has passed: spans are counted `export_process_down`, an ERROR
+  line says so (once a minute, with the count), and the proxy goes on serving.
+- the parent's queue is bounded by bytes too (`max_queue_bytes`, by `span_bytes`): a span
+  that would cross it is counted `queue_full`.
 
 Lifetime. The child ignores SIGINT and SIGTERM (a Ctrl-C of the terminal or a signal to
 the whole process group must not kill it before the parent's shutdown flushes through
@@ -63,12 +66,14 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from tracing import attributes as A
 
-__all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main"]
+__all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main", "span_bytes"]
 
 log = logging.getLogger(__name__)
+_CHILD_LOG = logging.getLogger("spanmeter.export")
 
 MAX_RESPAWNS: Final = 5
 RESPAWN_WINDOW_S: Final = 300.0
+_DOWN_LOG_EVERY_S: Final = 60.0
 _HEADER: Final = struct.Struct("!I")
 
 # parent -> child
@@ -79,6 +84,8 @@ _FLUSH: Final = 3
 _EXPORTED: Final = 10  # (exporter, n)
 _DROPPED: Final = 11  # ((exporter, reason, n), ...)
 _FLUSHED: Final = 12  # (token, ok)
+_LOG: Final = 13  # (pid, level, logger, message): the child's log records, logged by the parent
+_LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not forwarded
 
 
 class DropCounter(Protocol):
@@ -126,6 +133,27 @@ def _read_exactly(inp: IO[bytes], n: int) -> bytes | None:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
+
+
+# What a span costs in memory besides its string attributes (ids, times, the SDK's objects,
+# the small attributes): measured ~1-2 kB for a call span; counted low on purpose, since
+# the bound is there for what content capture adds (prompts of tens of kB).
+_SPAN_OVERHEAD: Final = 512
+
+
+def span_bytes(span: ReadableSpan) -> int:
+    """An estimate of the memory a queued span holds: its string attributes (where captured
+    content lives) plus a fixed overhead. Reads the attributes' plain dict as `_attributes`
+    below does (~0.5 µs for a call span), the public mapping as the fallback."""
+    raw = getattr(span, "_attributes", None)
+    attributes = raw if type(raw) is dict else getattr(raw, "_dict", None)
+    if type(attributes) is not dict:
+        attributes = dict(span.attributes or {})
+    n = _SPAN_OVERHEAD
+    for value in attributes.values():
+        if type(value) is str:
+            n += len(value)
+    return n
 
 
 def encode_span(span: ReadableSpan, scopes: dict[int, tuple[str, str | None, str | None]]) -> tuple[Any, ...]:
@@ -264,20 +292,23 @@ class ExportProcessProcessor(SpanProcessor):
 
     def __init__(self, exporters: Sequence[ChildExporter], *, resource_attributes: Mapping[str, Any],
                  resource_schema_url: str, max_queue: int, max_export_batch: int, schedule_delay_ms: int,
-                 shutdown_timeout_s: float, counter: DropCounter) -> None:
+                 shutdown_timeout_s: float, counter: DropCounter, max_queue_bytes: int = 64 << 20) -> None:
         self._names = [e.name for e in exporters]
         self._config = {
             "exporters": tuple((e.name, e.options, e.schedule_delay_ms) for e in exporters),
             "resource": (dict(resource_attributes), resource_schema_url),
             "max_queue": max_queue,
             "max_export_batch": max_export_batch,
+            "max_queue_bytes": max_queue_bytes,
         }
         self._capacity = max_queue
+        self._max_bytes = max_queue_bytes
+        self._bytes = 0  # span_bytes() of what is queued
         self._batch = max(1, min(max_export_batch, max_queue))
         self._delay_s = schedule_delay_ms / 1000
         self._shutdown_timeout_s = shutdown_timeout_s
         self._counter = counter
-        self._queue: deque[ReadableSpan] = deque()
+        self._queue: deque[tuple[ReadableSpan, int]] = deque()
         self._cond = threading.Condition()
         self._flushes: list[_Flush] = []  # asked for, not yet sent to the child
         self._sent_flushes: dict[int, _Flush] = {}
@@ -286,6 +317,9 @@ class ExportProcessProcessor(SpanProcessor):
         self._report_lock = threading.Lock()
         self._in_flight = dict.fromkeys(self._names, 0)  # handed to the child, not yet reported
         self._respawns: deque[float] = deque()
+        self._down_since: float | None = None  # given up on the child: when
+        self._down_dropped = 0  # spans dropped since the last "down" log line
+        self._down_logged = 0.0
         self._scopes: dict[int, tuple[str, str | None, str | None]] = {}
         self._child: _Child | None = self._spawn()
         self._thread = threading.Thread(target=self._run, name="span-export-handoff", daemon=True)
@@ -302,12 +336,14 @@ class ExportProcessProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if not (span.context and span.context.trace_flags.sampled):
             return
+        size = span_bytes(span)
         with self._cond:
             if self._stopping:
                 return  # as the SDK's processor: nothing is taken after shutdown
-            full = len(self._queue) >= self._capacity
+            full = len(self._queue) >= self._capacity or self._bytes + size > self._max_bytes
             if not full:
-                self._queue.append(span)
+                self._queue.append((span, size))
+                self._bytes += size
                 if len(self._queue) == self._batch:
                     self._cond.notify()  # a full batch; otherwise the thread wakes on its delay
         if full:
@@ -345,7 +381,9 @@ class ExportProcessProcessor(SpanProcessor):
                 if not (self._queue and len(self._queue) >= self._batch) and not self._flushes \
                         and not self._stopping:
                     self._cond.wait(self._delay_s)
-                batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                taken = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                self._bytes -= sum(size for _, size in taken)
+                batch = [span for span, _ in taken]
                 more = bool(self._queue)
                 flushes = [] if more else self._flushes
                 if not more:
@@ -365,7 +403,7 @@ class ExportProcessProcessor(SpanProcessor):
     def _send(self, batch: list[ReadableSpan]) -> None:
         child = self._live_child()
         if child is None:
-            self._drop(len(batch), "export_failed")
+            self._down(len(batch))
             return
         try:
             payload = [encode_span(s, self._scopes) for s in batch]
@@ -401,6 +439,10 @@ class ExportProcessProcessor(SpanProcessor):
             self._child_died(child)
         elif child is None and self._may_spawn():  # given up earlier; the window has passed
             self._child = self._spawn()
+            if self._child is not None:
+                log.warning("span export process started again as pid %d after %.0f s down; spans are exported "
+                            "again", self._child.proc.pid, time.monotonic() - (self._down_since or time.monotonic()))
+                self._down_since = None
         return self._child
 
     def _child_died(self, child: _Child) -> None:
@@ -412,8 +454,11 @@ class ExportProcessProcessor(SpanProcessor):
             self._child = self._spawn()
         else:
             self._child = None
-            log.error("span export process: not restarted (%d starts in %.0f s); spans are counted as "
-                      "dropped (export_failed) until it can be", len(self._respawns), RESPAWN_WINDOW_S)
+            self._down_since, self._down_logged = time.monotonic(), float("-inf")  # the first drop says so
+            log.error("span export process: not restarted (%d starts in %.0f s); given up: every span is dropped "
+                      "and counted (export_process_down) until it is tried again at most %.0f s from now. To "
+                      "recover at once, restart spanmeter; find why it died in the lines above (docs/reliability.md)",
+                      len(self._respawns), RESPAWN_WINDOW_S, RESPAWN_WINDOW_S)
 
     def _may_spawn(self) -> bool:
         now = time.monotonic()
@@ -456,13 +501,31 @@ class ExportProcessProcessor(SpanProcessor):
         for flush in flushes:
             flush.done.set()
 
+    def _down(self, n: int) -> None:
+        """Spans dropped because the child is given up: counted apart, on /metrics at each
+        drop, and said in the log (once a minute at most, with the count since)."""
+        self._drop(n, "export_process_down")
+        self._down_dropped += n
+        now = time.monotonic()
+        if now - self._down_logged >= _DOWN_LOG_EVERY_S:
+            since = now - (self._down_since or now)
+            log.error("span export process is down (given up %.0f s ago after %d starts): %d spans dropped since "
+                      "the last line; restart spanmeter to export again (docs/reliability.md)",
+                      since, MAX_RESPAWNS + 1, self._down_dropped)
+            self._down_logged, self._down_dropped = now, 0
+
     def _drop(self, n: int, reason: str) -> None:
         for name in self._names:
             self._counter.add(n, {A.ERROR_TYPE: reason, A.SPANMETER_EXPORTER: name})
 
     # --- report reader threads ---
     def report(self, kind: int, payload: Any) -> None:
-        if kind == _EXPORTED:
+        if kind == _LOG:
+            pid, level, name, message = payload
+            # Through this process's logging: the child's lines take the configured format
+            # (SPANMETER_LOG_FORMAT), with their level and time, like every other line.
+            _CHILD_LOG.log(int(level), "span export process %d (%s): %s", pid, name, message)
+        elif kind == _EXPORTED:
             name, n = payload
             with self._report_lock:
                 self._in_flight[name] = max(0, self._in_flight.get(name, 0) - n)
@@ -560,7 +623,8 @@ def _child_exporters(config: Mapping[str, Any], reporter: _Reporter) -> list[Spa
     for name, options, delay in config["exporters"]:
         opts = dict(options)
         cfg = TelemetryConfig(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
-                              schedule_delay_ms=delay, local_schedule_delay_ms=delay)
+                              max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay,
+                              local_schedule_delay_ms=delay)
         inner = _otlp(opts) if name == "otlp" else _local(opts)
         processors.append(DropCountingProcessor(Reporting(name, inner), cfg, reporter, name))
     return processors
@@ -581,6 +645,54 @@ def _local(opts: Mapping[str, Any]) -> Any:
     return JsonlSpanExporter(opts["directory"], max_bytes=opts["max_bytes"])
 
 
+class _Forward(logging.Handler):
+    """The child's log records (its own and the SDK's: "Failed to export ...", retries), sent
+    to the parent, which logs them in the configured format. A record like one sent within
+    `_LOG_REPEAT_S` (same logger and message template) is counted instead, and the next one
+    sent says how many were left out: a collector that is down makes one line a minute per
+    kind of failure, not three per batch."""
+
+    def __init__(self, reporter: _Reporter) -> None:
+        super().__init__(logging.WARNING)
+        self._reporter = reporter
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, template) -> (sent at, left out)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            key = (record.name, str(record.msg))
+            now = time.monotonic()
+            sent, left_out = self._seen.get(key, (-_LOG_REPEAT_S, 0))
+            if now - sent < _LOG_REPEAT_S:
+                self._seen[key] = (sent, left_out + 1)
+                return
+            if len(self._seen) > 1000:  # templates are few; messages with ids in them are not
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+            message = record.getMessage()
+            if left_out:
+                message += f" ({left_out} more like this in the last {now - sent:.0f} s)"
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            self._reporter.send(_LOG, (os.getpid(), record.levelno, record.name, message))
+        except Exception:
+            self.handleError(record)
+
+
+def _log_to_parent(reporter: _Reporter) -> None:
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(_Forward(reporter))
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+
+    def thread_failed(args: threading.ExceptHookArgs) -> None:
+        exc_info = (args.exc_type, args.exc_value, args.exc_traceback) if args.exc_value is not None else None
+        log.error("thread %s failed", args.thread.name if args.thread else "?", exc_info=exc_info)
+
+    threading.excepthook = thread_failed
+
+
 def main() -> None:
     """The child: read the config, then batches of spans, until EOF."""
     # Our reports own fd 1; anything a library prints goes to stderr instead.
@@ -588,7 +700,8 @@ def main() -> None:
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="spanmeter export process %(process)d: %(message)s")
+    reporter = _Reporter(out)
+    _log_to_parent(reporter)
     inp = sys.stdin.buffer
     first = _read(inp)
     if first is None or first[0] != _CONFIG:
@@ -598,7 +711,6 @@ def main() -> None:
 
     attributes, schema_url = config["resource"]
     resource = Resource(attributes, schema_url)
-    reporter = _Reporter(out)
     processors = _child_exporters(config, reporter)
     try:
         while (msg := _read(inp)) is not None:

@@ -93,7 +93,7 @@ KNOWN_ERROR_TYPES: Final[frozenset[str]] = frozenset(
         "spanmeter.upstream_timeout", "spanmeter.upstream_unreachable", "spanmeter.undecodable_body",
         "spanmeter.upstream_redirect",
         "client_disconnected", "cancelled", "error", A.ERROR_TOOL, A.ERROR_TOOL_RESULT_MISSING,
-        "queue_full", "export_failed", A.LABEL_OTHER,
+        "queue_full", "export_failed", "export_process_down", A.LABEL_OTHER,
         # JSON-RPC 2.0 and MCP error codes (MCP spans' error.type is the code)
         "-32700", "-32600", "-32601", "-32602", "-32603", "-32000", "-32001", "-32002", "-32042",
         "-32020", "-32021", "-32022",

@@ -54,7 +54,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from tracing import attributes as A
 from tracing.aggregate import MetricsOut, PushLoop, Scope
-from tracing.export_process import ChildExporter, DropCounter, ExportProcessProcessor
+from tracing.export_process import ChildExporter, DropCounter, ExportProcessProcessor, span_bytes
 from tracing.labels import KnownModel
 from tracing.lean import LeanTracer
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
@@ -81,6 +81,51 @@ ENV_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_METRICS_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 ENV_METRICS_EXPORTER: Final = "OTEL_METRICS_EXPORTER"
 ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
+ENV_METRIC_INTERVAL: Final = "OTEL_METRIC_EXPORT_INTERVAL"
+ENV_METRIC_TIMEOUT: Final = "OTEL_METRIC_EXPORT_TIMEOUT"
+ENV_TIMEOUT: Final = "OTEL_EXPORTER_OTLP_TIMEOUT"
+# When metrics are pushed: the docs render this sentence (proxy/docgen.py), and
+# `TelemetryConfig.otlp_metrics` below is its code.
+METRIC_PUSH_RULE: Final = (
+    "`GET /metrics` always serves Prometheus text. Metrics are pushed over OTLP only when asked: "
+    "`otlp_metrics: true` (SPANMETER_OTLP_METRICS), `OTEL_METRICS_EXPORTER=otlp`, or an "
+    "`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` of their own; `otlp_endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT` "
+    "alone sends spans only, since trace-only backends (Phoenix, Langfuse, Tempo) refuse metrics. "
+    "`OTEL_METRICS_EXPORTER=none` turns every push off. A push goes every `OTEL_METRIC_EXPORT_INTERVAL` "
+    "milliseconds (60000 by default).")
+# The standard variables this module reads (besides ENV_CAPTURE and ENV_SEMCONV), and
+# those the OTLP exporter reads itself (headers, certificates): docs/operations.md lists
+# them, and the ones not honoured, from here (proxy/docgen.py).
+HONOURED_OTEL_VARIABLES: Final = (
+    ("OTEL_SERVICE_NAME", "the resource's service.name (default spanmeter)"),
+    ("OTEL_RESOURCE_ATTRIBUTES", "more resource attributes (read by the SDK's Resource)"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "base URL for traces (and metrics, when pushed); `/v1/traces` is added"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "a signal's URL, used as is"),
+    ("OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS, OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+     "headers on every export (a backend's `Authorization`)"),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+     "seconds per export, as the Python SDK reads them (default 5 for spanmeter)"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION, OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
+     "gzip (default), deflate or none"),
+    ("OTEL_EXPORTER_OTLP_CERTIFICATE, OTEL_EXPORTER_OTLP_CLIENT_KEY, OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE "
+     "(and their TRACES_/METRICS_ forms)", "TLS to the collector (read by the OTLP exporter)"),
+    ("OTEL_METRICS_EXPORTER", "`otlp` pushes metrics too, `none` never; /metrics is always served"),
+    ("OTEL_METRIC_EXPORT_INTERVAL", "milliseconds between metric pushes (default 60000)"),
+    ("OTEL_METRIC_EXPORT_TIMEOUT", "milliseconds a metric push may take (default 5000)"),
+    ("OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+     "the span queue: milliseconds between exports (1000), spans queued (16384), spans per export (512)"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL (and TRACES_/METRICS_)", "only `http/protobuf`; another value is warned about"),
+    (ENV_CAPTURE, "message content on spans: SPAN_ONLY (or SPAN_AND_EVENT) records it, default none"),
+    (ENV_SEMCONV, "`gen_ai_latest_experimental`: the newest GenAI attribute names"),
+)
+NOT_HONOURED_OTEL_VARIABLES: Final = (
+    ("OTEL_TRACES_EXPORTER", "spans go over OTLP when an endpoint is set, else to local files"),
+    ("OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG", "every call is recorded: spans carry its cost"),
+    ("OTEL_LOGS_EXPORTER and OTEL_EXPORTER_OTLP_LOGS_*", "logs go to stderr (SPANMETER_LOG_FORMAT)"),
+    ("OTEL_BSP_EXPORT_TIMEOUT", "the export's own timeout bounds it (OTEL_EXPORTER_OTLP_TRACES_TIMEOUT)"),
+    ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "pushed metrics are cumulative, as /metrics"),
+    ("OTEL_SDK_DISABLED", "turn exports off with OTEL_METRICS_EXPORTER=none and no OTLP endpoint"),
+)
 
 Compression = Literal["gzip", "deflate", "none"]
 ExportProcess = Literal["auto", "on", "off"]
@@ -100,10 +145,15 @@ class TelemetryConfig:
     # The local file is read by `spanmeter runs` right after a call: written within 0.1 s.
     local_schedule_delay_ms: int = 100
     export_timeout: float = 5.0  # seconds, per OTLP export including retries
+    metrics_timeout: float | None = None  # seconds, per OTLP metric export; None: export_timeout
     # gzip by default (a remote collector); OTEL_EXPORTER_OTLP_COMPRESSION=none saves the
     # export thread's gzip (level 9 in the SDK) when the collector is on localhost.
     compression: Compression = "gzip"
     metric_export_interval_ms: int = 60_000  # OTLP metric push; Prometheus is pull
+    metric_export_timeout_ms: int | None = None  # a push's whole time; None: metrics_timeout
+    # The span queue is bounded by bytes too: 16,384 spans with captured 40 kB prompts
+    # would be ~300 MB. The size of a span is estimated from its string attributes.
+    max_queue_bytes: int = 64 << 20
     content_cap_bytes: int = 16 * 1024  # per content attribute
     local_max_bytes: int = 32 << 20
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
@@ -129,7 +179,13 @@ class TelemetryConfig:
             semconv_latest="gen_ai_latest_experimental" in opt_in,
             compression=compression_setting(env.get(ENV_COMPRESSION)) or "gzip",
         )
-        return replace(base, **overrides)
+        numbers: dict[str, Any] = {}
+        for field_name, names, kind in _NUMBER_VARIABLES:
+            value = _env_number(env, names, kind)
+            if value is not None:
+                numbers[field_name] = value
+        _warn_protocols(env)
+        return replace(base, **{**numbers, **overrides})
 
     def otlp_traces(self, environ: Mapping[str, str]) -> bool:
         return bool(self.otlp_endpoint or environ.get(ENV_ENDPOINT) or environ.get(ENV_TRACES_ENDPOINT))
@@ -144,6 +200,46 @@ class TelemetryConfig:
         if "none" in exporters:
             return False
         return self.push_metrics or "otlp" in exporters or bool(environ.get(ENV_METRICS_ENDPOINT))
+
+
+# field, variables (the first set wins), int (a count or milliseconds) or float (seconds)
+_NUMBER_VARIABLES: Final = (
+    ("metric_export_interval_ms", (ENV_METRIC_INTERVAL,), int),
+    ("metric_export_timeout_ms", (ENV_METRIC_TIMEOUT,), int),
+    ("export_timeout", ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", ENV_TIMEOUT), float),
+    ("metrics_timeout", ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", ENV_TIMEOUT), float),
+    ("schedule_delay_ms", ("OTEL_BSP_SCHEDULE_DELAY",), int),
+    ("max_queue", ("OTEL_BSP_MAX_QUEUE_SIZE",), int),
+    ("max_export_batch", ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",), int),
+)
+
+
+def _env_number(env: Mapping[str, str], names: Sequence[str], kind: type[int] | type[float]) -> float | None:
+    """The first of `names` that is set, as a positive number; a value that is not one is
+    warned about and ignored (the default holds), as the SDK does."""
+    for name in names:
+        raw = (env.get(name) or "").strip()
+        if not raw:
+            continue
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = 0
+        if value > 0:
+            return value
+        unit = "seconds" if kind is float else "a whole number"
+        log.warning("ignoring %s=%r: expected a positive number (%s); using the default", name, raw, unit)
+        return None
+    return None
+
+
+def _warn_protocols(env: Mapping[str, str]) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                 "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+        value = (env.get(name) or "").strip()
+        if value and value != "http/protobuf":
+            log.warning("ignoring %s=%s: spanmeter exports OTLP over HTTP with protobuf only "
+                        "(http/protobuf, port 4318 on a collector)", name, value)
 
 
 def compression_setting(value: str | None) -> Compression | None:
@@ -205,7 +301,7 @@ class _CountingExporter(SpanExporter):
         self._processor = processor
 
     def export(self, spans: Any) -> SpanExportResult:
-        self._processor.taken(len(spans))
+        self._processor.taken(spans)
         try:
             result = self._inner.export(spans)
         except Exception:
@@ -234,7 +330,9 @@ class DropCountingProcessor(SpanProcessor):
 
     def __init__(self, exporter: SpanExporter, cfg: TelemetryConfig, counter: DropCounter, name: str):
         self._capacity = cfg.max_queue
+        self._max_bytes = cfg.max_queue_bytes
         self._queued = 0
+        self._queued_bytes = 0
         self._lock = threading.Lock()
         self._counter = counter
         self._name = name
@@ -245,9 +343,11 @@ class DropCountingProcessor(SpanProcessor):
             max_export_batch_size=min(cfg.max_export_batch, cfg.max_queue),
         )
 
-    def taken(self, n: int) -> None:
+    def taken(self, spans: Sequence[ReadableSpan]) -> None:
+        size = sum(map(span_bytes, spans))
         with self._lock:
-            self._queued = max(0, self._queued - n)
+            self._queued = max(0, self._queued - len(spans))
+            self._queued_bytes = max(0, self._queued_bytes - size)
 
     def dropped(self, n: int, reason: str) -> None:
         self._counter.add(n, {A.ERROR_TYPE: reason, A.SPANMETER_EXPORTER: self._name})
@@ -258,13 +358,17 @@ class DropCountingProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if not (span.context and span.context.trace_flags.sampled):
             return
+        size = span_bytes(span)
         with self._lock:
+            too_big = self._queued_bytes + size > self._max_bytes
             full = self._queued >= self._capacity
-            if not full:
+            if not (full or too_big):
                 self._queued += 1
-        if full:
+                self._queued_bytes += size
+        if full or too_big:
             self.dropped(1, "queue_full")
-        self._batch.on_end(span)
+        if not too_big:  # a full count: the SDK's queue drops its oldest, as it always has
+            self._batch.on_end(span)
 
     def shutdown(self) -> None:
         self._batch.shutdown()  # type: ignore[no-untyped-call]
@@ -414,7 +518,8 @@ def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Reso
     delay = min(cfg.local_schedule_delay_ms, *(e.schedule_delay_ms for e in exporters))
     return ExportProcessProcessor(
         exporters, resource_attributes=dict(resource.attributes), resource_schema_url=resource.schema_url,
-        max_queue=cfg.max_queue, max_export_batch=cfg.max_export_batch, schedule_delay_ms=delay,
+        max_queue=cfg.max_queue, max_queue_bytes=cfg.max_queue_bytes, max_export_batch=cfg.max_export_batch,
+        schedule_delay_ms=delay,
         # The SDK's processor bounds its shutdown at ~30 s plus one export.
         shutdown_timeout_s=30 + cfg.export_timeout, counter=counter)
 
@@ -463,11 +568,12 @@ def _metric_pushes(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[Callabl
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     compression = _compression(cfg, env, "metrics")
-    exporter = OTLPMetricExporter(endpoint=otlp_url(cfg, env, "metrics"), timeout=cfg.export_timeout,
+    metrics_timeout = cfg.metrics_timeout or cfg.export_timeout
+    exporter = OTLPMetricExporter(endpoint=otlp_url(cfg, env, "metrics"), timeout=metrics_timeout,
                                   compression=compression)
 
     def start(out: MetricsOut) -> PushLoop:
         return PushLoop(exporter, out.data, interval_ms=cfg.metric_export_interval_ms,
-                        timeout_ms=cfg.export_timeout * 1000)
+                        timeout_ms=cfg.metric_export_timeout_ms or metrics_timeout * 1000)
 
     return [start]

@@ -34,7 +34,7 @@ class RunSummary:
     tenant: str
     start_ns: int
     end_ns: int
-    calls: int
+    calls: int  # model calls that went upstream (or were meant to: refusals are apart)
     tool_calls: int
     tokens: int
     cost_usd: float
@@ -45,6 +45,7 @@ class RunSummary:
     # span's spanmeter.run.cache_read.share, else summed over its call spans; None: no input.
     cached_share: float | None = None
     agent: str | None = None  # gen_ai.agent.name of the run span (X-Agent-Name)
+    refused: int = 0  # model calls spanmeter refused (a ceiling, a budget, the loop guard): never sent
 
 
 def load_runs(local_dir: str | Path = DEFAULT_LOCAL_DIR, *, limit: int = 50) -> list[RunSummary]:
@@ -58,13 +59,14 @@ def load_runs(local_dir: str | Path = DEFAULT_LOCAL_DIR, *, limit: int = 50) -> 
 def render_runs_table(runs: list[RunSummary]) -> str:
     if not runs:
         return "No runs recorded yet (spans are written under the local directory)."
-    header = ("RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "CACHED", "COST", "STATUS")
+    header = ("RUN", "TENANT", "STARTED", "CALLS", "REFUSED", "TOKENS", "CACHED", "COST", "STATUS")
     rows = [
         (
             r.run_id,
             r.tenant,
             _clock(r.start_ns),
             str(r.calls),
+            str(r.refused),
             f"{r.tokens:,}",
             _share(r.cached_share),
             money(r.cost_usd),
@@ -73,7 +75,7 @@ def render_runs_table(runs: list[RunSummary]) -> str:
         for r in runs
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    right = {3, 4, 5, 6}
+    right = {3, 4, 5, 6, 7}
     lines = [
         "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         for row in [header, *rows]
@@ -143,7 +145,9 @@ def _is_run(s: Record) -> bool:
 
 def _summary(run_id: str, spans: list[Record]) -> RunSummary:
     run_span = next((s for s in spans if _is_run(s)), None)
-    calls = [s for s in spans if _is_call(s)]
+    every_call = [s for s in spans if _is_call(s)]
+    calls = [s for s in every_call if not s["attributes"].get(A.SPANMETER_REFUSAL_REASON)]
+    refused = len(every_call) - len(calls)
     failures = sum(1 for s in calls if s["status"] == "ERROR")
     tool_failures = sum(1 for s in spans if _is_tool(s) and s["status"] == "ERROR")
     tokens = sum(
@@ -159,7 +163,7 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
         agent = run_span["attributes"].get(A.GEN_AI_AGENT_NAME)
         stored = run_span["attributes"].get(A.SPANMETER_RUN_CACHE_READ_SHARE)
         share = float(stored) if isinstance(stored, int | float) else share
-    elif calls and all(s["attributes"].get(A.SPANMETER_RUN_ID_SOURCE) == "generated" for s in calls):
+    elif every_call and all(s["attributes"].get(A.SPANMETER_RUN_ID_SOURCE) == "generated" for s in every_call):
         status = "ended"  # a call without a run id is a run of its own, over when the call is
     elif failures or tool_failures:
         status = "open, failures"
@@ -177,6 +181,7 @@ def _summary(run_id: str, spans: list[Record]) -> RunSummary:
         status=status,
         cached_share=share,
         agent=str(agent) if agent is not None else None,
+        refused=refused,
     )
 
 
@@ -210,6 +215,7 @@ def _run_line(r: RunSummary) -> str:
         f"run {r.run_id} ({r.tenant}{f', agent {r.agent}' if r.agent else ''})",
         f"{seconds:.2f}s",
         f"{r.calls} call{'s' if r.calls != 1 else ''}",
+        *([f"{r.refused} refused"] if r.refused else []),
         f"{r.tool_calls} tool call{'s' if r.tool_calls != 1 else ''}",
         f"{r.tokens:,} tokens",
         *([f"{_share(r.cached_share)} of input cached"] if r.cached_share is not None else []),

@@ -119,19 +119,19 @@ async def _chat(s: aiohttp.ClientSession, url: str, key: str, **headers: str) ->
 async def test_serve_then_calls_then_runs_spend_and_budgets(sim, tmp_path):
     key = _key(_spanmeter("keys", "create", "--tenant", "acme").stdout)
     cfg = tmp_path / "spanmeter.yaml"
-    cfg.write_text(f"upstream_keys: {{openai: OPENAI_API_KEY}}\n"
+    # admin_token in the file only: the CLI reads the same config the proxy does.
+    cfg.write_text(f"upstream_keys: {{openai: OPENAI_API_KEY}}\nadmin_token: admin-secret\n"
                    f"tenants:\n  acme:\n    keys: ['{hashlib.sha256(key.encode()).hexdigest()}']\n"
                    "    policy: {budgets: {daily_usd: 5}}\n  beta:\n    keys: []\n")
     port = free_port()
     data = tmp_path / "data"
     env = {**os.environ, "SPANMETER_PORT": str(port), "SPANMETER_OPENAI_BASE_URL": sim.url,
-           "SPANMETER_DATA_DIR": str(data), "SPANMETER_CONFIG": str(cfg),
-           "SPANMETER_ADMIN_TOKEN": "admin-secret", "OPENAI_API_KEY": "sk-upstream"}
+           "SPANMETER_DATA_DIR": str(data), "SPANMETER_CONFIG": str(cfg), "OPENAI_API_KEY": "sk-upstream"}
     log = (tmp_path / "stderr.log").open("w+")
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
-    admin = {"SPANMETER_ADMIN_TOKEN": "admin-secret", "SPANMETER_URL": url, "SPANMETER_DATA_DIR": str(data)}
+    admin = {"SPANMETER_CONFIG": str(cfg), "SPANMETER_URL": url, "SPANMETER_DATA_DIR": str(data)}
     try:
         await _wait_healthy(url)
         async with aiohttp.ClientSession() as s:
@@ -168,10 +168,13 @@ async def test_serve_then_calls_then_runs_spend_and_budgets(sim, tmp_path):
     # STARTED takes two words (date and time): columns after it sit one further right.
     at = {name: i + (1 if i > header.index("STARTED") else 0) for i, name in enumerate(header)}
     assert rows["cli-run"][1] == "acme" and rows["cli-run"][-1] == "ceiling"
-    assert [rows["cli-run"][at["CALLS"]], rows["cli-run"][at["TOKENS"]]] == ["3", "38"]
+    # The refused call is apart: 2 calls went upstream, against the ceiling of 1 it hit.
+    assert [rows["cli-run"][at["CALLS"]], rows["cli-run"][at["REFUSED"]], rows["cli-run"][at["TOKENS"]]] == [
+        "2", "1", "38"]
     assert rows[lone_run][at["CALLS"]] == "1" and rows[lone_run][-1] == "ended"
     assert "$0.0000 " not in runs.stdout and re.search(r"\$0\.0000[1-9]", rows["cli-run"][at["COST"]])
     assert tree.stdout.startswith("run cli-run (acme)") and tree.stdout.count("chat sim-small") == 3
+    assert "  2 calls  1 refused  " in tree.stdout.splitlines()[0]
     assert "refused: run_calls" in tree.stdout and "rewrite max_tokens_clamp=" in tree.stdout
     assert missing.returncode == 1 and missing.stderr.startswith(f"No run 'no-such-run' in {data / 'traces'}.")
     assert beta.returncode == 0 and beta.stdout.strip() == f"No runs for tenant beta in {data / 'traces'}."
@@ -180,11 +183,13 @@ async def test_serve_then_calls_then_runs_spend_and_budgets(sim, tmp_path):
     assert spend.returncode == 0, spend.stderr
     table = {line.split()[0]: line.split() for line in spend.stdout.splitlines()[2:]}
     assert table["day"][3:4] == ["$5.00"] and table["month"][3] == "none"
+    assert table["day"][-1] == table["month"][-1] == "-" and "CALLS: counted per run" in spend.stdout
     assert re.fullmatch(r"\$0\.0000\d\d", table["run"][2]) and table["run"][3:] == ["2", "model", "calls"]
     assert "e-05" not in spend.stdout
     assert json.loads(spend_json.stdout)["day_usd"] > 0
     assert no_tenant.returncode == 1
-    assert "answered 400: Unknown tenant 'nobody'. Known tenants: ['acme', 'beta']." in no_tenant.stderr
+    assert ("answered 400: Unknown tenant 'nobody': no tenant of that name is configured. The configured tenants "
+            "are acme, beta.") in no_tenant.stderr
 
     # budget set changes only what it is given, validates, and clears only on request.
     assert set_daily.returncode == 0, set_daily.stderr
@@ -232,3 +237,12 @@ def test_invalid_config_exits_2_with_the_field_and_source(tmp_path):
     assert out.returncode == 2
     assert "read_timeout_s (from environment variable SPANMETER_READ_TIMEOUT_S)" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_admin_commands_say_where_the_token_belongs(tmp_path):
+    cfg = tmp_path / "spanmeter.yaml"
+    cfg.write_text("port: 8787\n")
+    out = _spanmeter("spend", "--tenant", "acme", "--config", str(cfg), env={"SPANMETER_ADMIN_TOKEN": ""})
+    assert out.returncode == 2
+    assert f"the config file {cfg} has no `admin_token:`" in out.stderr
+    assert "put `admin_token: ...` in the config file both read" in out.stderr and "Traceback" not in out.stderr

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -96,7 +97,8 @@ def test_serve_refuses_what_it_cannot_honour_with_exit_2_and_one_paragraph(tmp_p
             "(the line reads `  port: 9`)") in done["indent"][2]
     keys = done["keys"][2]
     assert keys.startswith("Refusing to start: in tenant mode spanmeter injects the upstream keys itself")
-    assert "ANTHROPIC_API_KEY (anthropic API of tenants acme, beta)" in keys
+    # The built-in ANTHROPIC_API_KEY is not named by this config: a warning at start, not a refusal.
+    assert "ANTHROPIC_API_KEY" not in keys
     assert "BETA_OPENAI_KEY (openai API of tenant beta)" in keys
     assert "LOCAL_KEY (upstream local, openai API, for any tenant)" in keys
     assert "OPENAI_API_KEY (" not in keys and "GEMINI_API_KEY" not in keys  # set (GEMINI's to empty): fine
@@ -190,7 +192,8 @@ async def test_access_lines_in_json_one_per_call_refusal_and_failure(json_log, m
     assert refused["reason"].startswith("Run r-log of tenant acme reached its ceiling of 1 model call ")
     assert dead["level"] == "ERROR" and dead["status"] == 502 and dead["upstream_status"] is None
     assert dead["error"] == "spanmeter.upstream_unreachable" and "could not connect" in dead["reason"]
-    assert bad["status"] == 400 and bad["tenant"] is None and bad["error"] == "spanmeter.malformed_body"
+    # The key was checked before the body was read: the line names the caller (issue 24.8).
+    assert bad["status"] == 400 and bad["tenant"] == "acme" and bad["error"] == "spanmeter.malformed_body"
     assert all(r["time"].endswith("Z") and r["message"] for r in records)
     everything = json.dumps(records)
     assert "sk-upstream-secret-777" not in everything and KEY not in everything and "hi" not in [
@@ -305,3 +308,31 @@ def test_a_workers_log_lines_say_which_worker_and_are_written_in_whole_lines_of_
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
+
+
+async def test_the_printed_key_snippet_is_a_whole_config_that_starts_with_one_provider_key(tmp_path: Path,
+                                                                                            make_proxy: Any):
+    """`spanmeter keys create`'s snippet, used as the whole config, with only OPENAI_API_KEY
+    set: check-config says serve would start (warning about the others); a call to an API
+    whose key is unset gets an error in that SDK's shape naming the variable."""
+    import anthropic
+
+    code, out, err = _finish(_start(["keys", "create", "--tenant", "acme"], {}))
+    assert code == 0, err
+    snippet = out[out.index("tenants:"):]
+    key = re.search(r"^  (sm-\S+)$", out, re.M).group(1)
+    cfg = tmp_path / "spanmeter.yaml"
+    cfg.write_text(snippet)
+    code, out, err = _finish(_start(["check-config", "--config", str(cfg)], {"OPENAI_API_KEY": "sk-x"}))
+    assert code == 0, err
+    assert "warning: ANTHROPIC_API_KEY is not set: calls to the anthropic API of tenant acme" in out
+    assert out.rstrip().endswith("spanmeter serve would start with this configuration.")
+
+    os.environ.pop("ANTHROPIC_API_KEY", None)
+    proxy = await make_proxy(tenants={"acme": {"keys": [hash_key(key)]}})
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await client.messages.create(model="claude-sonnet-4-5", max_tokens=10,
+                                     messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 500
+    assert "ANTHROPIC_API_KEY, which is not set in the proxy's environment" in caught.value.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 import anthropic
 import openai
+import pytest
 
 from proxy.appkeys import STORE
 from proxy.config import hash_key
@@ -74,3 +75,28 @@ async def test_anthropic_beta_query_and_headers_pass_through(proxy, sim):
                                                     json=body) as r:
         assert r.status == 200
     assert sim.last.query == "beta=true" and sim.last.headers["x-api-key"] == "k"
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("/chat/completions", "Add /v1: the SDK's base URL must end in /v1"),
+    ("/responses", "so that it calls /v1/responses"),
+    ("/v1/v1/messages", "The path starts with /v1 twice"),
+])  # fmt: skip
+async def test_a_base_url_without_v1_gets_a_404_that_says_add_v1(proxy, path: str, says: str) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.post(proxy.url + path, json={"model": "m"},
+                                                    headers={"Authorization": "Bearer sk-x"}) as r:
+        body = await r.json()
+    assert r.status == 404 and says in body["error"]["message"]
+
+
+async def test_an_unreachable_upstream_points_at_the_offline_demo(make_proxy) -> None:
+    from tests.fixtures.otlp import closed_endpoint
+
+    proxy = await make_proxy(openai_base_url=closed_endpoint())
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-none", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 502
+    assert "`spanmeter demo` runs an agent through spanmeter offline" in str(caught.value.message)

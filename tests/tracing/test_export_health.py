@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from proxy.model import Call, Caller, Outcome, Usage
 from tests.fixtures.otlp import OtlpReceiver, closed_endpoint
@@ -86,4 +87,36 @@ def test_a_collector_that_is_down_fails_exports_and_counts_them() -> None:
         assert dropped(tel, "export_failed") == 5
         assert dropped(tel, "queue_full") == 0
     finally:
+        tel.shutdown()
+
+
+def test_the_export_queue_is_bounded_by_bytes_too() -> None:
+    """Spans with captured 40 kB prompts against a collector that does not answer: the
+    queue holds at most max_queue_bytes of them, far fewer than max_queue, and every span
+    past that is counted as dropped."""
+    import threading
+
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    release = threading.Event()
+
+    class Stuck(SpanExporter):  # a collector that hangs
+        def export(self, spans: Any) -> SpanExportResult:
+            release.wait(30)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            release.set()
+
+    cfg = TelemetryConfig(max_queue=16384, max_queue_bytes=1 << 20, schedule_delay_ms=10, max_export_batch=1,
+                          metric_export_interval_ms=3_600_000)
+    tel = setup_telemetry(cfg, environ={}, span_exporters=[("otlp", Stuck())])
+    prompt = "x" * 40_000
+    try:
+        for i in range(100):
+            tel.tracer.start_span(f"big-{i}", attributes={"gen_ai.input.messages": prompt}).end()
+        # 1 MiB holds ~26 spans of ~40 kB (one more may be in the stuck export).
+        assert 100 - 28 <= dropped(tel, "queue_full") <= 100 - 24
+    finally:
+        release.set()
         tel.shutdown()

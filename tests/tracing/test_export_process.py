@@ -303,7 +303,9 @@ def test_restarts_are_bounded_then_spans_are_counted_as_dropped(
         for i in range(3):
             tel.tracer.start_span(f"no-child-{i}").end()  # the proxy goes on; its spans are counted
         assert not tel.force_flush()
-        assert dropped(tel, "export_failed") == 3
+        assert dropped(tel, "export_process_down") == 3
+        assert "span export process is down" in caplog.text  # said at the first drop
+        assert 'error_type="export_process_down"' in tel.metrics_text().decode()
         assert not [s for s in receiver.spans() if s["name"].startswith("no-child")]
     finally:
         tel.shutdown()
@@ -317,3 +319,31 @@ async def test_the_setting_reaches_the_proxy(make_proxy: Any, receiver: OtlpRece
     endpoint = {"otlp_endpoint": receiver.endpoint} if otlp else {}
     await make_proxy(export_process=setting, **endpoint)
     assert len(ours()) == children
+
+
+def test_the_childs_log_lines_take_the_configured_format_once_a_minute(capfd: pytest.CaptureFixture[str]) -> None:
+    """The collector is down: the SDK in the child logs failures; they reach the parent's
+    log as JSON lines with time and level, and a repeat within a minute is counted, not
+    written. Nothing raw reaches stderr."""
+    import io
+    import json
+
+    from proxy.accesslog import configure_logging
+
+    out = io.StringIO()
+    stop = configure_logging("INFO", "json", stream=out)
+    tel, _ = telemetry(closed_endpoint(), mode="on", export_timeout=0.5, schedule_delay_ms=50)
+    try:
+        for batch in range(4):
+            tel.tracer.start_span(f"lost-{batch}").end()
+            tel.force_flush(5_000)
+        assert wait_until(lambda: "span export process" in out.getvalue())
+    finally:
+        tel.shutdown()
+        stop()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    child = [r for r in lines if r["logger"] == "spanmeter.export"]
+    assert child and all(r["level"] in ("WARNING", "ERROR") and r["time"] for r in child)
+    failures = [r for r in child if "export" in r["message"].lower()]
+    assert 1 <= len(failures) <= 3, child  # one line per kind of failure, not three per batch
+    assert "Failed to export" not in capfd.readouterr().err

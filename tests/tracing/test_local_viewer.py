@@ -69,9 +69,9 @@ def test_runs_table(tmp_path: Path) -> None:
     assert run.cost_usd == 0.0036
     assert run.cached_share == 1024 / 1830, "the run span's share, spanmeter.run.cache_read.share"
     table = render_runs_table([run]).splitlines()
-    assert table[0].split() == ["RUN", "TENANT", "STARTED", "CALLS", "TOKENS", "CACHED", "COST", "STATUS"]
+    assert table[0].split() == ["RUN", "TENANT", "STARTED", "CALLS", "REFUSED", "TOKENS", "CACHED", "COST", "STATUS"]
     assert table[1].split()[:2] == ["run_view", "acme"]
-    assert table[1].split()[-5:] == ["2", "1,926", "56%", "$0.0036", "ok"]
+    assert table[1].split()[-6:] == ["2", "0", "1,926", "56%", "$0.0036", "ok"]
 
 
 def test_an_open_run_shows_the_cached_share_of_its_calls(tmp_path: Path) -> None:

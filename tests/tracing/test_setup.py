@@ -33,6 +33,17 @@ from tracing.setup import TelemetryConfig, capture_mode, setup_telemetry
         pytest.param({"OTEL_SEMCONV_STABILITY_OPT_IN": "http, gen_ai_latest_experimental"},
                      {"semconv_latest": True}, id="opt-in in a comma list"),
         pytest.param({"OTEL_SERVICE_NAME": "proxy-eu"}, {"service_name": "proxy-eu"}, id="service name"),
+        pytest.param({"OTEL_METRIC_EXPORT_INTERVAL": "250", "OTEL_METRIC_EXPORT_TIMEOUT": "900"},
+                     {"metric_export_interval_ms": 250, "metric_export_timeout_ms": 900}, id="metric push interval"),
+        pytest.param({"OTEL_EXPORTER_OTLP_TIMEOUT": "2.5", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "7"},
+                     {"export_timeout": 2.5, "metrics_timeout": 7.0}, id="timeouts in seconds, as the SDK"),
+        pytest.param({"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "3", "OTEL_EXPORTER_OTLP_TIMEOUT": "9"},
+                     {"export_timeout": 3.0, "metrics_timeout": 9.0}, id="a signal's own timeout wins"),
+        pytest.param({"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_SCHEDULE_DELAY": "50",
+                      "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10"},
+                     {"max_queue": 100, "schedule_delay_ms": 50, "max_export_batch": 10}, id="span queue"),
+        pytest.param({"OTEL_METRIC_EXPORT_INTERVAL": "soon", "OTEL_BSP_MAX_QUEUE_SIZE": "-3"},
+                     {"metric_export_interval_ms": 60_000, "max_queue": 16384}, id="not numbers: defaults"),
     ],
 )  # fmt: skip
 def test_config_from_env(env: dict[str, str], expected: dict[str, Any]) -> None:
@@ -126,5 +137,17 @@ def test_keys_in_messages_are_redacted_from_spans(secret: str, tmp_path: Path) -
         [span] = mem.get_finished_spans()
         assert span.status.description == "bad key [redacted]."
         assert secret not in repr(dict(span.attributes or {}))
+    finally:
+        tel.shutdown()
+
+
+def test_the_metric_push_interval_comes_from_otel_metric_export_interval(otlp_receiver: Any) -> None:
+    """Pushes arrive at the standard variable's interval, not the 60 s default."""
+    cfg = TelemetryConfig.from_env({"OTEL_METRIC_EXPORT_INTERVAL": "100"}, otlp_endpoint=otlp_receiver.endpoint,
+                                   push_metrics=True, local_dir=None, export_process="off")
+    tel = setup_telemetry(cfg, environ={})
+    try:
+        tel.set_budget("acme", "day", 1_000, 2_000_000)  # something to push
+        assert len(otlp_receiver.wait_for_metrics(2, timeout=15)) >= 2
     finally:
         tel.shutdown()

@@ -178,3 +178,42 @@ def test_workers_default_to_one_process_and_auto_is_one_per_cpu(tmp_path, monkey
     with pytest.raises(ConfigError, match="in-memory ledger"):
         Settings(workers=2, ledger_url="sqlite:///:memory:").check()
     Settings(workers=2, data_dir=str(tmp_path)).check()  # a ledger file: fine
+
+
+def _mistakes() -> list[dict[str, object]]:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "config" / "mistakes.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("case", _mistakes(), ids=lambda c: str(c["id"]))
+def test_config_mistakes_are_told_in_our_words(case, tmp_path, monkeypatch_env):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(str(case["yaml"]))
+    monkeypatch_env("SPANMETER_CONFIG", str(cfg))
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    for text in case["says"]:
+        assert text in caught.value.message
+    for text in case["never"]:
+        assert text not in caught.value.message
+
+
+def test_unknown_spanmeter_variables_are_warned_about_with_a_guess():
+    from proxy.config import unknown_env_variables
+
+    warned = unknown_env_variables({"SPANMETER_PORTT": "1", "SPANMETER_PORT": "2", "SPANMETER_URL": "x",
+                                    "SPANMETER_POLICY__RUNS__MAX_LLM_CALLS": "3", "SPANMETER_WHATEVER": "4"})
+    assert len(warned) == 2
+    assert warned[0].startswith("the environment variable SPANMETER_PORTT is not a spanmeter setting and is "
+                                "ignored; did you mean SPANMETER_PORT?")
+    assert "SPANMETER_WHATEVER is not a spanmeter setting" in warned[1] and "did you mean" not in warned[1]
+
+
+def test_a_nested_misspelt_variable_is_refused_with_a_guess(monkeypatch_env):
+    monkeypatch_env("SPANMETER_POLICY__RUNS__MAX_LLM_CALL", "8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "did you mean `max_llm_calls`?" in caught.value.message
