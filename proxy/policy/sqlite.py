@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 import orjson
 
 from proxy.errors import Refusal, StoreUnavailable
-from proxy.policy.rates import RateState, epoch_ms, rate_step
+from proxy.policy.rates import Rate, RateState, epoch_ms, rate_step
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
     MCP_TOOL_CALLS,
@@ -331,14 +331,10 @@ class SqliteStore(DerivedOps):
             if d.refused:
                 return refused(refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
                                        tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key))
-            rates = _rates(conn, tenant, turn, now_ms)
+            rates = _rates(conn, tenant, turn.rates, now_ms)
             if any(state.wait_ms != 0 for _, state in rates):
                 return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
-            for (debt, state) in rates:
-                conn.execute("INSERT INTO rates (tenant, bucket, debt, last_ms) VALUES (?,?,?,?) "
-                             "ON CONFLICT DO UPDATE SET debt = excluded.debt, "
-                             "last_ms = MAX(last_ms, excluded.last_ms)",
-                             (tenant, state.rate.bucket, debt, now_ms))
+            _draw(conn, tenant, rates, now_ms)
             _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
             run.count(ts)
             _save_run(conn, tenant, run_id, run, ts)
@@ -371,13 +367,20 @@ class SqliteStore(DerivedOps):
         if turn.cost < 0:
             raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
 
+        now_ms = epoch_ms(now)
+
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
             ts = now.timestamp()
             budget, run = _read_run(conn, tenant, run_id)
             trace = run.keep_trace(turn.trace)
             _save_run(conn, tenant, run_id, run, ts)  # the trace is kept whatever follows
             if turn.name is None:
-                return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits)
+                rates = _rates(conn, tenant, turn.rates, now_ms)
+                if any(state.wait_ms != 0 for _, state in rates):
+                    return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), (), trace)
+                _draw(conn, tenant, rates, now_ms)
+                return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits,
+                                 rates=tuple(state for _, state in rates), key=turn.key)
             entry = (_take_for_mcp(conn, tenant, run_id, turn),)
             loop = guard_refusal(tenant, run_id, entry, turn.guard)
             if loop is not None:
@@ -387,24 +390,32 @@ class SqliteStore(DerivedOps):
                              tenant, run_id, MCP_TOOL_CALLS) or 0)
             if turn.max_calls is not None and count >= turn.max_calls:
                 return refused_with(tool_ceiling(tenant, run_id, turn.max_calls), entry, trace)
-            keys = {"run_cost": ("run", run_id), "tenant_day": ("day", windows[0]),
-                    "tenant_month": ("month", windows[1])}
+            started = run.first_seen if run.first_seen is not None else ts
+            elapsed = ts - started if eff.run_max_seconds is not None else 0.0
+            keys = ledger_keys(run_id, windows, turn.key)
             ledger = _spends(conn, tenant, keys)
-            d = decide(0, ledger, replace(eff, run_max_calls=None), min_reserve=turn.cost, max_reserve=turn.cost)
+            # A tool call spends no model tokens and is no model call: those ceilings are the model route's.
+            d = decide(0, ledger, replace(eff, run_max_calls=None, run_max_tokens=None), min_reserve=turn.cost,
+                       max_reserve=turn.cost, elapsed_s=elapsed)
             if d.refused:
                 error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
-                                tz=tz, min_reserve=turn.cost)
+                                tz=tz, min_reserve=turn.cost, elapsed_s=elapsed, key=turn.key)
                 return refused_with(error, entry, trace)
+            rates = _rates(conn, tenant, turn.rates, now_ms)
+            if any(state.wait_ms != 0 for _, state in rates):
+                return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), entry, trace)
+            _draw(conn, tenant, rates, now_ms)
             _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
             _run_add(conn, tenant, run_id, [(MCP_TOOL_CALLS, 1), ("tool_calls", 0 if "id" in entry[0] else 1)])
             run.last_seen, run.changed = ts, True
             _save_run(conn, tenant, run_id, run, ts)
             rid = secrets.token_hex(16)
             conn.execute(
-                "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at) "
-                "VALUES (?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s))
+                "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
+                "VALUES (?,?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key))
             return Admission(rid, tenant, run_id, d.amount, count + 1, d.remaining, *windows, closed=entry,
-                             trace=trace, limits=eff)
+                             trace=trace, limits=eff, started_at=started if eff.run_max_seconds is not None else None,
+                             rates=tuple(state for _, state in rates), key=turn.key)
 
         return await self._admit(op)
 
@@ -679,14 +690,23 @@ def _run_tokens(conn: sqlite3.Connection, tenant: str, run_id: str) -> int:
                           "AND name IN ('input_tokens', 'output_tokens')", tenant, run_id))
 
 
-def _rates(conn: sqlite3.Connection, tenant: str, turn: Turn, now_ms: int) -> list[tuple[int, RateState]]:
+def _rates(conn: sqlite3.Connection, tenant: str, rates: tuple[Rate, ...], now_ms: int,
+           ) -> list[tuple[int, RateState]]:
     """(debt with this call counted, state) of each rate bucket the call draws on."""
     out = []
-    for rate in turn.rates:
+    for rate in rates:
         row = conn.execute("SELECT debt, last_ms FROM rates WHERE tenant=? AND bucket=?",
                            (tenant, rate.bucket)).fetchone()
         out.append(rate_step(int(row[0]), int(row[1]), now_ms, rate) if row else rate_step(0, now_ms, now_ms, rate))
     return out
+
+
+def _draw(conn: sqlite3.Connection, tenant: str, rates: list[tuple[int, RateState]], now_ms: int) -> None:
+    """Keep each bucket's debt with this call counted."""
+    for debt, state in rates:
+        conn.execute("INSERT INTO rates (tenant, bucket, debt, last_ms) VALUES (?,?,?,?) "
+                     "ON CONFLICT DO UPDATE SET debt = excluded.debt, last_ms = MAX(last_ms, excluded.last_ms)",
+                     (tenant, state.rate.bucket, debt, now_ms))
 
 
 def _one(conn: sqlite3.Connection, sql: str, *args: Any) -> Any:

@@ -148,15 +148,18 @@ class ToolTurn:
 
     A `tools/call` names its tool (`name`, `sig` = name + sha256 of canonical arguments,
     as the loop guard compares model tool calls). Any other request leaves `name` None:
-    only the run's trace ids are kept (`trace`), nothing is counted or reserved.
+    it draws on `rates` and the run's trace ids are kept (`trace`), nothing is counted
+    or reserved.
     """
 
     name: str | None = None
     sig: str = ""
     cost: int = 0  # micro-USD: the tool's fixed price (mcp_servers.X.tool_costs), reserved like a call's
-    max_calls: int | None = None  # policy runs.max_tool_calls
+    max_calls: int | None = None  # runs.max_tool_calls, the tenant's or its key's when tighter
     guard: GuardRule | None = None
     trace: dict[str, Any] | None = None
+    key: str | None = None  # the caller's key id: its budget scopes and rate buckets, as a model call's
+    rates: tuple[Rate, ...] = ()  # requests-per-minute buckets this request draws on (any request, not only tools)
 
 
 # The run total that counts MCP tool calls; `runs.max_tool_calls` is checked against it.
@@ -479,13 +482,15 @@ class Store(Protocol):
         has none; for a `tools/call` (`turn.name` set) also take the open model tool call it
         executes (`match_pending`, marked `mcp` so that the request carrying its result
         emits no inferred span for it), count the run's streak of identical MCP calls,
-        then refuse (loop guard, `turn.max_calls`, a cost scope) or count it in the run's
-        `mcp_tool_calls` (and `tool_calls` when no model call matched) and reserve
-        `turn.cost` on every scope. `closed` holds one entry (`tool_entry`); settle the
-        admission as a model call's. A request that is not a tool call gets id "".
+        then refuse (loop guard, `turn.max_calls`, the run's wall time, a cost scope: the
+        key's too with `turn.key`) or count it in the run's `mcp_tool_calls` (and
+        `tool_calls` when no model call matched) and reserve `turn.cost` on every scope.
+        Any request, tool call or not, then draws on `turn.rates`. `closed` holds one entry
+        (`tool_entry`); settle the admission as a model call's. A request that is not a
+        tool call gets id "".
 
-        Raises LoopRefused or CeilingReached (nothing counted or reserved; the entry and
-        trace ride on the error as `closed` and `trace`)."""
+        Raises LoopRefused, CeilingReached or RateLimited (nothing counted, reserved or
+        drawn; the entry and trace ride on the error as `closed` and `trace`)."""
         ...
 
     async def settle(

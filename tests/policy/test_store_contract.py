@@ -954,3 +954,62 @@ async def test_an_expired_reservation_is_charged_on_its_keys_scopes_too(store: S
 async def test_spend_of_a_key_needs_a_day_or_a_month(store: Store, tenant: str) -> None:
     with pytest.raises(ValueError, match="day or a month"):
         await store.spend(tenant, key_id="k1k1k1k1")
+
+
+# --- MCP tool calls under a key's limits, the rates and the run's clock (issue 26) ---------
+
+
+async def test_a_tool_call_holds_money_on_its_keys_scopes_and_is_refused_by_them(store: Store, tenant: str) -> None:
+    limits = Limits(day_budget=10_000, key_day_budget=500, key_month_budget=10_000)
+    a = await admit_tool(store, tenant, _mcp(cost=300, key="kmcpkmcp"), limits=limits)
+    assert a.remaining["key_day"] == 200 and a.key == "kmcpkmcp"
+    assert await store.spend_detail(tenant, day="2026-05-14", key_id="kmcpkmcp") == Spend(0, 300)
+    with pytest.raises(CeilingReached) as ei:
+        await admit_tool(store, tenant, _mcp(args="oslo", cost=300, key="kmcpkmcp"), "r-2", limits=limits)
+    assert ei.value.limit == "key_day" and ei.value.message.startswith(f"Key kmcpkmcp of tenant {tenant}")
+    await store.settle(a, 300)
+    assert await store.spend_detail(tenant, month="2026-05", key_id="kmcpkmcp") == Spend(300, 0)
+    other = await admit_tool(store, tenant, _mcp(cost=300, key="kothkoth"), "r-3", limits=limits)
+    assert other.remaining["key_day"] == 200, "another key has its own day"
+
+
+async def test_concurrent_tool_calls_never_cross_a_keys_day(store: Store, tenant: str) -> None:
+    limits = Limits(key_day_budget=30_000)
+    results = await asyncio.gather(*(admit_tool(store, tenant, _mcp(args=str(i), cost=10_000, key="kconkcon"),
+                                                f"r-{i}", limits=limits) for i in range(40)), return_exceptions=True)
+    assert sum(isinstance(r, Admission) for r in results) == 3
+    assert await store.spend(tenant, day="2026-05-14", key_id="kconkcon") == 30_000
+
+
+async def test_an_expired_tool_reservation_is_charged_on_its_keys_scopes(store: Store, tenant: str) -> None:
+    past = datetime(2001, 3, 1, tzinfo=UTC)
+    await admit_tool(store, tenant, _mcp(cost=70, key="kexpkexp"), ttl_s=60, now=past)
+    assert await store.expire(past + timedelta(seconds=61)) == 1
+    assert await store.spend_detail(tenant, day="2001-03-01", key_id="kexpkexp") == Spend(70, 0)
+
+
+async def test_every_mcp_request_draws_on_the_requests_per_minute(store: Store, tenant: str) -> None:
+    rates = (Rate("tenant", "requests", 3, 1),)
+    listing = await admit_tool(store, tenant, ToolTurn(rates=rates))
+    assert listing.id == "" and listing.rates[0].remaining == 2
+    await admit_tool(store, tenant, _mcp(rates=rates))
+    results = await asyncio.gather(*(admit_tool(store, tenant, _mcp(args=str(i), rates=rates)) for i in range(10)),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, Admission) for r in results) == 1
+    limited = [r for r in results if isinstance(r, RateLimited)]
+    assert len(limited) == 9 and limited[0].limit == "rate_requests" and limited[0].wait_ms
+    with pytest.raises(RateLimited):
+        await admit_tool(store, tenant, ToolTurn(rates=rates))
+    assert (await store.run_totals(tenant, "r-1"))["mcp_tool_calls"] == 2, "a limited call is not counted"
+    later = await admit_tool(store, tenant, ToolTurn(rates=rates), now=T0 + timedelta(seconds=20))
+    assert later.rates[0].remaining == 0, "one request came back after 20 s"
+
+
+async def test_a_tool_call_past_the_runs_wall_time_is_refused(store: Store, tenant: str) -> None:
+    limits = Limits(run_max_seconds=60)
+    await admit(store, tenant, limits=limits, now=T0)
+    a = await admit_tool(store, tenant, _mcp(), limits=limits, now=T0 + timedelta(seconds=59))
+    assert a.started_at == T0.timestamp()
+    with pytest.raises(CeilingReached) as ei:
+        await admit_tool(store, tenant, _mcp(args="oslo"), limits=limits, now=T0 + timedelta(seconds=60))
+    assert ei.value.limit == "run_seconds" and "its first call arrived 60 s ago" in ei.value.message
