@@ -430,6 +430,7 @@ class RedisStore(DerivedOps):
         args.append(len(turn.results))
         for call_id, ok in turn.results:
             args += [call_id, "1" if ok else "0"]
+        args += [turn.tokens[0], turn.tokens[1]]
 
         async def admitting() -> Admission:
             reply = await self._admitting(tenant, "admit", keys, args)
@@ -457,7 +458,7 @@ class RedisStore(DerivedOps):
         if kind == "dup":
             remaining: dict[str, int | None] = dict.fromkeys(scopes)
             return Admission(rid, tenant, run_id, int(reply[3]), int(reply[4]), remaining, *windows, limits=limits,
-                             key=turn.key)
+                             key=turn.key, tokens=int(reply[5]))
         if kind == "loop":
             loop = guard_refusal(tenant, run_id, closed, turn.guard)
             assert loop is not None, "admit.lua and guard_refusal disagree"
@@ -476,7 +477,8 @@ class RedisStore(DerivedOps):
             ledger[scope] = Spend(settled, reserved)
             error = refusal(Decision(refused=scope), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
                             windows=windows, tz=tz, min_reserve=min_reserve + extra, run_tokens=run_tokens,
-                            elapsed_s=elapsed, key=turn.key)
+                            elapsed_s=elapsed, key=turn.key, tokens_held=int(reply[11]),
+                            tokens_needed=int(reply[12]))
             raise refused_with(error, closed, trace)
         if kind == "rate":
             raise refused_with(rate_refusal(tenant, _rate_states(turn, reply[5])), closed, trace)
@@ -485,7 +487,7 @@ class RedisStore(DerivedOps):
         return Admission(rid, tenant, run_id, int(reply[5]), int(reply[6]), remaining, *windows,
                          closed=closed, trace=trace, context_tokens=int(reply[10]), limits=eff,
                          run_tokens=int(reply[13]), started_at=float(reply[14]) if reply[14] else None,
-                         rates=_rate_states(turn, reply[15]), key=turn.key)
+                         rates=_rate_states(turn, reply[15]), key=turn.key, tokens=int(reply[16]))
 
     async def admit_tool(
         self,
