@@ -251,16 +251,18 @@ def decide(
     headroom (the ceiling - `run_tokens` settled - `tokens_held` in flight) is used up or
     below `tokens[0]`, or when some scope of `ledger` (those of SCOPES it has) has less
     headroom than `min_reserve`; otherwise reserve min(max_reserve, smallest headroom)
-    and min(tokens[1], token headroom).
+    and, under a token ceiling, min(tokens[1], token headroom).
     """
     if limits.run_max_calls is not None and calls >= limits.run_max_calls:
         return Decision(refused="run_calls")
-    held = tokens[1]
+    # Tokens are held only under a token ceiling: without one nothing reads them, and the
+    # settle then has no run row to write back.
+    held = 0
     if limits.run_max_tokens is not None:
         left = limits.run_max_tokens - run_tokens - tokens_held
         if left <= 0 or left < tokens[0]:
             return Decision(refused="run_tokens")
-        held = min(held, left)
+        held = min(tokens[1], left)
     if limits.run_max_seconds is not None and elapsed_s >= limits.run_max_seconds:
         return Decision(refused="run_seconds")
     headroom: dict[str, int | None] = {}

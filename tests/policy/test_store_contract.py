@@ -1020,6 +1020,8 @@ async def test_a_tool_call_past_the_runs_wall_time_is_refused(store: Store, tena
 
 async def test_tokens_are_held_at_admission_cut_to_the_headroom_and_replaced_at_settle(
         store: Store, tenant: str) -> None:
+    free = await admit(store, tenant, "r-free", turn=Turn(tokens=(600, 4_000)))
+    assert free.tokens == 0, "nothing held where no token ceiling reads it"
     limits = Limits(run_max_tokens=5_000)
     a = await admit(store, tenant, limits=limits, turn=Turn(tokens=(600, 4_000)))
     assert a.tokens == 4_000

@@ -138,13 +138,13 @@ local max_calls = tonumber(ARGV[1])
 if max_calls >= 0 and calls >= max_calls then
   return refused('run_calls', calls, 0)
 end
-local tokens = tokens_hi + context_tokens
+local tokens = 0  -- held only under a token ceiling (store.decide)
 if tonumber(ARGV[17]) >= 0 then
   local left = tonumber(ARGV[17]) - run_tokens - held
   if left <= 0 or left < tokens_lo + context_tokens then
     return refused('run_tokens', 0, 0)
   end
-  if left < tokens then tokens = left end
+  tokens = math.min(tokens_hi + context_tokens, left)
 end
 if tonumber(ARGV[18]) >= 0 and elapsed >= tonumber(ARGV[18]) then
   return refused('run_seconds', 0, 0)
