@@ -109,7 +109,7 @@ def _today() -> str:
 
 class Scripted:
     """An MCP server that answers tools/call as told: `json` (a good answer), `late` (after
-    1 s), `not_json`, `wrong_id` (the id as a string), `error` (a JSON-RPC error), `status_500`."""
+    1.5 s), `not_json`, `wrong_id` (the id as a string), `error` (a JSON-RPC error), `status_500`."""
 
     def __init__(self) -> None:
         self.mode = "json"
@@ -127,7 +127,7 @@ class Scripted:
             return web.Response(status=500, text="down")
         self.ran += 1  # a paid tool runs
         if self.mode == "late":
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.5)
         if self.mode == "not_json":
             return web.Response(text="<html>ok</html>", content_type="application/json")
         rid = str(msg["id"]) if self.mode == "wrong_id" else msg["id"]
@@ -150,9 +150,10 @@ async def scripted() -> AsyncIterator[Scripted]:
 async def test_a_tool_answer_never_read_is_charged_its_reservation_and_waves_stop_at_the_ceiling(
         make_proxy, scripted, mode):
     scripted.mode = {"client_timeout": "late", "read_timeout": "late"}.get(mode, mode)
-    extra = {"read_timeout_s": 0.2} if mode == "read_timeout" else {}
+    # Long enough for the admission and the forward on a busy machine, well short of the answer.
+    extra = {"read_timeout_s": 0.6} if mode == "read_timeout" else {}
     proxy = await _proxy(make_proxy, scripted.url, runs={"max_cost_usd": 0.03}, settings=extra)
-    url, timeout = f"{proxy.url}/mcp/tools", 0.2 if mode == "client_timeout" else None
+    url, timeout = f"{proxy.url}/mcp/tools", 0.6 if mode == "client_timeout" else None
     for _wave in range(3):  # each wave tries again once the last one's answers are given up on
         await asyncio.gather(*(_post(url, _call(), KEY, "unread", timeout) for _ in range(4)),
                              return_exceptions=True)
