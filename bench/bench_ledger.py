@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_ledger.py [--n 5000] [--concurrency 1,16,128]
         [--modes separate,combined] [--stores sqlite,sqlite-normal,redis,cluster] [--cost]
+        [--max-tokens]
 
 One "pair" is what the proxy does per model call: an admit (reserve on run, day and
 month; count the call), then the bookkeeping after the answer, either
@@ -22,6 +23,10 @@ per EVALSHA), the servers' whole CPU (INFO cpu, user + sys: network I/O included
 bytes on the wire each way (INFO stats total_net_input_bytes / total_net_output_bytes),
 summed over every node, for --n admissions then --n settles at concurrency 16. These are the figures docs/scale.md sizes
 Redis shards from.
+
+--max-tokens runs every admission under a run token ceiling (runs.max_tokens), each call
+holding its worst case in tokens until its settle replaces it (issue 26); on code from
+before token holds (a --baseline checkout) the ceiling is only read.
 
 --cpu measures, instead, what the serving process spends per pair (combined mode, the
 proxy's: an admit carrying the run's trace ids, then one settle with totals and every
@@ -62,11 +67,19 @@ def _tools(i: int) -> list[dict[str, Any]]:
     return [{"id": f"call-{i}", "name": "search", "arguments": '{"q": "x"}', "delivered_ns": i, "link": None}]
 
 
+TOKEN_LIMITS = Limits(run_max_calls=10**9, run_max_cost=10**15, day_budget=10**15, month_budget=10**15,
+                      run_max_tokens=10**14)
+# (least, most) tokens of a small chat call; older code has no token holds (see --max-tokens)
+TOKEN_TURN = Turn(tokens=(900, 5_000)) if "tokens" in Turn.__dataclass_fields__ else Turn()
+_token_ceiling = False
+
+
 async def one(store: Store, i: int, mode: str, latencies: list[float]) -> None:
     start = time.perf_counter()
     tenant, run_id = "bench", f"run-{i % 100}"
+    limits, turn = (TOKEN_LIMITS, TOKEN_TURN) if _token_ceiling else (LIMITS, Turn())
     admission = await store.admit(
-        tenant, run_id, min_reserve=1, max_reserve=5_000, limits=LIMITS, now=datetime.now(UTC)
+        tenant, run_id, min_reserve=1, max_reserve=5_000, limits=limits, now=datetime.now(UTC), turn=turn
     )
     latencies.append(time.perf_counter() - start)
     tools = _tools(i)
@@ -200,12 +213,15 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--modes", default="separate,combined")
     parser.add_argument("--stores", default="sqlite,sqlite-normal,redis,cluster")
     parser.add_argument("--cost", action="store_true", help="Redis cost per admit and settle instead")
+    parser.add_argument("--max-tokens", action="store_true", help="admissions under a run token ceiling")
     parser.add_argument("--cpu", action="store_true", help="the serving process's CPU per pair instead")
     parser.add_argument("--repeat", type=int, default=1, help="--cpu: runs of each level")
     return parser.parse_args()
 
 
 async def main(args: argparse.Namespace) -> None:
+    global _token_ceiling
+    _token_ceiling = args.max_tokens
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = args.modes.split(",")
     wanted = args.stores.split(",")

@@ -3,8 +3,11 @@
 The worst case is reserved before anything is sent upstream, on every scope the call
 touches (run, tenant day, tenant month, and the key's day and month), so concurrent
 calls can never overshoot. A request without a max-token field is clamped to what the
-remaining budget affords. The same store operation checks the run's calls, settled
-tokens and wall time, and draws on the rate buckets of the tenant and the key.
+remaining budget affords. Under runs.max_tokens the call's tokens are held the same way
+(input bound + output bound, cut to what the run has left), and a request that asked
+for more output than the tokens held allow is clamped to them. The same store operation
+checks the run's calls and wall time, and draws on the rate buckets of the tenant and
+the key.
 
 Layers: the tenant's policy, then its key's (the tighter ceiling wins; a key's budgets
 and rate limits are its own, held besides the tenant's), then request headers, which
@@ -233,11 +236,13 @@ async def admit(
         else:
             lo = reservation(price, bound, MIN_ANSWER_TOKENS, n, factor, call.cache_write)
             hi = reservation(price, bound, cap, n, factor, call.cache_write)
+    most = rate_tokens(call, bound, price)
     rates = tuple(Rate(owner, "requests" if unit == "requests" else "tokens", limit,
-                       1 if unit == "requests" else rate_tokens(call, bound, price))
+                       1 if unit == "requests" else most)
                   for owner, unit, limit in plan.rates)
     turn = replace(turn, priced=price is not None, model=call.model, context=call.stored_context,
-                   input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates)
+                   input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates,
+                   tokens=(least_tokens(call, bound, price), most))
     now = now or datetime.now(UTC)
     adm = await store.admit(caller.tenant, caller.run_id, min_reserve=min(lo, MAX_RESERVE),
                             max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now, tz=tz, turn=turn)
@@ -249,18 +254,40 @@ async def admit(
         affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
                                               call.cache_write)
         clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
+    if in_force.run_max_tokens is not None and call.generates_output:
+        # The output the tokens held allow, written into the request when it asked for more
+        # (or named no bound): the model can never use more than the ledger holds for it.
+        held = (adm.tokens - bound - adm.context_tokens) // call.output_multiplier
+        asked = _output_bound(call, price)
+        if held < (asked if clamp is None else min(asked, clamp)):
+            clamp = held  # at least the least answer, or what was asked when less: the store held that
+    if clamp is not None:
         rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
     return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now)
 
 
+def _output_bound(call: Call, price: Price | None) -> int:
+    """The most output tokens one answer may have: the request's max-token value, else the
+    model's cap (which also bounds a larger request value)."""
+    cap = (price.max_output_tokens if price else None) or DEFAULT_MAX_OUTPUT
+    return min(call.max_output_tokens, cap) if call.max_output_tokens is not None else cap
+
+
 def rate_tokens(call: Call, bound: int, price: Price | None) -> int:
-    """What a call draws from a tokens-per-minute limit: its input bound plus the output it
-    may generate (the request's max-token value, else the model's cap), for every answer."""
+    """The most tokens a call may use, what it draws from a tokens-per-minute limit and
+    holds under runs.max_tokens: its input bound plus the output it may generate, for every
+    answer."""
     if not call.generates_output:
         return bound
-    cap = (price.max_output_tokens if price else None) or DEFAULT_MAX_OUTPUT
-    out = min(call.max_output_tokens, cap) if call.max_output_tokens is not None else cap
-    return bound + out * call.output_multiplier
+    return bound + _output_bound(call, price) * call.output_multiplier
+
+
+def least_tokens(call: Call, bound: int, price: Price | None) -> int:
+    """The fewest tokens worth admitting a call for under runs.max_tokens: its input bound
+    plus the least answer worth sending (or what the request asked, when less)."""
+    if not call.generates_output:
+        return bound
+    return bound + min(MIN_ANSWER_TOKENS, _output_bound(call, price)) * call.output_multiplier
 
 
 def settle_amount(

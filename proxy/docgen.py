@@ -102,11 +102,13 @@ FIELD_DOCS: dict[str, str] = {
     "policy.runs.max_cost_usd": "Cost per run in USD. A request may lower it with `X-Run-Max-Cost-Usd`.",
     "policy.runs.max_tool_calls": "MCP tool calls per run (through `/mcp/NAME`), refused with a JSON-RPC error "
                                   "past it. Tools the agent runs itself are counted, not refused.",
-    "policy.runs.max_tokens": "Input + output tokens per run, as its answered calls settled; checked at "
-                              "admission, so the call that crosses it is answered and the next refused (402). "
+    "policy.runs.max_tokens": "Input + output tokens per run, reserved like cost: each call holds its worst "
+                              "case (input bound + output bound, cut to what is left, the request's max-token "
+                              "field clamped to it) until it settles, so concurrent calls never cross it (402). "
                               "A request may lower it with `X-Run-Max-Tokens`.",
-    "policy.runs.max_seconds": "Wall time per run from its first call, in seconds; checked at admission (402). "
-                               "A request may lower it with `X-Run-Max-Seconds`.",
+    "policy.runs.max_seconds": "Wall time per run from its first call, in seconds; checked when a model or MCP "
+                               "tool call is admitted (402). A call admitted before it runs to its end "
+                               "(docs/budgets.md). A request may lower it with `X-Run-Max-Seconds`.",
     "policy.runs.wrap_up_at": "Off when unset. The share of any run ceiling (calls, cost, tokens, time) from "
                               "which each request carries a wrap-up note for the model after its last message "
                               "(and the last call the call ceiling allows always does); `X-Run-Wrap-Up-At` "

@@ -32,11 +32,20 @@ from aiohttp import web
 
 from proxy import guard
 from proxy.appkeys import BACKGROUND, KEYS, RUNS, SETTINGS, STORE, TEL, UPSTREAM
-from proxy.ceilings import limits_for
-from proxy.config import McpServer, Policy, Settings
-from proxy.errors import CeilingReached, ConfigError, LoopRefused, ProxyError, Refusal, UnknownRoute
+from proxy.ceilings import plan
+from proxy.config import KeyPolicy, McpServer, Policy, Settings
+from proxy.errors import (
+    CeilingReached,
+    ConfigError,
+    LoopRefused,
+    ProxyError,
+    Refusal,
+    UnknownRoute,
+    UpstreamConnectError,
+    UpstreamRedirect,
+)
 from proxy.model import Caller, Rewrite
-from proxy.policy.store import Admission, ToolTurn
+from proxy.policy.store import Admission, Limits, Rate, ToolTurn
 from proxy.providers import mcp
 from proxy.providers.base import Framer, SseEvent
 from proxy.routes import match
@@ -61,8 +70,9 @@ async def handle_mcp(request: web.Request) -> web.StreamResponse:
         settings = request.app[SETTINGS]
         route = match(request.raw_path.partition("?")[0])
         name = route.mcp or ""
-        server = _server(settings, name)
+        # Who asks first: the names of the configured servers are no business of a stranger's.
         caller = identify(request.headers, request.query, settings, request.app[KEYS])
+        server = _server(settings, name)
         raw = b""
         if request.method == "POST":
             raw = await read_body(request, settings.max_body_bytes)
@@ -80,8 +90,8 @@ async def handle_mcp(request: web.Request) -> web.StreamResponse:
 def _server(settings: Settings, name: str) -> McpServer:
     server = settings.mcp_servers.get(name)
     if server is None:
-        raise UnknownRoute(f"No MCP server named {name!r}. Configured: {sorted(settings.mcp_servers) or 'none'} "
-                           "(add one under mcp_servers in the config file).")
+        raise UnknownRoute(f"No MCP server named {name[:64]!r} is configured. Check the name in the URL "
+                           "(/mcp/NAME) against mcp_servers in spanmeter's config, or ask its operator.")
     return server
 
 
@@ -195,10 +205,15 @@ class _Call:
         refusal: ProxyError | None = None
         entry: dict[str, Any] = {}
         run_trace = app[RUNS].known(self.caller)
+        settings = app[SETTINGS]
+        key = settings.key_policy(self.caller.tenant, self.caller.key_id)
         try:
-            if msg.tool is not None or (parent is None and run_trace is None):
+            planned = plan(policy, self.request.headers, key, self.caller.key_id)
+            rates = tuple(Rate(owner, "requests", limit, 1) for owner, unit, limit in planned.rates
+                          if unit == "requests")
+            if msg.tool is not None or rates or (parent is None and run_trace is None):
                 try:
-                    admission = await self._admit(policy, parent)
+                    admission = await self._admit(policy, key, planned.limits, rates, parent)
                 except Refusal as exc:
                     refusal, entry = exc, (exc.closed[0] if exc.closed else {})
                     run_trace = app[RUNS].trace(self.caller, exc.trace, parent)
@@ -220,15 +235,16 @@ class _Call:
             if admission is not None and admission.id:
                 app[BACKGROUND].spawn((self.caller.tenant, self.caller.run_id), self._settle(admission, entry, seen))
 
-    async def _admit(self, policy: Policy, parent: TraceParent | None) -> Admission:
+    async def _admit(self, policy: Policy, key: KeyPolicy | None, limits: Limits, rates: tuple[Rate, ...],
+                     parent: TraceParent | None) -> Admission:
         app, msg, caller = self.request.app, self.msg, self.caller
         await app[BACKGROUND].settled((caller.tenant, caller.run_id))  # the model call's tool calls are stored
-        turn = ToolTurn(trace=app[RUNS].candidate(caller, parent, self.arrived_ns))
+        turn = ToolTurn(trace=app[RUNS].candidate(caller, parent, self.arrived_ns), key=caller.key_id, rates=rates)
         if msg.tool is not None:
             turn = replace(turn, name=msg.tool, sig=f"{msg.tool}:{canonical_sha256(msg.arguments)}",
                            cost=round(self.server.tool_costs.get(msg.tool, 0.0) * 1_000_000),
-                           max_calls=policy.runs.max_tool_calls, guard=guard.rule(policy.guard))
-        limits = limits_for(policy, self.request.headers, policy.budgets.daily_usd, policy.budgets.monthly_usd)
+                           max_calls=_tighter(policy.runs.max_tool_calls, key.runs.max_tool_calls if key else None),
+                           guard=guard.rule(policy.guard))
         settings = app[SETTINGS]
         return await app[STORE].admit_tool(caller.tenant, caller.run_id, turn=turn, limits=limits,
                                            now=datetime.now(UTC), tz=settings.timezone)
@@ -281,11 +297,10 @@ class _Call:
                 store.run_add(caller.tenant, caller.run_id, {k: v for k, v in totals.items() if v})))
 
     async def _settle(self, admission: Admission, entry: dict[str, Any], seen: _Seen) -> None:
-        """The tool's cost when the server ran it (a tool that failed did run); the run's
-        failed tool calls by the server's own verdict. One store operation."""
+        """The tool's cost unless the server is known not to have run it; the run's failed
+        tool calls by the server's own verdict. One store operation."""
         answer = seen.answer
-        ran = answer is not None and answer.result is not None and seen.status < 400
-        amount = admission.reserved if ran else 0
+        amount = admission.reserved if _maybe_ran(seen) else 0
         failed = answer is None or answer.failed or seen.status >= 400
         try:
             await self.request.app[STORE].settle(admission, amount, run_totals={
@@ -326,6 +341,21 @@ async def _relay(request: web.Request, up: UpstreamResponse, seen: _Seen, caller
             await resp.write(mcp.error_event(seen.request_id, exc))
     await resp.write_eof()
     return resp
+
+
+def _maybe_ran(seen: _Seen) -> bool:
+    """Whether the server may have run the tool. Only its own word that it did not (a
+    JSON-RPC error, an error status, a redirect) or a connection never made proves it; a
+    request sent whose answer was never read (the client left, `read_timeout_s` cut it, a
+    body that is not JSON, an answer to another id) may well have run a paid tool:
+    unknown is not zero, as on the model route."""
+    if seen.answer is not None:
+        return seen.answer.code is None and seen.status < 400
+    return seen.status < 300 and not isinstance(seen.error, UpstreamConnectError | UpstreamRedirect)
+
+
+def _tighter(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _reason(exc: ProxyError) -> str:

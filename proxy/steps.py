@@ -172,6 +172,9 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
         totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved)
+        if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
+            used = totals["input_tokens"] + totals["output_tokens"]
+            totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
                                             tools=pending_tools(outcome, flow.delivered_ns, cs.ref,
                                                                 hooks.delivered_arguments) or None,

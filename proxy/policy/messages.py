@@ -120,11 +120,15 @@ def cost_ceiling(
     )
 
 
-def token_ceiling(tenant: str, run_id: str, limit: int, used: int, origin: str | None = None) -> str:
+def token_ceiling(tenant: str, run_id: str, limit: int, used: int, origin: str | None = None, *,
+                  held: int = 0, needed: int = 0) -> str:
     where = origin or DEFAULT_ORIGINS["run_tokens"]
+    flight = f", and {held:,} are held by its calls in flight" if held else ""
+    need = (f" This call needs at least {needed:,} (its input bound and the least answer worth sending)."
+            if needed and used + held < limit else "")
     return (
         f"Run {run_id} of tenant {tenant} reached its ceiling of {limit:,} tokens ({where}): its answered "
-        f"calls used {used:,} input and output tokens. {_NOT_SENT} "
+        f"calls used {used:,} input and output tokens{flight}.{need} {_NOT_SENT} "
         f"{_fix(where, 'Raise runs.max_tokens for this tenant or start a new run.')}"
     )
 

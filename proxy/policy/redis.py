@@ -430,6 +430,7 @@ class RedisStore(DerivedOps):
         args.append(len(turn.results))
         for call_id, ok in turn.results:
             args += [call_id, "1" if ok else "0"]
+        args += [turn.tokens[0], turn.tokens[1]]
 
         async def admitting() -> Admission:
             reply = await self._admitting(tenant, "admit", keys, args)
@@ -457,7 +458,7 @@ class RedisStore(DerivedOps):
         if kind == "dup":
             remaining: dict[str, int | None] = dict.fromkeys(scopes)
             return Admission(rid, tenant, run_id, int(reply[3]), int(reply[4]), remaining, *windows, limits=limits,
-                             key=turn.key)
+                             key=turn.key, tokens=int(reply[5]))
         if kind == "loop":
             loop = guard_refusal(tenant, run_id, closed, turn.guard)
             assert loop is not None, "admit.lua and guard_refusal disagree"
@@ -476,7 +477,8 @@ class RedisStore(DerivedOps):
             ledger[scope] = Spend(settled, reserved)
             error = refusal(Decision(refused=scope), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
                             windows=windows, tz=tz, min_reserve=min_reserve + extra, run_tokens=run_tokens,
-                            elapsed_s=elapsed, key=turn.key)
+                            elapsed_s=elapsed, key=turn.key, tokens_held=int(reply[11]),
+                            tokens_needed=int(reply[12]))
             raise refused_with(error, closed, trace)
         if kind == "rate":
             raise refused_with(rate_refusal(tenant, _rate_states(turn, reply[5])), closed, trace)
@@ -485,7 +487,7 @@ class RedisStore(DerivedOps):
         return Admission(rid, tenant, run_id, int(reply[5]), int(reply[6]), remaining, *windows,
                          closed=closed, trace=trace, context_tokens=int(reply[10]), limits=eff,
                          run_tokens=int(reply[13]), started_at=float(reply[14]) if reply[14] else None,
-                         rates=_rate_states(turn, reply[15]), key=turn.key)
+                         rates=_rate_states(turn, reply[15]), key=turn.key, tokens=int(reply[16]))
 
     async def admit_tool(
         self,
@@ -505,12 +507,19 @@ class RedisStore(DerivedOps):
         ts = now.timestamp()
         guard = turn.guard
         keys = [*self._scope_keys(tenant, run_id, *windows), key(tenant, "res", rid), *self._index_keys(tenant),
-                key(tenant, "tools", run_id), key(tenant, "budget"), key(tenant, "totals", run_id)]
+                key(tenant, "tools", run_id), key(tenant, "budget"), key(tenant, "totals", run_id),
+                *self._key_scopes(tenant, turn.key, windows),
+                *(key(tenant, "rate", rate.bucket) for rate in turn.rates)]
         args: list[Any] = [
             turn.name or "", turn.sig, turn.cost, _limit(turn.max_calls), _limit(limits.run_max_cost),
             _limit(limits.day_budget), _limit(limits.month_budget), repr(ts), repr(ts + ttl_s),
             run_id, _WINDOW_TTL_S, json.dumps(turn.trace) if turn.trace is not None else "",
-            guard.threshold if guard else -1, 1 if guard and guard.refuse else 0]
+            guard.threshold if guard else -1, 1 if guard and guard.refuse else 0,
+            -1 if limits.run_max_seconds is None else repr(limits.run_max_seconds),
+            _limit(limits.key_day_budget), _limit(limits.key_month_budget), 1 if turn.key is not None else 0,
+            epoch_ms(now), len(turn.rates)]
+        for rate in turn.rates:
+            args += [rate.limit, rate.cost]
 
         async def admitting() -> Admission:
             reply = await self._admitting(tenant, "admit_tool", keys, args)
@@ -522,12 +531,16 @@ class RedisStore(DerivedOps):
                         windows: tuple[str, str], tz: str, turn: ToolTurn) -> Admission:
         kind, matched, streak, trace_json = reply[0], reply[1], int(reply[2]), reply[3]
         trace = json.loads(trace_json) if trace_json else None
+        scopes = SCOPES if turn.key is not None else TENANT_SCOPES
         if kind == "trace":
-            return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits)
-        entry = (tool_entry(json.loads(matched) if matched else None, turn, streak),)
+            return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits,
+                             rates=_rate_states(turn, reply[4]), key=turn.key)
+        entry = (tool_entry(json.loads(matched) if matched else None, turn, streak),) if turn.name else ()
+        if kind == "rate":
+            raise refused_with(rate_refusal(tenant, _rate_states(turn, reply[6])), entry, trace)
         if kind == "dup":
-            return Admission(rid, tenant, run_id, int(reply[4]), int(reply[5]), dict.fromkeys(TENANT_SCOPES), *windows,
-                             closed=entry, limits=limits)
+            return Admission(rid, tenant, run_id, int(reply[4]), int(reply[5]), dict.fromkeys(scopes), *windows,
+                             closed=entry, limits=limits, key=turn.key)
         if kind == "loop":
             loop = guard_refusal(tenant, run_id, entry, turn.guard)
             assert loop is not None, "admit_tool.lua and guard_refusal disagree"
@@ -536,14 +549,17 @@ class RedisStore(DerivedOps):
         if kind == "calls":
             raise refused_with(tool_ceiling(tenant, run_id, turn.max_calls or 0), entry, trace)
         if kind == "refused":
-            ledger: dict[str, Spend] = dict.fromkeys(TENANT_SCOPES, Spend())
+            ledger: dict[str, Spend] = dict.fromkeys(scopes, Spend())
             ledger[reply[6]] = Spend(int(reply[7]), int(reply[8]))
             error = refusal(Decision(refused=reply[6]), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
-                            windows=windows, tz=tz, min_reserve=turn.cost)
+                            windows=windows, tz=tz, min_reserve=turn.cost, elapsed_s=float(reply[9]), key=turn.key)
             raise refused_with(error, entry, trace)
-        left = [None if v == "none" else int(v) for v in reply[8:11]]
-        return Admission(rid, tenant, run_id, int(reply[6]), int(reply[7]), dict(zip(TENANT_SCOPES, left, strict=True)),
-                         *windows, closed=entry, trace=trace, limits=eff)
+        left = [None if v == "none" else int(v) for v in reply[8:13]]
+        return Admission(rid, tenant, run_id, int(reply[6]), int(reply[7]),
+                         {s: v for s, v in zip(SCOPES, left, strict=True) if s in scopes}, *windows, closed=entry,
+                         trace=trace, limits=eff,
+                         started_at=float(reply[13]) if limits.run_max_seconds is not None else None,
+                         rates=_rate_states(turn, reply[14]), key=turn.key)
 
     @staticmethod
     def _scope_keys(tenant: str, run_id: str, day: str, month: str) -> list[str]:
@@ -867,7 +883,7 @@ def _call_keys(tenant: str, run_id: str, windows: tuple[str, str], key_id: str |
     return found
 
 
-def _rate_states(turn: Turn, flat: list[Any]) -> tuple[RateState, ...]:
+def _rate_states(turn: Turn | ToolTurn, flat: list[Any]) -> tuple[RateState, ...]:
     """The buckets' states as admit.lua lists them: remaining, reset ms, wait ms (-1: never)."""
     return tuple(RateState(rate, int(flat[3 * j]), int(flat[3 * j + 1]),
                            None if int(flat[3 * j + 2]) < 0 else int(flat[3 * j + 2]))

@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 import orjson
 
 from proxy.errors import Refusal, StoreUnavailable
-from proxy.policy.rates import RateState, epoch_ms, rate_step
+from proxy.policy.rates import Rate, RateState, epoch_ms, rate_step
 from proxy.policy.store import (
     CONTEXT_KEPT_S,
     MCP_TOOL_CALLS,
@@ -146,7 +146,9 @@ CREATE TABLE IF NOT EXISTS rates (
     PRIMARY KEY (tenant, bucket)) WITHOUT ROWID;
 """
 # Columns added after a ledger file may have been created: (table, column, declaration).
-_ADDED_COLUMNS = (("reservations", "key_id", "TEXT"),)
+_ADDED_COLUMNS = (("reservations", "key_id", "TEXT"), ("reservations", "tokens", "INTEGER NOT NULL DEFAULT 0"),
+                  ("runs", "tokens_held", "INTEGER NOT NULL DEFAULT 0"),
+                  ("runs", "tokens_expired", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class SqliteStore(DerivedOps):
@@ -322,37 +324,38 @@ class SqliteStore(DerivedOps):
             extra = context_micros(known, turn.input_rate)
             lo, hi = min_reserve + extra, max_reserve + extra
             calls, first_seen = run.calls, run.first_seen
-            run_tokens = _run_tokens(conn, tenant, run_id) if eff.run_max_tokens is not None else 0
+            run_tokens = (_run_tokens(conn, tenant, run_id) + run.tokens_expired
+                          if eff.run_max_tokens is not None else 0)
             started = (first_seen if first_seen is not None else ts) if eff.run_max_seconds is not None else None
             elapsed = ts - started if started is not None else 0.0
             keys = ledger_keys(run_id, windows, turn.key)
             ledger = _spends(conn, tenant, keys)
-            d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi, run_tokens=run_tokens, elapsed_s=elapsed)
+            tokens = (turn.tokens[0] + known, turn.tokens[1] + known)
+            d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi, run_tokens=run_tokens, elapsed_s=elapsed,
+                       tokens=tokens, tokens_held=run.tokens_held)
             if d.refused:
                 return refused(refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
-                                       tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key))
-            rates = _rates(conn, tenant, turn, now_ms)
+                                       tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key,
+                                       tokens_held=run.tokens_held, tokens_needed=tokens[0]))
+            rates = _rates(conn, tenant, turn.rates, now_ms)
             if any(state.wait_ms != 0 for _, state in rates):
                 return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
-            for (debt, state) in rates:
-                conn.execute("INSERT INTO rates (tenant, bucket, debt, last_ms) VALUES (?,?,?,?) "
-                             "ON CONFLICT DO UPDATE SET debt = excluded.debt, "
-                             "last_ms = MAX(last_ms, excluded.last_ms)",
-                             (tenant, state.rate.bucket, debt, now_ms))
+            _draw(conn, tenant, rates, now_ms)
             _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
             run.count(ts)
+            run.tokens_held += d.tokens
             _save_run(conn, tenant, run_id, run, ts)
             rid = secrets.token_hex(16)
             conn.execute(
                 "INSERT INTO reservations "
-                "(id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
-                "VALUES (?,?,?,?,?,?,?,?)",
-                (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key),
+                "(id, tenant, run_id, day_key, month_key, amount, expires_at, key_id, tokens) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key, d.tokens),
             )
             return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
                              closed=closed, trace=trace, context_tokens=known, limits=eff,
                              run_tokens=run_tokens, started_at=started,
-                             rates=tuple(state for _, state in rates), key=turn.key)
+                             rates=tuple(state for _, state in rates), key=turn.key, tokens=d.tokens)
 
         return await self._admit(op)
 
@@ -371,13 +374,20 @@ class SqliteStore(DerivedOps):
         if turn.cost < 0:
             raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
 
+        now_ms = epoch_ms(now)
+
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
             ts = now.timestamp()
             budget, run = _read_run(conn, tenant, run_id)
             trace = run.keep_trace(turn.trace)
             _save_run(conn, tenant, run_id, run, ts)  # the trace is kept whatever follows
             if turn.name is None:
-                return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits)
+                rates = _rates(conn, tenant, turn.rates, now_ms)
+                if any(state.wait_ms != 0 for _, state in rates):
+                    return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), (), trace)
+                _draw(conn, tenant, rates, now_ms)
+                return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits,
+                                 rates=tuple(state for _, state in rates), key=turn.key)
             entry = (_take_for_mcp(conn, tenant, run_id, turn),)
             loop = guard_refusal(tenant, run_id, entry, turn.guard)
             if loop is not None:
@@ -387,24 +397,32 @@ class SqliteStore(DerivedOps):
                              tenant, run_id, MCP_TOOL_CALLS) or 0)
             if turn.max_calls is not None and count >= turn.max_calls:
                 return refused_with(tool_ceiling(tenant, run_id, turn.max_calls), entry, trace)
-            keys = {"run_cost": ("run", run_id), "tenant_day": ("day", windows[0]),
-                    "tenant_month": ("month", windows[1])}
+            started = run.first_seen if run.first_seen is not None else ts
+            elapsed = ts - started if eff.run_max_seconds is not None else 0.0
+            keys = ledger_keys(run_id, windows, turn.key)
             ledger = _spends(conn, tenant, keys)
-            d = decide(0, ledger, replace(eff, run_max_calls=None), min_reserve=turn.cost, max_reserve=turn.cost)
+            # A tool call spends no model tokens and is no model call: those ceilings are the model route's.
+            d = decide(0, ledger, replace(eff, run_max_calls=None, run_max_tokens=None), min_reserve=turn.cost,
+                       max_reserve=turn.cost, elapsed_s=elapsed)
             if d.refused:
                 error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
-                                tz=tz, min_reserve=turn.cost)
+                                tz=tz, min_reserve=turn.cost, elapsed_s=elapsed, key=turn.key)
                 return refused_with(error, entry, trace)
+            rates = _rates(conn, tenant, turn.rates, now_ms)
+            if any(state.wait_ms != 0 for _, state in rates):
+                return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), entry, trace)
+            _draw(conn, tenant, rates, now_ms)
             _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
             _run_add(conn, tenant, run_id, [(MCP_TOOL_CALLS, 1), ("tool_calls", 0 if "id" in entry[0] else 1)])
             run.last_seen, run.changed = ts, True
             _save_run(conn, tenant, run_id, run, ts)
             rid = secrets.token_hex(16)
             conn.execute(
-                "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at) "
-                "VALUES (?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s))
+                "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
+                "VALUES (?,?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key))
             return Admission(rid, tenant, run_id, d.amount, count + 1, d.remaining, *windows, closed=entry,
-                             trace=trace, limits=eff)
+                             trace=trace, limits=eff, started_at=started if eff.run_max_seconds is not None else None,
+                             rates=tuple(state for _, state in rates), key=turn.key)
 
         return await self._admit(op)
 
@@ -437,14 +455,18 @@ class SqliteStore(DerivedOps):
         def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(
                 "DELETE FROM reservations WHERE id=? "
-                "RETURNING tenant, run_id, day_key, month_key, amount, expired, key_id",
+                "RETURNING tenant, run_id, day_key, month_key, amount, expired, key_id, tokens",
                 (admission.id,),
             ).fetchone()
             if row is None:
                 # Settled before: idempotent, so the run totals and tool calls that came
                 # with the first settle are not added again either.
                 return 0
-            tenant, run_id, day, month, amount, expired, key_id = row
+            tenant, run_id, day, month, amount, expired, key_id, tokens = row
+            if tokens:  # the real count arrives in the run totals; expiry had charged the held tokens
+                column = "tokens_expired" if expired else "tokens_held"
+                conn.execute(f"UPDATE runs SET {column} = {column} - ? WHERE tenant=? AND run_id=?",
+                             (tokens, tenant, run_id))
             # An expired reservation was charged at `amount` already: correct it to the real cost.
             settled, reserved = (actual - amount, 0) if expired else (actual, -amount)
             _add(conn, tenant, [(scope, key, settled, reserved)
@@ -676,17 +698,26 @@ def _reserved_on(run_id: str, day: str, month: str, key_id: str | None) -> list[
 
 def _run_tokens(conn: sqlite3.Connection, tenant: str, run_id: str) -> int:
     return int(_one(conn, "SELECT COALESCE(SUM(value), 0) FROM run_totals WHERE tenant=? AND run_id=? "
-                          "AND name IN ('input_tokens', 'output_tokens')", tenant, run_id))
+                          "AND name IN ('input_tokens', 'output_tokens', 'estimated_tokens')", tenant, run_id))
 
 
-def _rates(conn: sqlite3.Connection, tenant: str, turn: Turn, now_ms: int) -> list[tuple[int, RateState]]:
+def _rates(conn: sqlite3.Connection, tenant: str, rates: tuple[Rate, ...], now_ms: int,
+           ) -> list[tuple[int, RateState]]:
     """(debt with this call counted, state) of each rate bucket the call draws on."""
     out = []
-    for rate in turn.rates:
+    for rate in rates:
         row = conn.execute("SELECT debt, last_ms FROM rates WHERE tenant=? AND bucket=?",
                            (tenant, rate.bucket)).fetchone()
         out.append(rate_step(int(row[0]), int(row[1]), now_ms, rate) if row else rate_step(0, now_ms, now_ms, rate))
     return out
+
+
+def _draw(conn: sqlite3.Connection, tenant: str, rates: list[tuple[int, RateState]], now_ms: int) -> None:
+    """Keep each bucket's debt with this call counted."""
+    for debt, state in rates:
+        conn.execute("INSERT INTO rates (tenant, bucket, debt, last_ms) VALUES (?,?,?,?) "
+                     "ON CONFLICT DO UPDATE SET debt = excluded.debt, last_ms = MAX(last_ms, excluded.last_ms)",
+                     (tenant, state.rate.bucket, debt, now_ms))
 
 
 def _one(conn: sqlite3.Connection, sql: str, *args: Any) -> Any:
@@ -744,12 +775,15 @@ def _expire(conn: sqlite3.Connection, now_ts: float) -> int:
     """Charge reservations past their ttl at their reserved amount (unknown is not zero),
     and forget what no settle can correct any more."""
     rows = conn.execute(
-        "SELECT id, tenant, run_id, day_key, month_key, amount, key_id FROM reservations "
+        "SELECT id, tenant, run_id, day_key, month_key, amount, key_id, tokens FROM reservations "
         "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at",
         (now_ts,),
     ).fetchall()
-    for rid, tenant, run_id, day, month, amount, key_id in rows:
+    for rid, tenant, run_id, day, month, amount, key_id, tokens in rows:
         _add(conn, tenant, [(scope, key, amount, -amount) for scope, key in _reserved_on(run_id, day, month, key_id)])
+        if tokens:  # charged at the tokens it held, as at its money
+            conn.execute("UPDATE runs SET tokens_held = tokens_held - ?1, tokens_expired = tokens_expired + ?1 "
+                         "WHERE tenant=?2 AND run_id=?3", (tokens, tenant, run_id))
         conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
     conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))
     conn.execute("DELETE FROM contexts WHERE seen_at < ?", (now_ts - CONTEXT_KEPT_S,))
@@ -760,11 +794,14 @@ class _Run:
     """A run's row as one operation reads it, changes it, and writes it back once
     (`_save_run`): the op holds the write lock throughout, so nothing changes it between."""
 
-    __slots__ = ("calls", "changed", "failures", "first_seen", "last_seen", "sig", "streak", "trace")
+    __slots__ = ("calls", "changed", "failures", "first_seen", "last_seen", "sig", "streak", "tokens_expired",
+                 "tokens_held", "trace")
 
     def __init__(self, row: tuple[Any, ...] | None) -> None:
-        calls, self.first_seen, self.last_seen, self.trace, self.sig, streak, failures = row or (0, *[None] * 6)
+        calls, self.first_seen, self.last_seen, self.trace, self.sig, streak, failures, held, expired = (
+            row or (0, *[None] * 8))
         self.calls, self.streak, self.failures = int(calls or 0), int(streak or 0), int(failures or 0)
+        self.tokens_held, self.tokens_expired = int(held or 0), int(expired or 0)
         self.changed = False
 
     def keep_trace(self, trace: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -783,7 +820,8 @@ class _Run:
 def _read_run(conn: sqlite3.Connection, tenant: str, run_id: str) -> tuple[tuple[int | None, int | None], _Run]:
     """(the tenant's admin budgets (day, month), the run), in one statement."""
     row = conn.execute(
-        "SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures "
+        "SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures, "
+        "r.tokens_held, r.tokens_expired "
         "FROM (SELECT 1) LEFT JOIN budgets b ON b.tenant = ?1 "
         "LEFT JOIN runs r ON r.tenant = ?1 AND r.run_id = ?2",
         (tenant, run_id),
@@ -798,11 +836,13 @@ def _save_run(conn: sqlite3.Connection, tenant: str, run_id: str, run: _Run, ts:
     first_seen = run.first_seen if run.first_seen is not None else ts
     last_seen = run.last_seen if run.last_seen is not None else ts
     conn.execute(
-        "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, trace, sig, streak, failures) "
-        "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = excluded.calls, "
+        "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, trace, sig, streak, failures, tokens_held) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = excluded.calls, "
         "first_seen = excluded.first_seen, last_seen = excluded.last_seen, trace = excluded.trace, "
-        "sig = excluded.sig, streak = excluded.streak, failures = excluded.failures",
-        (tenant, run_id, run.calls, first_seen, last_seen, run.trace, run.sig, run.streak, run.failures),
+        "sig = excluded.sig, streak = excluded.streak, failures = excluded.failures, "
+        "tokens_held = excluded.tokens_held",
+        (tenant, run_id, run.calls, first_seen, last_seen, run.trace, run.sig, run.streak, run.failures,
+         run.tokens_held),
     )
     run.first_seen, run.last_seen, run.changed = first_seen, last_seen, False
 
@@ -875,7 +915,8 @@ def _run_add_sql(n: int) -> str:
             + " ON CONFLICT DO UPDATE SET value = value + excluded.value")
 
 
-_TOKEN_TOTALS = frozenset({"input_tokens", "output_tokens"})  # what `runs.max_tokens` counts (_run_tokens)
+# What `runs.max_tokens` counts (_run_tokens): estimated_tokens are those of an answer whose usage was never read.
+_TOKEN_TOTALS = frozenset({"input_tokens", "output_tokens", "estimated_tokens"})
 
 
 def _lazy_settle(admission: Admission, actual: int, totals: list[tuple[str, int]],

@@ -8,9 +8,15 @@ Money is integer micro-USD everywhere. Scopes of a reservation:
     key_day       (tenant, key id, day)     "3b1f2a9c/2026-11-29"   only for calls
     key_month     (tenant, key id, month)   "3b1f2a9c/2026-11"      made with a key
 
-Besides money, the admission checks the run's calls, its settled tokens and its wall
-time against their ceilings, and the rate limits of the tenant and the key
-(proxy/policy/rates.py), all in the same atomic step.
+Besides money, the admission checks the run's calls, its tokens and its wall time
+against their ceilings, and the rate limits of the tenant and the key
+(proxy/policy/rates.py), all in the same atomic step. Tokens are reserved as money is:
+the call's worst case (input bound + output bound, `Turn.tokens`) is held on the run
+until settle replaces it by the real count (`input_tokens` + `output_tokens` in the run
+totals, or `estimated_tokens` when the answer's usage was never read: unknown is not
+zero); a reservation that expires is charged at its tokens too. The run's token
+headroom is `runs.max_tokens` - settled - in flight, so no number of concurrent calls,
+workers or replicas crosses it.
 
 A window's date is part of its key, so windows roll over without any reset job.
 
@@ -92,7 +98,7 @@ class Limits:
     run_max_cost: int | None = None
     day_budget: int | None = None
     month_budget: int | None = None
-    run_max_tokens: int | None = None  # input + output tokens of the run's settled calls
+    run_max_tokens: int | None = None  # input + output tokens of the run's calls, settled and in flight
     run_max_seconds: float | None = None  # wall time since the run's first call
     key_day_budget: int | None = None
     key_month_budget: int | None = None
@@ -137,6 +143,10 @@ class Turn:
     model: str | None = None  # named in that refusal
     key: str | None = None  # the caller's key id: its budget scopes and rate buckets
     rates: tuple[Rate, ...] = ()  # rate-limit buckets this call draws on
+    # (least, most) tokens the call may use: input bound + the least worth answering, and +
+    # the output bound. Under runs.max_tokens the reservation is cut to the headroom left
+    # (never below the least), and the caller clamps the request's output to what it holds.
+    tokens: tuple[int, int] = (0, 0)
 
 
 NO_TURN = Turn()
@@ -148,15 +158,18 @@ class ToolTurn:
 
     A `tools/call` names its tool (`name`, `sig` = name + sha256 of canonical arguments,
     as the loop guard compares model tool calls). Any other request leaves `name` None:
-    only the run's trace ids are kept (`trace`), nothing is counted or reserved.
+    it draws on `rates` and the run's trace ids are kept (`trace`), nothing is counted
+    or reserved.
     """
 
     name: str | None = None
     sig: str = ""
     cost: int = 0  # micro-USD: the tool's fixed price (mcp_servers.X.tool_costs), reserved like a call's
-    max_calls: int | None = None  # policy runs.max_tool_calls
+    max_calls: int | None = None  # runs.max_tool_calls, the tenant's or its key's when tighter
     guard: GuardRule | None = None
     trace: dict[str, Any] | None = None
+    key: str | None = None  # the caller's key id: its budget scopes and rate buckets, as a model call's
+    rates: tuple[Rate, ...] = ()  # requests-per-minute buckets this request draws on (any request, not only tools)
 
 
 # The run total that counts MCP tool calls; `runs.max_tool_calls` is checked against it.
@@ -187,6 +200,7 @@ class Admission:
     started_at: float | None = None
     rates: tuple[RateState, ...] = ()  # each rate bucket after this call
     key: str | None = None  # the caller's key id (`Turn.key`): settle finds the key's scopes by it
+    tokens: int = 0  # tokens held on the run until settled (stored context included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +220,7 @@ class Decision:
     amount: int = 0
     refused: str | None = None  # run_calls | run_tokens | run_seconds | a scope of SCOPES
     remaining: dict[str, int | None] = field(default_factory=dict)
+    tokens: int = 0  # tokens to hold on the run
 
 
 def window_keys(now: datetime, tz: str = "UTC") -> tuple[str, str]:
@@ -227,17 +242,27 @@ def decide(
     max_reserve: int,
     run_tokens: int = 0,
     elapsed_s: float = 0.0,
+    tokens: tuple[int, int] = (0, 0),
+    tokens_held: int = 0,
 ) -> Decision:
     """The admission rule, shared by both backends (redis.py's admit.lua mirrors it).
 
-    Refuse when the run's call count, settled tokens or wall time is at its ceiling, or
-    when some scope of `ledger` (those of SCOPES it has) has less headroom than
-    `min_reserve`; otherwise reserve min(max_reserve, smallest headroom).
+    Refuse when the run's call count or wall time is at its ceiling, when its token
+    headroom (the ceiling - `run_tokens` settled - `tokens_held` in flight) is used up or
+    below `tokens[0]`, or when some scope of `ledger` (those of SCOPES it has) has less
+    headroom than `min_reserve`; otherwise reserve min(max_reserve, smallest headroom)
+    and, under a token ceiling, min(tokens[1], token headroom).
     """
     if limits.run_max_calls is not None and calls >= limits.run_max_calls:
         return Decision(refused="run_calls")
-    if limits.run_max_tokens is not None and run_tokens >= limits.run_max_tokens:
-        return Decision(refused="run_tokens")
+    # Tokens are held only under a token ceiling: without one nothing reads them, and the
+    # settle then has no run row to write back.
+    held = 0
+    if limits.run_max_tokens is not None:
+        left = limits.run_max_tokens - run_tokens - tokens_held
+        if left <= 0 or left < tokens[0]:
+            return Decision(refused="run_tokens")
+        held = min(tokens[1], left)
     if limits.run_max_seconds is not None and elapsed_s >= limits.run_max_seconds:
         return Decision(refused="run_seconds")
     headroom: dict[str, int | None] = {}
@@ -253,7 +278,7 @@ def decide(
         return Decision(refused=tightest[1])
     amount = max_reserve if tightest is None else min(max_reserve, tightest[0])
     remaining = {s: None if h is None else h - amount for s, h in headroom.items()}
-    return Decision(amount=amount, remaining=remaining)
+    return Decision(amount=amount, remaining=remaining, tokens=held)
 
 
 def ledger_keys(run_id: str, windows: tuple[str, str], key: str | None) -> dict[str, tuple[str, str]]:
@@ -355,6 +380,8 @@ def refusal(
     run_tokens: int = 0,
     elapsed_s: float = 0.0,
     key: str | None = None,
+    tokens_held: int = 0,
+    tokens_needed: int = 0,
 ) -> CeilingReached:
     """The CeilingReached error for a refused decision, with its message."""
     scope = decision.refused or "run_calls"
@@ -363,7 +390,8 @@ def refusal(
         text = messages.call_ceiling(tenant, run_id, limits.run_max_calls or 0, origin)
         return CeilingReached(text, limit=scope)
     if scope == "run_tokens":
-        text = messages.token_ceiling(tenant, run_id, limits.run_max_tokens or 0, run_tokens, origin)
+        text = messages.token_ceiling(tenant, run_id, limits.run_max_tokens or 0, run_tokens, origin,
+                                      held=tokens_held, needed=tokens_needed)
         return CeilingReached(text, limit=scope)
     if scope == "run_seconds":
         text = messages.time_ceiling(tenant, run_id, limits.run_max_seconds or 0, elapsed_s, origin)
@@ -479,13 +507,15 @@ class Store(Protocol):
         has none; for a `tools/call` (`turn.name` set) also take the open model tool call it
         executes (`match_pending`, marked `mcp` so that the request carrying its result
         emits no inferred span for it), count the run's streak of identical MCP calls,
-        then refuse (loop guard, `turn.max_calls`, a cost scope) or count it in the run's
-        `mcp_tool_calls` (and `tool_calls` when no model call matched) and reserve
-        `turn.cost` on every scope. `closed` holds one entry (`tool_entry`); settle the
-        admission as a model call's. A request that is not a tool call gets id "".
+        then refuse (loop guard, `turn.max_calls`, the run's wall time, a cost scope: the
+        key's too with `turn.key`) or count it in the run's `mcp_tool_calls` (and
+        `tool_calls` when no model call matched) and reserve `turn.cost` on every scope.
+        Any request, tool call or not, then draws on `turn.rates`. `closed` holds one entry
+        (`tool_entry`); settle the admission as a model call's. A request that is not a
+        tool call gets id "".
 
-        Raises LoopRefused or CeilingReached (nothing counted or reserved; the entry and
-        trace ride on the error as `closed` and `trace`)."""
+        Raises LoopRefused, CeilingReached or RateLimited (nothing counted, reserved or
+        drawn; the entry and trace ride on the error as `closed` and `trace`)."""
         ...
 
     async def settle(

@@ -29,12 +29,13 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from proxy.errors import CeilingReached, LoopRefused, MalformedBody, ProxyError, Refusal, RequestError
+from proxy.errors import CeilingReached, LoopRefused, MalformedBody, ProxyError, RateLimited, Refusal, RequestError
 
 __all__ = [
     "CEILING_REACHED",
     "LOOP_REFUSED",
     "PROTOCOL_HEADER",
+    "RATE_LIMITED",
     "SESSION_HEADER",
     "Answer",
     "Message",
@@ -58,6 +59,7 @@ INVALID_REQUEST: Final = -32600
 INTERNAL_ERROR: Final = -32603
 CEILING_REACHED: Final = -32050  # a run or tenant ceiling (tool calls, cost)
 LOOP_REFUSED: Final = -32051  # the loop guard: the same tool call again and again
+RATE_LIMITED: Final = -32052  # a requests-per-minute limit of the tenant or the key
 
 Kind = Literal["request", "notification", "response"]
 RequestId = str | int
@@ -121,6 +123,11 @@ def parse(raw: bytes) -> Message:
         raise MalformedBody("A JSON-RPC id is a string or an integer.")
     if params is not None and not isinstance(params, dict):
         raise MalformedBody("MCP params are an object.")
+    if method == "tools/call" and rid is None:
+        raise RequestError(
+            'A "tools/call" without an "id" is a notification: the server would run the tool and answer '
+            "nothing, so spanmeter could neither meter it nor return its result. spanmeter does not relay it; "
+            'send the tools/call as a request, with an "id".', param="id")
     if isinstance(method, str):
         return Message("request" if rid is not None else "notification", rid, method, params or {})
     if method is None and rid is not None and ("result" in data or "error" in data):
@@ -186,6 +193,8 @@ def error_code(exc: ProxyError) -> int:
         return CEILING_REACHED
     if isinstance(exc, LoopRefused):
         return LOOP_REFUSED
+    if isinstance(exc, RateLimited):
+        return RATE_LIMITED
     if isinstance(exc, MalformedBody):
         return PARSE_ERROR
     return INVALID_REQUEST if isinstance(exc, RequestError) else INTERNAL_ERROR
@@ -201,7 +210,7 @@ def error_status(exc: ProxyError) -> int:
 
 def error_body(request_id: RequestId | None, exc: ProxyError) -> bytes:
     data: dict[str, Any] = {"type": exc.error_type}
-    if isinstance(exc, CeilingReached):
+    if isinstance(exc, CeilingReached | RateLimited):
         data["limit"] = exc.limit
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id,
                          "error": {"code": error_code(exc), "message": exc.message, "data": data}})

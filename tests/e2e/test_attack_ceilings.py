@@ -150,3 +150,33 @@ async def test_shapes_that_cannot_be_bounded_or_routed_are_refused_unforwarded(
     assert statuses == [status] * 5
     assert provider.paths == [], "nothing reached the provider"
     assert await proxy.app[STORE].spend("atk") == 0
+
+
+TOKEN_CEILING = 5_000
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("shape", list(BOUNDED))
+async def test_forty_concurrent_calls_never_cross_a_token_ceiling(shape, stream, make_proxy, monkeypatch_env,
+                                                                  greedy):
+    """The greedy provider writes every token a request allows: what it is allowed is what
+    the ledger held for it, so the run's tokens stay within runs.max_tokens."""
+    url, _ = greedy
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
+        monkeypatch_env(var, "sk-upstream")
+    proxy = await make_proxy(openai_base_url=url, anthropic_base_url=url, gemini_base_url=url, tenants={
+        "atk": {"keys": [hash_key(KEY)], "policy": {"runs": {"max_tokens": TOKEN_CEILING}}}})
+    path, body = BOUNDED[shape]
+    async with aiohttp.ClientSession(skip_auto_headers=["Accept-Encoding"]) as session:
+        if "stored response" in shape:
+            assert await _post(session, proxy.url + RESPONSES, {"model": "sim-small", "input": "hello",
+                                                                "max_output_tokens": 100}, "seed") == 200
+            await proxy.settled()
+        statuses = await asyncio.gather(*(_post(session, proxy.url + path(stream), body(stream), "t")
+                                          for _ in range(40)))
+    await proxy.settled()
+    assert set(statuses) <= {200, 402}, statuses
+    assert 402 in statuses, "40 greedy calls cannot all fit in 5,000 tokens"
+    totals = await proxy.app[STORE].run_totals("atk", "t")
+    used = sum(totals.get(k, 0) for k in ("input_tokens", "output_tokens", "estimated_tokens"))
+    assert 0 < used <= TOKEN_CEILING, totals

@@ -220,7 +220,7 @@ INIT = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/list"}'
 
 
 @pytest.mark.parametrize(("path", "body", "auth", "status", "code", "says"), [
-    ("/mcp/nope", INIT, True, 404, -32600, "No MCP server named 'nope'. Configured: ['weather']"),
+    ("/mcp/nope", INIT, True, 404, -32600, "No MCP server named 'nope' is configured"),
     ("/mcp/weather", INIT, False, 401, -32600, "No spanmeter key was sent"),
     ("/mcp/weather", b"[" + INIT + b"]", True, 400, -32600, "batches"),
     ("/mcp/weather", b'{"jsonrpc": "2.0", "id": 7, "method": ', True, 400, -32700, "not JSON"),

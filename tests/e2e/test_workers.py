@@ -30,6 +30,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import hash_key
+from proxy.policy.pricing import PROVIDER_OVERHEAD_TOKENS
 from proxy.policy.store import open_store
 from proxy.siblings import WORKER_ATTRIBUTE
 from tests.fixtures.otlp import OtlpReceiver, otlp_receiver  # noqa: F401
@@ -484,3 +485,30 @@ def _read(db: Path, sql: str) -> tuple[Any, ...]:
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
         row = conn.execute(sql).fetchone()
     return tuple(row) if row else ()
+
+
+@pytest.mark.parametrize("ledger", ["sqlite", "redis"])
+async def test_two_workers_never_cross_a_token_ceiling_with_calls_in_flight(sim, serve, redis_server, ledger):
+    """40 slow streams at once against runs.max_tokens 5,000, spread over two workers: what
+    was forwarded (each request's input bound + the max tokens it was allowed) fits in the
+    ceiling, since every admitted call was still in flight when the last one was admitted."""
+    url = None
+    if ledger == "redis":
+        with redis.Redis.from_url(redis_server.url) as r:
+            r.flushdb()
+        url = redis_server.url
+    srv = await serve(sim.url, policy="{runs: {max_tokens: 5000}}", ledger=url)
+    async with _client(srv, max_retries=0) as client:
+        before = len(sim.received)
+
+        async def slow() -> Any:
+            stream = await _ask(client, "r-tokens", "SCENARIO:slow:0.4", stream=True, max_tokens=1000)
+            return [chunk async for chunk in stream]
+
+        ok, refused = _ok(await asyncio.gather(*(slow() for _ in range(40)), return_exceptions=True))
+    forwarded = sim.received[before:]
+    assert ok and refused and len(forwarded) == len(ok)
+    held = sum(len(r.body) + PROVIDER_OVERHEAD_TOKENS + r.json()["max_tokens"] for r in forwarded)
+    assert held <= 5000, [r.json()["max_tokens"] for r in forwarded]
+    assert all("tokens" in r.message for r in refused)
+    assert set(srv.access_by_worker()) <= {"1", "2"}

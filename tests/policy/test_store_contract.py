@@ -954,3 +954,138 @@ async def test_an_expired_reservation_is_charged_on_its_keys_scopes_too(store: S
 async def test_spend_of_a_key_needs_a_day_or_a_month(store: Store, tenant: str) -> None:
     with pytest.raises(ValueError, match="day or a month"):
         await store.spend(tenant, key_id="k1k1k1k1")
+
+
+# --- MCP tool calls under a key's limits, the rates and the run's clock (issue 26) ---------
+
+
+async def test_a_tool_call_holds_money_on_its_keys_scopes_and_is_refused_by_them(store: Store, tenant: str) -> None:
+    limits = Limits(day_budget=10_000, key_day_budget=500, key_month_budget=10_000)
+    a = await admit_tool(store, tenant, _mcp(cost=300, key="kmcpkmcp"), limits=limits)
+    assert a.remaining["key_day"] == 200 and a.key == "kmcpkmcp"
+    assert await store.spend_detail(tenant, day="2026-05-14", key_id="kmcpkmcp") == Spend(0, 300)
+    with pytest.raises(CeilingReached) as ei:
+        await admit_tool(store, tenant, _mcp(args="oslo", cost=300, key="kmcpkmcp"), "r-2", limits=limits)
+    assert ei.value.limit == "key_day" and ei.value.message.startswith(f"Key kmcpkmcp of tenant {tenant}")
+    await store.settle(a, 300)
+    assert await store.spend_detail(tenant, month="2026-05", key_id="kmcpkmcp") == Spend(300, 0)
+    other = await admit_tool(store, tenant, _mcp(cost=300, key="kothkoth"), "r-3", limits=limits)
+    assert other.remaining["key_day"] == 200, "another key has its own day"
+
+
+async def test_concurrent_tool_calls_never_cross_a_keys_day(store: Store, tenant: str) -> None:
+    limits = Limits(key_day_budget=30_000)
+    results = await asyncio.gather(*(admit_tool(store, tenant, _mcp(args=str(i), cost=10_000, key="kconkcon"),
+                                                f"r-{i}", limits=limits) for i in range(40)), return_exceptions=True)
+    assert sum(isinstance(r, Admission) for r in results) == 3
+    assert await store.spend(tenant, day="2026-05-14", key_id="kconkcon") == 30_000
+
+
+async def test_an_expired_tool_reservation_is_charged_on_its_keys_scopes(store: Store, tenant: str) -> None:
+    past = datetime(2001, 3, 1, tzinfo=UTC)
+    await admit_tool(store, tenant, _mcp(cost=70, key="kexpkexp"), ttl_s=60, now=past)
+    assert await store.expire(past + timedelta(seconds=61)) == 1
+    assert await store.spend_detail(tenant, day="2001-03-01", key_id="kexpkexp") == Spend(70, 0)
+
+
+async def test_every_mcp_request_draws_on_the_requests_per_minute(store: Store, tenant: str) -> None:
+    rates = (Rate("tenant", "requests", 3, 1),)
+    listing = await admit_tool(store, tenant, ToolTurn(rates=rates))
+    assert listing.id == "" and listing.rates[0].remaining == 2
+    await admit_tool(store, tenant, _mcp(rates=rates))
+    results = await asyncio.gather(*(admit_tool(store, tenant, _mcp(args=str(i), rates=rates)) for i in range(10)),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, Admission) for r in results) == 1
+    limited = [r for r in results if isinstance(r, RateLimited)]
+    assert len(limited) == 9 and limited[0].limit == "rate_requests" and limited[0].wait_ms
+    with pytest.raises(RateLimited):
+        await admit_tool(store, tenant, ToolTurn(rates=rates))
+    assert (await store.run_totals(tenant, "r-1"))["mcp_tool_calls"] == 2, "a limited call is not counted"
+    later = await admit_tool(store, tenant, ToolTurn(rates=rates), now=T0 + timedelta(seconds=20))
+    assert later.rates[0].remaining == 0, "one request came back after 20 s"
+
+
+async def test_a_tool_call_past_the_runs_wall_time_is_refused(store: Store, tenant: str) -> None:
+    limits = Limits(run_max_seconds=60)
+    await admit(store, tenant, limits=limits, now=T0)
+    a = await admit_tool(store, tenant, _mcp(), limits=limits, now=T0 + timedelta(seconds=59))
+    assert a.started_at == T0.timestamp()
+    with pytest.raises(CeilingReached) as ei:
+        await admit_tool(store, tenant, _mcp(args="oslo"), limits=limits, now=T0 + timedelta(seconds=60))
+    assert ei.value.limit == "run_seconds" and "its first call arrived 60 s ago" in ei.value.message
+
+
+# --- token ceilings reserved like cost (issue 26 item 3) -------------------------------------
+
+
+async def test_tokens_are_held_at_admission_cut_to_the_headroom_and_replaced_at_settle(
+        store: Store, tenant: str) -> None:
+    free = await admit(store, tenant, "r-free", turn=Turn(tokens=(600, 4_000)))
+    assert free.tokens == 0, "nothing held where no token ceiling reads it"
+    limits = Limits(run_max_tokens=5_000)
+    a = await admit(store, tenant, limits=limits, turn=Turn(tokens=(600, 4_000)))
+    assert a.tokens == 4_000
+    b = await admit(store, tenant, limits=limits, turn=Turn(tokens=(600, 4_000)))
+    assert b.tokens == 1_000, "cut to what the run has left"
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, limits=limits, turn=Turn(tokens=(600, 4_000)))
+    assert ei.value.limit == "run_tokens"
+    assert "its answered calls used 0 input and output tokens, and 5,000 are held by its calls in flight" in (
+        ei.value.message)
+    await store.settle(a, 5, run_totals={"input_tokens": 700, "output_tokens": 300})
+    c = await admit(store, tenant, limits=limits, turn=Turn(tokens=(600, 4_000)))
+    assert c.tokens == 3_000 and c.run_tokens == 1_000, "5,000 - 1,000 settled - 1,000 held by b"
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, limits=limits, turn=Turn(tokens=(600, 4_000)))
+    assert "This call needs at least 600" not in ei.value.message, "nothing left at all"
+
+
+async def test_a_call_whose_least_does_not_fit_is_refused_saying_what_it_needs(store: Store, tenant: str) -> None:
+    limits = Limits(run_max_tokens=1_000)
+    await admit(store, tenant, limits=limits, turn=Turn(tokens=(100, 700)))
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, limits=limits, turn=Turn(tokens=(400, 900)))
+    assert "700 are held by its calls in flight. This call needs at least 400" in ei.value.message
+
+
+async def test_concurrent_calls_never_cross_a_token_ceiling(store: Store, tenant: str) -> None:
+    limits = Limits(run_max_tokens=5_000)
+    ok, refused = await outcomes([admit(store, tenant, limits=limits, turn=Turn(tokens=(300, 1_100)))
+                                  for _ in range(40)])
+    assert sum(a.tokens for a in ok) <= 5_000 and len(ok) == 5 and len(refused) == 35
+    assert {r.limit for r in refused} == {"run_tokens"}
+
+
+async def test_two_stores_on_one_ledger_share_a_runs_token_ceiling(url: str, tenant: str) -> None:
+    stores = [open_store(url), open_store(url)]
+    try:
+        limits = Limits(run_max_tokens=5_000)
+        ok, _ = await outcomes([admit(stores[i % 2], tenant, limits=limits, turn=Turn(tokens=(300, 1_000)))
+                                for i in range(40)])
+        assert sum(a.tokens for a in ok) == 5_000
+    finally:
+        for s in stores:
+            await s.aclose()
+
+
+async def test_an_expired_token_reservation_is_charged_and_a_late_settle_corrects_it(
+        store: Store, tenant: str) -> None:
+    past = datetime(2001, 4, 1, tzinfo=UTC)
+    limits = Limits(run_max_tokens=1_000)
+    a = await admit(store, tenant, limits=limits, ttl_s=60, now=past, turn=Turn(tokens=(100, 800)))
+    assert await store.expire(past + timedelta(seconds=61)) == 1
+    later = past + timedelta(seconds=62)
+    b = await admit(store, tenant, limits=limits, now=later, turn=Turn(tokens=(100, 800)))
+    assert (b.run_tokens, b.tokens) == (800, 200), "the expired call counts at the tokens it held"
+    await store.settle(a, 5, run_totals={"input_tokens": 50, "output_tokens": 50})
+    await store.release(b)
+    c = await admit(store, tenant, limits=limits, now=later, turn=Turn(tokens=(100, 800)))
+    assert (c.run_tokens, c.tokens) == (100, 800), "the late settle put the real count in its place"
+
+
+async def test_estimated_tokens_of_an_unread_answer_count_against_the_ceiling(store: Store, tenant: str) -> None:
+    limits = Limits(run_max_tokens=1_000)
+    a = await admit(store, tenant, limits=limits, turn=Turn(tokens=(100, 900)))
+    await store.settle(a, 5, run_totals={"input_tokens": 40, "estimated_tokens": 860})
+    b = await admit(store, tenant, limits=limits, turn=Turn(tokens=(50, 900)))
+    assert (b.run_tokens, b.tokens) == (900, 100)

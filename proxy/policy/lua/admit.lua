@@ -17,14 +17,16 @@
 --       15 priced (1/0), 16 stored-context rate (micro-USD per million tokens),
 --       17 run max tokens, 18 run max seconds, 19 key day budget, 20 key month budget (-1 = none),
 --       21 has a key (1/0), 22 now in ms, 23 number of rate buckets r, then r pairs: limit, cost,
---       then the number of results n, then n pairs: tool call id, '1' if the result is ok
+--       then the number of results n, then n pairs: tool call id, '1' if the result is ok,
+--       then (the last two) the least and the most tokens the call may use
 if redis.call('EXISTS', KEYS[5]) == 1 then
   -- a retried admission (the reply to the first was lost): answer it again
-  local f = redis.call('HMGET', KEYS[5], 'amount', 'calls')
-  return {'dup', {}, '', tonumber(f[1]), tonumber(f[2])}
+  local f = redis.call('HMGET', KEYS[5], 'amount', 'calls', 'tokens')
+  return {'dup', {}, '', tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or '0')}
 end
 
 local has_key = ARGV[21] == '1'
+local tokens_lo, tokens_hi = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 local r = tonumber(ARGV[23])
 local n0 = 24 + 2 * r
 
@@ -113,13 +115,14 @@ if costed and #unknown > 0 then
 end
 local extra = math.ceil(context_tokens * tonumber(ARGV[16]) / 1000000)
 
--- 6. The run's calls, settled tokens and wall time.
-local run = redis.call('HMGET', KEYS[1], 'calls', 'first_seen')
+-- 6. The run's calls, tokens (settled, and held by its calls in flight) and wall time.
+local run = redis.call('HMGET', KEYS[1], 'calls', 'first_seen', 'tokens_held', 'tokens_expired')
 local calls = tonumber(run[1] or '0')
+local held = tonumber(run[3] or '0')
 local run_tokens, started = 0, ''
 if tonumber(ARGV[17]) >= 0 then
-  local t = redis.call('HMGET', KEYS[11], 'input_tokens', 'output_tokens')
-  run_tokens = tonumber(t[1] or '0') + tonumber(t[2] or '0')
+  local t = redis.call('HMGET', KEYS[11], 'input_tokens', 'output_tokens', 'estimated_tokens')
+  run_tokens = tonumber(t[1] or '0') + tonumber(t[2] or '0') + tonumber(t[3] or '0') + tonumber(run[4] or '0')
 end
 local elapsed = 0
 if tonumber(ARGV[18]) >= 0 then
@@ -128,14 +131,20 @@ if tonumber(ARGV[18]) >= 0 then
 end
 local function refused(scope, settled, reserved)
   return {'refused', closed, trace, budgets[1], budgets[2], scope, settled, reserved, string.format('%d', extra),
-          string.format('%d', run_tokens), string.format('%.6f', elapsed)}
+          string.format('%d', run_tokens), string.format('%.6f', elapsed), string.format('%d', held),
+          string.format('%d', tokens_lo + context_tokens)}
 end
 local max_calls = tonumber(ARGV[1])
 if max_calls >= 0 and calls >= max_calls then
   return refused('run_calls', calls, 0)
 end
-if tonumber(ARGV[17]) >= 0 and run_tokens >= tonumber(ARGV[17]) then
-  return refused('run_tokens', 0, 0)
+local tokens = 0  -- held only under a token ceiling (store.decide)
+if tonumber(ARGV[17]) >= 0 then
+  local left = tonumber(ARGV[17]) - run_tokens - held
+  if left <= 0 or left < tokens_lo + context_tokens then
+    return refused('run_tokens', 0, 0)
+  end
+  tokens = math.min(tokens_hi + context_tokens, left)
 end
 if tonumber(ARGV[18]) >= 0 and elapsed >= tonumber(ARGV[18]) then
   return refused('run_seconds', 0, 0)
@@ -220,9 +229,10 @@ if has_key then
   end
 end
 calls = redis.call('HINCRBY', KEYS[1], 'calls', 1)
+redis.call('HINCRBY', KEYS[1], 'tokens_held', tokens)
 redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[7])
 redis.call('HSET', KEYS[1], 'last_seen', ARGV[7], 'run_id', ARGV[9])
-redis.call('HSET', KEYS[5], 'amount', amount, 'calls', calls, 'expired', '0',
+redis.call('HSET', KEYS[5], 'amount', amount, 'calls', calls, 'expired', '0', 'tokens', tokens,
   'run', KEYS[1], 'day', KEYS[2], 'month', KEYS[3], 'total', KEYS[4])
 if has_key then
   redis.call('HSET', KEYS[5], 'keyday', KEYS[12], 'keymonth', KEYS[13])
@@ -240,4 +250,4 @@ for i = 1, 5 do
 end
 return {'ok', closed, trace, budgets[1], budgets[2], string.format('%d', amount), calls,
         left[1], left[2], left[3], context_tokens, left[4], left[5], string.format('%d', run_tokens),
-        started, states}
+        started, states, string.format('%d', tokens)}

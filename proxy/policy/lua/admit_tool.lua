@@ -1,15 +1,20 @@
 -- Admit one request of the MCP route, atomically: keep the run's trace ids; for a
 -- tools/call also mark the open model tool call it executes, count the MCP streak, then
--- refuse (loop guard, max tool calls, a cost scope) or count the call and reserve its
--- fixed cost on every scope. Mirrors SqliteStore.admit_tool (store.match_pending).
+-- refuse (loop guard, max tool calls, the run's wall time, a cost scope: the key's too)
+-- or count the call and reserve its fixed cost on every scope. Any request, tool call or
+-- not, then draws on its rate buckets (GCRA, as admit.lua). Mirrors
+-- SqliteStore.admit_tool (store.match_pending).
 -- Every key is one tenant's (`sm:{tenant}:...`, one Redis Cluster slot) and declared here.
 -- KEYS: 1 run hash, 2 day hash, 3 month hash, 4 tenant total hash, 5 reservation hash,
 --       6 the tenant's expiry zset, 7 the tenant's runs zset, 8 the tenant's active runs
---       zset (both by run id), 9 tools hash, 10 budget hash, 11 run totals hash
--- ARGV: 1 tool name ('' = not a tool call: the trace only), 2 signature, 3 cost,
+--       zset (both by run id), 9 tools hash, 10 budget hash, 11 run totals hash,
+--       12 key day hash, 13 key month hash (both unused without a key), 14.. one hash per rate bucket
+-- ARGV: 1 tool name ('' = not a tool call: the trace and the rates only), 2 signature, 3 cost,
 --       4 max tool calls, 5 run max cost, 6 day budget, 7 month budget (-1 = no limit),
 --       8 now, 9 expires at, 10 run id, 11 window ttl seconds,
---       12 trace json ('' = none), 13 guard threshold (-1 = none), 14 guard refuses (1/0)
+--       12 trace json ('' = none), 13 guard threshold (-1 = none), 14 guard refuses (1/0),
+--       15 run max seconds, 16 key day budget, 17 key month budget (-1 = none), 18 has a key (1/0),
+--       19 now in ms, 20 number of rate buckets r, then r pairs: limit, cost
 if redis.call('EXISTS', KEYS[5]) == 1 then
   -- a retried admission (the reply to the first was lost): answer it again
   local f = redis.call('HMGET', KEYS[5], 'amount', 'calls', 'entry', 'streak')
@@ -31,9 +36,56 @@ if ARGV[12] ~= '' then
     end
   end
 end
+-- The rate buckets (GCRA, integers; admit.lua's step 8 line for line): the state of each
+-- with this request counted, and whether one is full. Drawn on only once nothing refused.
+local r = tonumber(ARGV[20])
+local now_ms = tonumber(ARGV[19])
+local function rates()
+  local states, held_of, last_of = {}, {}, {}
+  local limited = false
+  for j = 1, r do
+    local limit, cost = tonumber(ARGV[19 + 2 * j]), tonumber(ARGV[20 + 2 * j])
+    local bucket = redis.call('HMGET', KEYS[13 + j], 'debt', 'last')
+    local debt, last = tonumber(bucket[1] or '0'), tonumber(bucket[2] or ARGV[19])
+    local cap = limit * 60000
+    local gone = now_ms - last
+    if gone < 0 then gone = 0 end
+    if gone > 60000 then gone = 60000 end
+    local drained = debt - gone * limit
+    if drained < 0 then drained = 0 end
+    local need = drained + cost * 60000
+    local wait, held
+    if cost > limit then
+      wait, held = -1, drained
+    elseif need <= cap then
+      wait, held = 0, need
+    else
+      wait, held = math.ceil((need - cap) / limit), drained
+    end
+    if wait ~= 0 then limited = true end
+    held_of[j] = held
+    if last > now_ms then last_of[j] = last else last_of[j] = now_ms end
+    table.insert(states, math.floor((cap - held) / 60000))
+    table.insert(states, math.ceil(held / limit))
+    table.insert(states, wait)
+  end
+  return limited, states, held_of, last_of
+end
+local function draw(held_of, last_of)
+  for j = 1, r do
+    redis.call('HSET', KEYS[13 + j], 'debt', string.format('%d', held_of[j]), 'last', string.format('%d', last_of[j]))
+    redis.call('PEXPIRE', KEYS[13 + j], 120000)
+  end
+end
+
 local name, sig = ARGV[1], ARGV[2]
 if name == '' then
-  return {'trace', '', 0, trace}
+  local limited, states, held_of, last_of = rates()
+  if limited then
+    return {'rate', '', 0, trace, '', '', states}
+  end
+  draw(held_of, last_of)
+  return {'trace', '', 0, trace, states}
 end
 
 -- 2. The open model tool call this executes: same signature first, else same name, in
@@ -70,41 +122,69 @@ if tonumber(ARGV[13]) >= 0 and ARGV[14] == '1' and streak >= tonumber(ARGV[13]) 
 end
 
 -- 4. Limits in force: the admin API's budgets over the config's.
-local limits = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])}
+local has_key = ARGV[18] == '1'
+local limits = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), -1, -1}
+if has_key then
+  limits[4], limits[5] = tonumber(ARGV[16]), tonumber(ARGV[17])
+end
 local b = redis.call('HMGET', KEYS[10], 'day', 'month')
 if b[1] then limits[2] = tonumber(b[1]) end
 if b[2] then limits[3] = tonumber(b[2]) end
 local budgets = {b[1] or '', b[2] or ''}
 
--- 5. The tool-call ceiling, then the cost ceilings.
+-- 5. The tool-call ceiling, the run's wall time, then the cost ceilings.
 local count = tonumber(redis.call('HGET', KEYS[11], 'mcp_tool_calls') or '0')
 local max_calls = tonumber(ARGV[4])
 if max_calls >= 0 and count >= max_calls then
   return {'calls', matched, streak, trace, budgets[1], budgets[2]}
 end
-local names = {'run_cost', 'tenant_day', 'tenant_month'}
+local started = redis.call('HGET', KEYS[1], 'first_seen') or ARGV[8]
+local elapsed = 0
+if tonumber(ARGV[15]) >= 0 then
+  elapsed = tonumber(ARGV[8]) - tonumber(started)
+  if elapsed >= tonumber(ARGV[15]) then
+    return {'refused', matched, streak, trace, budgets[1], budgets[2], 'run_seconds', 0, 0,
+            string.format('%.6f', elapsed)}
+  end
+end
+local names = {'run_cost', 'tenant_day', 'tenant_month', 'key_day', 'key_month'}
+local scope_keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[12], KEYS[13]}
+local scopes = 3
+if has_key then scopes = 5 end
 local head = {}
 local tight, tight_i = nil, nil
-for i = 1, 3 do
+for i = 1, scopes do
   if limits[i] >= 0 then
-    local v = redis.call('HMGET', KEYS[i], 'settled', 'reserved')
+    local v = redis.call('HMGET', scope_keys[i], 'settled', 'reserved')
     head[i] = limits[i] - tonumber(v[1] or '0') - tonumber(v[2] or '0')
     if tight == nil or head[i] < tight then tight, tight_i = head[i], i end
   end
 end
 local amount = tonumber(ARGV[3])
 if tight ~= nil and tight < amount then
-  local v = redis.call('HMGET', KEYS[tight_i], 'settled', 'reserved')
+  local v = redis.call('HMGET', scope_keys[tight_i], 'settled', 'reserved')
   return {'refused', matched, streak, trace, budgets[1], budgets[2], names[tight_i],
-          tonumber(v[1] or '0'), tonumber(v[2] or '0')}
+          tonumber(v[1] or '0'), tonumber(v[2] or '0'), '0'}
+end
+local limited, states, held_of, last_of = rates()
+if limited then
+  return {'rate', matched, streak, trace, budgets[1], budgets[2], states}
 end
 
--- 6. Count the call and reserve its cost.
+-- 6. Count the call, draw on the rates and reserve its cost.
+draw(held_of, last_of)
 for i = 1, 4 do
   redis.call('HINCRBY', KEYS[i], 'reserved', amount)
 end
 redis.call('EXPIRE', KEYS[2], ARGV[11])
 redis.call('EXPIRE', KEYS[3], ARGV[11])
+if has_key then
+  for i = 12, 13 do
+    redis.call('HINCRBY', KEYS[i], 'reserved', amount)
+    redis.call('EXPIRE', KEYS[i], ARGV[11])
+  end
+  redis.call('HSET', KEYS[5], 'keyday', KEYS[12], 'keymonth', KEYS[13])
+end
 count = redis.call('HINCRBY', KEYS[11], 'mcp_tool_calls', 1)
 if matched == '' then
   redis.call('HINCRBY', KEYS[11], 'tool_calls', 1)
@@ -121,8 +201,8 @@ if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
   redis.call('ZADD', KEYS[8], ARGV[8], ARGV[10])
 end
 local left = {}
-for i = 1, 3 do
+for i = 1, 5 do
   if head[i] == nil then left[i] = 'none' else left[i] = string.format('%d', head[i] - amount) end
 end
 return {'ok', matched, streak, trace, budgets[1], budgets[2], string.format('%d', amount), count,
-        left[1], left[2], left[3]}
+        left[1], left[2], left[3], left[4], left[5], started, states}

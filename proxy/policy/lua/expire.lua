@@ -6,7 +6,8 @@
 -- KEYS: 1 the tenant's expiry zset, 2 reservation hash, then (when the hash exists) its
 --       run, day, month and total hashes, and its key day and key month hashes if it has them
 -- ARGV: 1 seconds to keep expired reservations
-local f = redis.call('HMGET', KEYS[2], 'amount', 'expired', 'run', 'day', 'month', 'total', 'keyday', 'keymonth')
+local f = redis.call('HMGET', KEYS[2], 'amount', 'expired', 'run', 'day', 'month', 'total', 'keyday', 'keymonth',
+  'tokens')
 local charged = 0
 if f[1] and f[2] == '0' then
   local last = 6
@@ -24,6 +25,12 @@ if f[1] and f[2] == '0' then
   for i = 3, last do
     redis.call('HINCRBY', KEYS[i], 'reserved', -amount)
     redis.call('HINCRBY', KEYS[i], 'settled', amount)
+  end
+  -- and at the tokens it held on the run (KEYS[3])
+  local tokens = tonumber(f[9] or '0')
+  if tokens > 0 then
+    redis.call('HINCRBY', KEYS[3], 'tokens_held', -tokens)
+    redis.call('HINCRBY', KEYS[3], 'tokens_expired', tokens)
   end
   redis.call('HSET', KEYS[2], 'expired', '1')
   redis.call('EXPIRE', KEYS[2], ARGV[1])

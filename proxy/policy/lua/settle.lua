@@ -13,7 +13,8 @@
 -- ARGV: 1 actual micro-USD, 2 number of totals n, then n pairs name, delta,
 --       then the number of tool calls m, then m pairs tool id, tool json,
 --       then the context keys' ttl, then one token count per context key
-local f = redis.call('HMGET', KEYS[1], 'amount', 'expired', 'run', 'day', 'month', 'total', 'keyday', 'keymonth')
+local f = redis.call('HMGET', KEYS[1], 'amount', 'expired', 'run', 'day', 'month', 'total', 'keyday', 'keymonth',
+  'tokens')
 if not f[1] then
   return {0, 0}
 end
@@ -33,6 +34,15 @@ for i = 6, last do
   else
     redis.call('HINCRBY', KEYS[i], 'reserved', -amount)
     redis.call('HINCRBY', KEYS[i], 'settled', actual)
+  end
+end
+-- the tokens it held: the real count arrives in the run totals (expiry had charged them)
+local tokens = tonumber(f[9] or '0')
+if tokens > 0 then
+  if f[2] == '1' then
+    redis.call('HINCRBY', KEYS[6], 'tokens_expired', -tokens)
+  else
+    redis.call('HINCRBY', KEYS[6], 'tokens_held', -tokens)
   end
 end
 redis.call('DEL', KEYS[1])
