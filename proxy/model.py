@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar
 
 __all__ = [
+    "Anatomy",
     "Api",
     "Call",
     "Caller",
     "Finish",
+    "InputPart",
     "MetaEvent",
     "Outcome",
     "OutputSpec",
+    "PartCost",
     "Repair",
     "Rewrite",
     "StreamError",
@@ -258,3 +261,38 @@ class Outcome:
     complete: bool = True  # False when the stream was cut before its end
     first_chunk_s: float | None = None
     notes: tuple[str, ...] = ()  # observer notes (unparsed_event, ...)
+
+
+class InputPart(NamedTuple):
+    """One part of a request's input, in prompt order, as its API module splits it.
+
+    `kind`: system | tools (one tool definition) | tool_result | history (earlier turns)
+    | new (this turn's new content). `size`: its bytes as the request carries them,
+    approximated by the length of its text (see proxy/anatomy.py). A NamedTuple: an agent
+    turn has dozens of parts.
+    """
+
+    kind: str
+    size: int
+    name: str = ""  # the tool's name (tools, tool_result)
+    call_id: str = ""  # the tool call a result answers
+
+
+class PartCost(NamedTuple):
+    """An input part's share of the billed input: tokens, the cached of them, micro-USD."""
+
+    part: InputPart
+    tokens: int
+    cached_tokens: int
+    cost_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class Anatomy:
+    """Where a call's billed input went: its parts add up exactly to `input_tokens` and
+    `input_cost_micros` (the call's cost with its output taken out)."""
+
+    parts: tuple[PartCost, ...]
+    input_tokens: int
+    cached_tokens: int
+    input_cost_micros: int
