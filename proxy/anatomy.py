@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from proxy.model import Anatomy, InputPart, PartCost, Usage
+from proxy.model import Anatomy, InputPart, Usage
 from proxy.policy.pricing import Price, cost
 
 __all__ = ["anatomy", "apportion"]
@@ -41,15 +41,12 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     whole = sum(weights)
     if whole <= 0:
         return [0] * (n - 1) + [total]
-    shares = []
-    rests = []
-    for w in weights:
-        q, r = divmod(total * w, whole)
-        shares.append(q)
-        rests.append(r)
+    shares = [total * w // whole for w in weights]
     left = total - sum(shares)
     if left:
-        for i in sorted(range(n), key=lambda i: -rests[i])[:left]:  # stable: ties to the earliest
+        rests = [total * w % whole for w in weights]
+        # sorted is stable, also in reverse: equal remainders go to the earliest parts
+        for i in sorted(range(n), key=rests.__getitem__, reverse=True)[:left]:
             shares[i] += 1
     return shares
 
@@ -60,54 +57,63 @@ def anatomy(parts: Sequence[InputPart], usage: Usage, price: Price | None) -> An
     if total is None or not parts:
         return None
     tokens = apportion(total, [p.size for p in parts])
-    classes = _classes(usage, total)
-    split = _split(tokens, classes)
+    read, hour, five = _classes(usage, total)
+    cached = _prefix(tokens, read)
     if price is None:
-        costs = [0] * len(parts)
-        whole = 0
-    else:
-        whole = cost(price, replace(usage, output_tokens=0))
-        rates = _rates(price, usage, total)
-        exact = [sum(c * r for c, r in zip(counts, rates, strict=True)) for counts in split]
-        costs = apportion(whole, exact if any(exact) else tokens)
-    cached = classes[0]
-    out = tuple(PartCost(p, t, counts[0], c) for p, t, counts, c in zip(parts, tokens, split, costs, strict=True))
-    return Anatomy(out, total, cached, whole)
+        zero = [0] * len(tokens)
+        return Anatomy(list(parts), tokens, cached, zero, total, 0, _kinds(parts, tokens, cached, zero))
+    whole = cost(price, replace(usage, output_tokens=0))
+    r_cached, r_hour, r_five, r_in = _rates(price, usage, total)
+    # A part's exact cost: all its tokens at the input rate, less what each of its
+    # cached or written tokens bills below (or above) it.
+    d_cached = r_in - r_cached
+    exact = [t * r_in - c * d_cached for t, c in zip(tokens, cached, strict=True)]
+    if hour or five:  # only Anthropic writes: the windows after the reads
+        hours = _window(tokens, read, read + hour)
+        fives = _window(tokens, read + hour, read + hour + five)
+        d_hour, d_five = r_in - r_hour, r_in - r_five
+        exact = [e - h * d_hour - f * d_five for e, h, f in zip(exact, hours, fives, strict=True)]
+    costs = apportion(whole, exact if any(exact) else tokens)
+    return Anatomy(list(parts), tokens, cached, costs, total, whole, _kinds(parts, tokens, cached, costs))
 
 
-def _classes(usage: Usage, total: int) -> tuple[int, int, int, int]:
-    """(cache reads, 1-hour writes, 5-minute writes, uncached) tokens, in prompt order,
-    clipped to the billed total."""
+def _kinds(parts: Sequence[InputPart], tokens: list[int], cached: list[int], costs: list[int],
+           ) -> dict[str, tuple[int, int, int]]:
+    acc: dict[str, tuple[int, int, int]] = {}
+    for p, t, c, m in zip(parts, tokens, cached, costs, strict=True):
+        row = acc.get(p.kind)
+        acc[p.kind] = (t, c, m) if row is None else (row[0] + t, row[1] + c, row[2] + m)
+    return acc
+
+
+def _classes(usage: Usage, total: int) -> tuple[int, int, int]:
+    """(cache reads, 1-hour writes, 5-minute writes) tokens, in prompt order, clipped to
+    the billed total; the rest is uncached."""
     read = min(usage.cache_read_tokens or 0, total)
     written = min(usage.cache_write_tokens or 0, total - read)
     hour = min(usage.cache_write_1h_tokens or 0, written)
-    return read, hour, written - hour, total - read - written
+    return read, hour, written - hour
 
 
-def _split(tokens: list[int], classes: tuple[int, int, int, int]) -> list[tuple[int, int, int, int]]:
-    """Each part's tokens by class: the parts lie end to end, and so do the classes."""
-    bounds = []
-    end = 0
-    for c in classes:
-        end += c
-        bounds.append(end)
-    out = []
-    start = 0
-    for t in tokens:
-        stop = start + t
-        counts = []
-        lo = 0
-        for hi in bounds:
-            counts.append(max(0, min(stop, hi) - max(start, lo)))
-            lo = hi
-        out.append((counts[0], counts[1], counts[2], counts[3]))
-        start = stop
+def _prefix(tokens: list[int], limit: int) -> list[int]:
+    """Each part's tokens among the first `limit` of the prompt (the parts lie end to end)."""
+    out = [0] * len(tokens)
+    i = 0
+    while limit > 0 and i < len(tokens):
+        out[i] = t = min(tokens[i], limit)
+        limit -= t
+        i += 1
     return out
 
 
+def _window(tokens: list[int], lo: int, hi: int) -> list[int]:
+    """Each part's tokens at positions lo..hi of the prompt."""
+    return [b - a for a, b in zip(_prefix(tokens, lo), _prefix(tokens, hi), strict=True)]
+
+
 def _rates(price: Price, usage: Usage, total: int) -> tuple[int, int, int, int]:
-    """Rates of the four classes, as `pricing.cost` picks them (the tier multiplier applies
-    to all alike, so it changes no share)."""
+    """Rates of the cached, 1-hour written, 5-minute written and uncached tokens, as
+    `pricing.cost` picks them (the tier multiplier applies to all alike, so it changes no share)."""
     size = max(total, (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0))
     r_in, r_cached, r_write, _ = price.rates(size)
     return r_cached, price.cache_write_1h_rate(size), r_write, r_in

@@ -22,7 +22,6 @@ __all__ = [
     "MetaEvent",
     "Outcome",
     "OutputSpec",
-    "PartCost",
     "Repair",
     "Rewrite",
     "StreamError",
@@ -278,21 +277,18 @@ class InputPart(NamedTuple):
     call_id: str = ""  # the tool call a result answers
 
 
-class PartCost(NamedTuple):
-    """An input part's share of the billed input: tokens, the cached of them, micro-USD."""
-
-    part: InputPart
-    tokens: int
-    cached_tokens: int
-    cost_micros: int
-
-
 @dataclass(frozen=True, slots=True)
 class Anatomy:
-    """Where a call's billed input went: its parts add up exactly to `input_tokens` and
-    `input_cost_micros` (the call's cost with its output taken out)."""
+    """Where a call's billed input went: part i has `tokens[i]` of the billed input tokens,
+    `cached[i]` of them read from the prompt cache, and costs `costs[i]` micro-USD. The
+    parts add up exactly to `input_tokens` and `input_cost_micros` (the call's cost with
+    its output taken out). Parallel lists, not an object per part: an agent turn has dozens."""
 
-    parts: tuple[PartCost, ...]
+    parts: list[InputPart]
+    tokens: list[int]
+    cached: list[int]
+    costs: list[int]
     input_tokens: int
-    cached_tokens: int
     input_cost_micros: int
+    # (tokens, cached tokens, micro-USD) per kind of part, in the order the kinds first appear.
+    kinds: dict[str, tuple[int, int, int]] = field(default_factory=dict)

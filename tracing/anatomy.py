@@ -23,9 +23,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import orjson
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Anatomy, PartCost, ToolCall
+from proxy.model import Anatomy, ToolCall
 from tracing import attributes as A
 
 __all__ = ["KINDS", "MAX_TOOLS", "TOP_RESULTS", "call_attrs", "call_totals", "kinds_of", "run_anatomy", "run_attrs"]
@@ -39,24 +40,25 @@ _NAME_LIMIT: Final = 64
 
 def kinds_of(an: Anatomy) -> dict[str, tuple[int, int, int]]:
     """(tokens, cached tokens, micro-USD) per kind of part, in `KINDS` order."""
-    acc: dict[str, list[int]] = {}
-    for pc in an.parts:
-        row = acc.get(pc.part.kind)
-        if row is None:
-            row = acc[pc.part.kind] = [0, 0, 0]
-        row[0] += pc.tokens
-        row[1] += pc.cached_tokens
-        row[2] += pc.cost_micros
-    return {k: (r[0], r[1], r[2]) for k in KINDS if (r := acc.get(k)) is not None}
+    kinds = an.kinds
+    return {k: kinds[k] for k in KINDS if k in kinds}
 
 
-def _top(an: Anatomy) -> list[PartCost]:
-    results = [pc for pc in an.parts if pc.part.kind == "tool_result"]
-    return sorted(results, key=lambda pc: -pc.part.size)[:TOP_RESULTS]
+def _results(an: Anatomy) -> list[int]:
+    """Indexes of the tool-result parts."""
+    return [i for i, p in enumerate(an.parts) if p.kind == "tool_result"]
+
+
+_SEEN: dict[str, str] = {}  # tool names as they go into keys: the same few, call after call
 
 
 def _bounded(name: str) -> str:
-    return name[:_NAME_LIMIT].replace("|", "_") or A.LABEL_OTHER
+    found = _SEEN.get(name)
+    if found is None:
+        if len(_SEEN) > 4096:
+            _SEEN.clear()
+        found = _SEEN[name] = name[:_NAME_LIMIT].replace("|", "_") or A.LABEL_OTHER
+    return found
 
 
 def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
@@ -67,43 +69,46 @@ def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
         out[f"{_PREFIX}part|{kind}|tokens"] = tokens
         out[f"{_PREFIX}part|{kind}|cached"] = cached
     names: set[str] = set()
-    for pc in an.parts:
-        kind = pc.part.kind
-        if kind not in ("tools", "tool_result"):
+    for p, micros in zip(an.parts, an.costs, strict=True):
+        kind = p.kind
+        if kind != "tools" and kind != "tool_result":
             continue
-        name = _bounded(pc.part.name)
+        name = _bounded(p.name)
         if name not in names and len(names) >= MAX_TOOLS:
             name = A.LABEL_OTHER
         names.add(name)
-        key = f"{_PREFIX}{'def' if kind == 'tools' else 'result'}|{name}|micros"
-        out[key] = out.get(key, 0) + pc.cost_micros
+        key = f"{_PREFIX}def|{name}|micros" if kind == "tools" else f"{_PREFIX}result|{name}|micros"
+        out[key] = out.get(key, 0) + micros
     for tc in tool_calls:
         name = _bounded(tc.name)
         key = f"{_PREFIX}called|{name if name in names or len(names) < MAX_TOOLS else A.LABEL_OTHER}"
         out[key] = out.get(key, 0) + 1
-    for pc in _top(an):
-        base = f"{_PREFIX}top|{_bounded(pc.part.name)}|{pc.part.call_id[:_NAME_LIMIT]}|"
-        out[base + "micros"] = pc.cost_micros
+    parts = an.parts
+    for i in sorted(_results(an), key=lambda i: -parts[i].size)[:TOP_RESULTS]:
+        p = parts[i]
+        base = f"{_PREFIX}top|{_bounded(p.name)}|{p.call_id[:_NAME_LIMIT]}|"
+        out[base + "micros"] = an.costs[i]
         out[base + "sends"] = 1
-        out[base + "bytes"] = pc.part.size
+        out[base + "bytes"] = p.size
     return out
 
 
 def call_attrs(an: Anatomy) -> dict[str, AttributeValue]:
-    """`spanmeter.input.*` on the model-call span: per kind of part, and the largest results."""
+    """`spanmeter.input.*` on the model-call span: per kind of part, and the dearest results."""
     attrs: dict[str, AttributeValue] = {A.SPANMETER_INPUT_APPROXIMATION: "bytes"}
     for kind, (tokens, cached, micros) in kinds_of(an).items():
         attrs[f"spanmeter.input.{kind}.tokens"] = tokens
         attrs[f"spanmeter.input.{kind}.cached_tokens"] = cached
         attrs[f"spanmeter.input.{kind}.cost_usd"] = micros / 1e6
-    declared = sum(1 for pc in an.parts if pc.part.kind == "tools")
+    declared = sum(1 for p in an.parts if p.kind == "tools")
     if declared:
         attrs[A.SPANMETER_INPUT_TOOLS_DECLARED] = declared
-    top = sorted((pc for pc in an.parts if pc.part.kind == "tool_result"), key=lambda pc: -pc.cost_micros)
+    costs = an.costs
+    top = sorted(_results(an), key=lambda i: -costs[i])[:TOP_RESULTS]
     if top:
-        attrs[A.SPANMETER_INPUT_TOP_RESULTS] = json.dumps([
-            {"tool": pc.part.name[:_NAME_LIMIT], "call_id": pc.part.call_id[:_NAME_LIMIT], "bytes": pc.part.size,
-             "tokens": pc.tokens, "cost_usd": pc.cost_micros / 1e6} for pc in top[:TOP_RESULTS]])
+        attrs[A.SPANMETER_INPUT_TOP_RESULTS] = orjson.dumps([
+            {"tool": an.parts[i].name[:_NAME_LIMIT], "call_id": an.parts[i].call_id[:_NAME_LIMIT],
+             "bytes": an.parts[i].size, "tokens": an.tokens[i], "cost_usd": costs[i] / 1e6} for i in top]).decode()
     return attrs
 
 

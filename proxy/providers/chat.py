@@ -144,17 +144,13 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
     instructions, tool messages as results, the rest as earlier conversation up to the
     model's last turn and as this turn's new content after it."""
     parts = [InputPart("tools", json_size(t), _tool_name(t)) for t in _list(body.get("tools"))]
-    messages = _list(body.get("messages"))
-    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
-               default=-1)
     names: dict[str, str] = {}
-    for i, m in enumerate(messages):
+    latest = len(parts)  # where the parts after the model's last turn begin
+    for m in _list(body.get("messages")):
         if not isinstance(m, dict):
             continue
         role = m.get("role")
-        if role in ("system", "developer"):
-            parts.append(InputPart("system", size_of(m.get("content"))))
-        elif role == "tool":
+        if role == "tool":
             cid = m.get("tool_call_id")
             cid = cid if isinstance(cid, str) else ""
             parts.append(InputPart("tool_result", size_of(m.get("content")), names.get(cid, ""), cid))
@@ -167,8 +163,15 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
                     names[str(tc.get("id"))] = name
                     size += len(name) + size_of(fn.get("arguments"))
             parts.append(InputPart("history", size))
+            latest = len(parts)
+        elif role in ("system", "developer"):
+            parts.append(InputPart("system", size_of(m.get("content"))))
         else:
-            parts.append(InputPart("history" if i < last else "new", size_of(m.get("content"))))
+            parts.append(InputPart("new", size_of(m.get("content"))))
+    # Messages the model has answered are earlier conversation, not this turn's.
+    for i in range(latest):
+        if parts[i].kind == "new":
+            parts[i] = parts[i]._replace(kind="history")
     return parts
 
 

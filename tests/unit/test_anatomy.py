@@ -50,16 +50,17 @@ def _price(p: dict[str, Any] | None) -> Price | None:
 
 def _assert_adds_up(an: Anatomy | None, usage: Usage, price: Price | None) -> None:
     assert an is not None
-    assert sum(pc.tokens for pc in an.parts) == usage.input_tokens == an.input_tokens
+    assert len(an.parts) == len(an.tokens) == len(an.cached) == len(an.costs)
+    assert sum(an.tokens) == usage.input_tokens == an.input_tokens
     whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
-    assert sum(pc.cost_micros for pc in an.parts) == whole == an.input_cost_micros
-    assert all(0 <= pc.cached_tokens <= pc.tokens and pc.cost_micros >= 0 for pc in an.parts)
-    assert sum(pc.cached_tokens for pc in an.parts) == min(usage.cache_read_tokens or 0, usage.input_tokens or 0)
+    assert sum(an.costs) == whole == an.input_cost_micros
+    assert all(0 <= c <= t for t, c in zip(an.tokens, an.cached, strict=True)) and min(an.costs, default=0) >= 0
+    assert sum(an.cached) == min(usage.cache_read_tokens or 0, usage.input_tokens or 0)
     # The cache holds a prefix: once a part has a token past the cached ones, no later part is cached.
     seen_uncached = False
-    for pc in an.parts:
-        assert not (seen_uncached and pc.cached_tokens), "cached tokens are the earliest"
-        seen_uncached = seen_uncached or pc.tokens > pc.cached_tokens
+    for t, c in zip(an.tokens, an.cached, strict=True):
+        assert not (seen_uncached and c), "cached tokens are the earliest"
+        seen_uncached = seen_uncached or t > c
 
 
 @pytest.mark.parametrize("case", _lines("shares.jsonl"), ids=lambda c: c["name"])
@@ -68,9 +69,9 @@ def test_shares(case: dict[str, Any]) -> None:
     usage = Usage(**case["usage"])
     an = anatomy(parts, usage, _price(case["price"]))
     assert an is not None
-    assert [pc.tokens for pc in an.parts] == case["tokens"]
-    assert [pc.cached_tokens for pc in an.parts] == case["cached"]
-    assert [pc.cost_micros for pc in an.parts] == case["costs"]
+    assert an.tokens == case["tokens"]
+    assert an.cached == case["cached"]
+    assert an.costs == case["costs"]
     assert an.input_cost_micros == case["whole"]
     _assert_adds_up(an, usage, _price(case["price"]))
 
@@ -187,8 +188,9 @@ def _usage(draw: st.DrawFn) -> Usage:
                  service_tier=draw(st.sampled_from([None, "flex", "priority"])))
 
 
+_TIERS = (("flex", Fraction(1, 2)), ("priority", Fraction(17, 10)))
 _PRICES = [None, Price("p", 2_500_000, 1_250_000, 3_125_000, 10_000_000, "t", "2026-01-01",
-                       cache_write_1h=5_000_000, service_tiers=(("flex", Fraction(1, 2)), ("priority", Fraction(17, 10)))),
+                       cache_write_1h=5_000_000, service_tiers=_TIERS),
            Price("q", 1_000_003, 7, 1_250_011, 3, "t", "2026-01-01")]
 
 
