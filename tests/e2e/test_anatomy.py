@@ -14,8 +14,8 @@ from proxy.appkeys import TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tracing import attributes as A
 
-TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} tool " * 20,
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} tool " * 20, "parameters": SCHEMA}}
          for name in ("get_weather", "send_email", "delete_all")]
 KINDS = ("system", "tools", "tool_result", "history", "new")
 
@@ -28,8 +28,9 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
                     {"role": "user", "content": "SCENARIO:tool weather in Paris?"}]
         first = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS)
         [tc] = first.choices[0].message.tool_calls
+        result = json.dumps({"temp_c": 21, "sky": "clear" * 200})
         messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": tc.id, "content": json.dumps({"temp_c": 21, "sky": "clear" * 200})}]
+                     {"role": "tool", "tool_call_id": tc.id, "content": result}]
         await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS,
                                         extra_headers={"X-Run-End": "true"})
     await proxy.settled()
