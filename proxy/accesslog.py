@@ -122,11 +122,13 @@ def access(
     refusal: str | None = None,
     error: str | None = None,
     reason: str | None = None,
+    input_parts: str | None = None,
 ) -> None:
     """Log one call. `status` is what the caller got, `upstream_status` what the upstream
     answered (None when nothing was sent or no answer came). `refusal` is why spanmeter said
     no (run_calls, tenant_day, loop_detected, ...); `error` the call's error.type; `reason`
-    spanmeter's own message, logged only for spanmeter's errors (error.type `spanmeter.*`)."""
+    spanmeter's own message, logged only for spanmeter's errors (error.type `spanmeter.*`).
+    `input_parts`: the call's cost anatomy, `kind:tokens:micro-USD,...` (SPANMETER_ACCESS_LOG_ANATOMY)."""
     current = _CURRENT.get()
     if current is not None:
         current.covered = True
@@ -152,13 +154,15 @@ def access(
             "cost_usd": cost_micros / 1e6 if cost_micros is not None else None,
             "rewrites": bounded_rewrites, "refusal": refusal, "error": error, "reason": own,
         }
+        if input_parts is not None:
+            fields["input_parts"] = input_parts
     tokens = (f"{_n(input_tokens)}/{_n(output_tokens)}"
               if input_tokens is not None or output_tokens is not None else None)
     parts = [f"tenant={_quote(tenant)} run={_quote(run_id)} api={_quote(api)} model={_quote(model)} "
              f"status={status} upstream={upstream_status or '-'} duration={duration:.3f}s"]
     for key, value in (("tokens", tokens), ("cost", usd(cost_micros) if cost_micros is not None else None),
                        ("rewrites", ",".join(bounded_rewrites) or None), ("refused", refusal), ("error", error),
-                       ("reason", own)):
+                       ("reason", own), ("input", input_parts)):
         if value is not None:
             parts.append(f"{key}={_quote(value)}")
     # makeRecord + handle is what log.log does, less findCaller's walk up the stack: the

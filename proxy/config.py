@@ -281,6 +281,11 @@ class Settings(BaseSettings):
     # resource attribute openinference.project.name; Langfuse takes it from the key pair).
     project_name: str | None = Field(None, min_length=1, max_length=256)
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
+    # Cost anatomy: each call's input split into parts (instructions, tool definitions,
+    # tool results, earlier turns, new content) with their tokens and cost. Off by default:
+    # it costs more per call than its 20 us target (bench/bench_anatomy.py).
+    anatomy: bool = False
+    access_log_anatomy: bool = False  # the anatomy on the access line too (`input=`)
     # Encode and send spans in a child process: auto = when exporting over OTLP.
     export_process: Literal["auto", "on", "off"] = "auto"
 

@@ -97,6 +97,10 @@ FIELD_DOCS: dict[str, str] = {
                       "process: `auto` (default) when spans go over OTLP, `on` also for the local files "
                       "alone, `off` in the serving process. The child exits with its parent; one killed is "
                       "restarted, what it held counted in `spanmeter.telemetry.dropped_spans`.",
+    "anatomy": "Split each call's billed input into its parts (instructions, tool definitions, tool results, "
+               "earlier turns, new content) with their tokens and cost, on spans, metrics and run totals "
+               "(off by default: its per-call cost is over its 20 us target, see bench/bench_anatomy.py).",
+    "access_log_anatomy": "With `anatomy`, add the parts to the access line (`input=kind:tokens:micro-USD,...`).",
     "local_traces": "Keep spans in `{data_dir}/traces` for `spanmeter runs` (also when exporting over OTLP).",
     "policy.runs.max_llm_calls": "Model calls per run. A request may lower it with `X-Run-Max-Calls`.",
     "policy.runs.max_cost_usd": "Cost per run in USD. A request may lower it with `X-Run-Max-Cost-Usd`.",
@@ -171,6 +175,12 @@ METRIC_DOCS: dict[str, str] = {
                                     "hit rate. A drop after a deploy: something rewrites the prompt's prefix.",
     "mcp.client.operation.duration": "Each MCP request through `/mcp/NAME`, by method, tool and outcome. "
                                      "Slow `tools/call`: the tool, not the model, is where the run waits.",
+    "spanmeter.input.cost": "US dollars of input by kind of part (`spanmeter.input.part`), with `anatomy` on; "
+                            "shares by bytes.",
+    "spanmeter.tool.context.cost": "US dollars of input the tool's results cost, every send counted (re-sends "
+                                   "included), by tool name and tenant.",
+    "spanmeter.tool.definitions.unused_cost": "US dollars a run spent on the definitions of tools it never called, "
+                                              "counted when the run ends, by tool name and tenant.",
     "spanmeter.cost.saved": "US dollars the cache reads saved at the price table's rates, by tenant and model.",
     "spanmeter.limit.rejections": "Calls refused before reaching the upstream, by `spanmeter_reason`: "
                                   "`run_calls`, `run_cost`, `run_tokens`, `run_seconds`, `tenant_day`, "

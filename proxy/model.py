@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar
 
 __all__ = [
+    "Anatomy",
     "Api",
     "Call",
     "Caller",
     "Finish",
+    "InputPart",
     "MetaEvent",
     "Outcome",
     "OutputSpec",
@@ -258,3 +260,35 @@ class Outcome:
     complete: bool = True  # False when the stream was cut before its end
     first_chunk_s: float | None = None
     notes: tuple[str, ...] = ()  # observer notes (unparsed_event, ...)
+
+
+class InputPart(NamedTuple):
+    """One part of a request's input, in prompt order, as its API module splits it.
+
+    `kind`: system | tools (one tool definition) | tool_result | history (earlier turns)
+    | new (this turn's new content). `size`: its bytes as the request carries them,
+    approximated by the length of its text (see proxy/anatomy.py). A NamedTuple: an agent
+    turn has dozens of parts.
+    """
+
+    kind: str
+    size: int
+    name: str = ""  # the tool's name (tools, tool_result)
+    call_id: str = ""  # the tool call a result answers
+
+
+@dataclass(frozen=True, slots=True)
+class Anatomy:
+    """Where a call's billed input went: part i has `tokens[i]` of the billed input tokens,
+    `cached[i]` of them read from the prompt cache, and costs `costs[i]` micro-USD. The
+    parts add up exactly to `input_tokens` and `input_cost_micros` (the call's cost with
+    its output taken out). Parallel lists, not an object per part: an agent turn has dozens."""
+
+    parts: list[InputPart]
+    tokens: list[int]
+    cached: list[int]
+    costs: list[int]
+    input_tokens: int
+    input_cost_micros: int
+    # (tokens, cached tokens, micro-USD) per kind of part, in the order the kinds first appear.
+    kinds: dict[str, tuple[int, int, int]] = field(default_factory=dict)

@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, content, outputs
+from proxy.anatomy import anatomy
 from proxy.appkeys import BACKGROUND, RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
@@ -26,7 +27,7 @@ from proxy.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from proxy.model import Call, Caller, Outcome, StreamError, StreamEvent, Usage
+from proxy.model import Anatomy, Call, Caller, Outcome, StreamError, StreamEvent, Usage
 from proxy.policy.pricing import cache_savings
 from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
 from proxy.relay import Flow, Hooks
@@ -34,6 +35,7 @@ from proxy.routes import Target
 from proxy.runs import pending_tools
 from proxy.tenants import presented_key
 from proxy.upstream import forward_url, unreadable_body
+from tracing import anatomy as anatomy_attrs
 from tracing import spans
 
 __all__ = ["finish", "open_call", "read_body", "refused", "response_hooks", "stream_error", "upstream_url"]
@@ -168,6 +170,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, input_only=not call.generates_output)
     saved = _saved(admitted, outcome.usage, source)
+    an = _anatomy(app, ex, admitted, outcome, source)
     remaining = None
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
@@ -175,6 +178,8 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
         if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
             used = totals["input_tokens"] + totals["output_tokens"]
             totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
+        if an is not None:
+            totals |= anatomy_attrs.call_totals(an, outcome.tool_calls)
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
                                             tools=pending_tools(outcome, flow.delivered_ns, cs.ref,
                                                                 hooks.delivered_arguments) or None,
@@ -189,14 +194,32 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
                    delivered_arguments=hooks.delivered_arguments,
-                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved)
+                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved, anatomy=an)
     accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
                      status=outcome.status, upstream_status=outcome.status,
                      duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
                      output_tokens=outcome.usage.output_tokens, cost_micros=amount,
                      rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
-                     reason=outcome.error_message)
+                     reason=outcome.error_message,
+                     input_parts=_parts_line(an) if an is not None and app[SETTINGS].access_log_anatomy else None)
     await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
+
+
+def _anatomy(app: web.Application, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,
+             ) -> Anatomy | None:
+    """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY)."""
+    if not app[SETTINGS].anatomy or source not in ("reported", "unpriced") or outcome.usage.input_tokens is None:
+        return None
+    try:
+        return anatomy(ex.adapter.input_parts(ex.body), outcome.usage, admitted.price)
+    except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
+        log.warning("could not split the input of a call of run %s", ex.call.model, exc_info=True)
+        return None
+
+
+def _parts_line(an: Anatomy) -> str:
+    """The access line's `input=`: kind:tokens:micro-USD per kind of part."""
+    return ",".join(f"{k}:{t}:{c}" for k, (t, _, c) in anatomy_attrs.kinds_of(an).items())
 
 
 def _final_usage(outcome: Outcome) -> Usage:

@@ -249,6 +249,23 @@ SPANMETER_RUNS_ENDED: Final = "spanmeter.runs.ended"
 SPANMETER_CACHE_INPUT_TOKENS: Final = "spanmeter.cache.input_tokens"
 # Money the cache reads saved, from the price table (PromQL has no prices to do it with).
 SPANMETER_COST_SAVED: Final = "spanmeter.cost.saved"
+# Cost anatomy (proxy/anatomy.py): input cost by kind of part (`spanmeter.input.part`:
+# system | tools | tool_result | history | new), the input cost tool results caused by
+# tool name (every send counts: over a run, their re-sends), and at a run's end the cost
+# of the definitions of tools the run never called.
+SPANMETER_INPUT_COST: Final = "spanmeter.input.cost"
+SPANMETER_TOOL_CONTEXT_COST: Final = "spanmeter.tool.context.cost"
+SPANMETER_TOOL_UNUSED_COST: Final = "spanmeter.tool.definitions.unused_cost"
+SPANMETER_INPUT_PART: Final = "spanmeter.input.part"
+# Span attributes of the anatomy (per kind: spanmeter.input.<kind>.tokens|cached_tokens|cost_usd).
+SPANMETER_INPUT_APPROXIMATION: Final = "spanmeter.input.approximation"
+SPANMETER_INPUT_TOOLS_DECLARED: Final = "spanmeter.input.tools.declared"
+SPANMETER_INPUT_TOP_RESULTS: Final = "spanmeter.input.tool_results.top"
+SPANMETER_RUN_ANATOMY: Final = "spanmeter.run.anatomy"
+SPANMETER_RUN_TOOLS_DECLARED: Final = "spanmeter.run.tools.declared"
+SPANMETER_RUN_TOOLS_CALLED: Final = "spanmeter.run.tools.called"
+SPANMETER_RUN_TOOLS_UNUSED: Final = "spanmeter.run.tools.unused"
+SPANMETER_RUN_TOOLS_UNUSED_COST_USD: Final = "spanmeter.run.tools.unused_cost_usd"
 
 DURATION_BUCKETS: Final = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -365,6 +382,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         "{USD}",
         "Money saved by prompt-cache reads: cached tokens at the input rate minus the cache-read rate.",
     ),
+    MetricSpec(SPANMETER_INPUT_COST, "counter", "{USD}",
+               "Input cost of model calls by kind of part (cost anatomy; shares by bytes)."),
+    MetricSpec(SPANMETER_TOOL_CONTEXT_COST, "counter", "{USD}",
+               "Input cost of tool results by tool name, every send counted (re-sends included)."),
+    MetricSpec(SPANMETER_TOOL_UNUSED_COST, "counter", "{USD}",
+               "Input cost of tool definitions a run declared and never called, counted when the run ends."),
     MetricSpec(SPANMETER_BUDGET_SPENT_USD, "gauge", "{USD}", "Tenant spend in the current budget window."),
     MetricSpec(SPANMETER_BUDGET_LIMIT_USD, "gauge", "{USD}", "Tenant budget limit for the window."),
 )

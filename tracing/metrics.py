@@ -169,6 +169,9 @@ class Instruments:
     budgets: BudgetValues
     wrap_up_notices: Counter
     runs_ended: Counter
+    input_cost: Counter
+    tool_context_cost: Counter
+    tool_unused_cost: Counter
     labels: LabelBounds = field(default_factory=LabelBounds)
     call_labels: LabelCache[CallKey, CallLabels] = field(default_factory=lambda: LabelCache(CallLabels.build))
     kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
@@ -210,6 +213,9 @@ class Instruments:
             budgets=BudgetValues(),
             wrap_up_notices=_counter(A.SPANMETER_WRAP_UP_NOTICES),
             runs_ended=_counter(A.SPANMETER_RUNS_ENDED),
+            input_cost=_counter(A.SPANMETER_INPUT_COST),
+            tool_context_cost=_counter(A.SPANMETER_TOOL_CONTEXT_COST),
+            tool_unused_cost=_counter(A.SPANMETER_TOOL_UNUSED_COST),
             labels=LabelBounds(known_model),
         )
 
@@ -219,7 +225,8 @@ class Instruments:
             self.operation_duration, self.token_usage, self.time_to_first_chunk, self.time_per_output_chunk,
             self.execute_tool_duration, self.mcp_duration, self.cost, self.limit_rejections, self.repairs,
             self.tool_calls, self.guard_actions, self.rewrites, self.ledger_overshoot, self.dropped_spans,
-            self.cache_tokens, self.cost_saved, self.wrap_up_notices, self.runs_ended,
+            self.cache_tokens, self.cost_saved, self.wrap_up_notices, self.runs_ended, self.input_cost,
+            self.tool_context_cost, self.tool_unused_cost,
         ]  # fmt: skip
         return [*recorded, *_budget_gauges(self.budgets)]
 

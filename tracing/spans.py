@@ -49,7 +49,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Call, Caller, Outcome, Repair, Rewrite
+from proxy.model import Anatomy, Call, Caller, Outcome, Repair, Rewrite
+from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import digests, lean, summaries
 from tracing.lean import LeanSpan
@@ -270,6 +271,7 @@ def end_call(
     saved_micros: int = 0,
     delivered_text: str | None = None,
     delivered_arguments: Mapping[str, str] | None = None,
+    anatomy: Anatomy | None = None,
 ) -> None:
     """Finish a model-call span with the outcome and record the call's metrics.
 
@@ -286,6 +288,8 @@ def end_call(
     `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
     `spanmeter.limit.rejections`.
     `saved_micros`: what the call's prompt-cache reads saved at the price table's rates.
+    `anatomy`: where the call's input went (proxy/anatomy.py), as `spanmeter.input.*`
+    attributes and the input-cost metrics by part and by tool.
     """
     try:
         end = time.time_ns() if end_ns is None else end_ns
@@ -298,6 +302,9 @@ def end_call(
                                          tel.config.content_cap_bytes, full_tools=bool(content)))
         if saved_micros:
             attrs[A.SPANMETER_COST_SAVED_USD] = saved_micros / 1e6
+        if anatomy is not None:
+            attrs.update(anatomy_attrs.call_attrs(anatomy))
+            _record_anatomy_metrics(tel, cs, call, anatomy)
         cs.span.set_attributes(attrs)
         if outcome.error_type:
             cs.span.set_status(Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller)))
@@ -606,6 +613,27 @@ def _record_cache_metrics(tel: Telemetry, cs: CallSpan, call: Call, outcome: Out
         m.cost_saved.add(saved_micros / 1e6, labels.money, context=cs.context)
 
 
+def _record_anatomy_metrics(tel: Telemetry, cs: CallSpan, call: Call, an: Anatomy) -> None:
+    """Input cost by kind of part (labelled as cost is) and by tool name of the results."""
+    m = tel.instruments
+    money = {A.SPANMETER_TENANT_ID: cs.caller.tenant}
+    if cs.provider:
+        money[A.GEN_AI_PROVIDER_NAME] = cs.provider
+    model = m.labels.model(call.model)
+    if model is not None:
+        money[A.GEN_AI_REQUEST_MODEL] = model
+    by_tool: dict[str, int] = {}
+    for kind, (_, _, micros) in anatomy_attrs.kinds_of(an).items():
+        m.input_cost.add(micros / 1e6, {**money, A.SPANMETER_INPUT_PART: kind}, context=cs.context)
+    for p, micros in zip(an.parts, an.costs, strict=True):
+        if p.kind == "tool_result":
+            name = m.labels.tool(p.name)
+            by_tool[name] = by_tool.get(name, 0) + micros
+    for name, micros in by_tool.items():
+        m.tool_context_cost.add(micros / 1e6, {A.SPANMETER_TENANT_ID: cs.caller.tenant, A.GEN_AI_TOOL_NAME: name},
+                                context=cs.context)
+
+
 def _model_labels(call: Call, provider: str, model_label: str | None) -> Attrs:
     """Operation, provider and the request model's (bounded) label value."""
     return _present(
@@ -782,6 +810,7 @@ def end_run(
             A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
             A.SPANMETER_RUN_STATUS: status,
             **_run_totals(totals),
+            **anatomy_attrs.run_attrs(totals),
             A.INPUT_VALUE: summaries.run_input(caller),
             A.INPUT_MIME_TYPE: A.MIME_TEXT,
             A.OUTPUT_VALUE: summaries.run_output(totals, status),
@@ -811,6 +840,8 @@ def run_span_name(caller: Caller) -> str:
 def _run_totals(totals: Mapping[str, int]) -> Attrs:
     out: Attrs = {}
     for key, value in totals.items():
+        if key.startswith("anatomy|"):
+            continue  # bounded per call, not per run: the run's anatomy is summarised apart
         if key == "cost_micros":
             out[A.SPANMETER_RUN_COST_USD] = value / 1e6
         elif key == "cost_saved_micros":
@@ -907,6 +938,12 @@ def record_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int]) ->
     try:
         labels = {A.SPANMETER_RUN_OUTCOME: run_outcome(totals), **_tenant(caller)}
         tel.instruments.runs_ended.add(1, labels)
+        ra = anatomy_attrs.run_anatomy(totals)
+        for name in ra["unused"] if ra is not None else ():
+            usd = ra["tools"][name]["definitions_cost_usd"] if ra is not None else 0
+            if usd:
+                tel.instruments.tool_unused_cost.add(usd, {**_tenant(caller),
+                                                              A.GEN_AI_TOOL_NAME: tel.instruments.labels.tool(name)})
     except Exception:
         log.exception("record_run_end failed")
 

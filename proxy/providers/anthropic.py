@@ -17,6 +17,7 @@ from proxy.errors import ProxyError
 from proxy.model import (
     Call,
     Finish,
+    InputPart,
     MetaEvent,
     Outcome,
     OutputSpec,
@@ -55,6 +56,7 @@ from proxy.providers.base import (
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 from proxy.providers.parts import Messages, call_part, response_part, text_part
+from proxy.providers.sizes import json_size, size_of
 
 __all__ = ["ANTHROPIC", "AnthropicAdapter", "anthropic_error_body", "anthropic_usage"]
 
@@ -139,6 +141,40 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
                 results.append(ToolResult(b["tool_use_id"], text, names.get(b["tool_use_id"]),
                                           b.get("is_error") is True))
     return tuple(results)
+
+
+def _input_parts(body: dict[str, Any]) -> list[InputPart]:
+    """In Anthropic's prompt order (tools, system, messages; its cache prefix follows it):
+    each tool definition, the system prompt, then each message's blocks, tool_result
+    blocks as results, the rest as earlier conversation up to the model's last turn and as
+    this turn's new content after it."""
+    parts = [InputPart("tools", json_size(t), _str(t.get("name")) or _str(t.get("type")) or "")
+             for t in body.get("tools") or () if isinstance(t, dict)]
+    if body.get("system"):
+        parts.append(InputPart("system", size_of(body["system"])))
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+               default=-1)
+    names: dict[str, str] = {}
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            continue
+        kind = "history" if i <= last else "new"
+        size = 0
+        for b in _blocks(m.get("content")):
+            if b.get("type") == "tool_result":
+                cid = _str(b.get("tool_use_id")) or ""
+                parts.append(InputPart("tool_result", size_of(b.get("content")), names.get(cid, ""), cid))
+            elif b.get("type") == "tool_use":
+                name = _str(b.get("name")) or ""
+                names[_str(b.get("id")) or ""] = name
+                size += len(name) + json_size(b.get("input"))
+            else:
+                size += size_of([b])
+        if size or not m.get("content"):
+            parts.append(InputPart(kind, size))
+    return parts
 
 
 def _history(messages: list[Any]) -> list[HistoryCall]:
@@ -296,6 +332,9 @@ class AnthropicAdapter:
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         messages = body.get("messages")
         return _history(messages if isinstance(messages, list) else [])
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        return _input_parts(body)
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API

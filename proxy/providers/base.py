@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from proxy.errors import MalformedBody, ProxyError
-from proxy.model import Call, Outcome, Rewrite, StreamEvent, Usage
+from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, Usage
 from proxy.providers.splice import Edit, Path, splice
 
 if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
@@ -272,6 +272,11 @@ class ProviderAdapter(Protocol):
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """Stored context this answer revealed the size of, in tokens (see Call.stored_context)."""
+        ...
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        """The request's input split into parts in prompt order: instructions, tool
+        definitions, tool results, earlier turns, this turn's new content (cost anatomy)."""
         ...
 
     def parse_response(self, body: Any) -> list[StreamEvent]: ...

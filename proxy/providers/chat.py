@@ -11,6 +11,7 @@ from proxy.errors import ProxyError
 from proxy.model import (
     Call,
     Finish,
+    InputPart,
     MetaEvent,
     Outcome,
     OutputSpec,
@@ -51,6 +52,7 @@ from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_usage_chunk
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
+from proxy.providers.sizes import json_size, size_of
 
 __all__ = ["CHAT", "ChatAdapter", "OpenAIFamily", "openai_error_body", "openai_stream_error", "openai_usage"]
 
@@ -134,6 +136,49 @@ def _history(messages: list[Any]) -> list[HistoryCall]:
         elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
             h.result(m["tool_call_id"], ("messages", i, "content"))
     return h.calls()
+
+
+def _input_parts(body: dict[str, Any]) -> list[InputPart]:
+    """Tool definitions first (the provider renders them ahead of the conversation, in its
+    cached prefix), then the messages in order: system and developer messages as
+    instructions, tool messages as results, the rest as earlier conversation up to the
+    model's last turn and as this turn's new content after it."""
+    parts = [InputPart("tools", json_size(t), _tool_name(t)) for t in _list(body.get("tools"))]
+    names: dict[str, str] = {}
+    latest = len(parts)  # where the parts after the model's last turn begin
+    for m in _list(body.get("messages")):
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        if role == "tool":
+            cid = m.get("tool_call_id")
+            cid = cid if isinstance(cid, str) else ""
+            parts.append(InputPart("tool_result", size_of(m.get("content")), names.get(cid, ""), cid))
+        elif role == "assistant":
+            size = size_of(m.get("content"))
+            for tc in _list(m.get("tool_calls")):
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if isinstance(fn, dict):
+                    name = str(fn.get("name") or "")
+                    names[str(tc.get("id"))] = name
+                    size += len(name) + size_of(fn.get("arguments"))
+            parts.append(InputPart("history", size))
+            latest = len(parts)
+        elif role in ("system", "developer"):
+            parts.append(InputPart("system", size_of(m.get("content"))))
+        else:
+            parts.append(InputPart("new", size_of(m.get("content"))))
+    # Messages the model has answered are earlier conversation, not this turn's.
+    for i in range(latest):
+        if parts[i].kind == "new":
+            parts[i] = parts[i]._replace(kind="history")
+    return parts
+
+
+def _tool_name(tool: Any) -> str:
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else tool.get("type") if isinstance(tool, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def _stops(stop: Any) -> tuple[str, ...]:
@@ -335,6 +380,9 @@ class ChatAdapter(OpenAIFamily):
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        return _input_parts(body)
 
     def parse_response(self, body: Any) -> list[StreamEvent]:
         if not isinstance(body, dict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.model import Call, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
+from proxy.model import Call, InputPart, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
 from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
 from proxy.providers.base import Exchange, HistoryCall, SseEvent
 from proxy.providers.base import integer as _int
@@ -57,6 +57,9 @@ class EmbeddingsAdapter(OpenAIFamily):
 
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return []
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        return [InputPart("new", _input_chars(body.get("input")))]  # all of it is this call's
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API

@@ -34,6 +34,7 @@ from proxy.errors import ProxyError
 from proxy.model import (
     Call,
     Finish,
+    InputPart,
     MetaEvent,
     Outcome,
     OutputSpec,
@@ -65,6 +66,7 @@ from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 from proxy.providers.gemini_stream import GeminiStreamRepair
 from proxy.providers.parts import Messages, call_part, response_part, text_part
+from proxy.providers.sizes import json_size, size_of
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
 
@@ -191,6 +193,42 @@ def _tool_results(contents: list[Any]) -> tuple[ToolResult, ...]:
             text = orjson.dumps(payload).decode() if payload is not None else ""
             results.append(ToolResult(call_id, text, _str(resp.get("name"))))
     return tuple(results)
+
+
+def _input_parts(body: dict[str, Any]) -> list[InputPart]:
+    """Tool declarations, the system instruction, then each content's parts:
+    functionResponse parts as results, the rest as earlier conversation up to the model's
+    last turn and as this turn's new content after it."""
+    parts = []
+    for tool in _list(body.get("tools")):
+        decls = _get(tool, "functionDeclarations")
+        if isinstance(decls, list):
+            parts += [InputPart("tools", json_size(d), str(_get(d, "name") or "")) for d in decls]
+        elif isinstance(tool, dict):  # a built-in tool (googleSearch, codeExecution): by its key
+            parts += [InputPart("tools", json_size(v), k) for k, v in tool.items()]
+    si = _get(body, "systemInstruction")
+    if si is not None:
+        parts.append(InputPart("system", size_of(_get(si, "parts") if isinstance(si, dict) else si)))
+    contents = _list(body.get("contents"))
+    last = max((i for i, c in enumerate(contents) if isinstance(c, dict) and c.get("role") == "model"), default=-1)
+    for i, content in enumerate(contents):
+        if not isinstance(content, dict):
+            continue
+        items = _list(content.get("parts"))
+        results = {id(r): cid for r, cid in _name_ids(items, "functionResponse")}
+        size = 0
+        for p in items:
+            resp = _get(p, "functionResponse")
+            if isinstance(resp, dict) and id(resp) in results:
+                parts.append(InputPart("tool_result", json_size(resp.get("response")),
+                                       str(resp.get("name") or ""), results[id(resp)]))
+            elif isinstance(call := _get(p, "functionCall"), dict):
+                size += len(str(call.get("name") or "")) + json_size(call.get("args"))
+            else:
+                size += size_of([p])
+        if size or not items:
+            parts.append(InputPart("history" if i <= last else "new", size))
+    return parts
 
 
 def _part_key(part: Any, camel: str) -> str | None:
@@ -373,6 +411,9 @@ class GeminiAdapter:
 
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return _history(_list(body.get("contents")))
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        return _input_parts(body)
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """A cached content's size is the cached tokens the call reported reading."""

@@ -19,6 +19,7 @@ from proxy.errors import ProxyError
 from proxy.model import (
     Call,
     Finish,
+    InputPart,
     MetaEvent,
     Outcome,
     OutputSpec,
@@ -58,6 +59,7 @@ from proxy.providers.base import string as _str
 from proxy.providers.chat import OpenAIFamily, openai_usage
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 from proxy.providers.responses_stream import ResponsesStreamRepair
+from proxy.providers.sizes import json_size, size_of
 
 __all__ = ["RESPONSES", "ResponsesAdapter"]
 
@@ -112,6 +114,44 @@ def _stored_context(body: dict[str, Any]) -> tuple[str, ...]:
 
 def _is_model_item(item: dict[str, Any]) -> bool:
     return item.get("type") in _MODEL_ITEMS or item.get("role") == "assistant"
+
+
+def _input_parts(body: dict[str, Any]) -> list[InputPart]:
+    """Tool definitions, then `instructions`, then the input items in order: system and
+    developer messages as instructions, function_call_output items as results, model items
+    and the messages before the model's last turn as earlier conversation, the rest new."""
+    parts = [InputPart("tools", json_size(t), _tool_name(t)) for t in _list(body.get("tools"))]
+    if isinstance(body.get("instructions"), str):
+        parts.append(InputPart("system", len(body["instructions"])))
+    given = body.get("input")
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else _list(given)
+    last = max((i for i, it in enumerate(items) if isinstance(it, dict) and _is_model_item(it)), default=-1)
+    names: dict[str, str] = {}
+    for i, it in enumerate(items):
+        if not isinstance(it, dict):
+            continue
+        kind = it.get("type")
+        if it.get("role") in ("system", "developer"):
+            parts.append(InputPart("system", size_of(it.get("content"))))
+        elif kind == "function_call_output":
+            cid = _str(it.get("call_id")) or ""
+            parts.append(InputPart("tool_result", size_of(it.get("output")), names.get(cid, ""), cid))
+        elif kind == "function_call":
+            name = _str(it.get("name")) or ""
+            names[_str(it.get("call_id")) or ""] = name
+            parts.append(InputPart("history", len(name) + size_of(it.get("arguments"))))
+        elif _is_model_item(it):
+            parts.append(InputPart("history", size_of(it.get("content") or it.get("summary"))))
+        else:
+            parts.append(InputPart("history" if i < last else "new", size_of(it.get("content"))))
+    return parts
+
+
+def _tool_name(tool: Any) -> str:
+    """A function's name; a built-in tool (web_search, file_search) by its type."""
+    if not isinstance(tool, dict):
+        return ""
+    return _str(tool.get("name")) or _str(tool.get("type")) or ""
 
 
 def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
@@ -286,6 +326,9 @@ class ResponsesAdapter(OpenAIFamily):
 
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return _history(_list(body.get("input")))
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        return _input_parts(body)
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         """A stored response, and the conversation it extends, hold this call's input and

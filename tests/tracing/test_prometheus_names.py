@@ -7,7 +7,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.model import Call, Caller, Outcome, Repair, Rewrite, Usage
+from proxy.anatomy import anatomy
+from proxy.model import Call, Caller, InputPart, Outcome, Repair, Rewrite, ToolCall, Usage
+from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import mcp, spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
@@ -24,6 +26,14 @@ def exercise(tel: Telemetry) -> None:
     spans.end_call(tel, cs, call, outcome, cost_micros=5, usage_source="reported",
                    budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
                    repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3)  # fmt: skip
+    parts = [InputPart("tools", 5, "t"), InputPart("tools", 5, "u"), InputPart("tool_result", 9, "t", "c")]
+    an = anatomy(parts, Usage(10, 5), None)
+    spans.end_call(tel, spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None),  # type: ignore[arg-type]
+                   call, outcome, cost_micros=5, usage_source="reported", budget_remaining_micros=None,
+                   rewrites=[], repairs=[], anatomy=an)
+    assert an is not None
+    costly = an.__class__(an.parts, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3, an.kinds)
+    spans.record_run_end(tel, CALLER, anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]))
     spans.record_refusal(tel, CALLER, call, "spanmeter.call_limit_exceeded", "too many calls")
     spans.tool_span(tel, CALLER, name="t", call_id="c", arguments="{}", result="ok",
                     is_error=False, start_ns=1, end_ns=2)  # fmt: skip

@@ -1,0 +1,251 @@
+"""Cost anatomy: the shares add up, exactly, whatever the request and the usage.
+
+Table cases (tests/data/anatomy/shares.jsonl) pin the arithmetic; each API module's split
+is pinned by tests/data/anatomy/parts.jsonl; a property test over generated requests of
+every dialect and the real recorded pairs (../shared/cassettes/pairs.jsonl) checks that
+the parts' tokens sum to the billed input tokens and their costs to the call's input cost.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.anatomy import anatomy, apportion
+from proxy.model import Anatomy, InputPart, Usage, UsageEvent
+from proxy.policy.pricing import Price, PriceTable, cost
+from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.base import Framer, ProviderAdapter, open_exchange
+from proxy.providers.chat import CHAT
+from proxy.providers.gemini import GEMINI
+from proxy.providers.responses import RESPONSES
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
+PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"
+ADAPTERS: dict[str, ProviderAdapter] = {"chat": CHAT, "responses": RESPONSES, "messages": ANTHROPIC, "gemini": GEMINI}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
+         "gemini": "/v1beta/models/m:generateContent"}
+
+
+def _lines(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+
+
+def _price(p: dict[str, Any] | None) -> Price | None:
+    if p is None:
+        return None
+    tiers = tuple((k, Fraction(str(v))) for k, v in (p.get("service_tiers") or {}).items())
+    return Price("m", p["input"], p["cached_input"], p["cache_write"], 4 * p["input"], "test", "2026-01-01",
+                 cache_write_1h=p.get("cache_write_1h"), service_tiers=tiers)
+
+
+def _assert_adds_up(an: Anatomy | None, usage: Usage, price: Price | None) -> None:
+    assert an is not None
+    assert len(an.parts) == len(an.tokens) == len(an.cached) == len(an.costs)
+    assert sum(an.tokens) == usage.input_tokens == an.input_tokens
+    whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
+    assert sum(an.costs) == whole == an.input_cost_micros
+    assert all(0 <= c <= t for t, c in zip(an.tokens, an.cached, strict=True)) and min(an.costs, default=0) >= 0
+    assert sum(an.cached) == min(usage.cache_read_tokens or 0, usage.input_tokens or 0)
+    # The cache holds a prefix: once a part has a token past the cached ones, no later part is cached.
+    seen_uncached = False
+    for t, c in zip(an.tokens, an.cached, strict=True):
+        assert not (seen_uncached and c), "cached tokens are the earliest"
+        seen_uncached = seen_uncached or t > c
+
+
+@pytest.mark.parametrize("case", _lines("shares.jsonl"), ids=lambda c: c["name"])
+def test_shares(case: dict[str, Any]) -> None:
+    parts = [InputPart("history", size) for size in case["sizes"]]
+    usage = Usage(**case["usage"])
+    an = anatomy(parts, usage, _price(case["price"]))
+    assert an is not None
+    assert an.tokens == case["tokens"]
+    assert an.cached == case["cached"]
+    assert an.costs == case["costs"]
+    assert an.input_cost_micros == case["whole"]
+    _assert_adds_up(an, usage, _price(case["price"]))
+
+
+def test_no_anatomy_without_reported_input() -> None:
+    assert anatomy([InputPart("new", 5)], Usage(output_tokens=3), None) is None
+
+
+@pytest.mark.parametrize("case", _lines("parts.jsonl"), ids=lambda c: c["name"])
+def test_each_api_splits_its_request(case: dict[str, Any]) -> None:
+    adapter = ADAPTERS[case["dialect"]]
+    parts = adapter.input_parts(case["body"])
+    assert [[p.kind, p.name, p.call_id] for p in parts] == case["parts"]
+    if "sizes" in case:
+        assert [p.size for p in parts] == case["sizes"]
+
+
+@given(total=st.integers(0, 10**7), weights=st.lists(st.integers(0, 10**6), max_size=60))
+def test_apportion_sums_exactly(total: int, weights: list[int]) -> None:
+    shares = apportion(total, weights)
+    assert len(shares) == len(weights)
+    assert sum(shares) == (total if weights else 0)
+    whole = sum(weights)
+    if whole:  # each share is within one of its exact value
+        assert all(abs(s * whole - total * w) < whole for s, w in zip(shares, weights, strict=True))
+
+
+# --- generated requests of every dialect ----------------------------------------------
+
+_text = st.text(max_size=40)
+_names = st.sampled_from(["read_file", "search", "run", "weird.name", ""])
+
+
+@st.composite
+def _turns(draw: st.DrawFn) -> list[tuple[str, Any]]:
+    """A conversation in neutral form: ("user", text) | ("call", (id, name, args)) | ("result", (id, text))."""
+    out: list[tuple[str, Any]] = []
+    for i in range(draw(st.integers(0, 6))):
+        kind = draw(st.sampled_from(["user", "call", "result"]))
+        if kind == "user":
+            out.append(("user", draw(_text)))
+        elif kind == "call":
+            out.append(("call", (f"c{i}", draw(_names), {"q": draw(_text)})))
+        else:
+            out.append(("result", (f"c{i - 1}", draw(_text))))
+    out.append(("user", draw(_text)))
+    return out
+
+
+def _chat(system: str, tools: list[str], turns: list[tuple[str, Any]]) -> dict[str, Any]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for kind, v in turns:
+        if kind == "user":
+            msgs.append({"role": "user", "content": v})
+        elif kind == "call":
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": v[0], "type": "function", "function": {"name": v[1], "arguments": json.dumps(v[2])}}]})
+        else:
+            msgs.append({"role": "tool", "tool_call_id": v[0], "content": v[1]})
+    fns = [{"type": "function", "function": {"name": t, "parameters": {"type": "object"}}} for t in tools]
+    return {"model": "m", "messages": msgs, "tools": fns}
+
+
+def _responses(system: str, tools: list[str], turns: list[tuple[str, Any]]) -> dict[str, Any]:
+    items: list[dict[str, Any]] = []
+    for kind, v in turns:
+        if kind == "user":
+            items.append({"role": "user", "content": v})
+        elif kind == "call":
+            items.append({"type": "function_call", "call_id": v[0], "name": v[1], "arguments": json.dumps(v[2])})
+        else:
+            items.append({"type": "function_call_output", "call_id": v[0], "output": v[1]})
+    return {"model": "m", "instructions": system, "input": items,
+            "tools": [{"type": "function", "name": t, "parameters": {}} for t in tools]}
+
+
+def _anthropic(system: str, tools: list[str], turns: list[tuple[str, Any]]) -> dict[str, Any]:
+    msgs: list[dict[str, Any]] = []
+    for kind, v in turns:
+        if kind == "user":
+            msgs.append({"role": "user", "content": v})
+        elif kind == "call":
+            msgs.append({"role": "assistant", "content": [{"type": "tool_use", "id": v[0], "name": v[1],
+                                                           "input": v[2]}]})
+        else:
+            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": v[0], "content": v[1]}]})
+    return {"model": "m", "max_tokens": 10, "system": system, "messages": msgs,
+            "tools": [{"name": t, "input_schema": {"type": "object"}} for t in tools]}
+
+
+def _gemini(system: str, tools: list[str], turns: list[tuple[str, Any]]) -> dict[str, Any]:
+    contents: list[dict[str, Any]] = []
+    for kind, v in turns:
+        if kind == "user":
+            contents.append({"role": "user", "parts": [{"text": v}]})
+        elif kind == "call":
+            contents.append({"role": "model", "parts": [{"functionCall": {"name": v[1], "args": v[2]}}]})
+        else:
+            contents.append({"role": "user", "parts": [{"functionResponse": {"name": "x", "response": {"r": v[1]}}}]})
+    return {"systemInstruction": {"parts": [{"text": system}]}, "contents": contents,
+            "tools": [{"functionDeclarations": [{"name": t} for t in tools]}]}
+
+
+BUILDERS = {"chat": _chat, "responses": _responses, "messages": _anthropic, "gemini": _gemini}
+
+
+@st.composite
+def _usage(draw: st.DrawFn) -> Usage:
+    total = draw(st.integers(0, 200_000))
+    read = draw(st.integers(0, total))
+    written = draw(st.integers(0, total - read))
+    return Usage(input_tokens=total, output_tokens=draw(st.integers(0, 5000)), cache_read_tokens=read,
+                 cache_write_tokens=written, cache_write_1h_tokens=draw(st.integers(0, written)),
+                 service_tier=draw(st.sampled_from([None, "flex", "priority"])))
+
+
+_TIERS = (("flex", Fraction(1, 2)), ("priority", Fraction(17, 10)))
+_PRICES = [None, Price("p", 2_500_000, 1_250_000, 3_125_000, 10_000_000, "t", "2026-01-01",
+                       cache_write_1h=5_000_000, service_tiers=_TIERS),
+           Price("q", 1_000_003, 7, 1_250_011, 3, "t", "2026-01-01")]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=5),
+       turns=_turns(), usage=_usage(), price=st.sampled_from(_PRICES))
+def test_parts_add_up_in_every_dialect(dialect: str, system: str, tools: list[str], turns: list[tuple[str, Any]],
+                                       usage: Usage, price: Price | None) -> None:
+    body = BUILDERS[dialect](system, tools, turns)
+    ex = open_exchange(ADAPTERS[dialect], orjson.dumps(body), PATHS[dialect])
+    parts = ex.adapter.input_parts(ex.body)
+    assert sum(1 for p in parts if p.kind == "tools") == len(tools)
+    assert sum(1 for p in parts if p.kind == "tool_result") == sum(1 for k, _ in turns if k == "result")
+    _assert_adds_up(anatomy(parts, usage, price), usage, price)
+
+
+# --- the real recorded pairs ---------------------------------------------------------------
+
+
+def _pairs() -> list[dict[str, Any]]:
+    if not PAIRS.exists():
+        return []
+    return [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+
+
+def _usage_of(adapter: ProviderAdapter, pair: dict[str, Any]) -> Usage:
+    resp = pair["response"]
+    raw = base64.b64decode(resp.get("decoded_b64") or resp["body_b64"])
+    if pair["stream"]:
+        events = [e for ev in Framer().feed(raw) for e in adapter.parse_event(ev)]
+    else:
+        events = adapter.parse_response(orjson.loads(raw))
+    usage = Usage()
+    for e in events:
+        if isinstance(e, UsageEvent):
+            usage = usage.merge(e.usage)
+    return usage
+
+
+@pytest.mark.skipif(not PAIRS.exists(), reason="the recorded pairs live in ../shared/cassettes/")
+def test_parts_add_up_on_every_recorded_pair() -> None:
+    prices = PriceTable.load()
+    checked = 0
+    for pair in _pairs():
+        adapter = ADAPTERS[pair["dialect"]]
+        if pair["response"]["status"] != 200:
+            continue
+        ex = open_exchange(adapter, base64.b64decode(pair["request"]["body_b64"]), pair["request"]["path"])
+        usage = _usage_of(adapter, pair)
+        if usage.input_tokens is None:
+            continue
+        parts = ex.adapter.input_parts(ex.body)
+        price = prices.price(ex.call.model)
+        _assert_adds_up(anatomy(parts, usage, price), usage, price)
+        tool_results = [p for p in parts if p.kind == "tool_result"]
+        assert {p.call_id for p in tool_results} >= {r.call_id for r in ex.call.tool_results}
+        checked += 1
+    assert checked > 400, f"only {checked} pairs had usage"
