@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, content, outputs
-from proxy.appkeys import BACKGROUND, RUNS, SETTINGS, STORE, TEL
+from proxy.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
@@ -163,6 +163,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                  hooks: Hooks, headers: Mapping[str, str], policy: Policy) -> None:
     call = ex.call
     outcome = flow.outcome()
+    admitted = _priced_as_run(app, admitted, outcome.response_model)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
@@ -194,6 +195,14 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                      rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
                      reason=outcome.error_message)
     await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
+
+
+def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:
+    """The call charged at the price of the model the answer says ran, when the table knows
+    it: an alias (claude-sonnet-4-0, gpt-4o) was reserved at the dearest model it may
+    resolve to, and a dated snapshot may bill differently from its undated name."""
+    ran = app[PRICES].price(response_model) if response_model else None
+    return admitted if ran is None or ran is admitted.price else replace(admitted, price=ran)
 
 
 def _final_usage(outcome: Outcome) -> Usage:

@@ -79,9 +79,9 @@ _SCALE = 1_000_000  # rates are micro-USD per million tokens
 _UNLIMITED = 2**31 - 1
 
 # A dated or versioned variant of a known model: -2024-08-06, -20250929, @20250929,
-# -001, -latest, -preview-05-20, -exp. Anything else ("gpt-5-pro", "gpt-4o-audio")
+# -0613 (OpenAI's month-day snapshots), -001, -latest, -preview-05-20, -exp. Anything else ("gpt-5-pro", "gpt-4o-audio")
 # is a different model with a different price and must not inherit the base price.
-_VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3}|latest|preview|exp|v\d+(?::\d+)?))+$")
+_VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3,4}|latest|preview|exp|v\d+(?::\d+)?))+$")
 
 
 @dataclass(frozen=True, slots=True)
