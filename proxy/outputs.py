@@ -20,7 +20,7 @@ from proxy.errors import SchemaViolation
 from proxy.model import Call, OutputSpec, Repair, Rewrite
 from proxy.providers.answer import CallKey, Json
 from proxy.providers.base import ProviderAdapter
-from proxy.relay import Hooks
+from proxy.relay import Hooks, recorded_when_done
 from proxy.repair import StreamRepairer, problems, repair_arguments, repair_output, violation_feedback
 
 __all__ = ["install"]
@@ -34,10 +34,9 @@ def install(adapter: ProviderAdapter, call: Call, policy: RepairPolicy, hooks: H
     if call.stream and policy.mode == "repair":
         rewriter = adapter.stream_rewriter(_StreamEdits(call, policy, hooks))
         if rewriter is not None:
-            hooks.on_event.append(rewriter)
+            # Recorded (on the span: the headers are gone by then) only once it changes an event.
+            hooks.on_event.append(recorded_when_done(rewriter, Rewrite("repair", "stream"), hooks))
             hooks.reads_text |= call.output is not None  # the text is repaired: no delta may be skipped
-            # Headers leave before the stream: say up front that it may be rewritten.
-            hooks.rewrites.append(Rewrite("repair", "stream"))
 
 
 def _schema_of(call: Call, tool: str | None) -> dict[str, Any] | None:

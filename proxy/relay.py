@@ -27,7 +27,7 @@ from proxy.providers.base import Framer, ProviderAdapter, SseEvent, parse_sse_ev
 from proxy.providers.shortcut import TextShortcut
 from proxy.upstream import UpstreamResponse, response_headers
 
-__all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "StreamRelay", "relay"]
+__all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "StreamRelay", "recorded_when_done", "relay"]
 
 T = TypeVar("T")
 log = logging.getLogger("spanmeter.relay")
@@ -72,6 +72,23 @@ class Hooks:
     # what the model sent): the answer's text, and tool-call arguments by call id.
     delivered_text: str | None = None
     delivered_arguments: dict[str, str] = field(default_factory=dict)
+
+
+def recorded_when_done(rewrite: EventHook, record: Rewrite, hooks: Hooks) -> EventHook:
+    """`rewrite`, recording `record` once it first changes an event. A stream's headers
+    leave before its body, so a stream rewrite is never announced there: it is on the
+    span, and only if it happened (a usage chunk is dropped only if one came)."""
+    done = False
+
+    def hook(event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
+        nonlocal done
+        out = rewrite(event, parsed)
+        if out is not None and not done:
+            done = True
+            hooks.rewrites.append(record)
+        return out
+
+    return hook
 
 
 async def relay(

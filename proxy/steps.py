@@ -29,7 +29,7 @@ from proxy.errors import (
 from proxy.model import Call, Caller, Outcome, StreamError, StreamEvent, Usage
 from proxy.policy.pricing import cache_savings
 from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
-from proxy.relay import Flow, Hooks
+from proxy.relay import Flow, Hooks, recorded_when_done
 from proxy.routes import Target
 from proxy.runs import pending_tools
 from proxy.tenants import presented_key
@@ -101,8 +101,7 @@ def upstream_url(target: Target, request: web.Request) -> str:
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
     for rewrite, record in adapter.stream_filters(call):
-        hooks.on_event.append(rewrite)
-        hooks.rewrites.append(record)
+        hooks.on_event.append(recorded_when_done(rewrite, record, hooks))
     repair = policy.repair
     if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
         repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
