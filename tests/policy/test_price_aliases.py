@@ -39,7 +39,8 @@ def test_an_alias_to_an_unpriced_model_is_a_load_error(tmp_path: Path) -> None:
 
 def _models(pair: dict[str, Any]) -> set[str]:
     """The request's model and any model the recorded answer names."""
-    body = base64.b64decode(pair["response"]["decoded_b64"] or "")
+    r = pair["response"]
+    body = base64.b64decode(r["decoded_b64"] if r.get("decoded_b64") is not None else r["body_b64"] or "")
     named = re.findall(rb'"(?:model|modelVersion)"\s*:\s*"([^"]+)"', body)
     return {pair["model"], *(m.decode() for m in named)}
 
