@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAIRS = ROOT.parent / "shared" / "cassettes" / "pairs.jsonl"
 PRICES = yaml.safe_load((ROOT / "proxy" / "data" / "prices.yaml").read_text())
 KEY = "sm-replay-key-0001"
-_DROP = {"host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "accept-encoding", "connection"}
+_DROP = {"host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "accept-encoding",
+         "connection"}
 _AUTH = {"openai": ("Authorization", f"Bearer {KEY}"), "anthropic": ("x-api-key", KEY), "gemini": ("x-goog-api-key", KEY)}
 
 
@@ -143,7 +144,8 @@ def _expected_cost(pair: dict[str, Any], u: dict[str, int]) -> int:
 
     write, w1h = u.get("write", 0), u.get("write_1h", 0)
     micro = (((u["in"] or 0) - u["read"] - write) * rate("input") + u["read"] * rate("cached_input")
-             + (write - w1h) * rate("cache_write") + w1h * rate("cache_write_1h", "cache_write") + u["out"] * rate("output"))
+             + (write - w1h) * rate("cache_write") + w1h * rate("cache_write_1h", "cache_write")
+             + u["out"] * rate("output"))
     factor = Decimal(1)
     for key, table in (("service_tier", "service_tiers"), ("inference_geo", "inference_geos")):
         named = re.findall(rf'"{key}"\s*:\s*"([^"]+)"', decoded(pair).decode(errors="replace"))
@@ -160,7 +162,8 @@ def _calls_and_results(pair: dict[str, Any]) -> tuple[set[str], set[str]]:
     text = decoded(pair).decode(errors="replace")
     if pair["dialect"] == "chat":
         calls = set(re.findall(r'"id"\s*:\s*"(call_[^"]+)"', text))
-        results = {m["tool_call_id"] for m in req.get("messages", []) if isinstance(m, dict) and m.get("role") == "tool"}
+        results = {m["tool_call_id"] for m in req.get("messages", [])
+                   if isinstance(m, dict) and m.get("role") == "tool"}
     elif pair["dialect"] == "responses":
         calls = set(re.findall(r'"call_id"\s*:\s*"([^"]+)"', text))
         items = req.get("input") if isinstance(req.get("input"), list) else []
