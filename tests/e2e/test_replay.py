@@ -33,7 +33,8 @@ PRICES = yaml.safe_load((ROOT / "proxy" / "data" / "prices.yaml").read_text())
 KEY = "sm-replay-key-0001"
 _DROP = {"host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "accept-encoding",
          "connection"}
-_AUTH = {"openai": ("Authorization", f"Bearer {KEY}"), "anthropic": ("x-api-key", KEY), "gemini": ("x-goog-api-key", KEY)}
+_AUTH = {"openai": ("Authorization", f"Bearer {KEY}"), "anthropic": ("x-api-key", KEY),
+         "gemini": ("x-goog-api-key", KEY)}
 
 
 def _pairs() -> list[dict[str, Any]]:
