@@ -135,7 +135,8 @@ FIELD_DOCS: dict[str, str] = {
                                      "truncated and left as it came).",
     "policy.guard.action": "The same tool with the same arguments again and again: `remind` the model (a "
                            "note prefixed to the tool result), `refuse` the call (409), or `off`.",
-    "policy.guard.threshold": "Identical consecutive tool calls before the guard acts.",
+    "policy.guard.threshold": ("Identical tool calls in consecutive model answers before the guard acts (identical "
+                               "parallel calls within one answer count once)."),
     "policy.guard.max_consecutive_failures": "Refuse after this many failed tool results in a row.",
     "policy.capture_content": "`NO_CONTENT` lets a tenant turn message capture off when the process "
                               "captures it (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY).",
@@ -193,7 +194,8 @@ METRIC_DOCS: dict[str, str] = {
                             "code) or missing (the run ended without a result).",
     "spanmeter.guard.actions": "Loop guard reminders and refusals, by tool: agents stuck on one call.",
     "spanmeter.rewrites": "Changes to requests or responses other than repairs, by kind (max_tokens_clamp, "
-                          "include_usage, usage_chunk, loop_reminder, wrap_up).",
+                          "include_usage, loop_reminder, wrap_up; and, counted only when a stream's event "
+                          "was changed, usage_chunk and repair).",
     "spanmeter.wrap_up.notices": "Wrap-up notes sent to models, by the ceiling whose share was reached "
                                  "(`spanmeter_reason`: calls, cost, tokens, time, last_call).",
     "spanmeter.runs.ended": "Ended runs by `spanmeter_run_outcome`: answered_after_notice (the note worked), "

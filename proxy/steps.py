@@ -14,7 +14,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, content, outputs
 from proxy.anatomy import anatomy
-from proxy.appkeys import BACKGROUND, RUNS, SETTINGS, STORE, TEL
+from proxy.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
@@ -30,7 +30,7 @@ from proxy.errors import (
 from proxy.model import Anatomy, Call, Caller, Outcome, StreamError, StreamEvent, Usage
 from proxy.policy.pricing import cache_savings
 from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
-from proxy.relay import Flow, Hooks
+from proxy.relay import Flow, Hooks, recorded_when_done
 from proxy.routes import Target
 from proxy.runs import pending_tools
 from proxy.tenants import presented_key
@@ -103,8 +103,7 @@ def upstream_url(target: Target, request: web.Request) -> str:
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
     for rewrite, record in adapter.stream_filters(call):
-        hooks.on_event.append(rewrite)
-        hooks.rewrites.append(record)
+        hooks.on_event.append(recorded_when_done(rewrite, record, hooks))
     repair = policy.repair
     if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
         repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
@@ -165,6 +164,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                  hooks: Hooks, headers: Mapping[str, str], policy: Policy) -> None:
     call = ex.call
     outcome = flow.outcome()
+    admitted = _priced_as_run(app, admitted, outcome.response_model)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
@@ -220,6 +220,14 @@ def _anatomy(app: web.Application, ex: Exchange, admitted: Admitted, outcome: Ou
 def _parts_line(an: Anatomy) -> str:
     """The access line's `input=`: kind:tokens:micro-USD per kind of part."""
     return ",".join(f"{k}:{t}:{c}" for k, (t, _, c) in anatomy_attrs.kinds_of(an).items())
+
+
+def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:
+    """The call charged at the price of the model the answer says ran, when the table knows
+    it: an alias (claude-sonnet-4-0, gpt-4o) was reserved at the dearest model it may
+    resolve to, and a dated snapshot may bill differently from its undated name."""
+    ran = app[PRICES].price(response_model) if response_model else None
+    return admitted if ran is None or ran is admitted.price else replace(admitted, price=ran)
 
 
 def _final_usage(outcome: Outcome) -> Usage:

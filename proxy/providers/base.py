@@ -220,6 +220,7 @@ class HistoryCall:
     arguments: str  # JSON text of the arguments as the model gave them
     result: Path | None  # path of the result's value in the body; None: no result in this request
     latest: bool = False  # the result is new in this request: it follows the model's last turn
+    turn: int = 0  # the model turn (answer) that made the call, counted from 1: parallel calls share one
 
 
 class ProviderAdapter(Protocol):
@@ -556,7 +557,7 @@ class History:
     __slots__ = ("_calls", "_open", "_turns")
 
     def __init__(self) -> None:
-        # [call id, name, arguments, result path, the model turn its result follows]
+        # [call id, name, arguments, result path, the model turn its result follows, the turn that made it]
         self._calls: list[list[Any]] = []
         self._open: dict[str, int] = {}
         self._turns = 0
@@ -570,17 +571,18 @@ class History:
 
     def call(self, call_id: str, name: str, arguments: str) -> None:
         self._open[call_id] = len(self._calls)
-        self._calls.append([call_id, name, arguments, None, -1])
+        self._calls.append([call_id, name, arguments, None, -1, self._turns])
 
     def result(self, call_id: str, path: Path) -> None:
         """The result of `call_id` is at `path`; a result with no call seen is ignored."""
         at = self._open.get(call_id)
         if at is not None:
-            self._calls[at][3:] = [path, self._turns]
+            self._calls[at][3:5] = [path, self._turns]
 
     def calls(self) -> list[HistoryCall]:
         last = self._turns
-        return [HistoryCall(cid, name, args, path, turn == last > 0) for cid, name, args, path, turn in self._calls]
+        return [HistoryCall(cid, name, args, path, answered == last > 0, made)
+                for cid, name, args, path, answered, made in self._calls]
 
 
 def integer(value: Any) -> int | None:

@@ -97,17 +97,19 @@ def _call_names(message: dict[str, Any]) -> dict[str, str]:
 
 
 def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
-    # Only the results after the last assistant turn are new in this request; the
-    # earlier ones were already seen in earlier requests of the run. Tool messages
-    # rarely carry a name, so it comes from the assistant's tool call of that id.
-    # Read from the end back to that turn: a long conversation costs only its tail.
+    # The results new in this request answer the model's last turn that called tools; an
+    # agent framework may add turns of its own after them (an assistant note, a user
+    # message), so the walk back goes past those to the turn with the calls. Earlier
+    # results were seen in earlier requests of the run. Tool messages rarely carry a name:
+    # it comes from the assistant's tool call of that id. Only the tail is read.
     start = len(messages)
     names: dict[str, str] = {}
     while start > 0:
         m = messages[start - 1]
         if isinstance(m, dict) and m.get("role") == "assistant":
             names = _call_names(m)
-            break
+            if names:
+                break
         start -= 1
     results: list[ToolResult] = []
     for m in messages[start:]:

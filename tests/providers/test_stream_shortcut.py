@@ -199,3 +199,48 @@ def _reference_parse(raw: bytes) -> SseEvent:
         elif line.startswith(b"event:"):
             name = line[6:].decode("utf-8", "replace").strip()
     return SseEvent(raw, name, b"\n".join(data).decode("utf-8", "replace"))
+
+
+# ------------------------------------------------------------------ a repair that changes nothing
+
+@pytest.mark.parametrize("case", [c for c in stream_cases() if c.dialect in DIALECTS], ids=str)
+def test_a_stream_needing_no_repair_goes_out_as_it_came_however_it_is_cut(case: Case) -> None:
+    # Its tools declared, so the arguments are repaired as they stream: the repairers hold
+    # back the start of an object and a maybe-trailing comma, and the events with them.
+    stream = case.input
+    for chunks in ([stream], _events(stream), [stream[i:i + 7] for i in range(0, len(stream), 7)]):
+        for full in (False, True):
+            relayed = _relay(ADAPTERS[case.dialect], case.dialect, "tools", chunks, full=full)
+            rewrites, repairs, _, delivered = relayed.records
+            assert relayed.sent == (_without_usage_chunk(stream) if "usage_chunk=dropped" in rewrites else stream)
+            assert not [r for r in rewrites if r.startswith("repair")] and repairs == [] and delivered == {}
+
+
+def _without_usage_chunk(stream: bytes) -> bytes:
+    """A chat stream as a client that did not ask for usage gets it: no usage-only chunk."""
+    return b"".join(e for e in _events(stream) if not (b'"choices":[]' in e and b'"usage":{' in e))
+
+
+def _chat_events(name: str) -> list[bytes]:
+    return _events((DATA / "chat" / name).read_bytes())
+
+
+def test_a_text_delta_never_overtakes_events_held_for_the_arguments() -> None:
+    # A text delta the shortcut knows the shape of arrives while the first fragment of a
+    # call's arguments (`{"ci`) is held: it waits its turn, and all go out as they came.
+    text, tools = _chat_events("text_stream.sse"), _chat_events("tool_calls_stream.sse")
+    again = text[1].replace(b"Paris is ", b"and warm")
+    stream = b"".join([*text[:2], text[1], tools[0], tools[1], again, *tools[2:]])
+    for chunks in ([stream], _events(stream)):
+        relayed = _relay(ADAPTERS["chat"], "chat", "tools", chunks, full=False)
+        assert relayed.sent == stream
+        assert relayed.taken >= 1  # the shortcut ran before the call; not while events were held
+
+
+def test_events_held_when_the_stream_ends_go_out_as_they_came() -> None:
+    # Cut inside the arguments, before any finish: nothing repaired them, nothing is lost.
+    tools = _chat_events("tool_calls_stream.sse")
+    stream = b"".join(tools[:2])
+    for chunks in ([stream], [stream[:-1], stream[-1:]], [stream[:-3]]):
+        relayed = _relay(ADAPTERS["chat"], "chat", "tools", chunks, full=False)
+        assert relayed.sent == b"".join(chunks)
