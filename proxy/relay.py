@@ -186,7 +186,7 @@ class StreamRelay:
         ends = self._framer.begin(chunk)
         buf = ends.buf
         parts: list[bytes] = []
-        start = sent = 0  # buf[sent:start] goes out as it came
+        sent, start = 0, ends.first  # buf[sent:start] goes out as it came
         while (end := ends.after(start)) != -1:
             if shortcut is not None and shortcut.take(buf, start, end):
                 self.taken += 1
@@ -207,6 +207,8 @@ class StreamRelay:
         raw = self._framer.flush_raw()
         if raw is None:
             return b""
+        if not raw.strip():
+            return raw  # line ends after the last event: no event, forwarded as they came
         out = self._event(raw)
         return raw if out is None else out
 
