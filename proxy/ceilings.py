@@ -245,12 +245,18 @@ async def admit(
     in_force = adm.limits or limits
     clamp = None
     rewrites: tuple[Rewrite, ...] = ()
-    if price is not None and costed(in_force) and call.max_output_tokens is None and call.generates_output:
+    if price is not None and costed(in_force) and call.generates_output:
         cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
-        affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
-                                              call.cache_write)
-        clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
-        rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
+        if call.max_output_tokens is None:
+            affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
+                                                  call.cache_write)
+            clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
+            rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
+        elif call.max_output_tokens > cap:
+            # Reserved at the model's cap: forwarding more would let a compatible server, or
+            # a provider whose cap grew past the price table, generate (and bill) past it.
+            clamp = cap
+            rewrites = (Rewrite("max_tokens_capped", f"{call.max_output_tokens}->{cap}"),)
     return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now)
 
 
