@@ -10,6 +10,7 @@ setting `prompt_cache: off` adds nothing; the reservation covers the write premi
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import aiohttp
@@ -93,7 +94,7 @@ async def test_the_prefix_of_each_turn_is_the_previous_turns_only_the_rolling_ma
         text = raw.decode()
         found = locate(text, paths)
         parts.append({p[0]: text[slice(*found[p])].encode() for p in paths})
-    for before, after in zip(parts, parts[1:], strict=False):
+    for before, after in itertools.pairwise(parts):
         assert after["system"] == before["system"] and after["tools"] == before["tools"]
         assert MARKER_TEXT in after["system"]  # the stable prefix's breakpoint, in the same bytes every turn
         old, new = (p["messages"].replace(MARKER_TEXT, b"") for p in (before, after))
