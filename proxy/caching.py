@@ -9,18 +9,25 @@ and their explicit cache is a stored resource (`cachedContents`) that a proxy wo
 to create, pay storage for and delete: nothing is added there.
 
 Anthropic, for a request with no `cache_control` of its own (one that has any is its
-owner's choice and goes untouched), on an agent turn (see `_agent_turn`):
+owner's choice and goes untouched), breakpoints where they are expected to be read:
 
-- a breakpoint at the end of the stable prefix (the last system block, else the last tool
-  definition), when that prefix alone is above the model's minimum cacheable length;
-- a rolling one on the last block of the last message, when the whole prompt is, so the
-  next turn reads everything before it (the API looks back up to 20 blocks from a
-  breakpoint for the longest prefix it wrote).
+- at the end of the stable prefix (the last system block, else the last tool definition),
+  when that prefix alone is above the model's minimum cacheable length and this process
+  saw the same prefix, from the same tenant, within the cache's 5 minutes: an agent sends
+  the same tools and system prompt in every call of every run, so from its second call on
+  the prefix is read at a tenth of the input rate, written once per 5 minutes at 1.25x.
+  The first sighting writes nothing (a prefix sent once would pay the premium for nothing);
+- a rolling one on the last block of the last message, from a run's third call on (the
+  model has answered twice: the agent is looping), when the whole prompt is above the
+  minimum, so the next turn reads everything before it (the API looks back up to 20
+  blocks from a breakpoint for the longest prefix it wrote). A run's first two calls wait:
+  a run that ends there would pay the premium on its conversation and read nothing.
 
 Two of the API's four. So that a message's bytes are the same in every turn (the provider
-caches a prefix by its exact content), a message or system prompt given as a string is
-sent as the one text block the API reads it as, in every turn spanmeter adds breakpoints
-to: between turn N and N+1 only the rolling marker moves. Pure, no I/O.
+caches a prefix by its exact content), a message given as a string is sent as the one
+text block the API reads it as, in every turn that gets the rolling breakpoint: between
+turn N and N+1 only the rolling marker moves. bench/bench_caching.py prices both choices
+over the simulator's scenarios and the recorded Anthropic runs.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import orjson
 from proxy.model import Caller, Rewrite
 from proxy.providers.base import Exchange, Path
 
-__all__ = ["MARKER", "add", "anthropic_breakpoints", "min_cacheable_tokens", "openai_cache_key"]
+__all__ = ["MARKER", "PrefixMemory", "add", "anthropic_breakpoints", "min_cacheable_tokens", "openai_cache_key"]
 
 # OpenAI's own API only: an OpenAI-compatible server may refuse a field it does not know.
 OPENAI_HOSTS: Final = frozenset({"api.openai.com"})
@@ -52,13 +59,14 @@ BYTES_PER_TOKEN: Final = 4
 _NO_MARKER_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 
 
-def add(ex: Exchange, setting: str | None, caller: Caller, server_address: str) -> list[Rewrite]:
+def add(ex: Exchange, setting: str | None, caller: Caller, server_address: str, memory: PrefixMemory,
+        now: float) -> list[Rewrite]:
     """What the request gets for the provider's prompt cache under the tenant's `prompt_cache`
-    setting ("auto" or "off"), each change a rewrite."""
+    setting ("auto" or "off"), each change a rewrite. `now`: a monotonic clock, in seconds."""
     if setting == "off":
         return []
     if ex.adapter.api == "messages":
-        return anthropic_breakpoints(ex)
+        return anthropic_breakpoints(ex, caller.tenant, memory, now)
     if ex.adapter.api in ("chat", "responses") and server_address in OPENAI_HOSTS:
         return openai_cache_key(ex, caller.tenant, caller.run_id, caller.agent_name)
     return []
@@ -68,25 +76,47 @@ def min_cacheable_tokens(model: str) -> int:
     return next((n for prefix, n in _MIN_TOKENS if model.startswith(prefix)), 1024)
 
 
-def anthropic_breakpoints(ex: Exchange) -> list[Rewrite]:
-    """Add the breakpoints that pay to an Anthropic request (module docstring), in its bytes,
-    and the call's cache-write premium so that the reservation covers their writes."""
+class PrefixMemory:
+    """The stable prefixes (model, tools, system) each tenant sent lately, by digest: whether
+    one is likely in the provider's cache. Bounded; per process (a second worker or replica
+    learns a prefix at its own second sighting)."""
+
+    __slots__ = ("_seen", "capacity", "ttl_s")
+
+    def __init__(self, ttl_s: float = 300.0, capacity: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.capacity = capacity
+        self._seen: dict[bytes, float] = {}
+
+    def sighting(self, digest: bytes, now: float) -> bool:
+        """Record a sighting at `now`; whether the prefix was seen within the TTL before."""
+        seen = self._seen.pop(digest, None)
+        self._seen[digest] = now  # most recent last: the oldest go first when full
+        if len(self._seen) > self.capacity:
+            del self._seen[next(iter(self._seen))]
+        return seen is not None and now - seen <= self.ttl_s
+
+
+def anthropic_breakpoints(ex: Exchange, tenant: str, memory: PrefixMemory, now: float) -> list[Rewrite]:
+    """Add the breakpoints expected to pay to an Anthropic request (module docstring), in
+    its bytes, and the call's cache-write premium so that the reservation covers their writes."""
     body = ex.body
     messages = body.get("messages")
-    if b'"cache_control"' in ex.raw or not isinstance(messages, list) or not messages \
-            or not _agent_turn(body, messages):
+    if b'"cache_control"' in ex.raw or not isinstance(messages, list) or not messages:
         return []
     floor = min_cacheable_tokens(ex.call.model or "") * BYTES_PER_TOKEN
     tools, system = body.get("tools"), body.get("system")
-    stable = _size(tools) + _size(system)
-    if stable >= floor and isinstance(system, str | list) and system:
-        stable_at: Path | None = ("system",)
-    elif stable >= floor and isinstance(tools, list) and tools and isinstance(tools[-1], dict):
-        stable_at = ("tools", len(tools) - 1)
-    else:
-        stable_at = None
+    stable_at: Path | None = None
+    if _size(tools) + _size(system) >= floor:
+        digest = hashlib.sha256(orjson.dumps([tenant, ex.call.model, tools, system])).digest()
+        if memory.sighting(digest, now):
+            if isinstance(system, str | list) and system:
+                stable_at = ("system",)
+            elif isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+                stable_at = ("tools", len(tools) - 1)
     last = messages[-1]
-    rolling = len(ex.raw) >= floor and isinstance(last, dict) and _markable(last.get("content"))
+    answered = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+    rolling = answered >= 2 and len(ex.raw) >= floor and isinstance(last, dict) and _markable(last.get("content"))
     if stable_at is None and not rolling:
         return []
     rewrites: list[Rewrite] = []
@@ -101,16 +131,6 @@ def anthropic_breakpoints(ex: Exchange) -> list[Rewrite]:
         rewrites.append(Rewrite("cache_breakpoint", "messages"))
     ex.call = replace(ex.call, cache_write="5m")  # the writes they cause are reserved for
     return rewrites
-
-
-def _agent_turn(body: dict[str, Any], messages: list[Any]) -> bool:
-    """A turn that a later one is likely to continue: the run is under way (the model spoke
-    before) and the agent declares tools or hands back their results. A run's first call
-    waits: a one-call run would pay the write premium and read nothing."""
-    spoke = any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
-    return spoke and (bool(body.get("tools")) or any(
-        isinstance(b, dict) and b.get("type") == "tool_result"
-        for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list) for b in m["content"]))
 
 
 def _markable(content: Any) -> bool:

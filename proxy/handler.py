@@ -10,7 +10,7 @@ import orjson
 from aiohttp import web
 
 from proxy import accesslog, caching, guard, steps, wrapup
-from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.ceilings import admit, plan
 from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
@@ -73,7 +73,8 @@ class Forward:
         reminded = guard.remind(ex, policy.guard)
         hooks.rewrites += ex.adapter.prepare(ex)
         # Cache breakpoints change the call's cache-write premium: the call is read after them.
-        hooks.rewrites += caching.add(ex, policy.prompt_cache, caller, self.target.server_address)
+        hooks.rewrites += caching.add(ex, policy.prompt_cache, caller, self.target.server_address, app[PREFIXES],
+                                      time.monotonic())
         call = ex.call
         grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
         try:

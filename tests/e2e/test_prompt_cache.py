@@ -75,11 +75,11 @@ async def test_a_tool_agent_with_no_caching_of_its_own_is_billed_at_most_60_perc
     assert await _agent(proxy.url, "agent") == 7
     billed, uncached = billing.billed_micros(MODEL), billing.uncached_micros(MODEL)
     assert billed <= 0.6 * uncached, (billed, uncached)
-    # The first call waits (a one-call run would pay the write and read nothing); every later
-    # turn carries two breakpoints, never the API's four.
-    assert MARKER_TEXT not in billing.raws[0]
-    assert all(raw.count(MARKER_TEXT) == 2 for raw in billing.raws[1:])
-    assert sum(u.cache_read_tokens or 0 for u in billing.usages[2:]) > 0
+    # The first sighting of the tools and system prompt writes nothing (sent once, they would
+    # pay the premium for nothing); from the second call they are marked; from the third
+    # (the agent is looping) the end of the conversation too: two, never the API's four.
+    assert [raw.count(MARKER_TEXT) for raw in billing.raws] == [0, 1, 2, 2, 2, 2, 2]
+    assert all(u.cache_read_tokens for u in billing.usages[2:])
     await proxy.settled()
     assert await proxy.app[STORE].spend("t", run_id="agent") > 0
 
@@ -90,7 +90,7 @@ async def test_the_prefix_of_each_turn_is_the_previous_turns_only_the_rolling_ma
     await _agent(proxy.url, "prefix")
     paths = [("system",), ("tools",), ("messages",)]
     parts = []
-    for raw in billing.raws[1:]:
+    for raw in billing.raws[2:]:  # the turns with the rolling breakpoint
         text = raw.decode()
         found = locate(text, paths)
         parts.append({p[0]: text[slice(*found[p])].encode() for p in paths})
@@ -129,12 +129,16 @@ async def test_each_breakpoint_is_a_recorded_rewrite(make_proxy, provider):
     url, _ = provider
     proxy = await _proxy(make_proxy, url)
     messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": "again"}]
+                {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "and again"}]
+    seen = []
     async with anthropic.AsyncAnthropic(base_url=proxy.url, api_key=KEY) as c:
-        resp = await c.messages.with_raw_response.create(model=MODEL, max_tokens=100, system=SYSTEM, tools=TOOLS,
-                                                         messages=messages)
-    rewrites = resp.headers["x-spanmeter-rewrites"].split(", ")
-    assert "cache_breakpoint=system" in rewrites and "cache_breakpoint=messages" in rewrites
+        for _ in range(2):
+            resp = await c.messages.with_raw_response.create(model=MODEL, max_tokens=100, system=SYSTEM,
+                                                             tools=TOOLS, messages=messages)
+            seen.append(resp.headers.get("x-spanmeter-rewrites", "").split(", "))
+    assert "cache_breakpoint=system" not in seen[0] and "cache_breakpoint=messages" in seen[0]
+    assert "cache_breakpoint=system" in seen[1] and "cache_breakpoint=messages" in seen[1]
 
 
 async def test_forty_concurrent_agent_turns_never_cross_a_ceiling_with_the_writes_they_cause(
@@ -164,7 +168,8 @@ async def test_forty_concurrent_agent_turns_never_cross_a_ceiling_with_the_write
         await proxy.settled()
         assert set(statuses) <= {200, 402} and 200 in statuses
         provider = app[GREEDY]
-        assert all(b"cache_control" in orjson.dumps(b) for b in provider.bodies)  # the breakpoints went out
+        # The breakpoints went out (the first sighting of the prefix excepted).
+        assert sum(b"cache_control" in orjson.dumps(b) for b in provider.bodies) >= len(provider.bodies) - 1 > 0
         store = proxy.app[STORE]
         assert max([await store.spend("t", run_id=f"r-{i}") for i in range(3)]) <= 50_000
         assert provider.billed_micros == await store.spend("t") <= 80_000
