@@ -12,17 +12,18 @@ Anthropic, for a request with no `cache_control` of its own (one that has any is
 owner's choice and goes untouched), breakpoints where they are expected to be read:
 
 - at the end of the stable prefix (the last system block, else the last tool definition),
-  when that prefix alone is above the model's minimum cacheable length and this process
-  saw the same prefix, from the same tenant, within the cache's 5 minutes: an agent sends
-  the same tools and system prompt in every call of every run, so from its second call on
-  the prefix is read at a tenth of the input rate, written once per 5 minutes at 1.25x.
-  The first sighting writes nothing (a prefix sent once would pay the premium for nothing);
+  when that prefix alone is above the model's minimum cacheable length and it is shared:
+  another run of the tenant sent the same prefix within the cache's 5 minutes (an agent
+  sends the same tools and system prompt in every call of every run: from then on each
+  call reads it at a tenth of the input rate, and it is written once per 5 minutes at
+  1.25x), or this run is looping (below);
 - a rolling one on the last block of the last message, from a run's third call on (the
   model has answered twice: the agent is looping), when the whole prompt is above the
   minimum, so the next turn reads everything before it (the API looks back up to 20
-  blocks from a breakpoint for the longest prefix it wrote). A run's first two calls wait:
-  a run that ends there would pay the premium on its conversation and read nothing.
+  blocks from a breakpoint for the longest prefix it wrote).
 
+A run alone waits for its third call, and a prefix for a second run: a one- or two-call
+run, or a prefix sent by one run only, would pay the write premium and read nothing.
 Two of the API's four. So that a message's bytes are the same in every turn (the provider
 caches a prefix by its exact content), a message given as a string is sent as the one
 text block the API reads it as, in every turn that gets the rolling breakpoint: between
@@ -66,7 +67,7 @@ def add(ex: Exchange, setting: str | None, caller: Caller, server_address: str, 
     if setting == "off":
         return []
     if ex.adapter.api == "messages":
-        return anthropic_breakpoints(ex, caller.tenant, memory, now)
+        return anthropic_breakpoints(ex, caller, memory, now)
     if ex.adapter.api in ("chat", "responses") and server_address in OPENAI_HOSTS:
         return openai_cache_key(ex, caller.tenant, caller.run_id, caller.agent_name)
     return []
@@ -78,26 +79,28 @@ def min_cacheable_tokens(model: str) -> int:
 
 class PrefixMemory:
     """The stable prefixes (model, tools, system) each tenant sent lately, by digest: whether
-    one is likely in the provider's cache. Bounded; per process (a second worker or replica
-    learns a prefix at its own second sighting)."""
+    one is shared by runs, so that a breakpoint on it is likely read. Bounded; per process
+    (a second worker or replica learns a prefix from its own sightings)."""
 
     __slots__ = ("_seen", "capacity", "ttl_s")
 
     def __init__(self, ttl_s: float = 300.0, capacity: int = 10_000) -> None:
         self.ttl_s = ttl_s
         self.capacity = capacity
-        self._seen: dict[bytes, float] = {}
+        self._seen: dict[bytes, tuple[float, str, bool]] = {}  # digest -> (last seen, by run, shared)
 
-    def sighting(self, digest: bytes, now: float) -> bool:
-        """Record a sighting at `now`; whether the prefix was seen within the TTL before."""
+    def shared(self, digest: bytes, run_id: str, now: float) -> bool:
+        """Record that `run_id` sent the prefix at `now`; whether two runs sent it with no
+        gap longer than the TTL (the provider's cache keeps it between them)."""
         seen = self._seen.pop(digest, None)
-        self._seen[digest] = now  # most recent last: the oldest go first when full
+        shared = seen is not None and now - seen[0] <= self.ttl_s and (seen[2] or seen[1] != run_id)
+        self._seen[digest] = (now, run_id, shared)  # most recent last: the oldest go first when full
         if len(self._seen) > self.capacity:
             del self._seen[next(iter(self._seen))]
-        return seen is not None and now - seen <= self.ttl_s
+        return shared
 
 
-def anthropic_breakpoints(ex: Exchange, tenant: str, memory: PrefixMemory, now: float) -> list[Rewrite]:
+def anthropic_breakpoints(ex: Exchange, caller: Caller, memory: PrefixMemory, now: float) -> list[Rewrite]:
     """Add the breakpoints expected to pay to an Anthropic request (module docstring), in
     its bytes, and the call's cache-write premium so that the reservation covers their writes."""
     body = ex.body
@@ -106,17 +109,18 @@ def anthropic_breakpoints(ex: Exchange, tenant: str, memory: PrefixMemory, now: 
         return []
     floor = min_cacheable_tokens(ex.call.model or "") * BYTES_PER_TOKEN
     tools, system = body.get("tools"), body.get("system")
+    answered = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+    looping = answered >= 2
     stable_at: Path | None = None
     if _size(tools) + _size(system) >= floor:
-        digest = hashlib.sha256(orjson.dumps([tenant, ex.call.model, tools, system])).digest()
-        if memory.sighting(digest, now):
+        digest = hashlib.sha256(orjson.dumps([caller.tenant, ex.call.model, tools, system])).digest()
+        if memory.shared(digest, caller.run_id, now) or looping:
             if isinstance(system, str | list) and system:
                 stable_at = ("system",)
             elif isinstance(tools, list) and tools and isinstance(tools[-1], dict):
                 stable_at = ("tools", len(tools) - 1)
     last = messages[-1]
-    answered = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-    rolling = answered >= 2 and len(ex.raw) >= floor and isinstance(last, dict) and _markable(last.get("content"))
+    rolling = looping and len(ex.raw) >= floor and isinstance(last, dict) and _markable(last.get("content"))
     if stable_at is None and not rolling:
         return []
     rewrites: list[Rewrite] = []
