@@ -10,6 +10,7 @@ setting `prompt_cache: off` adds nothing; the reservation covers the write premi
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -18,12 +19,14 @@ import anthropic
 import orjson
 import pytest
 
-from proxy.appkeys import STORE
+from proxy.appkeys import RUNS, STORE
 from proxy.caching import MARKER
 from proxy.config import hash_key
 from proxy.demo import serve_on_free_port
 from proxy.providers.splice import locate
 from tests.fixtures.anthropic_cache import CACHE, create_caching_anthropic
+from tests.reliability.dialects import local_spans
+from tracing import attributes as A
 
 MODEL = "claude-sonnet-4-5"
 KEY = "sm-cache-key"
@@ -71,7 +74,8 @@ async def _proxy(make_proxy, url: str, **policy: Any):
 async def test_a_tool_agent_with_no_caching_of_its_own_is_billed_at_most_60_percent_of_uncached_input(
         make_proxy, provider):
     url, billing = provider
-    proxy = await _proxy(make_proxy, url, runs={"max_cost_usd": 5})
+    proxy = await make_proxy(anthropic_base_url=url, run_idle_timeout_s=0.05,
+                             tenants={"t": {"keys": [hash_key(KEY)], "policy": {"runs": {"max_cost_usd": 5}}}})
     assert await _agent(proxy.url, "agent") == 7
     billed, uncached = billing.billed_micros(MODEL), billing.uncached_micros(MODEL)
     print(f"billed input {billed} of {uncached} micro-USD uncached: {billed / uncached:.1%}")
@@ -83,6 +87,22 @@ async def test_a_tool_agent_with_no_caching_of_its_own_is_billed_at_most_60_perc
     assert all(u.cache_read_tokens for u in billing.usages[3:])
     await proxy.settled()
     assert await proxy.app[STORE].spend("t", run_id="agent") > 0
+    # What caching saved is shown net of the write premium: per call, on the run span, in metrics.
+    await asyncio.sleep(0.1)
+    assert await proxy.app[RUNS].sweep_once() == 1
+    spans = await local_spans(proxy)
+    calls = [sp["attributes"] for sp in spans if sp["attributes"].get("spanmeter.run.id") == "agent"
+             and sp["name"].startswith("chat")]
+    premium = sum(a.get(A.SPANMETER_COST_CACHE_WRITE_PREMIUM_USD, 0) for a in calls)
+    saved = sum(a.get(A.SPANMETER_COST_SAVED_USD, 0) for a in calls)
+    assert 0 < premium < saved
+    run = next(sp["attributes"] for sp in spans if sp["name"].startswith("invoke_agent"))
+    assert run[A.SPANMETER_RUN_COST_SAVED_USD] == pytest.approx(saved)
+    assert run[A.SPANMETER_RUN_COST_CACHE_WRITE_PREMIUM_USD] == pytest.approx(premium)
+    assert run[A.SPANMETER_RUN_COST_CACHE_NET_SAVED_USD] == pytest.approx(saved - premium)
+    async with aiohttp.ClientSession() as http:
+        text = (await (await http.get(proxy.url + "/metrics")).read()).decode()
+    assert 'spanmeter_cost_cache_write_premium_total{' in text and "spanmeter_cost_saved_total{" in text
 
 
 async def test_the_prefix_of_each_turn_is_the_previous_turns_only_the_rolling_marker_moves(make_proxy, provider):

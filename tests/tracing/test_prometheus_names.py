@@ -23,7 +23,8 @@ def exercise(tel: Telemetry) -> None:
     outcome = Outcome(status=200, usage=Usage(10, 5, cache_read_tokens=4, cache_write_tokens=2), first_chunk_s=0.2)
     spans.end_call(tel, cs, call, outcome, cost_micros=5, usage_source="reported",
                    budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
-                   repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3)  # fmt: skip
+                   repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3,
+                   premium_micros=2)  # fmt: skip
     spans.record_refusal(tel, CALLER, call, "spanmeter.call_limit_exceeded", "too many calls")
     spans.tool_span(tel, CALLER, name="t", call_id="c", arguments="{}", result="ok",
                     is_error=False, start_ns=1, end_ns=2)  # fmt: skip
