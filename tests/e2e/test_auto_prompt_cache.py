@@ -211,3 +211,27 @@ async def test_the_stable_prefix_is_marked_once_a_second_run_sends_it(make_proxy
     assert [raw.count(MARKER_TEXT) for raw in billing.raws] == [0] + [1] * 9
     assert [bool(u.cache_read_tokens) for u in billing.usages] == [False, False] + [True] * 8
     assert billing.billed_micros(MODEL) <= 0.35 * billing.uncached_micros(MODEL)
+
+
+async def test_breakpoints_and_loop_guard_reminders_keep_each_turns_prefix(make_proxy, sim):
+    """A stuck agent (simulator `loop`) whose prompt is above the minimum: from the third
+    call the guard prefixes reminders to tool results and spanmeter adds its breakpoints.
+    With the rolling marker taken out (the provider's cache ignores where a breakpoint sat
+    before), every turn starts with the previous one, element by element, to the byte."""
+    from tests.e2e.test_prompt_cache import READ_FILE, assert_prefix_kept, reminders
+
+    proxy = await make_proxy()
+    tools: Any = [{"name": "read_file", "description": "Reads a file. " * 40, "input_schema": READ_FILE}]
+    msgs: list[Any] = [{"role": "user", "content": "SCENARIO:loop read the config"}]
+    async with anthropic.AsyncAnthropic(base_url=proxy.url, api_key="k", default_headers={"X-Run-Id": "stuck"}) as c:
+        for _ in range(6):
+            resp = await c.messages.create(model=MODEL, max_tokens=100, system=SYSTEM, tools=tools, messages=msgs)
+            use = next(b for b in resp.content if b.type == "tool_use")
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in resp.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "same"}]}]
+    turns = [r.body for r in sim.received]
+    assert [reminders(t) for t in turns] == [0, 0, 0, 1, 2, 3]
+    assert [t.count(MARKER_TEXT) for t in turns] == [0, 0, 2, 2, 2, 2]
+    stripped = [t.replace(MARKER_TEXT, b"") for t in turns[2:]]
+    # The stable prefix's marker never moves: taking it out everywhere changes no comparison.
+    assert_prefix_kept(stripped, "messages")
