@@ -122,13 +122,16 @@ async def test_a_max_token_value_above_the_cap_is_forwarded_as_the_cap(shape, st
     assert sent == given
 
 
-async def test_a_value_within_the_cap_and_any_value_without_a_cost_ceiling_go_as_sent(
-        make_proxy, monkeypatch_env, greedy):
+async def test_a_value_within_the_cap_goes_as_sent(make_proxy, monkeypatch_env, greedy):
     url, provider = greedy
     capped = await _proxy(make_proxy, monkeypatch_env, url, ceiling=True)
     body = {"model": "gpt-4o-mini", "messages": HI, "max_tokens": 300}
     status, rewrites, _ = await _post(capped.url + CHAT, body, "within")
     assert (status, rewrites, provider.bodies[-1]) == (200, "", body)
+
+
+async def test_any_value_without_a_cost_ceiling_goes_as_sent(make_proxy, monkeypatch_env, greedy):
+    url, provider = greedy
     free = await _proxy(make_proxy, monkeypatch_env, url, ceiling=False)
     body = {"model": "sim-small", "messages": HI, "max_tokens": ASKED}
     status, rewrites, _ = await _post(free.url + MESSAGES, body, "free")
