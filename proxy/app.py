@@ -16,8 +16,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, admin
-from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.background import Background
+from proxy.caching import PrefixMemory
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.handler import handle_call
@@ -241,6 +242,7 @@ async def _runs_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     app[BACKGROUND] = background = Background()
+    app[PREFIXES] = PrefixMemory()
     yield
     await background.drain()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.background import Background
+from proxy.caching import PrefixMemory
 from proxy.config import Settings
 from proxy.policy.pricing import PriceTable
 from proxy.policy.store import Store
@@ -21,3 +22,4 @@ UPSTREAM = web.AppKey("upstream", Upstream)
 TEL = web.AppKey("telemetry", Telemetry)
 RUNS = web.AppKey("runs", Runs)
 BACKGROUND = web.AppKey("background", Background)
+PREFIXES = web.AppKey("prefixes", PrefixMemory)  # stable prompt prefixes seen lately (proxy/caching.py)

@@ -218,7 +218,7 @@ class StreamRelay:
         ends = self._framer.begin(chunk)
         buf = ends.buf
         parts: list[bytes] = []
-        start = sent = 0  # buf[sent:start] goes out as it came
+        sent, start = 0, ends.first  # buf[sent:start] goes out as it came
         while (end := ends.after(start)) != -1:
             if shortcut is not None and not self._holding() and shortcut.take(buf, start, end):
                 self.taken += 1
@@ -238,8 +238,13 @@ class StreamRelay:
         """The bytes for an unterminated last event and what the hooks still hold, at the
         stream's end."""
         raw = self._framer.flush_raw()
-        out = None if raw is None else self._event(raw)
-        last = b"" if raw is None else raw if out is None else out
+        if raw is None:
+            last = b""
+        elif not raw.strip():
+            last = raw  # line ends after the last event: no event, forwarded as they came
+        else:
+            out = self._event(raw)
+            last = raw if out is None else out
         return last + self.release()
 
     def release(self) -> bytes:

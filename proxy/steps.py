@@ -28,7 +28,7 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.model import Anatomy, Call, Caller, Outcome, StreamError, StreamEvent, Usage
-from proxy.policy.pricing import cache_savings
+from proxy.policy.pricing import cache_savings, cache_write_premium
 from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
 from proxy.relay import Flow, Hooks, recorded_when_done
 from proxy.routes import Target
@@ -170,11 +170,12 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, input_only=not call.generates_output)
     saved = _saved(admitted, outcome.usage, source)
+    premium = _premium(admitted, outcome.usage, source)
     an = _anatomy(app, ex, admitted, outcome, source)
     remaining = None
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
-        totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved)
+        totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved, premium)
         if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
             used = totals["input_tokens"] + totals["output_tokens"]
             totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
@@ -194,7 +195,8 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
                    delivered_arguments=hooks.delivered_arguments,
-                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved, anatomy=an)
+                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved,
+                   premium_micros=premium, anatomy=an)
     accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
                      status=outcome.status, upstream_status=outcome.status,
                      duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
@@ -283,8 +285,15 @@ def _saved(admitted: Admitted, usage: Usage, source: str) -> int:
     return cache_savings(admitted.price, usage)
 
 
+def _premium(admitted: Admitted, usage: Usage, source: str) -> int:
+    """What the call's cache writes cost above plain input, when charged from reported usage."""
+    if admitted.price is None or source != "reported":
+        return 0
+    return cache_write_premium(admitted.price, usage)
+
+
 def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...],
-            saved: int = 0) -> dict[str, int]:
+            saved: int = 0, premium: int = 0) -> dict[str, int]:
     u = outcome.usage
     noticed = {}
     if any(r.kind == "wrap_up" for r in hooks.rewrites):
@@ -304,4 +313,5 @@ def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str,
         # The prompt cache: the run span's cached share is cache_read_tokens / input_tokens.
         "cache_read_tokens": u.cache_read_tokens or 0,
         "cost_saved_micros": saved,
+        "cache_write_premium_micros": premium,
     }

@@ -67,6 +67,7 @@ __all__ = [
     "PriceTable",
     "affordable_output_tokens",
     "cache_savings",
+    "cache_write_premium",
     "cost",
     "dearest_input_rate",
     "input_bound",
@@ -267,6 +268,15 @@ def cache_savings(price: Price, usage: Usage) -> int:
     if not usage.cache_read_tokens:
         return 0
     return max(0, cost(price, replace(usage, cache_read_tokens=0)) - cost(price, usage))
+
+
+def cache_write_premium(price: Price, usage: Usage) -> int:
+    """Micro-USD the usage's cache writes cost above plain input (Anthropic's 1.25x and 2x):
+    `cost` minus what it would be with the writes billed as uncached input. What caching
+    saved, net, is `cache_savings` minus this."""
+    if not usage.cache_write_tokens:
+        return 0
+    return max(0, cost(price, usage) - cost(price, replace(usage, cache_write_tokens=0, cache_write_1h_tokens=0)))
 
 
 def _worst_input(price: Price, input_tokens: int, cache_write: str) -> int:

@@ -367,7 +367,10 @@ class ChatAdapter(OpenAIFamily):
         return [Rewrite("include_usage", "injected")]
 
     def set_max_tokens(self, ex: Exchange, value: int) -> None:
-        ex.set_top(ex.call.max_tokens_field, value)
+        # A request with both fields: which one a server honours differs, so both get it.
+        both = [f for f in ("max_completion_tokens", "max_tokens") if f in ex.body]
+        for field in both if len(both) == 2 else [ex.call.max_tokens_field]:
+            ex.set_top(field, value)
 
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         return [(m, "content") for m in _list(body.get("messages"))
