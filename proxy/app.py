@@ -10,6 +10,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -40,7 +41,10 @@ from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanmeter")
-ADAPTER = web.RequestKey("adapter", ProviderAdapter)
+# The dialect a request's errors are answered in. aiohttp 3.14 added typed request keys and
+# warns on a str key; the releases before it (down to our floor) take a str.
+ADAPTER: Final[Any] = (web.RequestKey("adapter", ProviderAdapter) if hasattr(web, "RequestKey")
+                       else "spanmeter.adapter")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

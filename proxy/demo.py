@@ -29,7 +29,7 @@ async def serve_on_free_port(app: web.Application) -> tuple[web.AppRunner, str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]  # the port the OS gave: aiohttp's public view of it
     return runner, f"http://127.0.0.1:{port}"
 
 

@@ -13,9 +13,9 @@ What the SDK would do that is kept, and why the rest can go:
   any other sampler (OTEL_TRACES_SAMPLER) is asked, with the span's start attributes.
   A DROP decision gives a non-recording span with fresh ids, as the SDK's does.
 - Attribute values: ours are str, int, float, bool or tuples of one of them (the builders
-  in tracing/spans.py cut and type every value a caller steers, and drop None). Anything
-  else (a list, a mapping, None, an unknown type) goes through the SDK's own
-  `_clean_attribute_value`, so it ends as the SDK would store it (lists become tuples).
+  in tracing/spans.py cut and type every value a caller steers, and drop None). A span
+  with anything else (a list, a mapping, None, an unknown type) gets the SDK's own
+  BoundedAttributes, so it ends as the SDK would store it (lists become tuples).
 - Setting a key again moves it last, as BoundedAttributes does: the order on the wire is
   the same.
 - Limits: a span with more attributes than the tracer's `SpanLimits` allow (128 by
@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from opentelemetry import trace
-from opentelemetry.attributes import BoundedAttributes, _clean_attribute_value
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import Tracer as SdkTracer
@@ -185,14 +185,13 @@ class LeanTracer:
         self._processor.on_end(readable)
 
     def _attributes(self, attrs: Attrs) -> Attrs | BoundedAttributes:
-        for key, value in attrs.items():
-            kind = type(value)
-            if kind in _KEPT or (isinstance(value, tuple) and all(type(v) in _KEPT for v in value)):
-                continue  # the SDK's cleaning returns these unchanged (or an equal tuple)
-            attrs[key] = _clean_attribute_value(value, None)
         limit = self._max_attributes
-        if self._max_length is None and (limit is None or len(attrs) <= limit):
-            return attrs
+        if self._max_length is None and (limit is None or len(attrs) <= limit) and all(
+            type(value) in _KEPT or (isinstance(value, tuple) and all(type(v) in _KEPT for v in value))
+            for value in attrs.values()
+        ):
+            return attrs  # the SDK's cleaning would return every value unchanged (or an equal tuple)
+        # Anything else is cleaned, bounded and stored by the SDK's own class, as its span does.
         return BoundedAttributes(limit, attrs, immutable=True, max_value_len=self._max_length)
 
     def _links(self, links: Sequence[Link]) -> Sequence[Link]:

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema_rs
 import orjson
 
-__all__ = ["SchemaError", "normalize_schema", "problems", "schema_key"]
+__all__ = ["SchemaError", "describe", "normalize_schema", "problems", "schema_key"]
 
 _CACHE_SIZE = 512
 _cache: dict[str, Any] = {}
@@ -66,11 +66,17 @@ def schema_key(schema: dict[str, Any]) -> str:
 
 
 def problems(value: Any, schema: dict[str, Any]) -> list[str]:
-    """Every way `value` violates `schema`, one sentence each; `[]` when it conforms."""
+    """Every way `value` violates `schema`, one sentence each; `[]` when it conforms.
+
+    Fails closed: a validator that raises while judging, or an error it reports that
+    cannot be read, still counts as a problem, never as a conforming value."""
     validator = _validator(schema)
     found: list[str] = []
-    for error in validator.iter_errors(value):
-        found.extend(_describe(error))
+    try:
+        for error in validator.iter_errors(value):
+            found.extend(describe(error))
+    except Exception as exc:  # the library could not judge this value: that is not "valid"
+        found.append(f"the value could not be checked against the schema ({type(exc).__name__}: {exc})")
     return found
 
 
@@ -88,14 +94,22 @@ def _validator(schema: dict[str, Any]) -> Any:
     return validator
 
 
-def _describe(error: Any) -> list[str]:
-    at = json_path(error.instance_path)
-    kind = error.kind
+def describe(error: Any) -> list[str]:
+    """One sentence per problem in a jsonschema-rs ValidationError; never empty, so an error
+    whose shape this code does not know still counts (its message, else its type)."""
+    try:
+        at = json_path(error.instance_path)
+    except Exception:
+        at = "$"
+    kind = getattr(error, "kind", None)
     if isinstance(kind, jsonschema_rs.ValidationErrorKind.AdditionalProperties):
         return [f"unknown field {name!r} at {at}" for name in kind.unexpected]
     if isinstance(kind, jsonschema_rs.ValidationErrorKind.Required):
         return [f"missing required field {kind.property!r} at {at}"]
-    return [f"{error.message} at {at}"]
+    message = getattr(error, "message", None)
+    if not isinstance(message, str) or not message:
+        message = f"the value does not match the schema ({type(error).__name__})"
+    return [f"{message} at {at}"]
 
 
 def json_path(parts: Any) -> str:

@@ -280,7 +280,7 @@ async def main() -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]  # the port the OS gave: aiohttp's public view of it
     base = f"http://127.0.0.1:{port}"
     dialects: dict[str, Callable[[str], Awaitable[dict[str, Any]]]] = {
         "chat": chat_cases, "responses": responses_cases, "anthropic": anthropic_cases,

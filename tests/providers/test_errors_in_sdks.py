@@ -76,7 +76,7 @@ async def server() -> AsyncIterator[tuple[ErrorServer, str]]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]  # the port the OS gave: aiohttp's public view of it
     yield fake, f"http://127.0.0.1:{port}"
     await runner.cleanup()
 

@@ -43,7 +43,7 @@ async def sim() -> AsyncIterator[str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]  # the port the OS gave: aiohttp's public view of it
     yield f"http://127.0.0.1:{port}"
     await runner.cleanup()
 
@@ -104,17 +104,21 @@ async def test_anthropic_parse_with_output_format(sim: str) -> None:
 
 
 def _genai(base: str) -> genai.Client:
+    # Callers keep the client while they use it, as an application does: google-genai 1.50
+    # (our floor) closes its aiohttp session when a Client is collected, even mid-call.
     return genai.Client(api_key="k", http_options=types.HttpOptions(base_url=base))
 
 
 async def test_genai_generate_content_gets_the_scripted_text(sim: str) -> None:
-    resp = await _genai(sim).aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
+    client = _genai(sim)
+    resp = await client.aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
     assert resp.text == GREETING
     assert resp.usage_metadata is not None and resp.usage_metadata.candidates_token_count
 
 
 async def test_genai_generate_content_stream_gets_the_scripted_text(sim: str) -> None:
-    stream = await _genai(sim).aio.models.generate_content_stream(
+    client = _genai(sim)
+    stream = await client.aio.models.generate_content_stream(
         model="gemini-2.5-flash", contents="hi")
     pieces = [chunk.text async for chunk in stream]
     assert "".join(p or "" for p in pieces) == GREETING
@@ -142,7 +146,8 @@ async def test_genai_function_call_round_trip(sim: str) -> None:
 
 
 async def test_genai_response_schema_is_parsed(sim: str) -> None:
-    resp = await _genai(sim).aio.models.generate_content(
+    client = _genai(sim)
+    resp = await client.aio.models.generate_content(
         model="gemini-2.5-flash", contents="SCENARIO:json",
         config=types.GenerateContentConfig(response_mime_type="application/json",
                                            response_schema=Ada))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from proxy.model import OutputSpec, Repair
 from proxy.repair import problems, repair_arguments, repair_output, violation_feedback
-from proxy.repair.validate import normalize_schema, schema_key
+from proxy.repair.validate import describe, normalize_schema, schema_key
 from tests.repair.cases import load
 
 
@@ -60,6 +61,24 @@ def test_a_broken_schema_cannot_judge_the_output() -> None:
     text, repair = repair_output("{a: 1}", spec)
     assert text == '{"a":1}'
     assert repair is not None and repair.valid is None and repair.problems == ()
+
+
+@pytest.mark.parametrize("case", load("describe.jsonl"))
+def test_an_error_of_a_shape_we_do_not_know_still_counts(case: dict[str, Any]) -> None:
+    # Library errors as other jsonschema-rs releases shape them: never an empty list, which
+    # would read as "conforms" and let the answer through unchecked.
+    assert describe(SimpleNamespace(**case["error"])) == case["problems"]
+
+
+def test_a_validator_that_cannot_judge_the_value_counts_it_invalid() -> None:
+    # jsonschema-rs raises on a mapping with a non-string key instead of judging it.
+    found = problems({1: "x"}, {"type": "object", "additionalProperties": False})
+    assert len(found) == 1 and found[0].startswith("the value could not be checked against the schema (")
+
+
+def test_real_errors_keep_their_field_names() -> None:
+    schema = {"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": False}
+    assert sorted(problems({"c": 1}, schema)) == ["missing required field 'b' at $", "unknown field 'c' at $"]
 
 
 def test_violation_feedback_lists_each_problem() -> None:
