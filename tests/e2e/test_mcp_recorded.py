@@ -16,9 +16,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from proxy.appkeys import TEL
 from proxy.config import hash_key
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mcp"
@@ -113,7 +113,7 @@ async def test_a_recorded_exchange_crosses_the_proxy_intact(otlp_receiver, make_
     assert KEY not in json.dumps(upstream_headers) and "x-run-id" not in upstream_headers
 
     await proxy.settled()
-    await asyncio.to_thread(proxy.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
     spans = [s for s in otlp_receiver.spans() if s["name"] != "run"]
     want = case["span"]
     if want is None:

@@ -8,12 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import content, steps
 from proxy.config import Policy, RepairPolicy
 from proxy.errors import ProxyError
 from proxy.model import Outcome
-from proxy.providers.base import Framer, open_exchange
-from proxy.relay import Hooks
+from proxy.providers.base import open_exchange
+from proxy.providers.hooks import Hooks
+from proxy.providers.sse import Framer
+from proxy.serve import content, steps
 from tests.providers.cases import Case, input_message_cases, normalised, repair_cases, retry_cases
 
 

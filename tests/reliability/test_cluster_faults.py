@@ -14,9 +14,9 @@ import time
 import orjson
 import pytest
 
-from proxy.appkeys import STORE
 from proxy.config import hash_key
-from proxy.policy.redis import tag
+from proxy.ledger.redis import tag
+from proxy.serve.appkeys import STORE
 from tests.fixtures.redis import BINARY
 from tests.fixtures.redis_cluster import CLI, CLUSTER_SKIP_REASON, LocalCluster
 from tests.reliability.dialects import DIALECTS, Reply, post
@@ -143,6 +143,6 @@ async def test_a_replica_takes_over_a_dead_master_and_its_tenants_come_back(make
         assert cluster.node_of(tag(doomed)) is not master
         await proxy.settled()
         # What the promoted replica had of the tenant's ledger (asynchronous replication) is there.
-        assert await proxy.app[STORE].run_calls(doomed, "failover") >= 1
+        assert await proxy.serve.app[STORE].run_calls(doomed, "failover") >= 1
     finally:
         cluster.stop()

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy import steps
-from proxy.appkeys import SETTINGS
 from proxy.config import Settings
 from proxy.errors import RequestError
 from proxy.model import Call
-from proxy.routes import adapter_for
+from proxy.serve import steps
+from proxy.serve.appkeys import SETTINGS
+from proxy.serve.routes import adapter_for
 from tests.reliability.dialects import DIALECTS, Dialect, post
 
 BAD_BODIES = {
