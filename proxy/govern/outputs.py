@@ -16,16 +16,16 @@ from typing import Any
 
 import orjson
 
-from proxy.config import RepairPolicy
+from proxy.config import Policy, RepairPolicy
 from proxy.errors import SchemaViolation
 from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent
 from proxy.providers.answer import CallKey, Json
 from proxy.providers.base import ProviderAdapter
-from proxy.providers.hooks import EventHook, Hooks
+from proxy.providers.hooks import EventHook, Hooks, recorded_when_done
 from proxy.providers.sse import SseEvent
 from proxy.repair import StreamRepairer, problems, repair_arguments, repair_output, violation_feedback
 
-__all__ = ["HOLD_LIMIT", "install"]
+__all__ = ["HOLD_LIMIT", "install", "response_hooks"]
 
 log = logging.getLogger("spanmeter.outputs")
 
@@ -262,3 +262,12 @@ class _HeldStream:
         if not self._recorded:  # on the span: the headers are gone by then
             self._recorded = True
             self._hooks.rewrites.append(Rewrite("repair", "stream"))
+
+
+def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
+    for rewrite, record in adapter.stream_filters(call):
+        hooks.on_event.append(recorded_when_done(rewrite, record, hooks))
+    repair = policy.repair
+    if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
+        repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
+    install(adapter, call, repair, hooks)

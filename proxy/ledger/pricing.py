@@ -165,7 +165,7 @@ class PriceTable:
     resolves to another model, and may resolve to a newer one tomorrow. Looking one up
     gives the dearest of its own price and those of every model it may resolve to: the
     reservation for a call must cover whichever runs. What the call is charged is the
-    price of the model the answer names, when the table knows it (proxy.serve.steps).
+    price of the model the answer names, when the table knows it (proxy.serve.bookkeeping).
     """
 
     def __init__(self, prices: dict[str, Price], aliases: dict[str, tuple[str, ...]] | None = None,

@@ -48,8 +48,8 @@ from proxy.mcp import wire
 from proxy.model import Caller, Rewrite
 from proxy.providers.sse import Framer, SseEvent
 from proxy.serve.appkeys import BACKGROUND, KEYS, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.body import read_body
 from proxy.serve.routes import match
-from proxy.serve.steps import read_body
 from proxy.serve.tenants import identify
 from proxy.serve.upstream import UpstreamResponse, host_port, request_headers, response_headers
 from tracing import mcp as mcp_spans

@@ -13,17 +13,19 @@ from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
 from proxy.govern import caching, guard, wrapup
 from proxy.govern.ceilings import admit, plan
+from proxy.govern.outputs import response_hooks
 from proxy.govern.runs import results_ok
 from proxy.ledger.store import Turn
-from proxy.model import Caller, Rewrite
+from proxy.model import Caller, Rewrite, StreamError
 from proxy.providers.base import Exchange, ProviderAdapter
 from proxy.providers.hooks import Flow, Hooks
-from proxy.serve import accesslog, steps
+from proxy.serve import accesslog, bookkeeping
 from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.body import open_call
 from proxy.serve.relay import relay
 from proxy.serve.routes import Target, target_for
-from proxy.serve.tenants import identify
-from proxy.serve.upstream import request_headers
+from proxy.serve.tenants import identify, presented_key
+from proxy.serve.upstream import forward_url, request_headers
 from tracing import spans
 
 __all__ = ["handle_call"]
@@ -37,7 +39,7 @@ async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_n
     arrived = time.time_ns()
     caller = identify(request.headers, request.query, settings, app[KEYS])
     accesslog.identified(caller.tenant, caller.run_id)
-    ex = await steps.open_call(request, adapter, settings.max_body_bytes)
+    ex = await open_call(request, adapter, settings.max_body_bytes)
     target = target_for(settings, adapter, caller, upstream_name)
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
@@ -87,34 +89,34 @@ class Forward:
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(ex, closed, stored)
-            await steps.refused(app, caller, call, cs, exc)
+            await bookkeeping.refused(app, caller, call, cs, exc)
             raise
         except asyncio.CancelledError:
-            steps.abandoned(app, call, self._start(ex, (), None))  # the client left before the call was forwarded
+            bookkeeping.abandoned(app, call, self._start(ex, (), None))  # the client left before the call was forwarded
             raise
         cs = self._start(ex, admitted.admission.closed, admitted.admission.trace)
         notes, left = wrapup.apply(ex, admitted, app[TEL], caller, cs)  # what is left, and the note if due
         hooks.rewrites += guard.record(reminded, app[TEL], caller, cs) + notes + list(admitted.rewrites)
         if admitted.clamp_to is not None:
             ex.adapter.set_max_tokens(ex, admitted.clamp_to)
-        steps.response_hooks(ex.adapter, call, policy, hooks, retry=retry)
+        response_hooks(ex.adapter, call, policy, hooks, retry=retry)
         flow = Flow()
         started = time.perf_counter()
         try:
-            async with app[UPSTREAM].send(steps.upstream_url(self.target, request), ex.request_bytes(),
+            async with app[UPSTREAM].send(_upstream_url(self.target, request), ex.request_bytes(),
                                           request_headers(request.headers, self.target.auth)) as upstream:
                 extra = {"x-spanmeter-run-id": caller.run_id, **left}
                 return await relay(request, upstream, ex.adapter, extra, hooks, flow, started), hooks
         except ProxyError as exc:
             accesslog.answered(exc.status, flow.status)  # before flow.status takes exc.status
-            flow.observer.feed([steps.stream_error(exc)])
+            flow.observer.feed([StreamError(exc.error_type, exc.message)])
             flow.status = flow.status or exc.status
             raise
         finally:
             flow.delivered_ns = time.time_ns()
             # A task of its own: the answer does not wait for the ledger, and a client that
             # disconnects cancels the relay, never the settlement.
-            app[BACKGROUND].spawn((caller.tenant, caller.run_id), steps.finish_safely(
+            app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(
                 app, caller, ex, admitted, cs, flow, hooks, request.headers, policy))
 
     def _start(self, ex: Exchange, closed: tuple[dict[str, object], ...], stored: dict[str, object] | None,
@@ -127,3 +129,13 @@ class Forward:
         return spans.start_call(app[TEL], caller, ex.call, provider=self.target.provider, parent=self.parent,
                                 server_address=self.target.server_address, server_port=self.target.server_port,
                                 run_trace=run, start_ns=self.arrived_ns)
+
+
+def _upstream_url(target: Target, request: web.Request) -> str:
+    path = request.match_info.get("tail")
+    path = "/" + path if path is not None else request.path
+    # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
+    # and %23 into a fragment on the way out.
+    query = request.rel_url.raw_query_string
+    # The caller's key matters only to strip it from a query (parsing one costs on every call).
+    return forward_url(target.base_url, path, query, presented_key(request.headers, request.query) if query else None)

@@ -43,15 +43,15 @@ async def test_a_client_leaving_during_admission_ends_its_span_and_releases(make
         release.set()
         await asyncio.to_thread(holder.join)
     for _ in range(300):  # the admission lands once the lock is gone, then is released
-        detail = await proxy.serve.app[STORE].spend_detail("default", run_id="leaver")
-        calls = await proxy.serve.app[STORE].run_calls("default", "leaver")
+        detail = await proxy.app[STORE].spend_detail("default", run_id="leaver")
+        calls = await proxy.app[STORE].run_calls("default", "leaver")
         if calls == 2 and detail.reserved == 0:
             break
         await asyncio.sleep(0.02)
     assert (calls, detail.reserved) == (2, 0)
     assert len(sim.received) == 1, "the abandoned call was never forwarded"
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = [s for s in read_spans(proxy.data_dir / "traces") if s["attributes"].get("spanmeter.run.id") == "leaver"]
     assert [s["attributes"].get("error.type") for s in spans if s["name"] == "chat sim-small"] == [
         None, "client_disconnected"]

@@ -98,7 +98,7 @@ LOOPS: dict[str, Callable[[str], Awaitable[None]]] = {
 
 async def exported(proxy: Any, receiver: OtlpReceiver, n: int) -> list[dict[str, Any]]:
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     return await asyncio.to_thread(receiver.wait_for_spans, n)
 
 
@@ -119,7 +119,7 @@ async def test_an_agent_loop_reads_as_an_agent_with_llm_and_tool_spans(otlp_rece
     proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint)
     await LOOPS[case["dialect"]](proxy.url)
     await proxy.settled()
-    assert await proxy.serve.app[RUNS].end("default", "trip-1")
+    assert await proxy.app[RUNS].end("default", "trip-1")
     spans = await exported(proxy, otlp_receiver, 4)
     assert len(spans) == 4, [s["name"] for s in spans]
 

@@ -34,7 +34,7 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
         await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS,
                                         extra_headers={"X-Run-End": "true"})
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 4)
 
     calls = sorted((s for s in spans if s["kind"] == "SPAN_KIND_CLIENT"), key=lambda s: s["start_ns"])
@@ -80,7 +80,7 @@ async def test_anatomy_off_by_default_adds_nothing(otlp_receiver, make_proxy):  
     async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as c:
         await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 1)
     call = next(s["attributes"] for s in spans if s["kind"] == "SPAN_KIND_CLIENT")
     assert not any(k.startswith("spanmeter.input.") for k in call)

@@ -131,7 +131,7 @@ async def test_forty_concurrent_calls_never_cross_a_ceiling(shape, stream, make_
     await proxy.settled()
     assert set(statuses) <= {200, 402}, statuses
     assert statuses.count(200) >= 1, "a bounded shape must still be served"
-    store = proxy.serve.app[STORE]
+    store = proxy.app[STORE]
     runs = [await store.spend("atk", run_id=f"r-{i}") for i in range(3)]
     day = await store.spend("atk")
     assert max(runs) <= RUN_CEILING, runs
@@ -149,7 +149,7 @@ async def test_shapes_that_cannot_be_bounded_or_routed_are_refused_unforwarded(
         statuses = await asyncio.gather(*(_post(session, proxy.url + path, body, "r-x") for _ in range(5)))
     assert statuses == [status] * 5
     assert provider.paths == [], "nothing reached the provider"
-    assert await proxy.serve.app[STORE].spend("atk") == 0
+    assert await proxy.app[STORE].spend("atk") == 0
 
 
 TOKEN_CEILING = 5_000
@@ -177,6 +177,6 @@ async def test_forty_concurrent_calls_never_cross_a_token_ceiling(shape, stream,
     await proxy.settled()
     assert set(statuses) <= {200, 402}, statuses
     assert 402 in statuses, "40 greedy calls cannot all fit in 5,000 tokens"
-    totals = await proxy.serve.app[STORE].run_totals("atk", "t")
+    totals = await proxy.app[STORE].run_totals("atk", "t")
     used = sum(totals.get(k, 0) for k in ("input_tokens", "output_tokens", "estimated_tokens"))
     assert 0 < used <= TOKEN_CEILING, totals

@@ -86,10 +86,10 @@ async def test_a_tool_agent_with_no_caching_of_its_own_is_billed_at_most_60_perc
     assert [raw.count(MARKER_TEXT) for raw in billing.raws] == [0, 0, 2, 2, 2, 2, 2]
     assert all(u.cache_read_tokens for u in billing.usages[3:])
     await proxy.settled()
-    assert await proxy.serve.app[STORE].spend("t", run_id="agent") > 0
+    assert await proxy.app[STORE].spend("t", run_id="agent") > 0
     # What caching saved is shown net of the write premium: per call, on the run span, in metrics.
     await asyncio.sleep(0.1)
-    assert await proxy.serve.app[RUNS].sweep_once() == 1
+    assert await proxy.app[RUNS].sweep_once() == 1
     spans = await local_spans(proxy)
     calls = [sp["attributes"] for sp in spans if sp["attributes"].get("spanmeter.run.id") == "agent"
              and sp["name"].startswith("chat")]
@@ -191,7 +191,7 @@ async def test_forty_concurrent_agent_turns_never_cross_a_ceiling_with_the_write
         provider = app[GREEDY]
         # The breakpoints went out (the first sighting of the prefix excepted).
         assert sum(b"cache_control" in orjson.dumps(b) for b in provider.bodies) >= len(provider.bodies) - 1 > 0
-        store = proxy.serve.app[STORE]
+        store = proxy.app[STORE]
         assert max([await store.spend("t", run_id=f"r-{i}") for i in range(3)]) <= 50_000
         assert provider.billed_micros == await store.spend("t") <= 80_000
     finally:

@@ -148,7 +148,7 @@ async def test_hostile_names_never_grow_metrics_and_spans_keep_them_cut(otlp_rec
     assert refusals == {("unknown_price", "_OTHER"), ("tenant_day", "gpt-4o")}
 
     # Spans keep the real names, cut at SPAN_NAME_LIMIT runes.
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     chats, tools = 3 + 2 * (60 * 3 + 12 * 2), 2 * 12
     got = await asyncio.to_thread(otlp_receiver.wait_for_spans, chats + tools)
     by_name = {s["name"]: s for s in got}

@@ -76,7 +76,7 @@ async def test_cached_share_and_savings_on_spans_run_and_metrics(otlp_receiver, 
     proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint)
     await DIALECTS[dialect](proxy.url, f"cache-{dialect}")
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, CALLS + 1)
 
     calls = [s["attributes"] for s in spans if s["kind"] == "SPAN_KIND_CLIENT"]

@@ -69,7 +69,7 @@ async def test_parallel_calls_never_overshoot_a_run_cost_ceiling(make_proxy, sim
     assert len(ok) + len(refused) == 40
     assert ok and refused
     await proxy.settled()
-    spent = await proxy.serve.app[STORE].spend("acme", run_id="r-par")
+    spent = await proxy.app[STORE].spend("acme", run_id="r-par")
     assert spent <= limit_usd * 1_000_000
     assert len(sim.received) == len(ok)
     await client.close()
@@ -85,7 +85,7 @@ async def test_streamed_call_without_client_usage_is_still_charged(make_proxy, s
     usage = sim.last.json()
     assert usage["stream_options"] == {"include_usage": True}
     await proxy.settled()
-    spent = await proxy.serve.app[STORE].spend("acme", run_id="r-stream")
+    spent = await proxy.app[STORE].spend("acme", run_id="r-stream")
     direct = await openai.AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="x").chat.completions.create(
         model="sim-small", messages=[{"role": "user", "content": "hi"}], max_tokens=100)
     price = PriceTable.load().price("sim-small")
@@ -102,7 +102,7 @@ async def test_stream_cut_before_usage_settles_at_the_reservation(make_proxy, si
                 messages=[{"role": "user", "content": "SCENARIO:reset:3"}]):
             pass
     await proxy.settled()
-    spent = await proxy.serve.app[STORE].spend("acme", run_id="r-cut")
+    spent = await proxy.app[STORE].spend("acme", run_id="r-cut")
     assert spent > 0, "unknown is not zero: a cut stream is charged its reservation"
     await client.close()
 
@@ -161,7 +161,7 @@ async def test_tenant_daily_budget_is_shared_by_all_runs(make_proxy, sim, monkey
         await client.close()
     assert refused > 0
     await proxy.settled()
-    assert await proxy.serve.app[STORE].spend("acme", day=_today()) <= 2000
+    assert await proxy.app[STORE].spend("acme", day=_today()) <= 2000
 
 
 def _today() -> str:

@@ -26,7 +26,7 @@ async def traced(otlp_receiver, make_proxy):  # noqa: F811 - receiver outlives t
 
     async def spans(n: int) -> list[dict[str, Any]]:
         await proxy.settled()
-        await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+        await asyncio.to_thread(proxy.app[TEL].force_flush)
         return await asyncio.to_thread(otlp_receiver.wait_for_spans, n)
 
     return proxy, spans
@@ -159,7 +159,7 @@ async def test_content_is_captured_only_when_opted_in_and_a_tenant_can_lower_it(
             await c.chat.completions.create(model="sim-small", messages=[
                 {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}])
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     # Each call without a run id is a run of its own: a call span and a run span per tenant.
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 4)
     got = {s["attributes"]["spanmeter.tenant.id"]: s for s in spans if s["kind"].endswith("CLIENT")}

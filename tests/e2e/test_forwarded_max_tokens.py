@@ -105,7 +105,7 @@ async def test_a_max_token_value_above_the_cap_is_forwarded_as_the_cap(shape, st
     assert [_at(sent, f) for f in fields] == [cap] * len(fields), sent
     assert f"max_tokens_capped={ASKED}->{cap}" in rewrites.split(", ")
     await proxy.settled()
-    spend = await proxy.serve.app[STORE].spend("t", run_id="capped")
+    spend = await proxy.app[STORE].spend("t", run_id="capped")
     assert 0 < spend == provider.billed_micros <= CEILING
     span = await settled_span(proxy, "capped")
     assert f"max_tokens_capped={ASKED}->{cap}" in span["attributes"]["spanmeter.rewrites"]

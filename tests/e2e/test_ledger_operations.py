@@ -42,7 +42,7 @@ class Counter:
     MARK = "spanmeter-test-end-of-turn"
 
     def __init__(self, proxy, server) -> None:
-        self.store, self.url = proxy.serve.app[STORE], server.url if server else None
+        self.store, self.url = proxy.app[STORE], server.url if server else None
         self.seen: list[str] = []
 
     def _watch(self, ready: threading.Event) -> None:
@@ -82,7 +82,7 @@ async def test_an_agent_turn_costs_two_ledger_operations(backend, results, make_
     server = request.getfixturevalue("redis_server") if backend == "redis" else None
     ledger = server.url if server else f"sqlite:///{tmp_path}/ledger.db"
     proxy = await make_proxy(ledger_url=ledger)
-    assert isinstance(proxy.serve.app[STORE], SqliteStore) == (backend == "sqlite")
+    assert isinstance(proxy.app[STORE], SqliteStore) == (backend == "sqlite")
     client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k",
                                 default_headers={"X-Run-Id": f"ops-{backend}-{results}"})
     calls = await _open_calls(client, max(results, 1))  # also loads the Lua scripts

@@ -50,7 +50,7 @@ def _client(proxy, run_id: str, mode: str) -> Client:
 
 async def _spans(proxy, receiver, n: int) -> list[dict[str, Any]]:
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     return await asyncio.to_thread(receiver.wait_for_spans, n)
 
 
@@ -110,7 +110,7 @@ async def test_every_request_of_the_sdk_client_is_a_span_with_the_mcp_convention
     for r in mcp_server.requests:  # the server's credential goes out, the tenant's key never does
         assert r["headers"]["authorization"] == f"Bearer {SERVER_KEY}"
         assert KEY not in json.dumps(r["headers"]) and "x-run-id" not in r["headers"]
-    totals = await proxy.serve.app[STORE].run_totals("acme", f"sdk-{mode}")
+    totals = await proxy.app[STORE].run_totals("acme", f"sdk-{mode}")
     assert {k: totals[k] for k in ("mcp_tool_calls", "tool_calls", "tool_failures", "cost_micros")} == {
         "mcp_tool_calls": 3, "tool_calls": 3, "tool_failures": 1, "cost_micros": 250_000}
 
@@ -132,9 +132,9 @@ async def test_the_tool_call_ceiling_refuses_with_a_json_rpc_error_the_sdk_raise
     spans = await _spans(proxy, otlp_receiver, 4)
     refused = [s for s in spans if s["status"] == "STATUS_CODE_ERROR"]
     assert len(refused) == 1 and refused[0]["attributes"]["error.type"] == "spanmeter.budget_exceeded"
-    totals = await proxy.serve.app[STORE].run_totals("acme", "capped")
+    totals = await proxy.app[STORE].run_totals("acme", "capped")
     assert (totals["mcp_tool_calls"], totals["ceilings_hit"]) == (2, 1)
-    metrics = proxy.serve.app[TEL].metrics_text().decode()
+    metrics = proxy.app[TEL].metrics_text().decode()
     assert 'gen_ai_tool_name="get_weather"' not in metrics, "a refused call mints no label value"
     refused = [line for line in metrics.splitlines()
                if line.startswith("spanmeter_tool_calls_total") and 'spanmeter_outcome="refused"' in line]
@@ -163,7 +163,7 @@ async def test_an_agents_tool_calls_are_each_one_span_with_their_measured_durati
         second = await Runner.run(agent, "SCENARIO:tool TOOL=flaky")
     assert '"temp": 14' in first.final_output and "Error executing tool flaky" in second.final_output
     await proxy.settled()
-    assert await proxy.serve.app[RUNS].end("acme", "agent-1")
+    assert await proxy.app[RUNS].end("acme", "agent-1")
     spans = await _spans(proxy, otlp_receiver, 8)
     names = sorted(s["name"] for s in spans)
     assert "execute_tool get_weather" not in names and "execute_tool flaky" not in names, "no inferred twin"
@@ -279,7 +279,7 @@ async def test_a_tool_call_run_on_mcp_is_not_missing_when_the_run_ends_before_th
     async with _client(proxy, "cut", "auto") as c:
         await c.call_tool("get_weather", {"city": "Paris", "unit": "celsius"})
     await proxy.settled()
-    assert await proxy.serve.app[RUNS].end("acme", "cut")
+    assert await proxy.app[RUNS].end("acme", "cut")
     spans = await _spans(proxy, otlp_receiver, 6)
     assert sorted(s["name"] for s in spans if "read_file" in s["name"] or "get_weather" in s["name"]) == [
         "execute_tool read_file", "tools/call get_weather"], "only the call never run is missing"

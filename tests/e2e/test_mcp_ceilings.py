@@ -87,7 +87,7 @@ async def test_concurrent_tool_calls_hold_the_keys_own_run_ceilings_and_day_budg
     assert sum(1 for s, a in many if s == 200 and "result" in a) == 1, "the key's day had $0.01 left"
     assert {a["error"]["data"]["limit"] for s, a in many if "error" in a} == {"key_day"}
     await proxy.settled()
-    assert await proxy.serve.app[STORE].spend("acme", day=_today(), key_id=LIMITED_ID) == 30_000
+    assert await proxy.app[STORE].spend("acme", day=_today(), key_id=LIMITED_ID) == 30_000
     assert _ran(stateless_mcp) == 3, "only the admitted calls reached the server"
     # The tool-call ceiling of the key, under a tenant that allows 100.
     proxy2 = await _proxy(make_proxy, stateless_mcp.url, tool_cost=0, runs={"max_tool_calls": 100},
@@ -160,7 +160,7 @@ async def test_a_tool_answer_never_read_is_charged_its_reservation_and_waves_sto
         await asyncio.sleep(0.05)
         await proxy.settled()
     assert scripted.ran == 3, "$0.03 at $0.01 a call: the fourth and every later wave refused"
-    assert await proxy.serve.app[STORE].spend("acme", run_id="unread") == 30_000
+    assert await proxy.app[STORE].spend("acme", run_id="unread") == 30_000
 
 
 @pytest.mark.parametrize("mode", ["error", "status_500"])
@@ -170,7 +170,7 @@ async def test_a_tool_the_server_refused_is_charged_nothing(make_proxy, scripted
     for _ in range(5):
         await _post(f"{proxy.url}/mcp/tools", _call(), KEY, "refused")
     await proxy.settled()
-    assert await proxy.serve.app[STORE].spend("acme", run_id="refused") == 0
+    assert await proxy.app[STORE].spend("acme", run_id="refused") == 0
 
 
 async def test_a_tool_call_to_a_server_that_is_down_is_charged_nothing(make_proxy):
@@ -178,7 +178,7 @@ async def test_a_tool_call_to_a_server_that_is_down_is_charged_nothing(make_prox
     status, answer = await _post(f"{proxy.url}/mcp/tools", _call(), KEY, "down")
     assert status == 502 and "error" in answer
     await proxy.settled()
-    assert await proxy.serve.app[STORE].spend("acme", run_id="down") == 0
+    assert await proxy.app[STORE].spend("acme", run_id="down") == 0
 
 
 # --- item 3: runs.max_seconds holds on the MCP route too ----------------------------------

@@ -113,7 +113,7 @@ async def test_a_recorded_exchange_crosses_the_proxy_intact(otlp_receiver, make_
     assert KEY not in json.dumps(upstream_headers) and "x-run-id" not in upstream_headers
 
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = [s for s in otlp_receiver.spans() if s["name"] != "run"]
     want = case["span"]
     if want is None:

@@ -85,7 +85,7 @@ async def test_the_openai_sdk_retries_a_429_and_succeeds_once_the_window_gives_a
     assert len(sim.received) == before + 1
     assert sim.last.headers["x-stainless-retry-count"] == "1", "refused once, then admitted on the retry"
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     refused = [s for s in read_spans(proxy.data_dir / "traces")
                if s["attributes"].get("error.type") == "spanmeter.rate_limit_exceeded"]
     assert len(refused) == len(limited) + 2, "the hasty calls refused, the drain's last, the patient's first"
@@ -156,9 +156,9 @@ async def test_a_keys_own_limits_hold_within_its_tenants(make_proxy, sim, monkey
     await limited.chat.completions.create(model="sim-small", messages=long, extra_headers={"X-Run-Id": "k-2"})
     await proxy.settled()
     day = time.strftime("%Y-%m-%d", time.gmtime())
-    spent = await proxy.serve.app[STORE].spend("acme", day=day, key_id=hash_key(LIMITED_KEY)[:8])
+    spent = await proxy.app[STORE].spend("acme", day=day, key_id=hash_key(LIMITED_KEY)[:8])
     assert spent > 5_000
-    assert await proxy.serve.app[STORE].spend("acme", day=day, key_id=hash_key(KEY)[:8]) < spent
+    assert await proxy.app[STORE].spend("acme", day=day, key_id=hash_key(KEY)[:8]) < spent
     with pytest.raises(openai.APIStatusError) as ei:
         await _ask(limited, extra_headers={"X-Run-Id": "k-3"})
     assert ei.value.status_code == 402 and "daily budget of $0.005" in ei.value.message

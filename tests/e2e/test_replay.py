@@ -222,7 +222,7 @@ async def _replay(make_proxy: Any, receiver: Any, tag: str, **settings: Any) -> 
 
         await asyncio.gather(*(one_run(r, ps) for r, ps in runs.items()))
         await proxy.settled()
-        await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+        await asyncio.to_thread(proxy.app[TEL].force_flush)
         spans = await asyncio.to_thread(receiver.wait_for_spans, len(pairs), 30.0)
     finally:
         await upstream_runner.cleanup()

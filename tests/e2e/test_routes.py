@@ -23,7 +23,7 @@ async def test_embeddings_are_metered(make_proxy, sim, monkeypatch_env):
         out = await c.embeddings.create(model="text-embedding-3-small", input=["hello world", "second text"])
     assert len(out.data) == 2 and out.usage.prompt_tokens > 0
     await proxy.settled()
-    assert await proxy.serve.app[STORE].spend("acme", run_id="emb") > 0
+    assert await proxy.app[STORE].spend("acme", run_id="emb") > 0
 
 
 async def test_named_upstream_by_path_prefix_and_by_tenant(make_proxy, sim, monkeypatch_env):

@@ -20,7 +20,7 @@ ACME, BETA, ADMIN = "sm-acme-key-0001", "sm-beta-key-0002", "admin-token-xyz"
 
 async def _flush(proxy, receiver, n):
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     return await asyncio.to_thread(receiver.wait_for_spans, n)
 
 
@@ -71,7 +71,7 @@ async def test_unanswered_tool_call_gets_a_missing_span_when_the_run_idles_out(o
                                              messages=[{"role": "user", "content": "SCENARIO:tool"}])
     await proxy.settled()
     await asyncio.sleep(0.1)
-    assert await proxy.serve.app[RUNS].sweep_once() == 1
+    assert await proxy.app[RUNS].sweep_once() == 1
     spans = await _flush(proxy, otlp_receiver, 3)
     missing = next(s for s in spans if s["name"] == "execute_tool get_weather")
     assert missing["attributes"]["error.type"] == "tool_result_missing"
@@ -95,14 +95,14 @@ async def test_run_totals_count_failed_tool_results_as_the_spans_and_the_viewer_
             await client.chat.completions.create(model="sim-small",
                                                  messages=[{"role": "user", "content": "SCENARIO:error:500"}])
     await proxy.settled()
-    assert await proxy.serve.app[RUNS].end("default", "run-fails")
+    assert await proxy.app[RUNS].end("default", "run-fails")
     spans = await _flush(proxy, otlp_receiver, 6)
     tools = [s for s in spans if s["name"] == "execute_tool get_weather"]
     assert sorted(s["attributes"]["error.type"] for s in tools) == ["tool_error", "tool_result_missing"]
     attrs = next(s for s in spans if s["name"] == "invoke_agent")["attributes"]
     assert (attrs["spanmeter.run.failures"], attrs["spanmeter.run.tool_failures"],
             attrs["spanmeter.run.tool_results_missing"]) == (1, 2, 1)
-    totals = await proxy.serve.app[STORE].run_totals("default", "run-fails")
+    totals = await proxy.app[STORE].run_totals("default", "run-fails")
     assert (totals["failures"], totals["tool_failures"]) == (1, 2)
     [run] = load_runs(proxy.data_dir / "traces")
     assert (run.failures, run.tool_failures) == (1, 2)

@@ -69,7 +69,7 @@ async def test_the_openai_tool_loop_gets_the_note_and_answers_within_the_ceiling
     assert last[-1]["role"] == "user" and last[-1]["content"].startswith(
         f"{WRAP_UP_MARK}: this run has 2 model calls left after this one.")
     await proxy.settled()
-    assert await proxy.serve.app[STORE].run_calls("acme", "r-loop") == 4
+    assert await proxy.app[STORE].run_calls("acme", "r-loop") == 4
     await client.close()
 
 
@@ -107,7 +107,7 @@ async def test_the_agents_runner_gets_the_note_and_ends_with_a_final_answer(make
     note = sim.last.json()["input"][-1]
     assert note["role"] == "user" and note["content"].startswith(WRAP_UP_MARK)
     await proxy.settled()
-    assert await proxy.serve.app[STORE].run_calls("acme", "r-agents") == 4
+    assert await proxy.app[STORE].run_calls("acme", "r-agents") == 4
 
 
 async def test_without_the_note_the_agents_runner_ends_in_a_402(make_proxy, sim, monkeypatch_env):
@@ -156,7 +156,7 @@ async def test_each_dialect_carries_the_note_on_the_last_call_and_the_model_answ
     cut = raw.rindex(b"{braces}") + len(b"{braces}")
     assert forwarded[:cut] == raw[:cut], "every byte before the note is the client's"
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = [s for s in read_spans(proxy.data_dir / "traces") if s["attributes"].get("spanmeter.run.id") == f"r-{api}"
              and s["name"].startswith(("chat", "generate_content"))]
     noted = [s for s in spans if s["attributes"].get("spanmeter.wrap_up.reason") == "last_call"]

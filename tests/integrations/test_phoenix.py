@@ -107,8 +107,8 @@ async def test_phoenix_reads_a_run_as_an_agent_with_llm_and_tool_spans(phoenix, 
     proxy = await make_proxy(otlp_endpoint=phoenix)
     await chat_loop(proxy.url)
     await proxy.settled()
-    assert await proxy.serve.app[RUNS].end("default", HEADERS["X-Run-Id"])
-    assert await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    assert await proxy.app[RUNS].end("default", HEADERS["X-Run-Id"])
+    assert await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await _spans(phoenix, 4)
     assert len(spans) == 4, [s["name"] for s in spans]
     kinds = sorted(s["span_kind"] for s in spans)

@@ -73,7 +73,7 @@ async def local_spans(proxy: Any, *, flush: bool = True) -> list[dict[str, Any]]
     """Spans the proxy wrote to its local JSONL files, after flushing its queues (which
     waits for every exporter: pass flush=False when the collector hangs on purpose)."""
     if flush:
-        await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+        await asyncio.to_thread(proxy.app[TEL].force_flush)
     return list(read_spans(Path(proxy.data_dir) / "traces"))
 
 

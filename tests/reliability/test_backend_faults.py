@@ -59,7 +59,7 @@ async def test_redis_down_is_a_clear_503_in_each_dialect_then_recovers_without_r
             assert r.status == 200, r.body
         assert (await _get(proxy.url + "/readyz"))[0] == 200
         await settled_span(proxy, "back", n=4)
-        assert await proxy.serve.app[STORE].run_calls("default", "back") == 4
+        assert await proxy.app[STORE].run_calls("default", "back") == 4
     finally:
         server.stop()
 
@@ -95,6 +95,6 @@ async def test_a_ledger_locked_by_another_process_delays_calls_and_loses_nothing
     await holder.wait()
     assert [r.status for r in replies] == [200] * 5  # they waited for the lock (busy_timeout), then ran
     await settled_span(proxy, "lock", n=6)
-    assert await proxy.serve.app[STORE].run_calls("default", "lock") == 6
+    assert await proxy.app[STORE].run_calls("default", "lock") == 6
     with sqlite3.connect(ledger) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)

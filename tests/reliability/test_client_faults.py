@@ -45,7 +45,7 @@ async def _until(predicate, what: str) -> None:
 
 def _in_use(proxy) -> int:
     # aiohttp's connector keeps the connections handed out in `_acquired`.
-    return len(proxy.serve.app[UPSTREAM]._session.connector._acquired)
+    return len(proxy.app[UPSTREAM]._session.connector._acquired)
 
 
 @pytest.mark.parametrize("d", DIALECTS, ids=lambda d: d.name)
@@ -58,7 +58,7 @@ async def test_disconnect_mid_stream_cancels_upstream_settles_and_leaks_nothing(
         r.close()  # the agent goes away mid-stream
     await _until(lambda: "client_gone" in sim.streams.values(), "the upstream saw the cancel")
     span = await settled_span(proxy, "gone")
-    detail = await proxy.serve.app[STORE].spend_detail("default", run_id="gone")
+    detail = await proxy.app[STORE].spend_detail("default", run_id="gone")
     assert detail.reserved == 0, "settled, not left in flight"
     assert detail.settled > 0, "what the provider generated before the cancel is unknown, not zero"
     assert span["attributes"]["spanmeter.usage.source"] == "estimate"

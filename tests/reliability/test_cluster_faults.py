@@ -143,6 +143,6 @@ async def test_a_replica_takes_over_a_dead_master_and_its_tenants_come_back(make
         assert cluster.node_of(tag(doomed)) is not master
         await proxy.settled()
         # What the promoted replica had of the tenant's ledger (asynchronous replication) is there.
-        assert await proxy.serve.app[STORE].run_calls(doomed, "failover") >= 1
+        assert await proxy.app[STORE].run_calls(doomed, "failover") >= 1
     finally:
         cluster.stop()

@@ -197,7 +197,7 @@ async def test_an_upstream_redirect_is_never_followed_and_never_passed_on(
     assert len(redirector.seen) == 5, "every call went to the configured upstream"
     assert recorder.seen == [], "nothing, and so no key, ever reached the address a redirect named"
     await proxy.settled()
-    assert await proxy.serve.app[STORE].spend("acme", run_id="redirected") == 0, "a redirect generated nothing"
+    assert await proxy.app[STORE].spend("acme", run_id="redirected") == 0, "a redirect generated nothing"
 
 
 @pytest.mark.parametrize("status,location,says", [
@@ -416,6 +416,6 @@ async def test_the_largest_accepted_ceilings_let_calls_through_everywhere(make_p
         for _ in range(2):
             await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
     await proxy.settled()
-    spent = await proxy.serve.app[STORE].spend("acme", run_id="max")
+    spent = await proxy.app[STORE].spend("acme", run_id="max")
     assert 0 < spent < 1_000_000, "ten small calls, charged as usual"
-    assert await proxy.serve.app[STORE].run_calls("acme", "max") == 10
+    assert await proxy.app[STORE].run_calls("acme", "max") == 10

@@ -92,7 +92,7 @@ async def test_no_secret_appears_in_anything_spanmeter_emits(tenant_proxy, sim, 
     replies = await _scenario(proxy.url)
     assert {r.status for r in replies} >= {200, 401, 402, 404, 500}
     await settled_span(proxy, "sec-tools", n=2)
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await asyncio.to_thread(receiver.wait_for_spans, 40)
     traces = Path(proxy.data_dir) / "traces"
     admin = [await _get(proxy.url + p, ADMIN) for p in
@@ -134,7 +134,7 @@ async def test_the_admin_api_needs_its_token_and_a_tenant_key_is_refused(tenant_
 
 async def test_one_run_id_in_two_tenants_shares_no_ledger_and_no_tool_state(tenant_proxy, sim):
     proxy, _ = tenant_proxy
-    store = proxy.serve.app[STORE]
+    store = proxy.app[STORE]
     d = DIALECTS[0]
     first = await post(proxy.url, d.path(False), {"model": d.model, "tools": TOOLS_CHAT,
                                                   "messages": [{"role": "user", "content": "SCENARIO:tool"}]},
@@ -186,7 +186,7 @@ async def test_incoming_trace_context_is_not_identity_and_never_reaches_the_prov
     run = "4bf92f3577b34da6a3ce929d0e0e4736"  # the run id comes from the trace; the tenant from the key
     span = await settled_span(proxy, run, n=4)
     assert span["attributes"]["spanmeter.tenant.id"] == "bravo"
-    assert await proxy.serve.app[STORE].run_calls("alpha", run) == 0
+    assert await proxy.app[STORE].run_calls("alpha", run) == 0
 
 
 async def test_an_over_long_auth_header_never_reaches_the_logs(tenant_proxy, caplog):

@@ -23,11 +23,11 @@ def _closed_port() -> int:
 
 
 async def _spend(proxy, run: str) -> int:
-    return await proxy.serve.app[STORE].spend("default", run_id=run)
+    return await proxy.app[STORE].spend("default", run_id=run)
 
 
 async def _reserved(proxy, run: str) -> int:
-    return (await proxy.serve.app[STORE].spend_detail("default", run_id=run)).reserved
+    return (await proxy.app[STORE].spend_detail("default", run_id=run)).reserved
 
 
 def _last_event(body: bytes) -> bytes:
@@ -168,5 +168,5 @@ async def test_a_cut_stream_is_charged_its_reservation_even_after_partial_usage(
     assert r.status == 200
     span = await settled_span(proxy, "partial")
     assert span["attributes"]["spanmeter.usage.source"] == "estimate"
-    detail = await proxy.serve.app[STORE].spend_detail("default", run_id="partial")
+    detail = await proxy.app[STORE].spend_detail("default", run_id="partial")
     assert detail.reserved == 0 and detail.settled > 0

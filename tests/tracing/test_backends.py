@@ -30,7 +30,7 @@ async def one_call(proxy, receiver: OtlpReceiver) -> list[dict]:
                                   default_headers={"X-Conversation-Id": "conv-7"}) as client:
         await client.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
     await proxy.settled()
-    await asyncio.to_thread(proxy.serve.app[TEL].force_flush)
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
     # A call without a run id is a run of its own: its call span, then the run's span.
     spans = await asyncio.to_thread(receiver.wait_for_spans, 2)
     return [s for s in spans if s["kind"].endswith("CLIENT")]
@@ -44,7 +44,7 @@ async def test_langfuse_settings_reach_its_otel_path_with_basic_auth(langfuse_li
     (span,) = await one_call(proxy, langfuse_like)
     assert span["attributes"]["session.id"] == span["attributes"]["gen_ai.conversation.id"] == "conv-7"
     assert langfuse_like.trace_headers[0]["authorization"] == f"Basic {auth}"
-    await asyncio.to_thread(proxy.serve.app[TEL].shutdown)  # a metrics reader would push at shutdown
+    await asyncio.to_thread(proxy.app[TEL].shutdown)  # a metrics reader would push at shutdown
     assert langfuse_like.metric_requests == 0
 
 
@@ -54,7 +54,7 @@ async def test_phoenix_settings_name_the_project_and_push_no_metrics(otlp_receiv
     proxy = await make_proxy()
     (span,) = await one_call(proxy, otlp_receiver)
     assert span["resource"]["openinference.project.name"] == "support-agents"
-    await asyncio.to_thread(proxy.serve.app[TEL].shutdown)
+    await asyncio.to_thread(proxy.app[TEL].shutdown)
     assert otlp_receiver.metric_requests == 0
 
 
@@ -63,5 +63,5 @@ async def test_metrics_go_over_otlp_when_asked(otlp_receiver, make_proxy, monkey
     monkeypatch_env("OTEL_METRICS_EXPORTER", "otlp")
     proxy = await make_proxy()
     await one_call(proxy, otlp_receiver)
-    await asyncio.to_thread(proxy.serve.app[TEL].shutdown)
+    await asyncio.to_thread(proxy.app[TEL].shutdown)
     assert "gen_ai.client.operation.duration" in otlp_receiver.metric_names()

@@ -1,8 +1,9 @@
-"""The named steps of handler.handle_call that are more than one line."""
+"""Bookkeeping after the answer, off the caller's path: the one settle, the spans, the metrics,
+the access line and the run's end; and the same for a refused or abandoned call. It never
+raises into the answer."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -10,12 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.config import Policy
 from proxy.errors import (
-    BodyTimeout,
-    BodyTooLarge,
     CeilingReached,
     ProxyError,
     RateLimited,
@@ -23,96 +21,21 @@ from proxy.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from proxy.govern import outputs
 from proxy.govern.ceilings import Admitted, settle_amount
 from proxy.govern.runs import pending_tools
 from proxy.ledger.anatomy import anatomy
 from proxy.ledger.pricing import cache_savings, cache_write_premium
-from proxy.model import Anatomy, Call, Caller, Outcome, StreamError, StreamEvent, Usage
-from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
-from proxy.providers.hooks import Flow, Hooks, recorded_when_done
+from proxy.model import Anatomy, Call, Caller, Outcome, Usage
+from proxy.providers.base import Exchange
+from proxy.providers.hooks import Flow, Hooks
 from proxy.serve import accesslog, content
 from proxy.serve.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, STORE, TEL
-from proxy.serve.routes import Target
-from proxy.serve.tenants import presented_key
-from proxy.serve.upstream import forward_url, unreadable_body
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
 
-__all__ = ["finish", "open_call", "read_body", "refused", "response_hooks", "stream_error", "upstream_url"]
+__all__ = ["abandoned", "finish", "finish_safely", "refused"]
 
 log = logging.getLogger("spanmeter.handler")
-
-
-async def open_call(request: web.Request, adapter: ProviderAdapter, limit: int) -> Exchange:
-    """The request's body, read whole (within `limit`), opened as an exchange of its API."""
-    raw = await read_body(request, limit)
-    # The path as routed: exactly what goes upstream (see routes.match).
-    return open_exchange(adapter, raw, "/" + request.match_info.get("tail", ""))
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request's body, read whole, or BodyTooLarge past `limit` bytes."""
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(request.content_length, limit)
-    raw = await _read_body(request, limit + 1)
-    if len(raw) > limit:
-        raise _too_large(None, limit)
-    return raw
-
-
-async def _read_body(request: web.Request, n: int) -> bytes:
-    """Up to `n` bytes of body, to its end. StreamReader.read(n) returns what has arrived
-    so far, which for a body split over several TCP segments is only its first part."""
-    # A sender that trickles its body would otherwise hold a connection and a task forever.
-    timeout = request.app[SETTINGS].body_timeout_s
-    try:
-        first = request.content.read_nowait(n)  # usually the whole body, with no timer to arm
-        if len(first) >= n or request.content.at_eof():
-            return first
-        parts: list[bytes] = [first]
-        size = len(first)
-        async with asyncio.timeout(timeout):
-            while size < n and (part := await request.content.read(n - size)):
-                parts.append(part)
-                size += len(part)
-    except TimeoutError:
-        raise BodyTimeout(
-            f"The request body did not arrive within {timeout:g} s. Send it at once, or raise "
-            "SPANMETER_BODY_TIMEOUT_S for very slow links.") from None
-    except RequestPayloadError as exc:  # e.g. labelled gzip but not gzip: aiohttp decodes as it reads
-        raise unreadable_body(exc, request.headers.get("Content-Encoding")) from None
-    return b"".join(parts)
-
-
-def _too_large(size: int | None, limit: int) -> BodyTooLarge:
-    got = f"{size} bytes" if size is not None else "more than that"
-    return BodyTooLarge(
-        f"The request body is {got}, over spanmeter's limit of {limit} bytes. Send less context, "
-        "or raise SPANMETER_MAX_BODY_BYTES.")
-
-
-def upstream_url(target: Target, request: web.Request) -> str:
-    path = request.match_info.get("tail")
-    path = "/" + path if path is not None else request.path
-    # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
-    # and %23 into a fragment on the way out.
-    query = request.rel_url.raw_query_string
-    # The caller's key matters only to strip it from a query (parsing one costs on every call).
-    return forward_url(target.base_url, path, query, presented_key(request.headers, request.query) if query else None)
-
-
-def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
-    for rewrite, record in adapter.stream_filters(call):
-        hooks.on_event.append(recorded_when_done(rewrite, record, hooks))
-    repair = policy.repair
-    if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
-        repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
-    outputs.install(adapter, call, repair, hooks)
-
-
-def stream_error(exc: ProxyError) -> StreamEvent:
-    return StreamError(exc.error_type, exc.message)
 
 
 async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
