@@ -5,7 +5,7 @@ tool results) with usage of 11,000 input tokens, 8,192 of them cached. Timed in 
 after a warm-up, each step apart and then the whole of what a call adds:
 
   split     the chat module's input_parts: the request's parts and their sizes
-  shares    proxy.anatomy.anatomy: tokens, cached split and micro-USD per part
+  shares    proxy.ledger.anatomy.anatomy: tokens, cached split and micro-USD per part
   record    the run-total counters and the span attributes (tracing/anatomy.py)
 
     python bench/bench_anatomy.py [--calls N]
@@ -27,9 +27,9 @@ sys.path.insert(0, str(HERE))
 
 from payloads import MODEL, REQUEST_AGENT  # noqa: E402
 
-from proxy.anatomy import anatomy  # noqa: E402
+from proxy.ledger.anatomy import anatomy  # noqa: E402
+from proxy.ledger.pricing import PriceTable  # noqa: E402
 from proxy.model import Usage  # noqa: E402
-from proxy.policy.pricing import PriceTable  # noqa: E402
 from proxy.providers.base import open_exchange  # noqa: E402
 from proxy.providers.chat import CHAT  # noqa: E402
 from tracing.anatomy import call_attrs, call_totals  # noqa: E402

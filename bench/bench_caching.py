@@ -1,4 +1,4 @@
-"""What automatic Anthropic prompt caching (proxy/caching.py, issue 30) does to a run's input
+"""What automatic Anthropic prompt caching (proxy/govern/caching.py, issue 30) does to a run's input
 cost, over the simulator's scenarios and the recorded Anthropic runs.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_caching.py [--pairs ../shared/cassettes/pairs.jsonl]
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiohttp
 import orjson
 
-from proxy.caching import PrefixMemory, anthropic_breakpoints
-from proxy.demo import serve_on_free_port
+from proxy.govern.caching import PrefixMemory, anthropic_breakpoints
 from proxy.model import Caller
+from proxy.ops.demo import serve_on_free_port
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import open_exchange
 from proxy.simulator import create_simulator

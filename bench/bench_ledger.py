@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from proxy.policy.store import Admission, Limits, Store, Turn, open_store
+from proxy.ledger.backends import open_store
+from proxy.ledger.store import Admission, Limits, Store, Turn
 from tests.fixtures.redis import BINARY, RedisServer
 from tests.fixtures.redis_cluster import CLI, LocalCluster
 
@@ -281,7 +282,7 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     options = parse()
     if options.cpu:
-        import uvloop  # the proxy's loop (proxy/cli.py)
+        import uvloop  # the proxy's loop (proxy/ops/cli.py)
 
         uvloop.run(main(options))
     else:

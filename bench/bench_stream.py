@@ -46,16 +46,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson
 
 from bench.payloads import REQUEST_SSE, SSE_EVENTS
-from proxy import relay, steps
 from proxy.config import DEFAULT_POLICY
 from proxy.model import Outcome
-from proxy.observer import Observer
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Framer, ProviderAdapter, open_exchange
+from proxy.providers.base import ProviderAdapter, open_exchange
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
+from proxy.providers.hooks import Hooks
+from proxy.providers.observer import Observer
 from proxy.providers.responses import RESPONSES
-from proxy.relay import Hooks
+from proxy.providers.sse import Framer
+from proxy.serve import relay, steps
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 EVENTS = 50

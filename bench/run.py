@@ -134,7 +134,7 @@ def start_upstream(procs: Procs) -> tuple[Proc, str]:
 def tenant_config(tmp: Path) -> tuple[Path, str]:
     sys.path.insert(0, str(ROOT))
     from proxy.config import hash_key
-    from proxy.tenants import new_key
+    from proxy.serve.tenants import new_key
 
     key = new_key()
     path = tmp / "spanmeter.yaml"

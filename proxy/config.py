@@ -58,7 +58,7 @@ _CLIENT_VARIABLES = frozenset({"SPANMETER_URL"})
 _REFERENCE_HINT = "`spanmeter config reference` prints every setting"
 
 ENV_PREFIX = "SPANMETER_"
-KEY_PREFIX = "sm-"  # how every spanmeter key starts (proxy/tenants.py new_key)
+KEY_PREFIX = "sm-"  # how every spanmeter key starts (proxy/serve/tenants.py new_key)
 MAX_WORKERS = 256
 
 
@@ -87,12 +87,12 @@ class RunPolicy(_Strict):
     max_tokens: int | None = Field(None, ge=1, le=MAX_RUN_TOKENS)  # input + output over the run, as settled
     max_seconds: float | None = Field(None, gt=0, le=MAX_RUN_SECONDS)  # wall time from the run's first call
     # The share of any run ceiling above (calls, cost, tokens, time) from which each request
-    # carries a wrap-up note for the model; off when unset (proxy/wrapup.py).
+    # carries a wrap-up note for the model; off when unset (proxy/govern/wrapup.py).
     wrap_up_at: float | None = Field(None, gt=0, le=1)
 
 
 class RateLimitPolicy(_Strict):
-    """Rolling limits per minute, enforced inside the admission (proxy/policy/store.py, GCRA)."""
+    """Rolling limits per minute, enforced inside the admission (proxy/ledger/store.py, GCRA)."""
 
     requests_per_minute: int | None = Field(None, ge=1, le=MAX_RATE)
     tokens_per_minute: int | None = Field(None, ge=1, le=MAX_RATE)  # input bound + reserved output
@@ -125,7 +125,7 @@ class Policy(_Strict):
     guard: GuardPolicy = GuardPolicy()
     capture_content: Literal["NO_CONTENT", "SPAN_ONLY"] | None = None
     # auto: prompt-cache breakpoints (Anthropic) and a run's cache key (OpenAI) added where
-    # they pay (proxy/caching.py); off: requests go as the agent sent them.
+    # they pay (proxy/govern/caching.py); off: requests go as the agent sent them.
     prompt_cache: Literal["auto", "off"] | None = None
 
     def over(self, base: Policy) -> Policy:
@@ -238,7 +238,7 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
-    # Processes serving the port (`auto`: one per CPU); 1 is a single process (proxy/workers.py).
+    # Processes serving the port (`auto`: one per CPU); 1 is a single process (proxy/ops/workers.py).
     workers: int = Field(1, ge=1, le=MAX_WORKERS)
     config: str | None = None  # YAML file; read through SPANMETER_CONFIG
 

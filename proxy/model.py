@@ -24,6 +24,7 @@ __all__ = [
     "OutputSpec",
     "Repair",
     "Rewrite",
+    "RunIdSource",
     "StreamError",
     "StreamEvent",
     "TextDelta",
@@ -38,6 +39,9 @@ __all__ = [
 Api = Literal["chat", "responses", "messages", "gemini", "embeddings"]
 """Which wire format a call speaks. One adapter per value."""
 
+
+# How a call's run id was found: an X-Run-Id header, an incoming traceparent, or made up.
+RunIdSource = Literal["header", "traceparent", "generated"]
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -267,7 +271,7 @@ class InputPart(NamedTuple):
 
     `kind`: system | tools (one tool definition) | tool_result | history (earlier turns)
     | new (this turn's new content). `size`: its bytes as the request carries them,
-    approximated by the length of its text (see proxy/anatomy.py). A NamedTuple: an agent
+    approximated by the length of its text (see proxy/ledger/anatomy.py). A NamedTuple: an agent
     turn has dozens of parts.
     """
 

@@ -57,7 +57,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final, Protocol
+from typing import IO, Any, Final
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
@@ -65,8 +65,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from tracing import attributes as A
+from tracing.batching import DropCounter, span_bytes
 
-__all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main", "span_bytes"]
+__all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main"]
 
 log = logging.getLogger(__name__)
 _CHILD_LOG = logging.getLogger("spanmeter.export")
@@ -86,10 +87,6 @@ _DROPPED: Final = 11  # ((exporter, reason, n), ...)
 _FLUSHED: Final = 12  # (token, ok)
 _LOG: Final = 13  # (pid, level, logger, message): the child's log records, logged by the parent
 _LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not forwarded
-
-
-class DropCounter(Protocol):
-    def add(self, amount: int, attributes: Mapping[str, str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,27 +130,6 @@ def _read_exactly(inp: IO[bytes], n: int) -> bytes | None:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
-
-
-# What a span costs in memory besides its string attributes (ids, times, the SDK's objects,
-# the small attributes): measured ~1-2 kB for a call span; counted low on purpose, since
-# the bound is there for what content capture adds (prompts of tens of kB).
-_SPAN_OVERHEAD: Final = 512
-
-
-def span_bytes(span: ReadableSpan) -> int:
-    """An estimate of the memory a queued span holds: its string attributes (where captured
-    content lives) plus a fixed overhead. Reads the attributes' plain dict as `_attributes`
-    below does (~0.5 µs for a call span), the public mapping as the fallback."""
-    raw = getattr(span, "_attributes", None)
-    attributes = raw if type(raw) is dict else getattr(raw, "_dict", None)
-    if type(attributes) is not dict:
-        attributes = dict(span.attributes or {})
-    n = _SPAN_OVERHEAD
-    for value in attributes.values():
-        if type(value) is str:
-            n += len(value)
-    return n
 
 
 def encode_span(span: ReadableSpan, scopes: dict[int, tuple[str, str | None, str | None]]) -> tuple[Any, ...]:
@@ -601,7 +577,7 @@ class _Reporter:
 def _child_exporters(config: Mapping[str, Any], reporter: _Reporter) -> list[SpanProcessor]:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from tracing.setup import DropCountingProcessor, TelemetryConfig
+    from tracing.batching import DropCountingProcessor, QueueLimits
 
     class Reporting(SpanExporter):
         def __init__(self, name: str, inner: SpanExporter) -> None:
@@ -622,11 +598,10 @@ def _child_exporters(config: Mapping[str, Any], reporter: _Reporter) -> list[Spa
     processors: list[SpanProcessor] = []
     for name, options, delay in config["exporters"]:
         opts = dict(options)
-        cfg = TelemetryConfig(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
-                              max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay,
-                              local_schedule_delay_ms=delay)
+        limits = QueueLimits(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
+                             max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
         inner = _otlp(opts) if name == "otlp" else _local(opts)
-        processors.append(DropCountingProcessor(Reporting(name, inner), cfg, reporter, name))
+        processors.append(DropCountingProcessor(Reporting(name, inner), limits, reporter, name))
     return processors
 
 

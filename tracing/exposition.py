@@ -30,7 +30,7 @@ The rules, per family (`# TYPE`):
 `# HELP` and `# TYPE` appear once per family (the first input's text wins); families and
 their series keep the order of first appearance; other comments and timestamps are
 dropped. `merge(..., counters_only=True)` keeps only the summed families: what is kept of
-a worker that died (see proxy/siblings.py), whose gauges mean nothing any more.
+a worker that died (see proxy/serve/siblings.py), whose gauges mean nothing any more.
 
 Pure functions over text, no I/O: the table tests in tests/tracing/test_exposition.py run
 them over recorded expositions (tests/data/exposition/).

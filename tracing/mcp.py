@@ -8,7 +8,7 @@ A `tools/call` is a tool execution (`gen_ai.operation.name=execute_tool`), obser
 than inferred (`spanmeter.tool.timing=observed`), with the same digests as the inferred
 `execute_tool` spans (tracing/digests.py). When it executes a tool call a model made
 through the proxy, it carries that call's `gen_ai.tool.call.id` and links to the chat span
-that made it, and it *replaces* the inferred span: proxy/runs.py emits none for a call an
+that made it, and it *replaces* the inferred span: proxy/govern/runs.py emits none for a call an
 MCP span tells (semconv-genai: one call, one execute_tool span). Its tool metrics
 (`gen_ai.execute_tool.duration`, `spanmeter.tool.calls`) are recorded here, once, with the
 measured duration.

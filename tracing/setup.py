@@ -39,14 +39,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
     SimpleSpanProcessor,
     SpanExporter,
-    SpanExportResult,
 )
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Tracer
@@ -54,7 +51,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from tracing import attributes as A
 from tracing.aggregate import MetricsOut, PushLoop, Scope
-from tracing.export_process import ChildExporter, DropCounter, ExportProcessProcessor, span_bytes
+from tracing.batching import DropCounter, DropCountingProcessor, QueueLimits
+from tracing.export_process import ChildExporter, ExportProcessProcessor
 from tracing.labels import KnownModel
 from tracing.lean import LeanTracer
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
@@ -84,7 +82,7 @@ ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
 ENV_METRIC_INTERVAL: Final = "OTEL_METRIC_EXPORT_INTERVAL"
 ENV_METRIC_TIMEOUT: Final = "OTEL_METRIC_EXPORT_TIMEOUT"
 ENV_TIMEOUT: Final = "OTEL_EXPORTER_OTLP_TIMEOUT"
-# When metrics are pushed: the docs render this sentence (proxy/docgen.py), and
+# When metrics are pushed: the docs render this sentence (proxy/ops/docgen.py), and
 # `TelemetryConfig.otlp_metrics` below is its code.
 METRIC_PUSH_RULE: Final = (
     "`GET /metrics` always serves Prometheus text. Metrics are pushed over OTLP only when asked: "
@@ -95,7 +93,7 @@ METRIC_PUSH_RULE: Final = (
     "milliseconds (60000 by default).")
 # The standard variables this module reads (besides ENV_CAPTURE and ENV_SEMCONV), and
 # those the OTLP exporter reads itself (headers, certificates): docs/operations.md lists
-# them, and the ones not honoured, from here (proxy/docgen.py).
+# them, and the ones not honoured, from here (proxy/ops/docgen.py).
 HONOURED_OTEL_VARIABLES: Final = (
     ("OTEL_SERVICE_NAME", "the resource's service.name (default spanmeter)"),
     ("OTEL_RESOURCE_ATTRIBUTES", "more resource attributes (read by the SDK's Resource)"),
@@ -293,88 +291,9 @@ class RunIdGenerator(IdGenerator):
         return ids[0] if ids else self._random.generate_trace_id()
 
 
-class _CountingExporter(SpanExporter):
-    """Tells the processor how many spans left its queue and how many failed to export."""
-
-    def __init__(self, inner: SpanExporter, processor: DropCountingProcessor) -> None:
-        self._inner = inner
-        self._processor = processor
-
-    def export(self, spans: Any) -> SpanExportResult:
-        self._processor.taken(spans)
-        try:
-            result = self._inner.export(spans)
-        except Exception:
-            log.warning("span exporter raised", exc_info=True)
-            result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self._processor.dropped(len(spans), "export_failed")
-        return result
-
-    def shutdown(self) -> None:
-        self._inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._inner.force_flush(timeout_millis)
-
-
-class DropCountingProcessor(SpanProcessor):
-    """A BatchSpanProcessor that counts what it drops.
-
-    The SDK's processor drops the oldest queued span when its bounded queue is full, and
-    only logs it (its own counter needs an env switch and the global meter). We keep a
-    count of queued spans beside it: a span ended while the count is at capacity is one
-    span lost. The count can briefly lag the worker taking a batch, so it may over-count
-    by a few under extreme load; it never misses a lost span.
-    """
-
-    def __init__(self, exporter: SpanExporter, cfg: TelemetryConfig, counter: DropCounter, name: str):
-        self._capacity = cfg.max_queue
-        self._max_bytes = cfg.max_queue_bytes
-        self._queued = 0
-        self._queued_bytes = 0
-        self._lock = threading.Lock()
-        self._counter = counter
-        self._name = name
-        self._batch = BatchSpanProcessor(
-            _CountingExporter(exporter, self),
-            max_queue_size=cfg.max_queue,
-            schedule_delay_millis=cfg.local_schedule_delay_ms if name == "local" else cfg.schedule_delay_ms,
-            max_export_batch_size=min(cfg.max_export_batch, cfg.max_queue),
-        )
-
-    def taken(self, spans: Sequence[ReadableSpan]) -> None:
-        size = sum(map(span_bytes, spans))
-        with self._lock:
-            self._queued = max(0, self._queued - len(spans))
-            self._queued_bytes = max(0, self._queued_bytes - size)
-
-    def dropped(self, n: int, reason: str) -> None:
-        self._counter.add(n, {A.ERROR_TYPE: reason, A.SPANMETER_EXPORTER: self._name})
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if not (span.context and span.context.trace_flags.sampled):
-            return
-        size = span_bytes(span)
-        with self._lock:
-            too_big = self._queued_bytes + size > self._max_bytes
-            full = self._queued >= self._capacity
-            if not (full or too_big):
-                self._queued += 1
-                self._queued_bytes += size
-        if full or too_big:
-            self.dropped(1, "queue_full")
-        if not too_big:  # a full count: the SDK's queue drops its oldest, as it always has
-            self._batch.on_end(span)
-
-    def shutdown(self) -> None:
-        self._batch.shutdown()  # type: ignore[no-untyped-call]
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._batch.force_flush(timeout_millis)
+def _queue_limits(cfg: TelemetryConfig, exporter: str) -> QueueLimits:
+    delay = cfg.local_schedule_delay_ms if exporter == "local" else cfg.schedule_delay_ms
+    return QueueLimits(cfg.max_queue, cfg.max_queue_bytes, cfg.max_export_batch, delay)
 
 
 class Telemetry:
@@ -455,7 +374,7 @@ def setup_telemetry(
         chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
         for name, exporter in chosen:
             tracer_provider.add_span_processor(
-                DropCountingProcessor(exporter, cfg, instruments.dropped_spans, name))
+                DropCountingProcessor(exporter, _queue_limits(cfg, name), instruments.dropped_spans, name))
     for exporter in extra_exporters:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     if span_exporters is None:

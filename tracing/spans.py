@@ -290,7 +290,7 @@ def end_call(
     `spanmeter.limit.rejections`.
     `saved_micros`: what the call's prompt-cache reads saved at the price table's rates;
     `premium_micros`: what its cache writes cost above plain input.
-    `anatomy`: where the call's input went (proxy/anatomy.py), as `spanmeter.input.*`
+    `anatomy`: where the call's input went (proxy/ledger/anatomy.py), as `spanmeter.input.*`
     attributes and the input-cost metrics by part and by tool.
     """
     try:

@@ -1,6 +1,6 @@
 """The W3C `traceparent` header: the one parser of it (stdlib only).
 
-Both the run id (`proxy.tenants`, a run named by the agent's trace) and the span
+Both the run id (`proxy.serve.tenants`, a run named by the agent's trace) and the span
 parenting (`tracing.spans`) read the header through `parse_traceparent`, so a run is
 never named after a context the tracer rejects.
 

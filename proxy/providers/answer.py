@@ -1,7 +1,7 @@
 """The answer's side of an exchange, shared by every API module. Pure.
 
 An API module knows where its answer's text and each tool call's arguments are, in a
-whole body and in its stream's own framing; the repair (proxy/outputs.py) knows what
+whole body and in its stream's own framing; the repair (proxy/govern/outputs.py) knows what
 they should become. The module hands them over through `Slot`s (whole bodies) and a
 `StreamEdits` (streams), and writes back what it is given.
 """
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 
 from proxy.model import StreamEvent
-from proxy.providers.base import SseEvent
+from proxy.providers.sse import SseEvent
 
 __all__ = ["ArgumentSlot", "CallKey", "EventRewrite", "Json", "Slot", "StreamEdits", "answer_and_feedback",
            "append_turns", "dicts", "first", "reframed"]

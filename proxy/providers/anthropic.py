@@ -47,7 +47,6 @@ from proxy.providers.base import (
     Exchange,
     History,
     HistoryCall,
-    SseEvent,
     TextShape,
     count_field,
     number,
@@ -57,6 +56,7 @@ from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
+from proxy.providers.sse import SseEvent
 
 __all__ = ["ANTHROPIC", "AnthropicAdapter", "anthropic_error_body", "anthropic_usage"]
 

@@ -42,7 +42,6 @@ from proxy.providers.base import (
     Exchange,
     History,
     HistoryCall,
-    SseEvent,
     TextShape,
     count_field,
     number,
@@ -53,6 +52,7 @@ from proxy.providers.base import integer as _int
 from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_usage_chunk
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
+from proxy.providers.sse import SseEvent
 
 __all__ = ["CHAT", "ChatAdapter", "OpenAIFamily", "openai_error_body", "openai_stream_error", "openai_usage"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from proxy.model import Finish, Rewrite, StreamEvent, TextDelta, ToolCallDelta, UsageEvent
 from proxy.providers.answer import Json, StreamEdits, dicts, reframed
-from proxy.providers.base import SseEvent
+from proxy.providers.sse import SseEvent
 
 __all__ = ["USAGE_DROPPED", "ChatStreamRepair", "drop_usage_chunk", "is_usage_only"]
 

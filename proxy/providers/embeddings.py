@@ -6,10 +6,11 @@ from typing import Any
 
 from proxy.model import Call, InputPart, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
 from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
-from proxy.providers.base import Exchange, HistoryCall, SseEvent
+from proxy.providers.base import Exchange, HistoryCall
 from proxy.providers.base import integer as _int
 from proxy.providers.chat import OpenAIFamily
 from proxy.providers.parts import Messages
+from proxy.providers.sse import SseEvent
 
 __all__ = ["EMBEDDINGS", "EmbeddingsAdapter"]
 

@@ -55,7 +55,6 @@ from proxy.providers.base import (
     Exchange,
     History,
     HistoryCall,
-    SseEvent,
     TextShape,
     count_field,
     number,
@@ -67,6 +66,7 @@ from proxy.providers.base import string as _str
 from proxy.providers.gemini_stream import GeminiStreamRepair
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
+from proxy.providers.sse import SseEvent
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
 

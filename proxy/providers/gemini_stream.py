@@ -12,7 +12,7 @@ import orjson
 
 from proxy.model import StreamEvent
 from proxy.providers.answer import Json, StreamEdits, dicts
-from proxy.providers.base import SseEvent
+from proxy.providers.sse import SseEvent
 
 __all__ = ["GeminiStreamRepair"]
 

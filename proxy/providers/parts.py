@@ -1,7 +1,7 @@
 """Message parts in the gen_ai semconv shapes, for opt-in content capture. Pure.
 
 Each API module reads its own conversation into these (`input_messages`); the answer
-is put in the same shapes from the outcome, whatever the API (proxy/content.py).
+is put in the same shapes from the outcome, whatever the API (proxy/serve/content.py).
 """
 
 from __future__ import annotations

@@ -47,7 +47,6 @@ from proxy.providers.base import (
     Exchange,
     History,
     HistoryCall,
-    SseEvent,
     TextShape,
     count_field,
     number,
@@ -60,6 +59,7 @@ from proxy.providers.chat import OpenAIFamily, openai_usage
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 from proxy.providers.responses_stream import ResponsesStreamRepair
 from proxy.providers.sizes import json_size, size_of
+from proxy.providers.sse import SseEvent
 
 __all__ = ["RESPONSES", "ResponsesAdapter"]
 

@@ -28,8 +28,9 @@ from typing import Any, Final
 import orjson
 
 from proxy.model import MetaEvent, StreamEvent, TextDelta, UsageEvent
-from proxy.observer import Observer
-from proxy.providers.base import ProviderAdapter, SseEvent, TextShape, parse_sse_event
+from proxy.providers.base import ProviderAdapter, TextShape
+from proxy.providers.observer import Observer
+from proxy.providers.sse import SseEvent, parse_sse_event
 
 __all__ = ["TextShortcut"]
 

@@ -9,7 +9,7 @@ import threading
 import aiohttp
 import pytest
 
-from proxy.appkeys import STORE, TEL
+from proxy.serve.appkeys import STORE, TEL
 from tracing.local import read_spans
 
 BODY = {"model": "sim-small", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}

@@ -24,7 +24,7 @@ import pytest
 from google import genai
 from google.genai import types
 
-from proxy.appkeys import RUNS, TEL
+from proxy.serve.appkeys import RUNS, TEL
 from proxy.simulator.script import FENCED_JSON
 from tests.fixtures.otlp import OtlpReceiver, otlp_receiver  # noqa: F401
 

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from proxy.appkeys import STORE
 from proxy.config import hash_key
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import STORE
 from tests.fixtures.greedy import GREEDY, create_greedy
 
 KEY = "sm-attacker-key"

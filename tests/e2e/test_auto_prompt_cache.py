@@ -19,11 +19,11 @@ import anthropic
 import orjson
 import pytest
 
-from proxy.appkeys import RUNS, STORE
-from proxy.caching import MARKER
 from proxy.config import hash_key
-from proxy.demo import serve_on_free_port
+from proxy.govern.caching import MARKER
+from proxy.ops.demo import serve_on_free_port
 from proxy.providers.splice import locate
+from proxy.serve.appkeys import RUNS, STORE
 from tests.fixtures.anthropic_cache import CACHE, create_caching_anthropic
 from tests.reliability.dialects import local_spans
 from tracing import attributes as A

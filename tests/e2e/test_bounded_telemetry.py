@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.appkeys import TEL
 from proxy.config import hash_key
+from proxy.serve.appkeys import TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tracing import attributes as A
 from tracing.labels import KNOWN_ERROR_TYPES, LABEL_VALUE_LIMIT

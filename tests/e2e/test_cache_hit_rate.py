@@ -20,7 +20,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.appkeys import TEL
+from proxy.serve.appkeys import TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tracing import attributes as A
 

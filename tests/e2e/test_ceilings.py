@@ -8,10 +8,10 @@ import openai
 import pytest
 import redis
 
-from proxy.appkeys import STORE
 from proxy.config import hash_key
+from proxy.ledger.pricing import PriceTable, cost
 from proxy.model import Usage
-from proxy.policy.pricing import PriceTable, cost
+from proxy.serve.appkeys import STORE
 
 KEY = "sm-ceiling-test-key"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
-from proxy.cli import _parser
+from proxy.ops.cli import _parser
 from proxy.simulator.script import SCENARIO_HELP
 from tests.fixtures.redis import free_port
 

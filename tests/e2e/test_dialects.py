@@ -12,8 +12,8 @@ import pytest
 from google import genai
 from google.genai import types
 
-from proxy.appkeys import TEL
 from proxy.config import hash_key
+from proxy.serve.appkeys import TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -10,7 +10,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
 
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file",

@@ -13,8 +13,8 @@ import openai
 import pytest
 import redis
 
-from proxy.appkeys import STORE
-from proxy.policy.sqlite import SqliteStore
+from proxy.ledger.sqlite import SqliteStore
+from proxy.serve.appkeys import STORE
 
 
 async def _open_calls(client: openai.AsyncOpenAI, n: int) -> list:

@@ -23,8 +23,8 @@ from mcp.shared.exceptions import MCPError
 from openai import AsyncOpenAI
 from yarl import URL
 
-from proxy.appkeys import RUNS, STORE, TEL
 from proxy.config import hash_key
+from proxy.serve.appkeys import RUNS, STORE, TEL
 from tests.fixtures.mcp_server import WEATHER_DELAY_S, McpServerRunning, mcp_server  # noqa: F401
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 

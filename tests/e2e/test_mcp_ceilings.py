@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.appkeys import STORE
 from proxy.config import hash_key, key_id_of
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import STORE
 from tests.fixtures.mcp_server import McpServerRunning, serve_mcp
 
 KEY, LIMITED = "sm-acme-mcp-open-key", "sm-acme-mcp-tight-key"

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from proxy.appkeys import TEL
 from proxy.config import hash_key
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mcp"

@@ -24,8 +24,8 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.accesslog import configure_logging
 from proxy.config import hash_key
+from proxy.serve.accesslog import configure_logging
 from tests.fixtures.redis import free_port
 from tracing.local import read_spans
 from tracing.viewer import load_runs

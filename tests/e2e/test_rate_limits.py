@@ -20,10 +20,10 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from proxy.appkeys import STORE, TEL
 from proxy.config import hash_key
-from proxy.handler import CLAMP_BYTES
-from proxy.policy.pricing import PROVIDER_OVERHEAD_TOKENS
+from proxy.ledger.pricing import PROVIDER_OVERHEAD_TOKENS
+from proxy.serve.appkeys import STORE, TEL
+from proxy.serve.handler import CLAMP_BYTES
 from tracing.local import read_spans
 
 KEY = "sm-rate-test-key"
@@ -62,7 +62,7 @@ async def test_the_openai_sdk_retries_a_429_and_succeeds_once_the_window_gives_a
     limited = [r for r in results if isinstance(r, openai.RateLimitError)]
     assert len(limited) + len(sim.received) == 65
     # The limit, plus one request for each second the burst took on a busy machine (exactly
-    # 60 of 500 at one instant: tests/policy/test_store_contract.py).
+    # 60 of 500 at one instant: tests/ledger/test_store_contract.py).
     assert 60 <= len(sim.received) <= 60 + int(took), (len(sim.received), took)
     headers = limited[0].response.headers
     assert headers["x-should-retry"] == "true" and headers["x-ratelimit-limit-requests"] == "60"

@@ -21,9 +21,9 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.appkeys import TEL
 from proxy.config import hash_key
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import TEL
 from tests.fakes.replay import create_replay, decoded
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 

@@ -7,9 +7,9 @@ import anthropic
 import openai
 import pytest
 
-from proxy.appkeys import STORE
 from proxy.config import hash_key
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import STORE
 from proxy.simulator import RECEIVED, create_simulator
 
 KEY = "sm-routes-key-01"

@@ -9,8 +9,8 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.appkeys import RUNS, STORE, TEL
 from proxy.config import hash_key
+from proxy.serve.appkeys import RUNS, STORE, TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tracing.viewer import load_runs, render_run_tree
 

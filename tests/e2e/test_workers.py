@@ -30,9 +30,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import hash_key
-from proxy.policy.pricing import PROVIDER_OVERHEAD_TOKENS
-from proxy.policy.store import open_store
-from proxy.siblings import WORKER_ATTRIBUTE
+from proxy.ledger.backends import open_store
+from proxy.ledger.pricing import PROVIDER_OVERHEAD_TOKENS
+from proxy.serve.siblings import WORKER_ATTRIBUTE
 from tests.fixtures.otlp import OtlpReceiver, otlp_receiver  # noqa: F401
 from tests.tracing.test_export_process import export_children
 from tests.tracing.test_prometheus_scrape import PROMETHEUS, listening_port, poll, query

@@ -17,8 +17,8 @@ import openai
 import pytest
 from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
-from proxy.appkeys import STORE, TEL
 from proxy.config import hash_key
+from proxy.serve.appkeys import STORE, TEL
 from proxy.simulator.script import WRAP_UP_MARK, WRAPPED_UP
 from tracing.local import read_spans
 

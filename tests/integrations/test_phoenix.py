@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.appkeys import RUNS, TEL
+from proxy.serve.appkeys import RUNS, TEL
 from tests.e2e.test_agent_traces import HEADERS, chat_loop
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult
 
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
 from tests.fixtures.mcp_server import serve_mcp
 
 OUT = Path(__file__).resolve().parents[1] / "data" / "mcp" / "recorded"

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from proxy.errors import CeilingReached, UpstreamTimeout
 from proxy.model import Call, Finish, MetaEvent, StreamError, TextDelta, ToolCallDelta, UsageEvent
-from proxy.providers.base import Framer, SseEvent, open_exchange
+from proxy.providers.base import open_exchange
+from proxy.providers.sse import Framer, SseEvent
 from tests.providers.cases import ADAPTERS
 
 ALL = list(ADAPTERS.items())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.observer import Observer
-from proxy.providers.base import Framer
+from proxy.providers.observer import Observer
+from proxy.providers.sse import Framer
 from tests.providers.cases import (
     Case,
     expected_call,

@@ -17,7 +17,7 @@ from proxy.providers.chat import CHAT
 from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
-from proxy.routes import match
+from proxy.serve.routes import match
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "exchange"
 ADAPTERS = {"chat": CHAT, "responses": RESPONSES, "messages": ANTHROPIC, "gemini": GEMINI, "embeddings": EMBEDDINGS}

@@ -8,12 +8,14 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import content, steps
 from proxy.config import Policy, RepairPolicy
 from proxy.errors import ProxyError
+from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
-from proxy.providers.base import Framer, open_exchange
-from proxy.relay import Hooks
+from proxy.providers.base import open_exchange
+from proxy.providers.hooks import Hooks
+from proxy.providers.sse import Framer
+from proxy.serve import content
 from tests.providers.cases import Case, input_message_cases, normalised, repair_cases, retry_cases
 
 
@@ -21,7 +23,7 @@ def _hooks(case: Case) -> tuple[Hooks, Any]:
     req = case.input["request"]
     ex = open_exchange(case.adapter, orjson.dumps(req["body"]), req["path"])
     hooks = Hooks()
-    steps.response_hooks(case.adapter, ex.call, Policy(repair=RepairPolicy(**case.input["policy"])), hooks)
+    response_hooks(case.adapter, ex.call, Policy(repair=RepairPolicy(**case.input["policy"])), hooks)
     return hooks, ex
 
 

@@ -18,12 +18,13 @@ from aiohttp import web
 from google import genai
 from google.genai import types
 
-from proxy.observer import Observer
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Framer, ProviderAdapter
+from proxy.providers.base import ProviderAdapter
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
+from proxy.providers.observer import Observer
 from proxy.providers.responses import RESPONSES
+from proxy.providers.sse import Framer
 from proxy.simulator import create_simulator
 from proxy.simulator.script import GREETING
 

@@ -20,12 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import steps
 from proxy.config import DEFAULT_POLICY
+from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
-from proxy.observer import Observer
-from proxy.providers.base import Framer, ProviderAdapter, SseEvent, open_exchange, parse_sse_event
-from proxy.relay import Hooks, StreamRelay
+from proxy.providers.base import ProviderAdapter, open_exchange
+from proxy.providers.hooks import Hooks
+from proxy.providers.observer import Observer
+from proxy.providers.sse import Framer, SseEvent, parse_sse_event
+from proxy.serve.relay import StreamRelay
 from tests.providers.cases import ADAPTERS, DATA, Case, stream_cases
 
 DIALECTS = ("chat", "anthropic", "responses", "gemini")
@@ -51,7 +53,7 @@ def _hooks(dialect: str, request: str) -> Hooks:
     assert ex.call.stream
     hooks = Hooks()
     hooks.rewrites += adapter.prepare(ex)
-    steps.response_hooks(adapter, ex.call, DEFAULT_POLICY, hooks)
+    response_hooks(adapter, ex.call, DEFAULT_POLICY, hooks)
     return hooks
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.appkeys import TEL
+from proxy.serve.appkeys import TEL
 from tracing.local import read_spans
 
 __all__ = ["DIALECTS", "Dialect", "Reply", "call_spans", "local_spans", "post", "settled_span"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.appkeys import STORE
+from proxy.serve.appkeys import STORE
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tests.fixtures.redis import BINARY as REDIS_BINARY
 from tests.fixtures.redis import RedisServer

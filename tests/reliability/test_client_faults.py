@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.appkeys import STORE, UPSTREAM
+from proxy.serve.appkeys import STORE, UPSTREAM
 from tests.reliability.dialects import DIALECTS, Dialect, settled_span
 
 

@@ -14,9 +14,9 @@ import time
 import orjson
 import pytest
 
-from proxy.appkeys import STORE
 from proxy.config import hash_key
-from proxy.policy.redis import tag
+from proxy.ledger.redis import tag
+from proxy.serve.appkeys import STORE
 from tests.fixtures.redis import BINARY
 from tests.fixtures.redis_cluster import CLI, CLUSTER_SKIP_REASON, LocalCluster
 from tests.reliability.dialects import DIALECTS, Reply, post

@@ -23,11 +23,11 @@ import pytest
 import redis
 from aiohttp import web
 
-from proxy.appkeys import STORE
 from proxy.config import MAX_RUN_CALLS, MAX_USD, hash_key, load_settings
-from proxy.demo import serve_on_free_port
 from proxy.errors import ConfigError
-from proxy.policy.store import MAX_MICROS
+from proxy.ledger.store import MAX_MICROS
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import STORE
 from tests.reliability.dialects import DIALECTS, Dialect, Reply, post
 
 KEY = "sm-EDGESECRET-tenant-key-5f4e3d2c1b"

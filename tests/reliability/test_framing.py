@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.demo import serve_on_free_port
+from proxy.ops.demo import serve_on_free_port
 from tests.reliability.dialects import DIALECTS, Dialect, settled_span
 
 DATA = Path(__file__).resolve().parent.parent / "data"

@@ -3,7 +3,7 @@ passes through to the upstream untouched. Never a 500 of ours, never a hang.
 
 Property tests of the extractor live in tests/repair/test_properties.py and of the
 adapters' parse_* on arbitrary JSON shapes in tests/providers/test_adapter_edges.py;
-here the properties run through the proxy's own request reader (steps.read_call).
+here the properties run through the proxy's own request reader (serve/body.py open_call).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy import steps
-from proxy.appkeys import SETTINGS
 from proxy.config import Settings
 from proxy.errors import RequestError
 from proxy.model import Call
-from proxy.routes import adapter_for
+from proxy.serve.appkeys import SETTINGS
+from proxy.serve.body import open_call
+from proxy.serve.routes import adapter_for
 from tests.reliability.dialects import DIALECTS, Dialect, post
 
 BAD_BODIES = {
@@ -153,7 +153,7 @@ def _read(data: bytes, d: Dialect, piece: int) -> Any:
     adapter = adapter_for(d.path(False).split("?")[0])
     assert adapter is not None
     request = _Request(data, d.path(False), piece)
-    return _LOOP.run_until_complete(steps.open_call(request, adapter, 64 * 1024))  # type: ignore[arg-type]
+    return _LOOP.run_until_complete(open_call(request, adapter, 64 * 1024))  # type: ignore[arg-type]
 
 
 _LOOP = asyncio.new_event_loop()  # one loop for all examples: a loop per example is most of the cost

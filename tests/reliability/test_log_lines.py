@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from proxy.accesslog import access, configure_logging
+from proxy.serve.accesslog import access, configure_logging
 from tests.reliability.dialects import DIALECTS, Dialect, post
 
 SECRET = "sk-proj-PASTEDINTOTHEWRONGHEADER 0123456789"

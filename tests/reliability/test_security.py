@@ -18,8 +18,8 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.appkeys import STORE, TEL
 from proxy.config import hash_key
+from proxy.serve.appkeys import STORE, TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tests.reliability.dialects import DIALECTS, Reply, post, settled_span
 from tracing.local import read_spans

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.appkeys import STORE
+from proxy.serve.appkeys import STORE
 from tests.reliability.dialects import DIALECTS, Dialect, post, settled_span
 
 pytestmark = pytest.mark.parametrize("d", DIALECTS, ids=lambda d: d.name)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from proxy.appkeys import TEL
+from proxy.serve.appkeys import TEL
 from tests.fixtures.otlp import OtlpReceiver
 
 

@@ -328,7 +328,7 @@ def test_the_childs_log_lines_take_the_configured_format_once_a_minute(capfd: py
     import io
     import json
 
-    from proxy.accesslog import configure_logging
+    from proxy.serve.accesslog import configure_logging
 
     out = io.StringIO()
     stop = configure_logging("INFO", "json", stream=out)

@@ -1,6 +1,6 @@
 """Merging workers' expositions (tracing/exposition.py) over a table of recorded and
 hand-written expositions (tests/data/exposition/), and what a scrape composes from the
-workers' answers, their slot files and the retired workers' counters (proxy/siblings.py)."""
+workers' answers, their slot files and the retired workers' counters (proxy/serve/siblings.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.siblings import WORKER_SERIES, Slot, compose, reset_state, retire
+from proxy.serve.siblings import WORKER_SERIES, Slot, compose, reset_state, retire
 from tracing.exposition import merge
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "exposition"

@@ -9,8 +9,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy import errors
+from proxy.ledger.pricing import PriceTable
 from proxy.model import Call, Caller, Outcome, Repair, Rewrite
-from proxy.policy.pricing import PriceTable
 from tracing import attributes as A
 from tracing import spans
 from tracing.labels import KNOWN_ERROR_TYPES, LABEL_VALUE_LIMIT, LabelBounds
@@ -23,7 +23,7 @@ HUGE = "x" * 20_000
 
 
 def priced(model: str) -> str | None:
-    """What proxy/app.py passes: the price table's name of a model."""
+    """What proxy/serve/app.py passes: the price table's name of a model."""
     price = PRICES.price(model)
     return price.model if price is not None else None
 

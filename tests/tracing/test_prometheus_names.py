@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.anatomy import anatomy
+from proxy.ledger.anatomy import anatomy
 from proxy.model import Call, Caller, InputPart, Outcome, Repair, Rewrite, ToolCall, Usage
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A

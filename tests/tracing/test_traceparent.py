@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.config import Settings
-from proxy.tenants import KeyIndex, identify
+from proxy.serve.tenants import KeyIndex, identify
 from tracing import spans
 from tracing.traceparent import TraceParent, parse_traceparent
 

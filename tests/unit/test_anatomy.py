@@ -20,14 +20,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.anatomy import anatomy, apportion
+from proxy.ledger.anatomy import anatomy, apportion
+from proxy.ledger.pricing import Price, PriceTable, cost
 from proxy.model import Anatomy, InputPart, Usage, UsageEvent
-from proxy.policy.pricing import Price, PriceTable, cost
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Framer, ProviderAdapter, open_exchange
+from proxy.providers.base import ProviderAdapter, open_exchange
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
+from proxy.providers.sse import Framer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
 PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"

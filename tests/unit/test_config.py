@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from proxy.ceilings import limits_for, plan
 from proxy.config import KeyPolicy, Settings, load_settings
 from proxy.errors import ConfigError, RequestError
+from proxy.govern.ceilings import limits_for, plan
 from tracing.setup import TelemetryConfig, otlp_url
 
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from proxy.providers.base import Framer, parse_sse_event
+from proxy.providers.sse import Framer, parse_sse_event
 
 CASES = [
     ("openai data lines", b'data: {"a":1}\n\ndata: [DONE]\n\n', [(None, '{"a":1}'), (None, "[DONE]")]),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proxy.guard import streaks
+from proxy.govern.guard import streaks
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.chat import CHAT
 from proxy.providers.embeddings import EMBEDDINGS

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.guard import reminder
+from proxy.govern.guard import reminder
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import open_exchange
 from proxy.providers.chat import CHAT

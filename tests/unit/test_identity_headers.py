@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 
 from proxy.config import Settings
 from proxy.errors import RequestError
-from proxy.tenants import KeyIndex, identify
+from proxy.serve.tenants import KeyIndex, identify
 
 ROWS = [json.loads(line) for line in
         (Path(__file__).parent.parent / "data" / "tracing" / "identity_headers.jsonl").read_text().splitlines()]

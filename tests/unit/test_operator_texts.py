@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy import docgen
 from proxy.config import DEFAULT_POLICY, Settings
-from proxy.policy.messages import call_ceiling, cost_ceiling, usd
-from proxy.siblings import WORKER_ATTRIBUTE, WORKER_SERIES
+from proxy.ledger.messages import call_ceiling, cost_ceiling, usd
+from proxy.ops import docgen
+from proxy.serve.siblings import WORKER_ATTRIBUTE, WORKER_SERIES
 from proxy.simulator.script import SCENARIO_HELP, SCENARIOS
 from tracing import attributes as A
 from tracing.viewer import money
@@ -62,7 +62,7 @@ def test_money_keeps_every_micro_dollar(usd, text):
 def test_every_setting_has_a_meaning_and_no_meaning_is_stale():
     paths = [path for path, *_ in docgen.fields()]
     assert len(paths) == len(set(paths))
-    assert set(paths) == set(docgen.FIELD_DOCS), "add the new setting's meaning to proxy/docgen.py FIELD_DOCS"
+    assert set(paths) == set(docgen.FIELD_DOCS), "add the new setting's meaning to proxy/ops/docgen.py FIELD_DOCS"
     assert {p for p in paths if "." not in p} == set(Settings.model_fields)
     assert docgen._policy_default("policy.guard.threshold") == DEFAULT_POLICY.guard.threshold
 
@@ -77,7 +77,7 @@ def test_the_committed_docs_equal_their_rendering(rel, names):
     text = (ROOT / rel).read_text(encoding="utf-8")
     for name in names:
         assert docgen.generated_parts(text, name) == docgen.render(name), (
-            f"{rel} is out of date: run `python -m proxy.docgen`")
+            f"{rel} is out of date: run `python -m proxy.ops.docgen`")
 
 
 def test_metric_and_label_names_in_the_operations_guide_exist():

@@ -1,4 +1,4 @@
-"""Where spanmeter adds prompt-cache breakpoints and keys (proxy/caching.py), from the
+"""Where spanmeter adds prompt-cache breakpoints and keys (proxy/govern/caching.py), from the
 table in tests/data/caching/: the forwarded bytes parse to the request with exactly the
 listed breakpoints added, and everything else as it came."""
 
@@ -11,7 +11,7 @@ import orjson
 import pytest
 import yaml
 
-from proxy import caching
+from proxy.govern import caching
 from proxy.model import Caller
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import open_exchange

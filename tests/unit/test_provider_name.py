@@ -15,7 +15,7 @@ from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import ProviderAdapter
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
-from proxy.routes import target_for
+from proxy.serve.routes import target_for
 
 CASES = yaml.safe_load((Path(__file__).parents[1] / "data" / "routes" / "provider_names.yaml").read_text())
 ADAPTERS: dict[str, ProviderAdapter] = {"openai": CHAT, "anthropic": ANTHROPIC, "gemini": GEMINI}

@@ -1,4 +1,4 @@
-"""GCRA in integers (proxy/policy/rates.py), from the table in tests/data/policy/rate_cases.yaml."""
+"""GCRA in integers (proxy/ledger/rates.py), from the table in tests/data/policy/rate_cases.yaml."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.policy.rates import Rate, RateState, duration, epoch_ms, rate_headers, rate_step
+from proxy.ledger.rates import Rate, RateState, duration, epoch_ms, rate_headers, rate_step
 
 CASES = yaml.safe_load((Path(__file__).parent.parent / "data" / "policy" / "rate_cases.yaml").read_text())
 

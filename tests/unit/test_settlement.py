@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.ceilings import Admitted, settle_amount
+from proxy.govern.ceilings import Admitted, settle_amount
+from proxy.ledger.pricing import PriceTable, cost
+from proxy.ledger.store import Admission, Limits
 from proxy.model import Usage
-from proxy.policy.pricing import PriceTable, cost
-from proxy.policy.store import Admission, Limits
 
 PRICE = PriceTable.load().price("sim-small")
 RESERVED = 5_000

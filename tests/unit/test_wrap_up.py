@@ -11,8 +11,9 @@ import orjson
 import pytest
 import yaml
 
-from proxy.ceilings import NOTE_BYTES
-from proxy.policy.store import Admission, Limits
+from proxy.govern.ceilings import NOTE_BYTES
+from proxy.govern.wrapup import MARK, Remaining, notice, remaining
+from proxy.ledger.store import Admission, Limits
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import open_exchange
 from proxy.providers.chat import CHAT
@@ -20,7 +21,6 @@ from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.simulator.script import WRAP_UP_MARK
-from proxy.wrapup import MARK, Remaining, notice, remaining
 from tracing import spans
 
 DATA = Path(__file__).parent.parent / "data" / "wrapup"

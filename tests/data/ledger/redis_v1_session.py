@@ -22,7 +22,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from proxy.policy.store import Limits, Rate, Store, ToolTurn, Turn, open_store
+from proxy.ledger.backends import open_store
+from proxy.ledger.store import Limits, Rate, Store, ToolTurn, Turn
 from tests.fixtures.redis import RedisServer
 
 OUT = Path(__file__).with_name("redis_v1.json")

@@ -1,0 +1,312 @@
+"""Admission: turn policy, prices and the request into one atomic reservation.
+
+The worst case is reserved before anything is sent upstream, on every scope the call
+touches (run, tenant day, tenant month, and the key's day and month), so concurrent
+calls can never overshoot. A request without a max-token field is clamped to what the
+remaining budget affords. Under runs.max_tokens the call's tokens are held the same way
+(input bound + output bound, cut to what the run has left), and a request that asked
+for more output than the tokens held allow is clamped to them. The same store operation
+checks the run's calls and wall time, and draws on the rate buckets of the tenant and
+the key.
+
+Layers: the tenant's policy, then its key's (the tighter ceiling wins; a key's budgets
+and rate limits are its own, held besides the tenant's), then request headers, which
+only tighten (`X-Run-Max-Calls`, `-Cost-Usd`, `-Tokens`, `-Seconds`, `X-Run-Wrap-Up-At`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from fractions import Fraction
+
+from proxy.config import MAX_RUN_CALLS, MAX_RUN_SECONDS, MAX_RUN_TOKENS, MAX_USD, KeyPolicy, Policy, RunPolicy
+from proxy.errors import NOT_ECHOED, RequestError
+from proxy.ledger.pricing import (
+    Price,
+    PriceTable,
+    affordable_output_tokens,
+    cost,
+    dearest_input_rate,
+    input_bound,
+    reservation,
+)
+from proxy.ledger.store import NO_TURN, Admission, Limits, Rate, Store, Turn, costed
+from proxy.model import Call, Caller, Rewrite, Usage
+
+__all__ = ["NOTE_BYTES", "Admitted", "Plan", "admit", "limits_for", "plan", "settle_amount"]
+
+MIN_ANSWER_TOKENS = 16  # below this an answer is not worth sending: refuse instead
+DEFAULT_MAX_OUTPUT = 32_768  # when neither the request nor the price table bounds output
+MAX_RESERVE = 2**50  # micro-USD (~$1e9): below 2^53, where Redis's Lua numbers stop being exact
+# The most a wrap-up note adds to a request (proxy/govern/wrapup.py): counted in the input bound
+# of every call that may carry one, since the note is placed after the admission.
+NOTE_BYTES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a call is admitted under: its ceilings, the rate limits it draws on
+    (owner, unit, per minute), and the share of a ceiling from which it carries a note."""
+
+    limits: Limits
+    rates: tuple[tuple[str, str, int], ...] = ()
+    wrap_up_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    admission: Admission
+    price: Price | None
+    rewrites: tuple[Rewrite, ...]
+    clamp_to: int | None  # max output tokens to write into the request, if clamped
+    limits: Limits
+    wrap_up_at: float | None = None
+    now: datetime | None = None  # the admission's clock
+
+
+def _micros(usd: float | None) -> int | None:
+    return None if usd is None else round(usd * 1_000_000)
+
+
+# run ceiling -> (its field of RunPolicy, the request header that may lower it)
+_RUN_FIELDS = {
+    "run_calls": ("max_llm_calls", "X-Run-Max-Calls"),
+    "run_cost": ("max_cost_usd", "X-Run-Max-Cost-Usd"),
+    "run_tokens": ("max_tokens", "X-Run-Max-Tokens"),
+    "run_seconds": ("max_seconds", "X-Run-Max-Seconds"),
+}
+
+
+def limits_for(policy: Policy, headers: Mapping[str, str], day: float | None, month: float | None,
+               key: KeyPolicy | None = None) -> Limits:
+    """Policy limits, with the key's run ceilings where tighter, tightened (never loosened)
+    by the X-Run-Max-* headers. The key's own budgets ride along as key_day/key_month."""
+    runs: dict[str, float | int | None] = {}
+    origin = {"tenant_day": "tenant setting budgets.daily_usd", "tenant_month": "tenant setting budgets.monthly_usd",
+              "key_day": "key setting budgets.daily_usd", "key_month": "key setting budgets.monthly_usd"}
+    for name, (field, header) in _RUN_FIELDS.items():
+        value = _run_value(name, getattr(policy.runs, field))
+        origin[name] = f"tenant setting runs.{field}"
+        if key is not None and (mine := _run_value(name, getattr(key.runs, field))) is not None and (
+                value is None or mine < value):
+            value, origin[name] = mine, f"key setting runs.{field}"
+        if (h := headers.get(header.lower())) is not None:
+            asked = _header_value(name, h, header)
+            if value is None or asked < value:
+                value, origin[name] = asked, f"request header {header}"
+        runs[name] = value
+    key_budgets = key.budgets if key is not None else None
+    return Limits(
+        run_max_calls=_int(runs["run_calls"]), run_max_cost=_int(runs["run_cost"]),
+        day_budget=_micros(day), month_budget=_micros(month),
+        run_max_tokens=_int(runs["run_tokens"]), run_max_seconds=runs["run_seconds"],
+        key_day_budget=_micros(key_budgets.daily_usd) if key_budgets else None,
+        key_month_budget=_micros(key_budgets.monthly_usd) if key_budgets else None,
+        origin=origin)
+
+
+def _int(value: float | int | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _run_value(name: str, value: float | int | None) -> float | int | None:
+    """A run ceiling of the policy in the ledger's unit (micro-USD for cost)."""
+    return _micros(value) if name == "run_cost" and value is not None else value
+
+
+def _header_value(name: str, value: str, header: str) -> float | int:
+    if name == "run_cost":
+        return _header_usd(value, header)
+    if name == "run_seconds":
+        return _header_float(value, header, MAX_RUN_SECONDS, "a number of seconds above 0")
+    return _header_int(value, header, MAX_RUN_TOKENS if name == "run_tokens" else MAX_RUN_CALLS)
+
+
+# The request headers that change a plan (they may only tighten it).
+_WRAP_UP_HEADER = "X-Run-Wrap-Up-At"
+_PLAN_HEADERS = tuple(header.lower() for header in (*(h for _, h in _RUN_FIELDS.values()), _WRAP_UP_HEADER))
+_PLAN_CACHE_MAX = 1024
+# Plans of requests that send none of _PLAN_HEADERS, which depend on the policies alone:
+# (id(policy), id(key), key_id) -> (policy, key, plan). Building one costs ~4 µs, on every
+# call. The entry holds the objects it was built from and is used only if they are the very
+# ones passed (`is`), so a freed policy whose id is reused can never be served a stale plan.
+# Policies are immutable (frozen pydantic models, built once per tenant by Settings).
+_plans: dict[tuple[int, int, str | None], tuple[Policy, KeyPolicy | None, Plan]] = {}
+
+
+def plan(policy: Policy, headers: Mapping[str, str], key: KeyPolicy | None = None,
+         key_id: str | None = None) -> Plan:
+    """Everything a call is admitted under, from the tenant's policy, its key's (`key`, of
+    the caller's key `key_id`) and the request's headers."""
+    if any(h in headers for h in _PLAN_HEADERS):
+        return _plan(policy, headers, key, key_id)
+    cache_key = (id(policy), id(key), key_id)
+    found = _plans.get(cache_key)
+    if found is not None and found[0] is policy and found[1] is key:
+        return found[2]
+    built = _plan(policy, headers, key, key_id)
+    if len(_plans) >= _PLAN_CACHE_MAX:
+        _plans.clear()
+    _plans[cache_key] = (policy, key, built)
+    return built
+
+
+def _plan(policy: Policy, headers: Mapping[str, str], key: KeyPolicy | None, key_id: str | None) -> Plan:
+    limits = limits_for(policy, headers, policy.budgets.daily_usd, policy.budgets.monthly_usd, key)
+    rates: list[tuple[str, str, int]] = []
+    owners = [("tenant", policy.rate_limits)]
+    if key is not None and key_id is not None:
+        owners.append((f"key {key_id}", key.rate_limits))
+    for owner, rl in owners:
+        for unit, limit in (("requests", rl.requests_per_minute), ("tokens", rl.tokens_per_minute)):
+            if limit is not None:
+                rates.append((owner, unit, limit))
+    return Plan(limits, tuple(rates), _wrap_up_at(policy.runs, key.runs if key else None, headers))
+
+
+def _wrap_up_at(runs: RunPolicy, key: RunPolicy | None, headers: Mapping[str, str]) -> float | None:
+    """The tenant's share, or its key's or the request's when earlier. Only a tenant (or a
+    key) that set one gets notes: a request cannot turn them on where the operator did not."""
+    shares = [s for s in (runs.wrap_up_at, key.wrap_up_at if key else None) if s is not None]
+    if not shares:
+        return None
+    if (h := headers.get(_WRAP_UP_HEADER.lower())) is not None:
+        shares.append(_header_float(h, _WRAP_UP_HEADER, 1.0, "a fraction above 0 and at most 1"))
+    return min(shares)
+
+
+def _header_int(value: str, name: str, upper: int = MAX_RUN_CALLS) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= upper:
+        raise RequestError(f"{name} must be a whole number from 1 to {upper}; {NOT_ECHOED}", param=name)
+    return n
+
+
+def _header_float(value: str, name: str, upper: float, what: str) -> float:
+    try:
+        x = float(value.strip())
+    except ValueError:
+        x = -1.0
+    if not 0 < x <= upper:  # also refuses nan and inf
+        raise RequestError(f"{name} must be {what} (at most {upper:g}); {NOT_ECHOED}", param=name)
+    return x
+
+
+def _header_usd(value: str, name: str) -> int:
+    try:
+        usd = float(value.strip())
+    except ValueError:
+        usd = -1.0
+    if not 0 < usd <= MAX_USD:  # also refuses nan and inf
+        raise RequestError(f"{name} must be an amount of US dollars above 0 and at most {MAX_USD}; {NOT_ECHOED}",
+                           param=name)
+    return round(usd * 1_000_000)
+
+
+async def admit(
+    store: Store, prices: PriceTable, caller: Caller, call: Call, plan: Plan, *, tz: str,
+    turn: Turn = NO_TURN, now: datetime | None = None, patch_bytes: int = 0,
+) -> Admitted:
+    """One store operation: the turn's tool results and the call's reservation together.
+
+    The reservation covers every answer the request asks for (`output_multiplier`), each
+    bounded by the request's max-token value or, without one, the model's output cap; a
+    model's cap also bounds a larger request value, since no answer can exceed it. The
+    same bounds, in tokens, are what the call draws from a tokens-per-minute limit.
+    """
+    limits = plan.limits
+    price = prices.price(call.model) if call.model else None
+    # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder, a
+    # wrap-up note): they are input too, so the bound covers the bytes they may add.
+    bound = input_bound(call) + patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
+    n = call.output_multiplier
+    factor = price.reserve_factor(call.service_tier) if price else Fraction(1)
+    if price is None:
+        lo = hi = 0
+    else:
+        cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
+        asked = call.max_output_tokens
+        if asked is not None or not call.generates_output:
+            lo = hi = reservation(price, bound, min(asked or 0, cap), n, factor, call.cache_write)
+        else:
+            lo = reservation(price, bound, MIN_ANSWER_TOKENS, n, factor, call.cache_write)
+            hi = reservation(price, bound, cap, n, factor, call.cache_write)
+    most = rate_tokens(call, bound, price)
+    rates = tuple(Rate(owner, "requests" if unit == "requests" else "tokens", limit,
+                       1 if unit == "requests" else most)
+                  for owner, unit, limit in plan.rates)
+    turn = replace(turn, priced=price is not None, model=call.model, context=call.stored_context,
+                   input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates,
+                   tokens=(least_tokens(call, bound, price), most))
+    now = now or datetime.now(UTC)
+    adm = await store.admit(caller.tenant, caller.run_id, min_reserve=min(lo, MAX_RESERVE),
+                            max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now, tz=tz, turn=turn)
+    in_force = adm.limits or limits
+    clamp = capped = None
+    rewrites: tuple[Rewrite, ...] = ()
+    if price is not None and costed(in_force) and call.generates_output:
+        cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
+        if call.max_output_tokens is None:
+            affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
+                                                  call.cache_write)
+            clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
+        elif call.max_output_tokens > cap:
+            # Reserved at the model's cap: forwarding more would let a compatible server, or
+            # a provider whose cap grew past the price table, generate (and bill) past it.
+            clamp = capped = cap
+    if in_force.run_max_tokens is not None and call.generates_output:
+        # The output the tokens held allow, written into the request when it asked for more
+        # (or named no bound): the model can never use more than the ledger holds for it.
+        held = (adm.tokens - bound - adm.context_tokens) // call.output_multiplier
+        asked = _output_bound(call, price)
+        if held < (asked if clamp is None else min(asked, clamp)):
+            clamp = held  # at least the least answer, or what was asked when less: the store held that
+    if clamp is not None:
+        rewrites = ((Rewrite("max_tokens_capped", f"{call.max_output_tokens}->{clamp}"),) if clamp == capped
+                    else (Rewrite("max_tokens_clamp", str(clamp)),))
+    return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now)
+
+
+def _output_bound(call: Call, price: Price | None) -> int:
+    """The most output tokens one answer may have: the request's max-token value, else the
+    model's cap (which also bounds a larger request value)."""
+    cap = (price.max_output_tokens if price else None) or DEFAULT_MAX_OUTPUT
+    return min(call.max_output_tokens, cap) if call.max_output_tokens is not None else cap
+
+
+def rate_tokens(call: Call, bound: int, price: Price | None) -> int:
+    """The most tokens a call may use, what it draws from a tokens-per-minute limit and
+    holds under runs.max_tokens: its input bound plus the output it may generate, for every
+    answer."""
+    if not call.generates_output:
+        return bound
+    return bound + _output_bound(call, price) * call.output_multiplier
+
+
+def least_tokens(call: Call, bound: int, price: Price | None) -> int:
+    """The fewest tokens worth admitting a call for under runs.max_tokens: its input bound
+    plus the least answer worth sending (or what the request asked, when less)."""
+    if not call.generates_output:
+        return bound
+    return bound + min(MIN_ANSWER_TOKENS, _output_bound(call, price)) * call.output_multiplier
+
+
+def settle_amount(
+    admitted: Admitted, usage: Usage, *, failed_before_output: bool, input_only: bool = False
+) -> tuple[int, str]:
+    """What to charge and how we know: reported usage, the reservation, or nothing."""
+    if admitted.price is None:
+        return 0, "unpriced"  # no cost ceiling applies (else admission refused it)
+    # Output counts are final only at the end (Anthropic's message_delta is cumulative).
+    final = usage.output_tokens is not None or (input_only and usage.input_tokens is not None)
+    if final:
+        return cost(admitted.price, usage), "reported"
+    if failed_before_output:
+        return 0, "none"  # the provider refused or never answered: nothing was generated
+    # The stream was cut or usage never came: unknown is not zero.
+    return admitted.admission.reserved, "estimate"

@@ -1,0 +1,204 @@
+"""Run bookkeeping: one trace per run, tool spans rebuilt across calls, run ends.
+
+A tool call seen in response N is kept in run state (the shared store, so any replica
+can close it); the request that carries its result closes it with an `execute_tool`
+span timed from the delivery of N to the arrival of that request.
+
+A tool call executed through the MCP route is marked `mcp` there (Store.admit_tool), and
+its MCP span (tracing/mcp.py), measured and linked to the chat span that made the call,
+replaces the inferred one: no inferred span, no second count, no "missing" result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from proxy.ledger.store import Store
+from proxy.model import Call, Caller, Outcome, RunIdSource
+from tracing import spans
+from tracing.digests import canonical_sha256, tool_result_digest
+from tracing.setup import Telemetry
+
+__all__ = ["Runs", "pending_tools", "results_ok"]
+
+log = logging.getLogger("spanmeter.runs")
+KNOWN_RUNS = 10_000
+
+
+class Runs:
+    def __init__(self, store: Store, tel: Telemetry | None, idle_timeout_s: float) -> None:
+        self._store = store
+        self._tel = tel
+        self._idle = idle_timeout_s
+        self._sweeper: asyncio.Task[None] | None = None
+        # Runs this process has begun: their ids never change, so only a run's first call
+        # here needs the store (a cache; any replica may begin or end any run).
+        self._known: OrderedDict[tuple[str, str], spans.RunTrace] = OrderedDict()
+
+    def candidate(self, caller: Caller, parent: spans.TraceParent | None, start_ns: int) -> dict[str, Any]:
+        """Trace ids for the run (starting at its first call's arrival), kept by the
+        admission if the run has none yet, with what the run span says of the run's
+        caller: how the run was named, its agent and conversation (the first call's)."""
+        known = self._known.get((caller.tenant, caller.run_id))
+        found: dict[str, Any] = {"ids": (known or spans.new_run_trace(parent, start_ns=start_ns)).encode(),
+                                 "source": caller.run_id_source}
+        if caller.agent_name is not None:
+            found["agent"] = caller.agent_name
+        if caller.conversation_id is not None:
+            found["conversation"] = caller.conversation_id
+        return found
+
+    def known(self, caller: Caller) -> spans.RunTrace | None:
+        """The run's trace ids, when this process has begun the run (no store needed)."""
+        return self._known.get((caller.tenant, caller.run_id))
+
+    def trace(self, caller: Caller, stored: dict[str, Any] | None, parent: spans.TraceParent | None) -> spans.RunTrace:
+        """The run's trace ids as the store fixed them (whichever replica saw the run first);
+        fresh ones when the store had none to give (fail-open)."""
+        key = (caller.tenant, caller.run_id)
+        if stored is None:
+            return self._known.get(key) or spans.new_run_trace(parent)
+        known = self._known.get(key)
+        if known is not None and known.encode() == stored["ids"]:
+            self._known.move_to_end(key)
+            return known
+        run = self._known[key] = spans.RunTrace.decode(stored["ids"])
+        if len(self._known) > KNOWN_RUNS:
+            self._known.popitem(last=False)
+        return run
+
+    def close_tools(
+        self, caller: Caller, call: Call, closed: tuple[dict[str, Any], ...], run: spans.RunTrace,
+        parent: spans.TraceParent | None, arrived_ns: int, *, capture: bool = True,
+    ) -> None:
+        """An `execute_tool` span for each tool call this request's results closed."""
+        if self._tel is None or not closed:
+            return
+        results = {r.call_id: r for r in call.tool_results}
+        # The request that answers a tool call usually declares the tools again.
+        described = {t.name: t.description for t in call.tools if isinstance(t.description, str)}
+        for p in closed:
+            result = results.get(p["id"])
+            if result is None or p.get("mcp"):
+                continue
+            spans.tool_span(
+                self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
+                result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
+                end_ns=arrived_ns, parent=parent, run_trace=run, link=_link(p), capture=capture,
+                description=described.get(p["name"]))
+
+    async def end(self, tenant: str, run_id: str, status: str = "ended",
+                  source: RunIdSource = "header") -> bool:
+        self._known.pop((tenant, run_id), None)
+        rec = await self._store.run_end(tenant, run_id)
+        if rec is None:
+            return False  # already ended, by us or another replica
+        open_ids = [p["id"] for p in await self._store.tools_pending(tenant, run_id)]
+        taken = await self._store.tools_take(tenant, run_id, open_ids) if open_ids else []
+        pending = [p for p in taken if not p.get("mcp")]  # executed on the MCP route: its span says so
+        if pending:  # tool calls never answered: failed, as their spans say
+            await self._store.run_add(tenant, run_id, {"tool_failures": len(pending),
+                                                       "tool_results_missing": len(pending)})
+            counted = await self._store.run_totals(tenant, run_id)
+        else:
+            # The run's record carries its totals, read in the same store operation that
+            # ended it (Store.run_end); nothing here has added to them since. Asking again
+            # cost a ledger round trip on every ended run: with runs of one call (no
+            # X-Run-Id), on every call.
+            counted = rec["totals"]
+        totals = {"failures": 0, "tool_failures": 0, **counted}
+        if self._tel is not None:
+            stored = rec.get("trace")
+            caller = _run_caller(tenant, run_id, stored, source)
+            run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
+            now = time.time_ns()
+            for p in pending:
+                spans.tool_span(self._tel, caller, name=p["name"], call_id=p["id"], arguments=p["arguments"],
+                                result=None, is_error=True, start_ns=p["delivered_ns"], end_ns=now,
+                                parent=None, run_trace=run, link=_link(p))
+            spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
+            spans.record_run_end(self._tel, caller, totals)
+        return True
+
+    async def after_call(self, caller: Caller, *, end: bool) -> None:
+        """After a call's bookkeeping: end its run when the caller asked to (X-Run-End), or
+        when the run was made for this one call (no X-Run-Id, no traceparent): such a run
+        has no next call, and would otherwise stay open until the idle timeout. Never
+        raises: the sweeper ends a run this could not."""
+        if not end and caller.run_id_source != "generated":
+            return
+        try:
+            await self.end(caller.tenant, caller.run_id, source=caller.run_id_source)
+        except Exception:
+            log.warning("could not end run %s; the idle sweeper will", caller.run_id)
+
+    def start_sweeper(self, every_s: float = 15.0) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep(every_s))
+
+    async def stop_sweeper(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+    async def sweep_once(self) -> int:
+        now = datetime.now(UTC)
+        # Reservations a crashed call never settled count at their full amount.
+        await self._store.expire(now)
+        before = now - timedelta(seconds=self._idle)
+        ended = 0
+        for tenant, run_id in await self._store.idle_runs(before):
+            ended += await self.end(tenant, run_id, status="idle_timeout")
+        return ended
+
+    async def _sweep(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                if await self._store.sweep_turn(every_s):  # one replica per period on a shared ledger
+                    await self.sweep_once()
+            except Exception:
+                log.warning("run sweeper failed; will retry", exc_info=True)
+
+
+def pending_tools(outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None,
+                  delivered: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The tool calls a response made, as kept in run state until their results arrive,
+    with the arguments the agent received (`delivered`: by call id, where a repair changed
+    them): the tool ran with those. `sig` (name + hash of canonical arguments) is what the
+    loop guard's streak compares."""
+    link = [ref.trace_id, ref.span_id] if ref else None  # the chat span that made the call
+    found = []
+    for tc in outcome.tool_calls:
+        args = (delivered or {}).get(tc.id, tc.arguments)
+        found.append({"id": tc.id, "name": tc.name, "arguments": args, "delivered_ns": delivered_ns, "link": link,
+                      "sig": f"{tc.name}:{canonical_sha256(args)}"})
+    return found
+
+
+def results_ok(call: Call) -> tuple[tuple[str, bool], ...]:
+    """(call id, not a failure) for each tool result the request carries."""
+    return tuple((r.call_id, tool_result_digest(r.content, is_error=r.is_error).ok) for r in call.tool_results)
+
+
+def _run_caller(tenant: str, run_id: str, stored: dict[str, Any] | None,
+                source: RunIdSource = "header") -> Caller:
+    """The run's caller as its first call recorded it in run state (see `Runs.candidate`)."""
+    stored = stored or {}
+    source = stored.get("source") or source
+    agent, conversation = stored.get("agent"), stored.get("conversation")
+    return Caller(tenant, run_id, source if source in ("header", "traceparent", "generated") else "header",
+                  agent_name=agent if isinstance(agent, str) else None,
+                  conversation_id=conversation if isinstance(conversation, str) else None)
+
+
+def _link(pending: dict[str, Any]) -> spans.SpanRef | None:
+    link = pending.get("link")
+    return spans.SpanRef(int(link[0]), int(link[1])) if link else None

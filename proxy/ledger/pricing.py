@@ -1,0 +1,434 @@
+"""Model prices and the cost of a call, in integer micro-USD. Pure: no I/O after load.
+
+Rates are kept as integer *micro-USD per million tokens* (USD/M x 10^6), so a cost is
+`sum(tokens x rate) / 10^6` micro-USD, computed exactly in integers and rounded up once:
+a charge may be at most 1 micro-USD high, never low.
+
+The input-token bound (`input_bound`)
+-------------------------------------
+Every tokenizer spanmeter prices (OpenAI o200k/cl100k byte-level BPE, Anthropic's BPE,
+Gemini's SentencePiece with byte fallback) emits tokens that each cover at least one
+byte of UTF-8 text. So the UTF-8 bytes of the prompt bound its text tokens. The request
+body in bytes contains all of that text plus JSON structure (quotes, keys, braces) that
+costs at least as many bytes as the chat template's per-message special tokens
+(`{"role":"user","content":""}` is 28 bytes; a message's template is a handful of
+tokens). Hence:
+
+    input_bound = body_bytes + PROVIDER_OVERHEAD_TOKENS
+
+where the overhead covers what providers add that is not in the body: Anthropic's
+tool-use system prompt (up to 346 tokens) and the fixed definitions of its built-in
+bash/text-editor/computer-use tools (up to ~1.2k tokens). When the body size is unknown
+the bound falls back to 4 x input_chars (a code point is at most 4 UTF-8 bytes) plus
+the overhead; that fallback misses per-message template tokens the adapter did not count.
+
+Where it is loose (over-reserves): JSON escaping, and inline base64 media (a base64
+image of 100 kB reserves ~133k tokens; the provider bills ~1-2k).
+Where it is NOT a bound (the call may overshoot; the overshoot is charged in full and
+counted): media referenced by URL or file id (an image URL costs up to ~1.6k tokens on
+Anthropic, ~1.5k on gpt-4o high detail, ~2.5k on gpt-4.1-mini; audio/video/PDF by file
+id are unbounded), server-side tools whose results are billed as input (web search,
+file search, code execution, Gemini grounding), prompt caches created out of band
+(Gemini cachedContents) that the body only names, and rates the response reveals:
+`reservation` prices input at the 5-minute cache-write rate, not the 1-hour one (2x
+input), and at the standard service tier and geography (OpenAI priority is up to 2.5x,
+Anthropic US-only inference 1.1x); `cost` charges what the usage says in full.
+
+Output is bounded by max_output_tokens, which for every provider includes reasoning /
+thinking tokens (OpenAI max_completion_tokens, Anthropic max_tokens, Gemini
+maxOutputTokens). A request for n > 1 choices (chat `n`, Gemini `candidateCount`) bills
+n outputs and one input: `reservation` and `affordable_output_tokens` take the multiplier.
+
+Stored context (a Responses `previous_response_id`, `conversation` or `prompt`, a Gemini
+`cachedContent`) is billed as input but is not in the body: the ledger remembers its
+size from the usage of the answers that created it and reserves it at
+`dearest_input_rate`; context it never saw is refused under a cost ceiling.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, replace
+from datetime import date
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from proxy.model import Call, Usage
+
+__all__ = [
+    "PROVIDER_OVERHEAD_TOKENS",
+    "LongContext",
+    "Price",
+    "PriceTable",
+    "affordable_output_tokens",
+    "cache_savings",
+    "cache_write_premium",
+    "cost",
+    "dearest_input_rate",
+    "input_bound",
+    "reservation",
+]
+
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "prices.yaml"
+PROVIDER_OVERHEAD_TOKENS = 2048
+_SCALE = 1_000_000  # rates are micro-USD per million tokens
+_UNLIMITED = 2**31 - 1
+
+# A dated or versioned variant of a known model: -2024-08-06, -20250929, @20250929,
+# -0613 (OpenAI's month-day snapshots), -001, -latest, -preview-05-20, -exp. Anything else ("gpt-5-pro", "gpt-4o-audio")
+# is a different model with a different price and must not inherit the base price.
+_VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3,4}|latest|preview|exp|v\d+(?::\d+)?))+$")
+
+
+@dataclass(frozen=True, slots=True)
+class LongContext:
+    """Rates billed for the whole request once its input exceeds `threshold_tokens`."""
+
+    threshold_tokens: int
+    input: int
+    cached_input: int
+    cache_write: int
+    output: int
+    cache_write_1h: int | None = None  # None: the provider has one write rate, cache_write
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """One model's rates in micro-USD per million tokens (= USD per token x 10^12 / 10^6)."""
+
+    model: str
+    input: int
+    cached_input: int
+    cache_write: int
+    output: int
+    source: str
+    as_of: str
+    max_output_tokens: int | None = None
+    long_context: LongContext | None = None
+    # Anthropic's 1-hour cache writes (2x input; cache_write is the 5-minute rate, 1.25x).
+    # None: the provider has one write rate, cache_write.
+    cache_write_1h: int | None = None
+    # Multipliers on every rate, by what the usage says the call was billed as:
+    # OpenAI service_tier (flex 0.5, priority 1.7-2.5 by model), Anthropic inference_geo
+    # (us 1.1 on Opus/Sonnet 4.6 and later). A tier or geo not listed bills at 1x.
+    service_tiers: tuple[tuple[str, Fraction], ...] = ()
+    inference_geos: tuple[tuple[str, Fraction], ...] = ()
+
+    def rates(self, input_tokens: int) -> tuple[int, int, int, int]:
+        """(input, cached_input, cache_write, output) for a request of this input size."""
+        lc = self.long_context
+        if lc is not None and input_tokens > lc.threshold_tokens:
+            return lc.input, lc.cached_input, lc.cache_write, lc.output
+        return self.input, self.cached_input, self.cache_write, self.output
+
+    def cache_write_1h_rate(self, input_tokens: int) -> int:
+        """The 1-hour cache-write rate for a request of this input size."""
+        lc = self.long_context
+        if lc is not None and input_tokens > lc.threshold_tokens:
+            return lc.cache_write if lc.cache_write_1h is None else lc.cache_write_1h
+        return self.cache_write if self.cache_write_1h is None else self.cache_write_1h
+
+    def reserve_factor(self, service_tier: str | None) -> Fraction:
+        """The largest factor a call asking for `service_tier` may be billed at: a request
+        without one (or `auto`) may run at any tier its project enables, and any geography."""
+        if not self.service_tiers and not self.inference_geos:
+            return _ONE  # most models: no Fraction arithmetic on the hot path
+        return _reserve_factor(self.service_tiers, self.inference_geos, service_tier)
+
+    def multiplier(self, usage: Usage) -> Fraction:
+        """The factor on every rate for the tier and geography the usage was billed as."""
+        if usage.service_tier is None and usage.inference_geo is None:
+            return _ONE
+        return _lookup(self.service_tiers, usage.service_tier) * _lookup(self.inference_geos, usage.inference_geo)
+
+
+_ONE = Fraction(1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reserve_factor(tiers: tuple[tuple[str, Fraction], ...], geos: tuple[tuple[str, Fraction], ...],
+                    service_tier: str | None) -> Fraction:
+    chosen = [f for _, f in tiers] if service_tier in (None, "auto") else [_lookup(tiers, service_tier)]
+    geo = max([f for _, f in geos], default=_ONE)
+    return max([*chosen, _ONE]) * max(geo, _ONE)
+
+
+class PriceTable:
+    """Shipped prices plus config overrides; lookup by exact name, dated variant or alias.
+
+    An alias (`claude-sonnet-4-0`, `gpt-4o`, `gemini-flash-latest`) is a name the provider
+    resolves to another model, and may resolve to a newer one tomorrow. Looking one up
+    gives the dearest of its own price and those of every model it may resolve to: the
+    reservation for a call must cover whichever runs. What the call is charged is the
+    price of the model the answer names, when the table knows it (proxy.serve.bookkeeping).
+    """
+
+    def __init__(self, prices: dict[str, Price], aliases: dict[str, tuple[str, ...]] | None = None,
+                 unpriced: dict[str, str] | None = None) -> None:
+        self._prices = prices
+        # Longest names first, so "gpt-4o-mini-2024-07-18" finds gpt-4o-mini, not gpt-4o.
+        self._by_length = sorted(prices, key=len, reverse=True)
+        self._aliases = {name: _dearest(name, self._base(name), {t: self._base(t) for t in targets})
+                         for name, targets in (aliases or {}).items()}
+        self._unpriced = dict(unpriced or {})
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PriceTable:
+        raw = yaml.safe_load(Path(path or DEFAULT_PATH).read_text(encoding="utf-8")) or {}
+        prices = {name: _price(name, entry) for name, entry in (raw.get("models") or {}).items()}
+        for name, entry in (overrides or {}).items():
+            prices[name] = _override(prices.get(name), name, entry)
+        return cls(prices, _aliases(raw.get("aliases")), {str(k): str(v) for k, v in
+                                                          (raw.get("unpriced") or {}).items()})
+
+    def unpriced(self) -> dict[str, str]:
+        """Model names deliberately left without a price, each with the reason."""
+        return dict(self._unpriced)
+
+    def __contains__(self, model: str) -> bool:
+        return self.price(model) is not None
+
+    def __len__(self) -> int:
+        return len(self._prices)
+
+    def models(self) -> list[str]:
+        return sorted(self._prices)
+
+    def price(self, model: str | None) -> Price | None:
+        if not model:
+            return None
+        name = model.removeprefix("models/")
+        alias = self._aliases.get(name)
+        return alias if alias is not None else self._base(name)
+
+    def _base(self, name: str) -> Price | None:
+        found = self._prices.get(name)
+        if found is not None:
+            return found
+        for known in self._by_length:
+            if name.startswith(known) and _VARIANT.match(name[len(known) :]):
+                return self._prices[known]
+        return None
+
+
+def _aliases(raw: Any) -> dict[str, tuple[str, ...]]:
+    """{alias: [model, ...]} from prices.yaml; a single target may be written bare."""
+    if not raw:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"prices aliases: expected a mapping of alias to its models, got {raw!r}")
+    return {str(name): tuple(str(t) for t in (targets if isinstance(targets, list) else [targets]))
+            for name, targets in raw.items()}
+
+
+def _dearest(alias: str, own: Price | None, targets: dict[str, Price | None]) -> Price:
+    """The dearest of the alias's own price and its targets' (output, then input, then cache
+    rates). Every target must have a price, or the reservation could fall short of the model
+    that runs."""
+    missing = [t for t, p in targets.items() if p is None]
+    if missing or not targets:
+        raise ValueError(f"prices alias {alias}: {', '.join(missing) or 'no model'} has no price; "
+                         "add it under `models:` (or pricing.overrides) or drop the alias")
+    known = [p for p in (own, *targets.values()) if p is not None]
+    return max(known, key=lambda p: (p.output, p.input, p.cache_write_1h_rate(0), p.cache_write, p.cached_input))
+
+
+def cost(price: Price, usage: Usage) -> int:
+    """Micro-USD for the usage a provider reported (gen_ai terms, see `Usage`).
+
+    input_tokens includes cache reads and writes, so those are taken out of it and
+    priced at their own rates (1-hour cache writes at theirs); output_tokens already
+    includes reasoning tokens. The whole is then scaled by the service tier and inference
+    geography the usage names (`Price.multiplier`).
+    Fields the provider never reported count as zero here: when usage is unknown or the
+    stream was cut, proxy.govern.ceilings.settle_amount charges the reservation instead (unknown is not zero).
+    """
+    total_in = usage.input_tokens or 0
+    cached = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    written_1h = min(usage.cache_write_1h_tokens or 0, written)
+    uncached = max(0, total_in - cached - written)
+    size = max(total_in, cached + written)
+    r_in, r_cached, r_write, r_out = price.rates(size)
+    micro = (uncached * r_in + cached * r_cached + (written - written_1h) * r_write
+             + written_1h * price.cache_write_1h_rate(size) + (usage.output_tokens or 0) * r_out)
+    factor = price.multiplier(usage)
+    return _ceil_div(micro * factor.numerator, _SCALE * factor.denominator)
+
+
+def cache_savings(price: Price, usage: Usage) -> int:
+    """Micro-USD the usage's cache reads saved: what `cost` would be had they been billed
+    as uncached input, minus what it is (tier and long-context rates included). Cache
+    writes are not netted out: Anthropic's write premium is in the cost itself."""
+    if not usage.cache_read_tokens:
+        return 0
+    return max(0, cost(price, replace(usage, cache_read_tokens=0)) - cost(price, usage))
+
+
+def cache_write_premium(price: Price, usage: Usage) -> int:
+    """Micro-USD the usage's cache writes cost above plain input (Anthropic's 1.25x and 2x):
+    `cost` minus what it would be with the writes billed as uncached input. What caching
+    saved, net, is `cache_savings` minus this."""
+    if not usage.cache_write_tokens:
+        return 0
+    return max(0, cost(price, usage) - cost(price, replace(usage, cache_write_tokens=0, cache_write_1h_tokens=0)))
+
+
+def _worst_input(price: Price, input_tokens: int, cache_write: str) -> int:
+    """The dearest rate an input token of this request can bill at. Cache writes bill above
+    input (Anthropic 1.25x for 5 minutes, 2x for an hour) only where the request marks a
+    breakpoint (Call.cache_write)."""
+    r_in, r_cached, r_write, _ = price.rates(input_tokens)
+    rates = [r_in, r_cached]
+    if cache_write:
+        rates.append(r_write)
+    if cache_write == "1h":
+        rates.append(price.cache_write_1h_rate(input_tokens))
+    return max(rates)
+
+
+def reservation(price: Price, input_bound_tokens: int, max_output_tokens: int, multiplier: int = 1,
+                factor: Fraction = Fraction(1), cache_write: str = "5m") -> int:
+    """Worst-case micro-USD: every input token at the dearest input rate, full output for
+    each of `multiplier` answers, all at the dearest tier `factor` (Price.reserve_factor)."""
+    r_out = price.rates(input_bound_tokens)[3]
+    micro = (input_bound_tokens * _worst_input(price, input_bound_tokens, cache_write)
+             + max_output_tokens * multiplier * r_out)
+    return _ceil_div(micro * factor.numerator, _SCALE * factor.denominator)
+
+
+def dearest_input_rate(price: Price, factor: Fraction = Fraction(1)) -> int:
+    """The highest rate a stored-context token of this model can be billed at, in any size
+    tier, times the tier `factor` (rounded up). Stored context is read, never written."""
+    rates = [price.input, price.cached_input]
+    if price.long_context is not None:
+        rates += [price.long_context.input, price.long_context.cached_input]
+    return _ceil_div(max(rates) * factor.numerator, factor.denominator)
+
+
+def affordable_output_tokens(price: Price, budget_micros: int, input_bound: int, multiplier: int = 1,
+                             factor: Fraction = Fraction(1), cache_write: str = "5m") -> int:
+    """The largest max_output_tokens whose `reservation` fits in `budget_micros` (>= 0)."""
+    r_out = price.rates(input_bound)[3]
+    # budget >= (input x worst + out x n x r_out) x factor / SCALE, solved for out.
+    room = budget_micros * _SCALE * factor.denominator // factor.numerator - input_bound * _worst_input(
+        price, input_bound, cache_write)
+    if room < 0:
+        return 0
+    if r_out == 0:
+        return _UNLIMITED
+    return min(room // (r_out * multiplier), _UNLIMITED)
+
+
+def input_bound(call: Call) -> int:
+    """Tokens that bound the call's billable input; see the module docstring for the rule."""
+    if call.body_bytes > 0:
+        return call.body_bytes + PROVIDER_OVERHEAD_TOKENS
+    return 4 * call.input_chars + PROVIDER_OVERHEAD_TOKENS
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _lookup(factors: tuple[tuple[str, Fraction], ...], key: str | None) -> Fraction:
+    for name, factor in factors:
+        if name == key:
+            return factor
+    return Fraction(1)
+
+
+def _factors(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]:
+    """{name: multiplier} -> exact fractions, e.g. {flex: 0.5, priority: 2}."""
+    if not raw:
+        return ()
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping of name to multiplier, got {raw!r}")
+    out = []
+    for name, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+            raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}")
+        try:
+            factor = Fraction(Decimal(str(value)))
+        except (ArithmeticError, ValueError):
+            raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}") from None
+        if factor <= 0:
+            raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}")
+        out.append((str(name), factor))
+    return tuple(out)
+
+
+def _optional_rate(entry: dict[str, Any], key: str, where: str) -> int | None:
+    return _rate(entry[key], where) if entry.get(key) is not None else None
+
+
+def _rate(value: Any, where: str) -> int:
+    """USD per million tokens -> integer micro-USD per million tokens, exactly."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ValueError(f"{where}: expected a number of USD per million tokens, got {value!r}")
+    try:
+        micros = Decimal(str(value)) * _SCALE
+    except ArithmeticError:  # decimal.InvalidOperation for text that is no number
+        raise ValueError(f"{where}: expected a number of USD per million tokens, got {value!r}") from None
+    if micros < 0 or micros != micros.to_integral_value():
+        raise ValueError(f"{where}: {value!r} is negative or finer than 1e-6 USD per million tokens")
+    return int(micros)
+
+
+def _price(name: str, entry: dict[str, Any]) -> Price:
+    where = f"price of {name}"
+    missing = [k for k in ("input", "output", "source", "as_of") if k not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    r_in = _rate(entry["input"], where)
+    lc = entry.get("long_context")
+    return Price(
+        model=name,
+        input=r_in,
+        cached_input=_rate(entry.get("cached_input", entry["input"]), where),
+        cache_write=_rate(entry.get("cache_write", entry["input"]), where),
+        output=_rate(entry["output"], where),
+        source=str(entry["source"]),
+        as_of=entry["as_of"].isoformat() if isinstance(entry["as_of"], date) else str(entry["as_of"]),
+        max_output_tokens=int(entry["max_output_tokens"]) if entry.get("max_output_tokens") else None,
+        long_context=_long_context(lc, where) if lc else None,
+        cache_write_1h=_optional_rate(entry, "cache_write_1h", where),
+        service_tiers=_factors(entry.get("service_tiers"), f"{where}: service_tiers"),
+        inference_geos=_factors(entry.get("inference_geos"), f"{where}: inference_geos"),
+    )
+
+
+def _long_context(lc: dict[str, Any], where: str) -> LongContext:
+    return LongContext(
+        threshold_tokens=int(lc["threshold_tokens"]),
+        input=_rate(lc["input"], where),
+        cached_input=_rate(lc.get("cached_input", lc["input"]), where),
+        cache_write=_rate(lc.get("cache_write", lc["input"]), where),
+        output=_rate(lc["output"], where),
+        cache_write_1h=_optional_rate(lc, "cache_write_1h", where),
+    )
+
+
+def _override(base: Price | None, name: str, entry: dict[str, Any]) -> Price:
+    """Config wins field by field; a model new to the table needs input and output."""
+    if base is None:
+        return _price(name, {"source": "config pricing.overrides", "as_of": "config", **entry})
+    where = f"pricing.overrides.{name}"
+    changes: dict[str, Any] = {
+        "source": str(entry.get("source", "config pricing.overrides")),
+        "as_of": str(entry.get("as_of", "config")),
+    }
+    for key in ("input", "cached_input", "cache_write", "cache_write_1h", "output"):
+        if key in entry:
+            changes[key] = _rate(entry[key], where)
+    for key in ("service_tiers", "inference_geos"):
+        if key in entry:
+            changes[key] = _factors(entry[key], f"{where}.{key}")
+    if "max_output_tokens" in entry:
+        changes["max_output_tokens"] = int(entry["max_output_tokens"]) or None
+    return replace(base, **changes)

@@ -1,0 +1,986 @@
+"""The embedded ledger: one SQLite file in WAL mode, written by one dedicated thread.
+
+Why one thread: sqlite3 calls block, so none may run on the event loop; and one writer
+makes every operation trivially atomic within the process. Operations queue up; the
+thread takes all that are waiting (a batch), runs them one after the other inside one
+`BEGIN IMMEDIATE` transaction and commits once (group commit). Each operation stays
+atomic and isolated: one that raises leaves no write behind and its batch-mates commit
+(`_run_batch`). Results are handed back only after the commit, all of a batch's at once:
+one wake-up of each waiting event loop per batch, not one per operation.
+
+`BEGIN IMMEDIATE` takes SQLite's write lock, so several processes (or several stores)
+on the same file also stay atomic with respect to each other.
+
+Durability is chosen by `synchronous` (URL: `sqlite:///ledger.db?synchronous=normal`).
+Whatever the setting, a result is handed back only once its commit is written to the WAL
+file, so everything returned survives a process crash (kill -9 included: the OS holds
+the write). The settings differ in what survives an OS crash or a power cut:
+
+    FULL    (default) the WAL is fsynced before a batch's results are handed back, so
+            they all survive; except a batch made only of *lazy* settles, which commits
+            without waiting for the fsync. A settle is lazy when losing it can only
+            over-count (`_lazy_settle`): it cost no more than its reservation, and it
+            carries neither open tool calls, nor stored-context sizes, nor (when the
+            run's tokens are capped, runs.max_tokens) token totals. Lost, its
+            reservation stands and expires at its full amount (`_expire`), which is at
+            least what the call cost; the run totals it carried (counters for reports,
+            the run record) are lost with it. Every admission is on disk before the
+            call is forwarded. The WAL is one file written in order, so the next fsync
+            (a later batch writing anything not lazy, or a checkpoint) makes every lazy
+            settle before it durable too: a power cut loses at most the lazy settles
+            committed since the last fsync.
+    NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
+            fsynced only at checkpoints. An OS crash or power loss may roll back the
+            last transactions before the latest checkpoint, admissions and overshoots
+            included. The database is never corrupted either way, only possibly older.
+            Saves one fsync per commit batch.
+    EXTRA   as FULL, with no lazy commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import queue
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+import orjson
+
+from proxy.errors import Refusal, StoreUnavailable
+from proxy.ledger.rates import Rate, RateState, epoch_ms, rate_step
+from proxy.ledger.store import (
+    CONTEXT_KEPT_S,
+    MCP_TOOL_CALLS,
+    NO_TURN,
+    Admission,
+    DerivedOps,
+    Limits,
+    Spend,
+    ToolTurn,
+    Turn,
+    context_micros,
+    context_refusal,
+    costed,
+    decide,
+    guard_refusal,
+    ledger_keys,
+    match_pending,
+    rate_refusal,
+    refusal,
+    refused_with,
+    release_soon,
+    run_record,
+    scope_of,
+    streak_of,
+    tool_ceiling,
+    tool_entry,
+    unpriced_refusal,
+    window_keys,
+    with_budgets,
+)
+
+__all__ = ["SYNCHRONOUS", "SqliteStore"]
+
+T = TypeVar("T")
+Op = Callable[[sqlite3.Connection], Any]
+_Job = tuple[Op, asyncio.AbstractEventLoop, "asyncio.Future[Any]", bool]  # (op, its loop, its future, lazy)
+
+_BATCH = 256
+# Prepared statements kept per connection: every distinct SQL text of this module (about
+# 60, counting the per-row-count variants of the multi-row ones) stays prepared.
+_STATEMENTS = 256
+# Waiting for another process's write lock (the workers of `spanmeter serve --workers N`
+# share the file). SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries,
+# far longer than a batch holds the lock (its commit's fsync, a few ms), so two workers
+# took turns in tens of milliseconds (p99 0.46 s in the bench). We poll instead, from 0.1 ms
+# doubling to 1 ms, for as long as the busy timeout allowed.
+LOCK_PATIENCE_S = 30.0
+_FIRST_PAUSE_S = 0.0001
+_LAST_PAUSE_S = 0.001
+SYNCHRONOUS = ("FULL", "NORMAL", "EXTRA")  # OFF is left out: an OS crash could corrupt the file
+_EXPIRED_KEPT_S = 7 * 86400  # how long an expired reservation can still be corrected
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger (
+    tenant TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
+    settled INTEGER NOT NULL DEFAULT 0, reserved INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, scope, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reservations (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, run_id TEXT NOT NULL,
+    day_key TEXT NOT NULL, month_key TEXT NOT NULL, amount INTEGER NOT NULL,
+    expires_at REAL NOT NULL, expired INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS reservations_due ON reservations (expired, expires_at);
+CREATE TABLE IF NOT EXISTS runs (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, calls INTEGER NOT NULL DEFAULT 0,
+    trace TEXT, first_seen REAL, last_seen REAL, ended INTEGER NOT NULL DEFAULT 0,
+    ended_at REAL, sig TEXT, streak INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, run_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS runs_idle ON runs (ended, last_seen);
+CREATE INDEX IF NOT EXISTS runs_recent ON runs (last_seen);
+CREATE TABLE IF NOT EXISTS run_totals (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, name TEXT NOT NULL,
+    value INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, run_id, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tools (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL,
+    call TEXT NOT NULL,
+    PRIMARY KEY (tenant, run_id, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS mcp_guard (
+    tenant TEXT NOT NULL, run_id TEXT NOT NULL, sig TEXT, streak INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, run_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS budgets (tenant TEXT PRIMARY KEY, day INTEGER, month INTEGER);
+CREATE TABLE IF NOT EXISTS contexts (
+    tenant TEXT NOT NULL, ref TEXT NOT NULL, tokens INTEGER NOT NULL, seen_at REAL NOT NULL,
+    PRIMARY KEY (tenant, ref)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rates (
+    tenant TEXT NOT NULL, bucket TEXT NOT NULL, debt INTEGER NOT NULL, last_ms INTEGER NOT NULL,
+    PRIMARY KEY (tenant, bucket)) WITHOUT ROWID;
+"""
+# Columns added after a ledger file may have been created: (table, column, declaration).
+_ADDED_COLUMNS = (("reservations", "key_id", "TEXT"), ("reservations", "tokens", "INTEGER NOT NULL DEFAULT 0"),
+                  ("runs", "tokens_held", "INTEGER NOT NULL DEFAULT 0"),
+                  ("runs", "tokens_expired", "INTEGER NOT NULL DEFAULT 0"))
+
+
+class SqliteStore(DerivedOps):
+    """`Store` over one SQLite file. `path` may be ":memory:" (tests only: not durable)."""
+
+    def __init__(self, path: str, *, synchronous: str = "FULL", lock_patience_s: float = LOCK_PATIENCE_S) -> None:
+        # Checked here too because it is interpolated into a PRAGMA.
+        if synchronous.upper() not in SYNCHRONOUS:
+            raise ValueError(f"synchronous={synchronous!r}: use one of {', '.join(SYNCHRONOUS)}")
+        self.path = path
+        self._synchronous = synchronous.upper()
+        self._patience = lock_patience_s
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
+        self._lazy = False  # the connection is at synchronous=NORMAL for a lazy batch (writer thread only)
+        self.operations = 0  # store operations submitted since start (one transaction step each)
+        self._thread = threading.Thread(target=self._serve, name="spanmeter-ledger", daemon=True)
+        self._thread.start()
+
+    # --- the writer thread -----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        # Two processes opening a new file at once race on the switch to WAL, which does
+        # not wait on busy_timeout: "database is locked" then only means "try again".
+        for attempt in range(50):
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False,
+                                   cached_statements=_STATEMENTS)
+            try:
+                conn.execute("PRAGMA busy_timeout=30000")
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.executescript(_SCHEMA)
+                _add_columns(conn)
+                # From here on a lock held by another process is waited for by _begin's
+                # short polls, not by the busy handler's long sleeps.
+                conn.execute("PRAGMA busy_timeout=0")
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if "locked" not in str(exc) or attempt == 49:
+                    raise
+                time.sleep(0.02 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _serve(self) -> None:
+        conn: sqlite3.Connection | None = None
+        failure: Exception | None = None
+        try:
+            conn = self._connect()
+        except (sqlite3.Error, OSError) as exc:
+            failure = exc
+        stop = False
+        while not stop:
+            job = self._jobs.get()
+            if job is None:
+                break
+            batch = [job]
+            while len(batch) < _BATCH:
+                try:
+                    more = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            if conn is None:
+                results: list[tuple[bool, Any]] = [(False, failure)] * len(batch)
+            else:
+                results = self._commit(conn, batch)
+            self._deliver(batch, results)
+        if conn is not None:
+            conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        """Run a batch in one transaction, fsynced unless every op in it is lazy (FULL only)."""
+        lazy = self._synchronous == "FULL" and all(job[3] for job in batch)
+        if lazy != self._lazy:
+            try:  # outside any transaction: SQLite refuses to change it inside one
+                conn.execute(f"PRAGMA synchronous={'NORMAL' if lazy else 'FULL'}")
+            except sqlite3.Error as exc:
+                return [(False, exc)] * len(batch)
+            self._lazy = lazy
+        return _run_batch(conn, [job[0] for job in batch], self._patience)
+
+    def _deliver(self, batch: list[_Job], results: list[tuple[bool, Any]]) -> None:
+        """Hand a batch's results back with one wake-up of each waiting event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+        for (_, loop, fut, _), (ok, value) in zip(batch, results, strict=True):
+            if not ok and isinstance(value, sqlite3.Error | OSError):
+                error = StoreUnavailable(_failure_text(self.path, value, self._patience))
+                error.__cause__ = value
+                value = error
+            by_loop.setdefault(loop, []).append((fut, ok, value))
+        for loop, done in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(self._hand_back, done)
+
+    def _hand_back(self, done: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+        """On the caller's loop: resolve the futures of one batch."""
+        for fut, ok, value in done:
+            if not fut.done():
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+            elif ok and isinstance(value, Admission):
+                # Its caller was cancelled while it committed: nothing was forwarded, so
+                # zero is its true cost (rather than expiring at its reserved amount).
+                release_soon(self, value)
+
+    async def _do(self, op: Op, *, lazy: bool = False) -> Any:
+        return await self._submit(op, lazy)
+
+    def _submit(self, op: Op, lazy: bool = False) -> asyncio.Future[Any]:
+        """Queue `op` for the writer thread; the future resolves on the caller's loop.
+
+        `lazy`: losing this op's commit to a power cut can only over-count spend (see the
+        module docstring), so a batch made only of such ops may skip the fsync."""
+        if self._closed:
+            raise StoreUnavailable(f"The ledger {self.path} is closed.")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self.operations += 1
+        self._jobs.put((op, loop, fut, lazy))
+        return fut
+
+    # --- ledger ----------------------------------------------------------------------
+
+    async def admit(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        min_reserve: int,
+        max_reserve: int,
+        limits: Limits,
+        now: datetime,
+        tz: str = "UTC",
+        ttl_s: int = 900,
+        turn: Turn = NO_TURN,
+    ) -> Admission:
+        windows = window_keys(now, tz)
+        if not 0 <= min_reserve <= max_reserve:
+            raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
+
+        now_ms = epoch_ms(now)
+
+        def op(conn: sqlite3.Connection) -> Admission | Refusal:
+            ts = now.timestamp()
+            # Reservations past their ttl are charged by the sweeper's `expire` (every 15 s
+            # in the proxy), as on Redis: expiry moves reserved to settled and changes no
+            # headroom, so an admission need not pass over them itself.
+            budget, run = _read_run(conn, tenant, run_id)
+            # Everything the request settles about the run happens even if the call is
+            # then refused: the tool results did arrive.
+            closed = _close_tools(conn, tenant, run_id, turn.results, run)
+            trace = run.keep_trace(turn.trace)
+
+            def refused(error: Refusal) -> Refusal:
+                _save_run(conn, tenant, run_id, run, ts)
+                return refused_with(error, closed, trace)
+
+            loop = guard_refusal(tenant, run_id, closed, turn.guard)
+            if loop is not None:
+                return refused(loop)
+            eff = with_budgets(limits, *budget)
+            if not turn.priced and costed(eff):
+                return refused(unpriced_refusal(tenant, turn.model))
+            known, unknown = _contexts(conn, tenant, turn.context)
+            if unknown and costed(eff):
+                return refused(context_refusal(tenant, unknown, eff))
+            extra = context_micros(known, turn.input_rate)
+            lo, hi = min_reserve + extra, max_reserve + extra
+            calls, first_seen = run.calls, run.first_seen
+            run_tokens = (_run_tokens(conn, tenant, run_id) + run.tokens_expired
+                          if eff.run_max_tokens is not None else 0)
+            started = (first_seen if first_seen is not None else ts) if eff.run_max_seconds is not None else None
+            elapsed = ts - started if started is not None else 0.0
+            keys = ledger_keys(run_id, windows, turn.key)
+            ledger = _spends(conn, tenant, keys)
+            tokens = (turn.tokens[0] + known, turn.tokens[1] + known)
+            d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi, run_tokens=run_tokens, elapsed_s=elapsed,
+                       tokens=tokens, tokens_held=run.tokens_held)
+            if d.refused:
+                return refused(refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
+                                       tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key,
+                                       tokens_held=run.tokens_held, tokens_needed=tokens[0]))
+            rates = _rates(conn, tenant, turn.rates, now_ms)
+            if any(state.wait_ms != 0 for _, state in rates):
+                return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
+            _draw(conn, tenant, rates, now_ms)
+            _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
+            run.count(ts)
+            run.tokens_held += d.tokens
+            _save_run(conn, tenant, run_id, run, ts)
+            rid = secrets.token_hex(16)
+            conn.execute(
+                "INSERT INTO reservations "
+                "(id, tenant, run_id, day_key, month_key, amount, expires_at, key_id, tokens) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key, d.tokens),
+            )
+            return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
+                             closed=closed, trace=trace, context_tokens=known, limits=eff,
+                             run_tokens=run_tokens, started_at=started,
+                             rates=tuple(state for _, state in rates), key=turn.key, tokens=d.tokens)
+
+        return await self._admit(op)
+
+    async def admit_tool(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        turn: ToolTurn,
+        limits: Limits,
+        now: datetime,
+        tz: str = "UTC",
+        ttl_s: int = 900,
+    ) -> Admission:
+        windows = window_keys(now, tz)
+        if turn.cost < 0:
+            raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
+
+        now_ms = epoch_ms(now)
+
+        def op(conn: sqlite3.Connection) -> Admission | Refusal:
+            ts = now.timestamp()
+            budget, run = _read_run(conn, tenant, run_id)
+            trace = run.keep_trace(turn.trace)
+            _save_run(conn, tenant, run_id, run, ts)  # the trace is kept whatever follows
+            if turn.name is None:
+                rates = _rates(conn, tenant, turn.rates, now_ms)
+                if any(state.wait_ms != 0 for _, state in rates):
+                    return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), (), trace)
+                _draw(conn, tenant, rates, now_ms)
+                return Admission("", tenant, run_id, 0, 0, {}, *windows, trace=trace, limits=limits,
+                                 rates=tuple(state for _, state in rates), key=turn.key)
+            entry = (_take_for_mcp(conn, tenant, run_id, turn),)
+            loop = guard_refusal(tenant, run_id, entry, turn.guard)
+            if loop is not None:
+                return refused_with(loop, entry, trace)
+            eff = with_budgets(limits, *budget)
+            count = int(_one(conn, "SELECT value FROM run_totals WHERE tenant=? AND run_id=? AND name=?",
+                             tenant, run_id, MCP_TOOL_CALLS) or 0)
+            if turn.max_calls is not None and count >= turn.max_calls:
+                return refused_with(tool_ceiling(tenant, run_id, turn.max_calls), entry, trace)
+            started = run.first_seen if run.first_seen is not None else ts
+            elapsed = ts - started if eff.run_max_seconds is not None else 0.0
+            keys = ledger_keys(run_id, windows, turn.key)
+            ledger = _spends(conn, tenant, keys)
+            # A tool call spends no model tokens and is no model call: those ceilings are the model route's.
+            d = decide(0, ledger, replace(eff, run_max_calls=None, run_max_tokens=None), min_reserve=turn.cost,
+                       max_reserve=turn.cost, elapsed_s=elapsed)
+            if d.refused:
+                error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
+                                tz=tz, min_reserve=turn.cost, elapsed_s=elapsed, key=turn.key)
+                return refused_with(error, entry, trace)
+            rates = _rates(conn, tenant, turn.rates, now_ms)
+            if any(state.wait_ms != 0 for _, state in rates):
+                return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), entry, trace)
+            _draw(conn, tenant, rates, now_ms)
+            _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
+            _run_add(conn, tenant, run_id, [(MCP_TOOL_CALLS, 1), ("tool_calls", 0 if "id" in entry[0] else 1)])
+            run.last_seen, run.changed = ts, True
+            _save_run(conn, tenant, run_id, run, ts)
+            rid = secrets.token_hex(16)
+            conn.execute(
+                "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
+                "VALUES (?,?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key))
+            return Admission(rid, tenant, run_id, d.amount, count + 1, d.remaining, *windows, closed=entry,
+                             trace=trace, limits=eff, started_at=started if eff.run_max_seconds is not None else None,
+                             rates=tuple(state for _, state in rates), key=turn.key)
+
+        return await self._admit(op)
+
+    async def _admit(self, op: Op) -> Admission:
+        """Run an admission op; a refusal comes back as a value (its transaction commits the
+        tool calls it closed) and is raised here."""
+        # A caller cancelled while the admission commits cancels this future; the
+        # admission is then released when it lands (`_hand_back`), never leaked.
+        result = await self._submit(op)
+        if isinstance(result, Refusal):
+            raise result
+        assert isinstance(result, Admission)
+        return result
+
+    async def settle(
+        self,
+        admission: Admission,
+        actual: int,
+        *,
+        run_totals: dict[str, int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        contexts: dict[str, int] | None = None,
+    ) -> int:
+        if actual < 0:
+            raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
+        totals = [(name, int(v)) for name, v in (run_totals or {}).items()]
+        seen = [(ref, int(tokens)) for ref, tokens in (contexts or {}).items()]
+        encoded = _encode_tools(tools or [])  # on the caller's side: a bad call fails here, not in a batch
+
+        def op(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "DELETE FROM reservations WHERE id=? "
+                "RETURNING tenant, run_id, day_key, month_key, amount, expired, key_id, tokens",
+                (admission.id,),
+            ).fetchone()
+            if row is None:
+                # Settled before: idempotent, so the run totals and tool calls that came
+                # with the first settle are not added again either.
+                return 0
+            tenant, run_id, day, month, amount, expired, key_id, tokens = row
+            if tokens:  # the real count arrives in the run totals; expiry had charged the held tokens
+                column = "tokens_expired" if expired else "tokens_held"
+                conn.execute(f"UPDATE runs SET {column} = {column} - ? WHERE tenant=? AND run_id=?",
+                             (tokens, tenant, run_id))
+            # An expired reservation was charged at `amount` already: correct it to the real cost.
+            settled, reserved = (actual - amount, 0) if expired else (actual, -amount)
+            _add(conn, tenant, [(scope, key, settled, reserved)
+                                for scope, key in _reserved_on(run_id, day, month, key_id)])
+            if totals:
+                _run_add(conn, tenant, run_id, totals)
+            _tools_put(conn, tenant, run_id, encoded)
+            if seen:
+                _remember(conn, tenant, seen, time.time())
+            return max(0, actual - int(amount))
+
+        result: int = await self._do(op, lazy=_lazy_settle(admission, actual, totals, encoded, seen))
+        return result
+
+    async def expire(self, now: datetime) -> int:
+        ts = now.timestamp()
+        result: int = await self._do(lambda conn: _expire(conn, ts))
+        return result
+
+    async def spend_detail(
+        self,
+        tenant: str,
+        *,
+        run_id: str | None = None,
+        day: str | None = None,
+        month: str | None = None,
+        key_id: str | None = None,
+    ) -> Spend:
+        scope, key = scope_of(run_id, day, month, key_id)
+        result: Spend = await self._do(lambda conn: _spend(conn, tenant, scope, key))
+        return result
+
+    async def run_calls(self, tenant: str, run_id: str) -> int:
+        sql = "SELECT calls FROM runs WHERE tenant=? AND run_id=?"
+        return int(await self._do(lambda conn: _one(conn, sql, tenant, run_id) or 0))
+
+    # --- run state -------------------------------------------------------------------
+
+    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
+        totals = [(name, int(v)) for name, v in deltas.items()]
+        await self._do(lambda conn: _run_add(conn, tenant, run_id, totals))
+
+    async def run_totals(self, tenant: str, run_id: str) -> dict[str, int]:
+        result: dict[str, int] = await self._do(lambda conn: _totals(conn, tenant, run_id))
+        return result
+
+    async def run_end(self, tenant: str, run_id: str) -> dict[str, Any] | None:
+        def op(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            cur = conn.execute(
+                "UPDATE runs SET ended = 1 WHERE tenant=? AND run_id=? AND ended = 0",
+                (tenant, run_id),
+            )
+            if cur.rowcount == 0:
+                return None  # unknown, or another caller ended it first
+            return _record(conn, tenant, run_id)
+
+        result: dict[str, Any] | None = await self._do(op)
+        return result
+
+    async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:
+        ts = before.timestamp()
+        rows = await self._do(
+            lambda conn: conn.execute(
+                "SELECT tenant, run_id FROM runs WHERE ended = 0 AND last_seen < ? ORDER BY last_seen",
+                (ts,),
+            ).fetchall()
+        )
+        return [(t, r) for t, r in rows]
+
+    async def sweep_turn(self, every_s: float) -> bool:
+        return True  # one machine: every worker's sweep is cheap and run ends are first-caller-only
+
+    async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
+        def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            if tenant is None:
+                rows = conn.execute("SELECT tenant, run_id FROM runs ORDER BY last_seen DESC LIMIT ?", (limit,))
+            else:
+                rows = conn.execute(
+                    "SELECT tenant, run_id FROM runs WHERE tenant=? ORDER BY last_seen DESC LIMIT ?",
+                    (tenant, limit),
+                )
+            return [r for t, run in rows.fetchall() if (r := _record(conn, t, run)) is not None]
+
+        result: list[dict[str, Any]] = await self._do(op)
+        return result
+
+    # --- tool calls ------------------------------------------------------------------
+
+    async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None:
+        encoded = _encode_tools(calls)
+        await self._do(lambda conn: _tools_put(conn, tenant, run_id, encoded))
+
+    async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]:
+        def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            taken = []
+            for call_id in dict.fromkeys(ids):
+                row = conn.execute(
+                    "DELETE FROM tools WHERE tenant=? AND run_id=? AND id=? RETURNING call",
+                    (tenant, run_id, call_id),
+                ).fetchone()
+                if row is not None:
+                    taken.append(json.loads(row[0]))
+            return taken
+
+        result: list[dict[str, Any]] = await self._do(op)
+        return result
+
+    async def tools_pending(self, tenant: str, run_id: str) -> list[dict[str, Any]]:
+        rows = await self._do(
+            lambda conn: conn.execute(
+                "SELECT call FROM tools WHERE tenant=? AND run_id=? ORDER BY seq", (tenant, run_id)
+            ).fetchall()
+        )
+        return [json.loads(r[0]) for r in rows]
+
+    # --- admin -----------------------------------------------------------------------
+
+    async def budget_set(self, tenant: str, day: int | None, month: int | None) -> None:
+        await self._do(
+            lambda conn: conn.execute(
+                "INSERT INTO budgets (tenant, day, month) VALUES (?,?,?) "
+                "ON CONFLICT DO UPDATE SET day = excluded.day, month = excluded.month",
+                (tenant, day, month),
+            )
+        )
+
+    async def budget_get(self, tenant: str) -> tuple[int | None, int | None]:
+        row = await self._do(
+            lambda conn: conn.execute("SELECT day, month FROM budgets WHERE tenant=?", (tenant,)).fetchone()
+        )
+        return (row[0], row[1]) if row else (None, None)
+
+    async def ping(self) -> None:
+        await self._do(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._jobs.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+
+# --- helpers run on the writer thread ---------------------------------------------------
+
+
+def _run_batch(conn: sqlite3.Connection, ops: list[Op], patience_s: float = LOCK_PATIENCE_S) -> list[tuple[bool, Any]]:
+    """Run `ops` in one transaction, each atomic: an op that raises leaves no write behind
+    and does not take its batch-mates down.
+
+    Ops almost never raise (arguments are checked before they are queued), so the batch
+    first runs without a SAVEPOINT per op (two statements per op saved). If one raises,
+    the whole transaction is rolled back, nothing of it committed or handed back, and the
+    batch runs again with each op in its own SAVEPOINT. This is sound because an op is a
+    function of the database only (no effect outside it, results handed back only after
+    the commit), so running it a second time on the same state is as if it ran once."""
+    try:
+        _begin(conn, patience_s)
+        try:
+            results: list[tuple[bool, Any]] = [(True, op(conn)) for op in ops]
+        except Exception:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            _begin(conn, patience_s)
+            results = [_in_savepoint(conn, op) for op in ops]
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        return [(False, exc)] * len(ops)
+    return results
+
+
+def _failure_text(path: str, exc: sqlite3.Error | OSError, patience_s: float) -> str:
+    if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+        return (f"The ledger {path} stayed locked by another connection for {patience_s:g} s ({exc}). "
+                "Another process holds a write transaction on it: look for a stuck process using the file "
+                "(a sibling spanmeter or a tool such as the sqlite3 shell left inside BEGIN).")
+    return f"The ledger {path} failed: {exc}. Check the disk and its permissions."
+
+
+def _begin(conn: sqlite3.Connection, patience_s: float) -> None:
+    """BEGIN IMMEDIATE: take the write lock, waiting up to `patience_s` for another
+    process (or store) that holds it."""
+    deadline = time.monotonic() + patience_s
+    pause = _FIRST_PAUSE_S
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, _LAST_PAUSE_S)
+
+
+def _in_savepoint(conn: sqlite3.Connection, op: Op) -> tuple[bool, Any]:
+    conn.execute("SAVEPOINT op")
+    try:
+        result = op(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO op")
+        conn.execute("RELEASE op")
+        return False, exc
+    conn.execute("RELEASE op")
+    return True, result
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Bring a ledger file made by an older spanmeter up to the current schema."""
+    for table, column, decl in _ADDED_COLUMNS:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            except sqlite3.OperationalError as exc:  # another process added it first
+                if "duplicate column" not in str(exc):
+                    raise
+
+
+def _reserved_on(run_id: str, day: str, month: str, key_id: str | None) -> list[tuple[str, str]]:
+    """(ledger scope, key) of every row a reservation holds money on."""
+    rows = [("run", run_id), ("day", day), ("month", month), ("total", "")]
+    if key_id is not None:
+        rows += [("keyday", f"{key_id}/{day}"), ("keymonth", f"{key_id}/{month}")]
+    return rows
+
+
+def _run_tokens(conn: sqlite3.Connection, tenant: str, run_id: str) -> int:
+    return int(_one(conn, "SELECT COALESCE(SUM(value), 0) FROM run_totals WHERE tenant=? AND run_id=? "
+                          "AND name IN ('input_tokens', 'output_tokens', 'estimated_tokens')", tenant, run_id))
+
+
+def _rates(conn: sqlite3.Connection, tenant: str, rates: tuple[Rate, ...], now_ms: int,
+           ) -> list[tuple[int, RateState]]:
+    """(debt with this call counted, state) of each rate bucket the call draws on."""
+    out = []
+    for rate in rates:
+        row = conn.execute("SELECT debt, last_ms FROM rates WHERE tenant=? AND bucket=?",
+                           (tenant, rate.bucket)).fetchone()
+        out.append(rate_step(int(row[0]), int(row[1]), now_ms, rate) if row else rate_step(0, now_ms, now_ms, rate))
+    return out
+
+
+def _draw(conn: sqlite3.Connection, tenant: str, rates: list[tuple[int, RateState]], now_ms: int) -> None:
+    """Keep each bucket's debt with this call counted."""
+    for debt, state in rates:
+        conn.execute("INSERT INTO rates (tenant, bucket, debt, last_ms) VALUES (?,?,?,?) "
+                     "ON CONFLICT DO UPDATE SET debt = excluded.debt, last_ms = MAX(last_ms, excluded.last_ms)",
+                     (tenant, state.rate.bucket, debt, now_ms))
+
+
+def _one(conn: sqlite3.Connection, sql: str, *args: Any) -> Any:
+    row = conn.execute(sql, args).fetchone()
+    return row[0] if row else None
+
+
+def _spend(conn: sqlite3.Connection, tenant: str, scope: str, key: str) -> Spend:
+    row = conn.execute(
+        "SELECT settled, reserved FROM ledger WHERE tenant=? AND scope=? AND key=?",
+        (tenant, scope, key),
+    ).fetchone()
+    return Spend(int(row[0]), int(row[1])) if row else Spend()
+
+
+def _spends(conn: sqlite3.Connection, tenant: str, keys: dict[str, tuple[str, str]]) -> dict[str, Spend]:
+    """The spend of each scope of `keys` (scope -> (ledger scope, key)), read in one statement."""
+    rows = conn.execute(_sql(_spends_sql, len(keys)), [v for k in keys.values() for v in (tenant, *k)]).fetchall()
+    found = {(scope, key): Spend(int(settled), int(reserved)) for scope, key, settled, reserved in rows}
+    return {s: found.get(k, Spend()) for s, k in keys.items()}
+
+
+def _spends_sql(n: int) -> str:
+    # A UNION ALL of primary-key lookups: `(scope, key) IN (...)` would scan all the
+    # tenant's ledger rows (one per run) instead.
+    one = "SELECT scope, key, settled, reserved FROM ledger WHERE tenant=? AND scope=? AND key=?"
+    return " UNION ALL ".join([one] * n)
+
+
+def _add(conn: sqlite3.Connection, tenant: str, rows: list[tuple[str, str, int, int]]) -> None:
+    """Add (settled, reserved) to each (scope, key) of `rows`, in one statement."""
+    conn.execute(_sql(_add_sql, len(rows)), [v for row in rows for v in (tenant, *row)])
+
+
+def _add_sql(n: int) -> str:
+    return ("INSERT INTO ledger (tenant, scope, key, settled, reserved) VALUES "
+            + ",".join(["(?,?,?,?,?)"] * n)
+            + " ON CONFLICT DO UPDATE SET settled = settled + excluded.settled, "
+              "reserved = reserved + excluded.reserved")
+
+
+_SQL: dict[tuple[Callable[[int], str], int], str] = {}
+
+
+def _sql(make: Callable[[int], str], n: int) -> str:
+    """The statement `make` writes for n rows, built once (the text is the key of
+    sqlite3's prepared-statement cache, so it must not be rebuilt differently)."""
+    sql = _SQL.get((make, n))
+    if sql is None:
+        sql = _SQL[make, n] = make(n)
+    return sql
+
+
+def _expire(conn: sqlite3.Connection, now_ts: float) -> int:
+    """Charge reservations past their ttl at their reserved amount (unknown is not zero),
+    and forget what no settle can correct any more."""
+    rows = conn.execute(
+        "SELECT id, tenant, run_id, day_key, month_key, amount, key_id, tokens FROM reservations "
+        "WHERE expired = 0 AND expires_at <= ? ORDER BY expires_at",
+        (now_ts,),
+    ).fetchall()
+    for rid, tenant, run_id, day, month, amount, key_id, tokens in rows:
+        _add(conn, tenant, [(scope, key, amount, -amount) for scope, key in _reserved_on(run_id, day, month, key_id)])
+        if tokens:  # charged at the tokens it held, as at its money
+            conn.execute("UPDATE runs SET tokens_held = tokens_held - ?1, tokens_expired = tokens_expired + ?1 "
+                         "WHERE tenant=?2 AND run_id=?3", (tokens, tenant, run_id))
+        conn.execute("UPDATE reservations SET expired = 1 WHERE id=?", (rid,))
+    conn.execute("DELETE FROM reservations WHERE expired = 1 AND expires_at < ?", (now_ts - _EXPIRED_KEPT_S,))
+    conn.execute("DELETE FROM contexts WHERE seen_at < ?", (now_ts - CONTEXT_KEPT_S,))
+    return len(rows)
+
+
+class _Run:
+    """A run's row as one operation reads it, changes it, and writes it back once
+    (`_save_run`): the op holds the write lock throughout, so nothing changes it between."""
+
+    __slots__ = ("calls", "changed", "failures", "first_seen", "last_seen", "sig", "streak", "tokens_expired",
+                 "tokens_held", "trace")
+
+    def __init__(self, row: tuple[Any, ...] | None) -> None:
+        calls, self.first_seen, self.last_seen, self.trace, self.sig, streak, failures, held, expired = (
+            row or (0, *[None] * 8))
+        self.calls, self.streak, self.failures = int(calls or 0), int(streak or 0), int(failures or 0)
+        self.tokens_held, self.tokens_expired = int(held or 0), int(expired or 0)
+        self.changed = False
+
+    def keep_trace(self, trace: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The run's trace ids: the first ones stored win, so every replica uses the same."""
+        if trace is None:
+            return None
+        if self.trace:
+            return dict(json.loads(self.trace))
+        self.trace, self.changed = _dumps(trace), True
+        return trace
+
+    def count(self, ts: float) -> None:
+        self.calls, self.last_seen, self.changed = self.calls + 1, ts, True
+
+
+def _read_run(conn: sqlite3.Connection, tenant: str, run_id: str) -> tuple[tuple[int | None, int | None], _Run]:
+    """(the tenant's admin budgets (day, month), the run), in one statement."""
+    row = conn.execute(
+        "SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures, "
+        "r.tokens_held, r.tokens_expired "
+        "FROM (SELECT 1) LEFT JOIN budgets b ON b.tenant = ?1 "
+        "LEFT JOIN runs r ON r.tenant = ?1 AND r.run_id = ?2",
+        (tenant, run_id),
+    ).fetchone()
+    return (row[0], row[1]), _Run(row[2:] if row[2] is not None else None)
+
+
+def _save_run(conn: sqlite3.Connection, tenant: str, run_id: str, run: _Run, ts: float) -> None:
+    """Write the run's row back if the op changed it; a new run starts at `ts`."""
+    if not run.changed:
+        return
+    first_seen = run.first_seen if run.first_seen is not None else ts
+    last_seen = run.last_seen if run.last_seen is not None else ts
+    conn.execute(
+        "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, trace, sig, streak, failures, tokens_held) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = excluded.calls, "
+        "first_seen = excluded.first_seen, last_seen = excluded.last_seen, trace = excluded.trace, "
+        "sig = excluded.sig, streak = excluded.streak, failures = excluded.failures, "
+        "tokens_held = excluded.tokens_held",
+        (tenant, run_id, run.calls, first_seen, last_seen, run.trace, run.sig, run.streak, run.failures,
+         run.tokens_held),
+    )
+    run.first_seen, run.last_seen, run.changed = first_seen, last_seen, False
+
+
+def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,
+                 results: tuple[tuple[str, bool], ...], run: _Run) -> tuple[dict[str, Any], ...]:
+    """Take the open tool calls these results answer, in order, counting the run's streak
+    of identical calls and its consecutive failures after each (the loop guard's state)."""
+    if not results:
+        return ()
+    state: tuple[str | None, int, int] = (run.sig, run.streak, run.failures)
+    closed: list[dict[str, Any]] = []
+    for call_id, ok in dict(results).items():
+        taken = conn.execute("DELETE FROM tools WHERE tenant=? AND run_id=? AND id=? RETURNING call",
+                             (tenant, run_id, call_id)).fetchone()
+        if taken is None:
+            continue  # not a call this proxy delivered, or closed already
+        call = json.loads(taken[0])
+        state = streak_of(state, str(call.get("sig") or ""), ok, step=not closed)
+        closed.append({**call, "ok": ok, "streak": state[1], "failures": state[2]})
+    if closed:
+        (run.sig, run.streak, run.failures), run.changed = state, True
+    return tuple(closed)
+
+
+def _take_for_mcp(conn: sqlite3.Connection, tenant: str, run_id: str, turn: ToolTurn) -> dict[str, Any]:
+    """Mark the open model tool call this MCP call executes, and count the MCP streak."""
+    assert turn.name is not None
+    rows = conn.execute("SELECT id, call FROM tools WHERE tenant=? AND run_id=? ORDER BY seq",
+                        (tenant, run_id)).fetchall()
+    matched = match_pending([json.loads(body) for _, body in rows], turn.name, turn.sig)
+    if matched is not None:
+        conn.execute("UPDATE tools SET call=? WHERE tenant=? AND run_id=? AND id=?",
+                     (_dumps({**matched, "mcp": True}), tenant, run_id, str(matched["id"])))
+    row = conn.execute("SELECT sig, streak FROM mcp_guard WHERE tenant=? AND run_id=?", (tenant, run_id)).fetchone()
+    streak = int(row[1]) + 1 if row is not None and row[0] == turn.sig else 1
+    conn.execute("INSERT INTO mcp_guard (tenant, run_id, sig, streak) VALUES (?,?,?,?) "
+                 "ON CONFLICT DO UPDATE SET sig = excluded.sig, streak = excluded.streak",
+                 (tenant, run_id, turn.sig, streak))
+    return tool_entry(matched, turn, streak)
+
+
+def _contexts(conn: sqlite3.Connection, tenant: str, refs: tuple[str, ...]) -> tuple[int, list[str]]:
+    """(tokens of the stored context seen before, the refs never seen)."""
+    known, unknown = 0, []
+    for ref in refs:
+        tokens = _one(conn, "SELECT tokens FROM contexts WHERE tenant=? AND ref=?", tenant, ref)
+        if tokens is None:
+            unknown.append(ref)
+        else:
+            known += int(tokens)
+    return known, unknown
+
+
+def _remember(conn: sqlite3.Connection, tenant: str, seen: list[tuple[str, int]], ts: float) -> None:
+    # The largest size seen: a conversation only grows, a prompt template is fixed.
+    conn.executemany(
+        "INSERT INTO contexts (tenant, ref, tokens, seen_at) VALUES (?,?,?,?) "
+        "ON CONFLICT DO UPDATE SET tokens = MAX(tokens, excluded.tokens), seen_at = excluded.seen_at",
+        [(tenant, ref, tokens, ts) for ref, tokens in seen])
+
+
+def _run_add(conn: sqlite3.Connection, tenant: str, run_id: str, totals: list[tuple[str, int]]) -> None:
+    if totals:
+        conn.execute(_sql(_run_add_sql, len(totals)), [v for name, n in totals for v in (tenant, run_id, name, n)])
+
+
+def _run_add_sql(n: int) -> str:
+    return ("INSERT INTO run_totals (tenant, run_id, name, value) VALUES " + ",".join(["(?,?,?,?)"] * n)
+            + " ON CONFLICT DO UPDATE SET value = value + excluded.value")
+
+
+# What `runs.max_tokens` counts (_run_tokens): estimated_tokens are those of an answer whose usage was never read.
+_TOKEN_TOTALS = frozenset({"input_tokens", "output_tokens", "estimated_tokens"})
+
+
+def _lazy_settle(admission: Admission, actual: int, totals: list[tuple[str, int]],
+                 tools: list[tuple[str, str]], seen: list[tuple[str, int]]) -> bool:
+    """Whether losing this settle to a power cut can only over-count, so that its commit
+    need not wait for the fsync (module docstring). Lost, it leaves the reservation
+    standing, to be charged at its full amount when it expires; that is at least the cost
+    only when the cost did not exceed it. `admission.reserved` is the amount the row holds:
+    admit wrote both from one value and nothing changes a reservation's amount after."""
+    if actual > admission.reserved:
+        return False  # an overshoot: the reservation would charge less than the call cost
+    if tools or seen:
+        return False  # open tool calls (the loop guard counts them) and context sizes bound later calls
+    # The run's token totals bound its next calls under runs.max_tokens: lost, they would under-count.
+    capped = admission.limits is None or admission.limits.run_max_tokens is not None
+    return not (capped and any(name in _TOKEN_TOTALS for name, _ in totals))
+
+
+def _dumps(value: Any) -> str:
+    # orjson: the tool calls are encoded on the event loop, once per call that made any.
+    # (Decoding stays json's: orjson would read an integer past 64 bits, such as a trace
+    # id in a span link, as a float.)
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # what orjson refuses (ints past 64 bits, non-string keys) json still writes
+        return json.dumps(value)
+
+
+def _encode_tools(calls: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(str(call["id"]), _dumps(call)) for call in calls]
+
+
+def _tools_put(conn: sqlite3.Connection, tenant: str, run_id: str, encoded: list[tuple[str, str]]) -> None:
+    # A call already known keeps its place in the order (seq) and takes the new body.
+    for call_id, body in encoded:
+        conn.execute(
+            "INSERT INTO tools (tenant, run_id, id, seq, call) VALUES (?,?,?,"
+            "(SELECT COALESCE(MAX(seq), 0) + 1 FROM tools WHERE tenant=? AND run_id=?),?) "
+            "ON CONFLICT DO UPDATE SET call = excluded.call",
+            (tenant, run_id, call_id, tenant, run_id, body),
+        )
+
+
+def _totals(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, int]:
+    rows = conn.execute("SELECT name, value FROM run_totals WHERE tenant=? AND run_id=?", (tenant, run_id))
+    return {name: int(value) for name, value in rows.fetchall()}
+
+
+def _record(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        "SELECT calls, trace, first_seen, last_seen, ended FROM runs WHERE tenant=? AND run_id=?",
+        (tenant, run_id),
+    ).fetchone()
+    if row is None:
+        return None
+    calls, trace, first_seen, last_seen, ended = row
+    return run_record(
+        tenant,
+        run_id,
+        calls=int(calls),
+        spend=_spend(conn, tenant, "run", run_id),
+        first_seen=first_seen,
+        last_seen=last_seen,
+        ended=bool(ended),
+        trace=json.loads(trace) if trace else None,
+        totals=_totals(conn, tenant, run_id),
+    )

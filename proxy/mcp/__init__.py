@@ -1,0 +1,1 @@
+"""The MCP route and its wire format."""

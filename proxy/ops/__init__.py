@@ -1,0 +1,1 @@
+"""The process: the CLI, the workers supervisor, the demo, generated docs."""

@@ -1,0 +1,359 @@
+"""The access log: one line per model call, and the process's log set-up (text or JSON).
+
+    2026-03-02T10:14:07.412Z INFO spanmeter.access tenant=acme run=r-42 api=chat model=gpt-4o-mini
+        status=200 upstream=200 duration=0.412s tokens=1830/96 cost=$0.000332 rewrites="max_tokens_clamp=4096"
+
+`access()` is the one function that writes it. It takes plain values, never request or
+call objects, and is called from the bookkeeping after a call, from the refusal path and
+from the app's error middleware (errors raised before a call was admitted). A line
+carries no message content and no key: the reason text is spanmeter's own message, and
+for an upstream's error only its status (an upstream's message may quote the request, or
+a masked key). Calls that end in 5xx are logged at ERROR, everything else at INFO.
+
+Log records are formatted where they are made and written by a thread of their own, from
+a bounded queue: a log sink that stops reading (a full pipe, a stuck log driver) never
+blocks the event loop; lines that do not fit are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import logging
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from proxy.errors import StoreUnavailable, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from proxy.ledger.messages import usd
+
+__all__ = [
+    "access",
+    "answered",
+    "configure_logging",
+    "identified",
+    "request_finished",
+    "request_logged",
+    "request_seconds",
+    "request_started",
+]
+
+log = logging.getLogger("spanmeter.access")
+
+_SAFE = re.compile(r"^[A-Za-z0-9._:/@+\-$,]+$")
+_MAX_VALUE = 200  # model names and tool names come from callers: bounded, quoted
+
+
+@dataclass(slots=True)
+class _Request:
+    """Whether this request's access line is written (or will be, by the bookkeeping), and
+    the statuses of an error spanmeter raised after the call was admitted."""
+
+    started: float
+    covered: bool = False
+    status: int | None = None  # what the caller got when an error was raised after admission
+    upstream_status: int | None = None
+    tenant: str | None = None  # who called, once the key was checked: a later refusal names them
+    run_id: str | None = None
+
+
+_CURRENT: contextvars.ContextVar[_Request | None] = contextvars.ContextVar("spanmeter_access", default=None)
+
+
+def request_started() -> contextvars.Token[_Request | None]:
+    """The error middleware opens each request with this; `request_logged()` then tells it
+    whether a call's own line already covers the request."""
+    return _CURRENT.set(_Request(time.perf_counter()))
+
+
+def request_finished(token: contextvars.Token[_Request | None]) -> None:
+    _CURRENT.reset(token)
+
+
+def answered(status: int, upstream_status: int | None) -> None:
+    """An admitted call ended in an error spanmeter raised (upstream unreachable, timed
+    out, output that violates its schema): the caller got `status`, the upstream had
+    answered `upstream_status` (0 or None: nothing). The call's line is written by the
+    bookkeeping after it, which runs with this context and reads both; the error middleware
+    writes none. Called before the bookkeeping is spawned, so each call of a request (a
+    repair retry makes two) sees its own."""
+    current = _CURRENT.get()
+    started = current.started if current is not None else time.perf_counter()
+    _CURRENT.set(_Request(started, True, status, upstream_status or None))
+
+
+def identified(tenant: str, run_id: str) -> None:
+    """The caller is known (its key checked): a line written for an error raised after this
+    (a body that is not JSON, ...) names the tenant and run, not `-`."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.tenant, current.run_id = tenant, run_id
+
+
+def request_logged() -> bool:
+    current = _CURRENT.get()
+    return current is not None and current.covered
+
+
+def request_seconds() -> float:
+    current = _CURRENT.get()
+    return time.perf_counter() - current.started if current is not None else 0.0
+
+
+def access(
+    *,
+    tenant: str | None,
+    run_id: str | None,
+    api: str | None,
+    model: str | None,
+    status: int,
+    upstream_status: int | None,
+    duration_s: float,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    cost_micros: int | None = None,
+    rewrites: Sequence[str] = (),
+    refusal: str | None = None,
+    error: str | None = None,
+    reason: str | None = None,
+    input_parts: str | None = None,
+) -> None:
+    """Log one call. `status` is what the caller got, `upstream_status` what the upstream
+    answered (None when nothing was sent or no answer came). `refusal` is why spanmeter said
+    no (run_calls, tenant_day, loop_detected, ...); `error` the call's error.type; `reason`
+    spanmeter's own message, logged only for spanmeter's errors (error.type `spanmeter.*`).
+    `input_parts`: the call's cost anatomy, `kind:tokens:micro-USD,...` (SPANMETER_ACCESS_LOG_ANATOMY)."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.covered = True
+        if current.status is not None:
+            status, upstream_status = current.status, current.upstream_status
+        if tenant is None:
+            tenant, run_id = current.tenant, run_id or current.run_id
+    failed = status >= 500 or (upstream_status or 0) >= 500 or error in _SERVICE_ERRORS
+    level = logging.ERROR if failed else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    own = reason if reason and (error is None or error.startswith("spanmeter.") or refusal) else None
+    model = _bounded(model)
+    bounded_rewrites = [r[:_MAX_VALUE] for r in rewrites]
+    duration = round(max(0.0, duration_s), 4)
+    # Only the JSON formatter reads the fields; the text line is all a text log needs.
+    fields: dict[str, Any] | None = None
+    if _FIELDS_WANTED:
+        fields = {
+            "tenant": tenant, "run_id": run_id, "api": api, "model": model, "status": status,
+            "upstream_status": upstream_status or None, "duration_s": duration,
+            "input_tokens": input_tokens, "output_tokens": output_tokens,
+            "cost_usd": cost_micros / 1e6 if cost_micros is not None else None,
+            "rewrites": bounded_rewrites, "refusal": refusal, "error": error, "reason": own,
+        }
+        if input_parts is not None:
+            fields["input_parts"] = input_parts
+    tokens = (f"{_n(input_tokens)}/{_n(output_tokens)}"
+              if input_tokens is not None or output_tokens is not None else None)
+    parts = [f"tenant={_quote(tenant)} run={_quote(run_id)} api={_quote(api)} model={_quote(model)} "
+             f"status={status} upstream={upstream_status or '-'} duration={duration:.3f}s"]
+    for key, value in (("tokens", tokens), ("cost", usd(cost_micros) if cost_micros is not None else None),
+                       ("rewrites", ",".join(bounded_rewrites) or None), ("refused", refusal), ("error", error),
+                       ("reason", own), ("input", input_parts)):
+        if value is not None:
+            parts.append(f"{key}={_quote(value)}")
+    # makeRecord + handle is what log.log does, less findCaller's walk up the stack: the
+    # line's origin is always this function.
+    log.handle(log.makeRecord(log.name, level, __file__, 0, " ".join(parts), (), None,
+                              extra={"access": fields} if fields is not None else None))
+
+
+# A stream that failed after its 200 went out: the upstream timed out, broke or vanished.
+_SERVICE_ERRORS = frozenset(cls("").error_type for cls in (
+    StoreUnavailable, UpstreamConnectError, UpstreamTimeout, UpstreamProtocolError))
+# Whether records carry the fields as data: configure_logging turns it off for text logs.
+_FIELDS_WANTED = True
+
+
+def _n(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def _bounded(v: str | None) -> str | None:
+    return v[:_MAX_VALUE] if v is not None else None
+
+
+def _quote(v: object) -> str:
+    if v is None:
+        return "-"
+    text = str(v)
+    # json.dumps escapes newlines and control characters, and _escape_breaks the line
+    # separators it keeps (U+2028, ...): a hostile model name cannot forge a log line.
+    return text if _SAFE.match(text) else _escape_breaks(json.dumps(text, ensure_ascii=False))
+
+
+# Every character besides \n that some consumer splits lines on (str.splitlines does on all
+# of them; JavaScript on U+2028/U+2029): written as \uXXXX escapes, in text and JSON.
+_BREAKS = {c: f"\\u{c:04x}" for c in (0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
+def _escape_breaks(line: str) -> str:
+    # Printable ASCII (nearly every line) holds none of them: no translate.
+    return line if line.isascii() and line.isprintable() else line.translate(_BREAKS)
+
+
+# --- set-up -------------------------------------------------------------------------------
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger message`; a worker of `spanmeter serve --workers N` ends every
+    line with ` worker=K`."""
+
+    def __init__(self, worker: int | None = None) -> None:
+        tail = f" worker={worker}" if worker is not None else ""
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s" + tail)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso(record.created)
+
+    def format(self, record: logging.LogRecord) -> str:
+        # A message may quote anything (an exception text); only \n breaks a text line, as
+        # a traceback's lines do.
+        return _escape_breaks(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and an access line's fields
+    (and `worker`, in a worker of `spanmeter serve --workers N`)."""
+
+    def __init__(self, worker: int | None = None) -> None:
+        super().__init__()
+        self._worker = worker
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"time": _iso(record.created), "level": record.levelname, "logger": record.name,
+                               "message": record.getMessage()}
+        fields = getattr(record, "access", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        if self._worker is not None:
+            out["worker"] = self._worker
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return _escape_breaks(json.dumps(out, ensure_ascii=False, default=str))
+
+
+def _iso(created: float) -> str:
+    return _second(int(created)) + f".{int(created % 1 * 1000):03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second(whole: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+
+
+class _Offloaded(logging.Handler):
+    """Formats on the emitting thread, writes on a thread of its own from a bounded queue."""
+
+    def __init__(self, stream: TextIO, capacity: int) -> None:
+        super().__init__()
+        self._stream = stream
+        # SimpleQueue: a put is one C call, where queue.Queue takes a lock and notifies a
+        # Condition per line (3% of the event loop's CPU under load). Bounded by its size.
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._capacity = capacity
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._write, name="spanmeter-log", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        if self._queue.qsize() >= self._capacity:
+            self._dropped += 1
+        else:
+            self._queue.put(line)
+
+    def _write(self) -> None:
+        while True:
+            lines = [self._queue.get()]
+            while len(lines) < 256:
+                try:
+                    lines.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = None in lines
+            text = [line + "\n" for line in lines if line is not None]
+            if self._dropped:
+                dropped, self._dropped = self._dropped, 0
+                text.append(f"spanmeter: {dropped} log lines dropped: the log output was not being read fast enough\n")
+            try:
+                for chunk in _whole_lines(text):
+                    self._stream.write(chunk)
+                    self._stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed or broken sink: nothing left to tell
+            if done:
+                return
+
+    def stop(self, timeout_s: float) -> None:
+        self._queue.put(None)  # the end, past the bound: the writer must see it
+        self._thread.join(timeout_s)
+
+
+def _whole_lines(lines: list[str]) -> Iterator[str]:
+    """The lines in chunks of whole lines of at most PIPE_BUF bytes: each chunk is one
+    write, and a write that small to a pipe (or an append to a file) is never interleaved
+    with another process's, so the workers of `spanmeter serve --workers N` can share
+    stderr without cutting each other's lines. (A single line longer than that goes alone.)"""
+    chunk: list[str] = []
+    size = 0
+    for line in lines:
+        n = len(line) if line.isascii() else len(line.encode("utf-8", "replace"))
+        if chunk and size + n > _PIPE_BUF:
+            yield "".join(chunk)
+            chunk, size = [], 0
+        chunk.append(line)
+        size += n
+    if chunk:
+        yield "".join(chunk)
+
+
+_PIPE_BUF = 4096  # POSIX guarantees at least 512; Linux has 4096
+
+
+def configure_logging(level: str, fmt: str, *, stream: TextIO | None = None,
+                      capacity: int = 10_000, worker: int | None = None) -> Callable[[], None]:
+    """Route every log record of the process to `stream` (stderr) in `fmt` (text | json).
+    `worker`: the slot of a worker of `spanmeter serve --workers N`, added to every line.
+    Returns the function that flushes and stops the writer (bounded: a stuck sink cannot
+    hold up the exit)."""
+    global _FIELDS_WANTED
+    _FIELDS_WANTED = fmt == "json"
+    # Neither formatter prints thread or process names; the logging docs' optimisation
+    # switches spare every record looking them up.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    handler = _Offloaded(stream or sys.stderr, capacity)
+    handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
+    root = logging.getLogger()
+    before, before_level = root.handlers[:], root.level
+    for old in before:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+    def stop() -> None:
+        root.removeHandler(handler)
+        handler.stop(2.0)
+        # What was there before (a test runner's capture, say) comes back.
+        for old in before:
+            root.addHandler(old)
+        root.setLevel(before_level)
+
+    return stop

@@ -1,0 +1,25 @@
+"""Typed application state: one AppKey per resource, set up in app.py's cleanup contexts."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.govern.caching import PrefixMemory
+from proxy.govern.runs import Runs
+from proxy.ledger.pricing import PriceTable
+from proxy.ledger.store import Store
+from proxy.serve.background import Background
+from proxy.serve.tenants import KeyIndex
+from proxy.serve.upstream import Upstream
+from tracing.setup import Telemetry
+
+SETTINGS = web.AppKey("settings", Settings)
+KEYS = web.AppKey("keys", KeyIndex)
+STORE = web.AppKey("store", Store)
+PRICES = web.AppKey("prices", PriceTable)
+UPSTREAM = web.AppKey("upstream", Upstream)
+TEL = web.AppKey("telemetry", Telemetry)
+RUNS = web.AppKey("runs", Runs)
+BACKGROUND = web.AppKey("background", Background)
+PREFIXES = web.AppKey("prefixes", PrefixMemory)  # stable prompt prefixes seen lately (proxy/govern/caching.py)

@@ -1,0 +1,241 @@
+"""Bookkeeping after the answer, off the caller's path: the one settle, the spans, the metrics,
+the access line and the run's end; and the same for a refused or abandoned call. It never
+raises into the answer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from proxy.config import Policy
+from proxy.errors import (
+    CeilingReached,
+    ProxyError,
+    RateLimited,
+    Refusal,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+from proxy.govern.ceilings import Admitted, settle_amount
+from proxy.govern.runs import pending_tools
+from proxy.ledger.anatomy import anatomy
+from proxy.ledger.pricing import cache_savings, cache_write_premium
+from proxy.model import Anatomy, Call, Caller, Outcome, Usage
+from proxy.providers.base import Exchange
+from proxy.providers.hooks import Flow, Hooks
+from proxy.serve import accesslog, content
+from proxy.serve.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, STORE, TEL
+from tracing import anatomy as anatomy_attrs
+from tracing import spans
+
+__all__ = ["abandoned", "finish", "finish_safely", "refused"]
+
+log = logging.getLogger("spanmeter.handler")
+
+
+async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
+    spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
+                   budget_remaining_micros=None, rewrites=[], repairs=[],
+                   refusal=_reason(exc))
+    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model, status=exc.status,
+                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
+                     refusal=_reason(exc), error=exc.error_type, reason=exc.message)
+    totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
+    if isinstance(exc, Refusal) and (failed := _failed_tools(exc.closed)):
+        totals["tool_failures"] = failed  # the results arrived, whatever became of the call
+    if totals:
+        try:
+            await app[STORE].run_add(caller.tenant, caller.run_id, totals)
+        except ProxyError:
+            log.warning("could not record the totals of refused call of run %s", caller.run_id)
+    app[BACKGROUND].spawn((caller.tenant, caller.run_id), app[RUNS].after_call(caller, end=False))
+
+
+def _reason(exc: ProxyError) -> str:
+    """Why a call was refused, in spanmeter's words: the limit (run_calls, rate_tokens, ...)."""
+    return exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code
+
+
+def abandoned(app: web.Application, call: Call, cs: Any) -> None:
+    """End the span of a call whose client went away before it was forwarded."""
+    outcome = Outcome(status=499, error_type="client_disconnected", complete=False,
+                      error_message="the client closed the connection before the call was forwarded")
+    spans.end_call(app[TEL], cs, call, outcome, cost_micros=0, usage_source="", budget_remaining_micros=None,
+                   rewrites=[], repairs=[])
+    accesslog.access(tenant=cs.caller.tenant, run_id=cs.caller.run_id, api=call.api, model=call.model, status=499,
+                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
+                     error=outcome.error_type, reason=outcome.error_message)
+
+
+def _refusal_outcome(exc: ProxyError) -> Outcome:
+    return Outcome(status=exc.status, error_type=exc.error_type, error_message=exc.message, complete=False)
+
+
+async def finish_safely(*args: Any) -> None:
+    """`finish`, which must never turn a delivered answer into an error."""
+    try:
+        await finish(*args)
+    except Exception:
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+
+
+async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: Admitted, cs: Any, flow: Flow,
+                 hooks: Hooks, headers: Mapping[str, str], policy: Policy) -> None:
+    call = ex.call
+    outcome = flow.outcome()
+    admitted = _priced_as_run(app, admitted, outcome.response_model)
+    failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
+    amount, source = settle_amount(admitted, _final_usage(outcome),
+                                   failed_before_output=failed and not flow.observer.text()
+                                   and not outcome.tool_calls, input_only=not call.generates_output)
+    saved = _saved(admitted, outcome.usage, source)
+    premium = _premium(admitted, outcome.usage, source)
+    an = _anatomy(app, ex, admitted, outcome, source)
+    remaining = None
+    try:
+        # One store operation: the charge, the run's totals and its open tool calls.
+        totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved, premium)
+        if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
+            used = totals["input_tokens"] + totals["output_tokens"]
+            totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
+        if an is not None:
+            totals |= anatomy_attrs.call_totals(an, outcome.tool_calls)
+        overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
+                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref,
+                                                                hooks.delivered_arguments) or None,
+                                            contexts=ex.adapter.stored_sizes(call, outcome) or None)
+        spans.record_ledger_overshoot(app[TEL], caller, overshoot)
+        remaining = _report_budgets(app, caller, admitted, amount)
+    except ProxyError:
+        # The reservation stays and expires at its full amount: unknown is not zero.
+        log.error("could not settle call of run %s; its reservation stands", caller.run_id)
+    # The span ends when the last byte was delivered, not after our bookkeeping.
+    spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
+                   budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
+                   end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
+                   delivered_arguments=hooks.delivered_arguments,
+                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved,
+                   premium_micros=premium, anatomy=an)
+    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
+                     status=outcome.status, upstream_status=outcome.status,
+                     duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
+                     output_tokens=outcome.usage.output_tokens, cost_micros=amount,
+                     rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
+                     reason=outcome.error_message,
+                     input_parts=_parts_line(an) if an is not None and app[SETTINGS].access_log_anatomy else None)
+    await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
+
+
+def _anatomy(app: web.Application, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,
+             ) -> Anatomy | None:
+    """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY)."""
+    if not app[SETTINGS].anatomy or source not in ("reported", "unpriced") or outcome.usage.input_tokens is None:
+        return None
+    try:
+        return anatomy(ex.adapter.input_parts(ex.body), outcome.usage, admitted.price)
+    except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
+        log.warning("could not split the input of a call of run %s", ex.call.model, exc_info=True)
+        return None
+
+
+def _parts_line(an: Anatomy) -> str:
+    """The access line's `input=`: kind:tokens:micro-USD per kind of part."""
+    return ",".join(f"{k}:{t}:{c}" for k, (t, _, c) in anatomy_attrs.kinds_of(an).items())
+
+
+def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:
+    """The call charged at the price of the model the answer says ran, when the table knows
+    it: an alias (claude-sonnet-4-0, gpt-4o) was reserved at the dearest model it may
+    resolve to, and a dated snapshot may bill differently from its undated name."""
+    ran = app[PRICES].price(response_model) if response_model else None
+    return admitted if ran is None or ran is admitted.price else replace(admitted, price=ran)
+
+
+def _final_usage(outcome: Outcome) -> Usage:
+    """Usage counts only once the answer finished: Anthropic's message_start and Gemini's
+    running counts are partial, and what a cut stream really cost is unknown (not zero)."""
+    if outcome.finish_reasons or (outcome.complete and not outcome.error_type):
+        return outcome.usage
+    return replace(outcome.usage, output_tokens=None)
+
+
+# A timeout or a broken answer after the request went out may still be billed by the
+# provider (it was generating): charge the reservation. Only an error status from the
+# upstream, or a connection never made, proves that nothing was generated.
+_MAYBE_BILLED = frozenset({UpstreamTimeout("").error_type, UpstreamProtocolError("").error_type})
+
+
+def _capture(app: web.Application, policy: Policy, ex: Exchange, outcome: Outcome, hooks: Hooks) -> Any:
+    """Message content for the span, only when the process captures it and the tenant allows:
+    the model's answer and, if a repair changed it, the answer the agent received."""
+    if app[TEL].config.capture_content != "SPAN_ONLY" or policy.capture_content == "NO_CONTENT":
+        return None
+    return content.capture(ex.adapter, ex.body, outcome, delivered_text=hooks.delivered_text,
+                           delivered_arguments=hooks.delivered_arguments)
+
+
+def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, amount: int) -> int | None:
+    """Budget gauges per tenant window, and the smallest headroom left after this call."""
+    adm, limits = admitted.admission, admitted.limits
+    left: list[int] = []
+    for scope, window, limit in (("run_cost", None, limits.run_max_cost),
+                                 ("tenant_day", "day", limits.day_budget),
+                                 ("tenant_month", "month", limits.month_budget)):
+        rem = adm.remaining.get(scope)
+        if rem is None or limit is None:
+            continue
+        rem += adm.reserved - amount  # the reservation was replaced by the real cost
+        left.append(rem)
+        if window is not None:
+            app[TEL].set_budget(caller.tenant, window, limit - rem, limit)
+    return min(left) if left else None
+
+
+def _failed_tools(closed: tuple[dict[str, Any], ...]) -> int:
+    """Tool results that came back failed: the run's totals count what its tool spans say.
+    A call executed on the MCP route was counted there, from the server's own verdict."""
+    return sum(1 for c in closed if not c.get("ok", True) and not c.get("mcp"))
+
+
+def _saved(admitted: Admitted, usage: Usage, source: str) -> int:
+    """What the call's cache reads saved, when it was charged from reported usage."""
+    if admitted.price is None or source != "reported":
+        return 0
+    return cache_savings(admitted.price, usage)
+
+
+def _premium(admitted: Admitted, usage: Usage, source: str) -> int:
+    """What the call's cache writes cost above plain input, when charged from reported usage."""
+    if admitted.price is None or source != "reported":
+        return 0
+    return cache_write_premium(admitted.price, usage)
+
+
+def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...],
+            saved: int = 0, premium: int = 0) -> dict[str, int]:
+    u = outcome.usage
+    noticed = {}
+    if any(r.kind == "wrap_up" for r in hooks.rewrites):
+        # The run's outcome (spanmeter.runs.ended) tells a run that answered after its note
+        # from one cut off by a ceiling.
+        answered = not outcome.tool_calls and not outcome.error_type and 0 < outcome.status < 400
+        noticed = {"wrap_up_notices": 1, "answers_after_notice": 1 if answered else 0}
+    return noticed | {
+        "model_calls": 1,
+        "tool_failures": _failed_tools(closed),
+        "tool_calls": len(outcome.tool_calls),
+        "failures": 1 if outcome.error_type else 0,
+        "input_tokens": u.input_tokens or 0,
+        "output_tokens": u.output_tokens or 0,
+        "cost_micros": amount,
+        "repairs": len(hooks.repairs),
+        # The prompt cache: the run span's cached share is cache_read_tokens / input_tokens.
+        "cache_read_tokens": u.cache_read_tokens or 0,
+        "cost_saved_micros": saved,
+        "cache_write_premium_micros": premium,
+    }

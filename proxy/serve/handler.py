@@ -1,0 +1,141 @@
+"""The request path, top to bottom. Each step is one call; see docs/request-path.md."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+
+import orjson
+from aiohttp import web
+
+from proxy.config import KeyPolicy, Policy
+from proxy.errors import ProxyError, Refusal
+from proxy.govern import caching, guard, wrapup
+from proxy.govern.ceilings import admit, plan
+from proxy.govern.outputs import response_hooks
+from proxy.govern.runs import results_ok
+from proxy.ledger.store import Turn
+from proxy.model import Caller, Rewrite, StreamError
+from proxy.providers.base import Exchange, ProviderAdapter
+from proxy.providers.hooks import Flow, Hooks
+from proxy.serve import accesslog, bookkeeping
+from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.body import open_call
+from proxy.serve.relay import relay
+from proxy.serve.routes import Target, target_for
+from proxy.serve.tenants import identify, presented_key
+from proxy.serve.upstream import forward_url, request_headers
+from tracing import spans
+
+__all__ = ["handle_call"]
+
+# The most bytes a max-token clamp adds after admission (`,"max_completion_tokens":2147483647`).
+CLAMP_BYTES = 64
+
+
+async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_name: str | None) -> web.StreamResponse:
+    app, settings = request.app, request.app[SETTINGS]
+    arrived = time.time_ns()
+    caller = identify(request.headers, request.query, settings, app[KEYS])
+    accesslog.identified(caller.tenant, caller.run_id)
+    ex = await open_call(request, adapter, settings.max_body_bytes)
+    target = target_for(settings, adapter, caller, upstream_name)
+    policy = settings.policy_for(caller.tenant)
+    parent = spans.parse_traceparent(request.headers.get("traceparent"))
+    await app[BACKGROUND].settled((caller.tenant, caller.run_id))  # the run's previous call is recorded
+    fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id))
+    turn = Turn(results=results_ok(ex.call), guard=guard.rule(policy.guard),
+                trace=app[RUNS].candidate(caller, parent, arrived))
+    response, hooks = await fwd.send(ex, turn)
+    if hooks.retry_feedback is None:
+        return response
+    # repair.on_invalid=retry: ask once more, the problems fed back; it counts as a call.
+    body = adapter.retry_body(ex.body, hooks.retry_output, hooks.retry_feedback)
+    raw = orjson.dumps(body)
+    retry = Exchange(adapter, replace(ex.call, body_bytes=len(raw)), raw, body)  # its own size bounds its input
+    response, _ = await fwd.send(retry, Turn(), retry=True)
+    return response
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Admission, upstream and relay for one model call of a request."""
+
+    request: web.Request
+    caller: Caller
+    target: Target
+    policy: Policy
+    parent: spans.TraceParent | None
+    arrived_ns: int
+    key: KeyPolicy | None = None  # the caller's key's own limits
+
+    async def send(self, ex: Exchange, turn: Turn, retry: bool = False) -> tuple[web.StreamResponse, Hooks]:
+        request, caller, policy = self.request, self.caller, self.policy
+        app = request.app
+        hooks = Hooks(rewrites=[Rewrite("repair_retry", "schema")] if retry else [])
+        # Patches that need no ledger go first: what they add is input the reservation covers.
+        reminded = guard.remind(ex, policy.guard)
+        hooks.rewrites += ex.adapter.prepare(ex)
+        # Cache breakpoints change the call's cache-write premium: the call is read after them.
+        hooks.rewrites += caching.add(ex, policy.prompt_cache, caller, self.target.server_address, app[PREFIXES],
+                                      time.monotonic())
+        call = ex.call
+        grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
+        try:
+            admitted = await admit(app[STORE], app[PRICES], caller, call,
+                                   plan(policy, request.headers, self.key, caller.key_id),
+                                   tz=app[SETTINGS].timezone, turn=turn, patch_bytes=CLAMP_BYTES + grown)
+        except ProxyError as exc:
+            closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
+            cs = self._start(ex, closed, stored)
+            await bookkeeping.refused(app, caller, call, cs, exc)
+            raise
+        except asyncio.CancelledError:
+            bookkeeping.abandoned(app, call, self._start(ex, (), None))  # the client left before the call was forwarded
+            raise
+        cs = self._start(ex, admitted.admission.closed, admitted.admission.trace)
+        notes, left = wrapup.apply(ex, admitted, app[TEL], caller, cs)  # what is left, and the note if due
+        hooks.rewrites += guard.record(reminded, app[TEL], caller, cs) + notes + list(admitted.rewrites)
+        if admitted.clamp_to is not None:
+            ex.adapter.set_max_tokens(ex, admitted.clamp_to)
+        response_hooks(ex.adapter, call, policy, hooks, retry=retry)
+        flow = Flow()
+        started = time.perf_counter()
+        try:
+            async with app[UPSTREAM].send(_upstream_url(self.target, request), ex.request_bytes(),
+                                          request_headers(request.headers, self.target.auth)) as upstream:
+                extra = {"x-spanmeter-run-id": caller.run_id, **left}
+                return await relay(request, upstream, ex.adapter, extra, hooks, flow, started), hooks
+        except ProxyError as exc:
+            accesslog.answered(exc.status, flow.status)  # before flow.status takes exc.status
+            flow.observer.feed([StreamError(exc.error_type, exc.message)])
+            flow.status = flow.status or exc.status
+            raise
+        finally:
+            flow.delivered_ns = time.time_ns()
+            # A task of its own: the answer does not wait for the ledger, and a client that
+            # disconnects cancels the relay, never the settlement.
+            app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(
+                app, caller, ex, admitted, cs, flow, hooks, request.headers, policy))
+
+    def _start(self, ex: Exchange, closed: tuple[dict[str, object], ...], stored: dict[str, object] | None,
+               ) -> spans.CallSpan:
+        """The run's trace, the spans of the tool calls this request closed, and the call's span."""
+        app, caller, policy = self.request.app, self.caller, self.policy
+        run = app[RUNS].trace(caller, stored, self.parent)
+        app[RUNS].close_tools(caller, ex.call, closed, run, self.parent, self.arrived_ns,
+                              capture=policy.capture_content != "NO_CONTENT")
+        return spans.start_call(app[TEL], caller, ex.call, provider=self.target.provider, parent=self.parent,
+                                server_address=self.target.server_address, server_port=self.target.server_port,
+                                run_trace=run, start_ns=self.arrived_ns)
+
+
+def _upstream_url(target: Target, request: web.Request) -> str:
+    path = request.match_info.get("tail")
+    path = "/" + path if path is not None else request.path
+    # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
+    # and %23 into a fragment on the way out.
+    query = request.rel_url.raw_query_string
+    # The caller's key matters only to strip it from a query (parsing one costs on every call).
+    return forward_url(target.base_url, path, query, presented_key(request.headers, request.query) if query else None)

@@ -1,0 +1,217 @@
+"""Paths -> adapters, and where each call goes upstream with which credentials. No I/O."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+
+from proxy.config import Settings
+from proxy.errors import ConfigError, UnknownRoute
+from proxy.model import Caller
+from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.base import ProviderAdapter
+from proxy.providers.chat import CHAT
+from proxy.providers.embeddings import EMBEDDINGS
+from proxy.providers.gemini import GEMINI
+from proxy.providers.responses import RESPONSES
+from proxy.serve.upstream import host_port
+
+__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "match", "provider_name", "target_for"]
+
+SUPPORTED = (
+    "POST /v1/chat/completions",
+    "POST /v1/responses",
+    "POST /v1/messages",
+    "POST /v1/embeddings",
+    "POST /v1beta/models/{model}:generateContent",
+    "POST /v1beta/models/{model}:streamGenerateContent?alt=sse",
+    "GET /v1/models",
+    "(any of these under /upstreams/{name}/ to pick a configured upstream)",
+    "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
+)
+
+_FIXED: dict[str, ProviderAdapter] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/responses": RESPONSES,
+    "/v1/messages": ANTHROPIC,
+    "/v1/embeddings": EMBEDDINGS,
+}
+
+
+# Gemini carries the model in the path: the whole path must be this, character for
+# character, so the model charged is the model the upstream runs.
+_GEMINI = re.compile(r"/v1(?:beta)?/models/[A-Za-z0-9][A-Za-z0-9._-]*:(?:generateContent|streamGenerateContent)")
+_UPSTREAM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+# What an HTTP client or server may rewrite before the upstream sees the path: dot
+# segments, empty segments, encoded slashes, dots, backslashes, `?` and `#`.
+_AMBIGUOUS = re.compile(r"(?:^|/)\.{1,2}(?:/|$)|//|\\|%(?:2[fFeE3]|5[cC]|3[fF])")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    adapter: ProviderAdapter | None  # None: not a metered route
+    upstream_name: str | None  # from an /upstreams/{name}/ prefix
+    path: str  # the path as it goes upstream, prefix removed, exactly as received
+    mcp: str | None = None  # the MCP server of /mcp/{name}
+
+
+def match(raw_path: str) -> Route:
+    """The route for a request path exactly as the client sent it (no query).
+
+    Refuses, for every route, a path that a client or server on the way could normalise
+    into another one: what is metered must be what the upstream serves.
+    """
+    fixed = _FIXED_ROUTES.get(raw_path)
+    if fixed is not None:  # the common case, found by one dict lookup
+        return fixed
+    if _AMBIGUOUS.search(raw_path):
+        raise UnknownRoute(
+            f"spanmeter does not serve the path {raw_path[:200]!r}: it has dot segments, empty "
+            "segments or percent-encoded `/`, `.`, `\\`, `?` or `#`, which HTTP clients rewrite "
+            "before sending, so the path metered would not be the path served. Send the path "
+            "in its plain form, e.g. /v1beta/models/gemini-2.5-flash:generateContent.")
+    if raw_path == "/mcp" or raw_path.startswith("/mcp/"):
+        server = raw_path.removeprefix("/mcp").removeprefix("/")
+        if not _UPSTREAM_NAME.fullmatch(server):
+            raise UnknownRoute(f"{server[:80]!r} is not an MCP server name: the route is /mcp/{{name}}, with the "
+                               "name of a server configured under mcp_servers.")
+        return Route(None, None, raw_path, mcp=server)
+    name = None
+    path = raw_path
+    if raw_path.startswith("/upstreams/"):
+        name, _, rest = raw_path.removeprefix("/upstreams/").partition("/")
+        if not _UPSTREAM_NAME.fullmatch(name):
+            raise UnknownRoute(f"{name[:80]!r} is not an upstream name: use letters, digits, `.`, `_` and `-`.")
+        path = "/" + rest
+    return Route(adapter_for(path), name, path)
+
+
+# The routes of the fixed paths, as match would build them (none is ambiguous).
+_FIXED_ROUTES = {path: Route(adapter, None, path) for path, adapter in _FIXED.items()}
+
+
+def adapter_for(path: str) -> ProviderAdapter | None:
+    """The adapter for a metered path (already stripped of any /upstreams/{name} prefix)."""
+    found = _FIXED.get(path)
+    if found is not None:
+        return found
+    return GEMINI if _GEMINI.fullmatch(path) else None
+
+
+# Served paths as an SDK whose base URL lacks `/v1` sends them (OpenAI's SDK appends only
+# the rest): the 404 says to add it.
+_WITHOUT_V1 = ("/chat/completions", "/responses", "/embeddings", "/models", "/messages")
+
+
+def _base_url_hint(path: str) -> str:
+    bare = path.split("?", 1)[0]
+    if bare.startswith("/v1/v1/") or bare.startswith("/v1/v1beta/"):
+        return ("The path starts with /v1 twice: the SDK's base URL already ends in /v1 and the SDK adds its "
+                "own (the Anthropic and Gemini SDKs take the base URL without /v1: http://127.0.0.1:8787). ")
+    if any(bare == p or bare.startswith(p + "/") for p in _WITHOUT_V1):
+        return (f"Add /v1: the SDK's base URL must end in /v1 (OpenAI(base_url=\"http://127.0.0.1:8787/v1\"), "
+                f"or OPENAI_BASE_URL=http://127.0.0.1:8787/v1), so that it calls /v1{bare}. ")
+    return ""
+
+
+def unknown_route(method: str, path: str) -> UnknownRoute:
+    return UnknownRoute(
+        f"spanmeter does not serve {method} {path}. {_base_url_hint(path)}Supported routes: {'; '.join(SUPPORTED)}. "
+        "Unmetered pass-through of other paths is off because it would let calls bypass "
+        "budgets; an operator can allow it with SPANMETER_ALLOW_PASSTHROUGH=true."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    base_url: str
+    auth: dict[str, str]
+    provider: str  # gen_ai.provider.name
+    server_address: str
+    server_port: int
+
+
+# gen_ai.provider.name: the well-known value when the host says which provider serves
+# the call, else the instrumentation's best knowledge, the API the client speaks (its
+# module's `provider`, one value per dialect); server.address still names the host. Never the host itself: the
+# value is a metric label, and hosts are not a bounded set.
+_KNOWN_HOSTS = {
+    "api.openai.com": "openai",
+    "api.anthropic.com": "anthropic",
+    "generativelanguage.googleapis.com": "gcp.gemini",
+    "aiplatform.googleapis.com": "gcp.vertex_ai",
+    "api.deepseek.com": "deepseek",
+    "api.groq.com": "groq",
+    "api.mistral.ai": "mistral_ai",
+    "api.x.ai": "x_ai",
+    "api.perplexity.ai": "perplexity",
+}
+_KNOWN_SUFFIXES = (
+    ("-aiplatform.googleapis.com", "gcp.vertex_ai"),  # regional Vertex endpoints
+    (".openai.azure.com", "azure.ai.openai"),
+    (".services.ai.azure.com", "azure.ai.inference"),
+)
+
+
+def provider_name(adapter: ProviderAdapter, host: str, configured: str | None = None) -> str:
+    """gen_ai.provider.name for a call of `adapter`'s API to `host` (semconv v1.41.1)."""
+    return _provider(adapter.provider, host, configured)
+
+
+def _provider(default: str, host: str, configured: str | None) -> str:
+    if configured:
+        return configured
+    host = host.lower()
+    known = _KNOWN_HOSTS.get(host)
+    if known is not None:
+        return known
+    for suffix, name in _KNOWN_SUFFIXES:
+        if host.endswith(suffix):
+            return name
+    return default
+
+
+def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
+    dialect = adapter.dialect
+    tenant = settings.tenants.get(caller.tenant)
+    name = upstream_name or (tenant.upstream if tenant else None)
+    key_env: str | None
+    configured: str | None = None
+    if name is not None:
+        up = settings.upstreams.get(name)
+        if up is None or up.dialect != dialect:
+            raise UnknownRoute(
+                f"No upstream named {name!r} for the {dialect} dialect. Configured: "
+                f"{sorted(k for k, u in settings.upstreams.items() if u.dialect == dialect) or 'none'}."
+            )
+        base, key_env, configured = up.base_url, up.key_env, up.provider_name
+    else:
+        base = getattr(settings, adapter.upstream_setting)
+        key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
+    url, provider, host, port = _endpoint(adapter.provider, base, configured)
+    return Target(url, _auth(settings, adapter, caller, key_env), provider, host, port)
+
+
+@functools.lru_cache(maxsize=256)
+def _endpoint(default_provider: str, base: str, configured: str | None) -> tuple[str, str, str, int]:
+    """What a base URL names: parsed once per upstream, not per call (urlsplit and the
+    provider's host lookup are pure, and a process has a handful of upstreams)."""
+    host, port = host_port(base)
+    return base.rstrip("/"), _provider(default_provider, host, configured), host, port
+
+
+def _auth(settings: Settings, adapter: ProviderAdapter, caller: Caller, key_env: str | None) -> dict[str, str]:
+    if settings.open_mode:
+        return adapter.auth_headers(caller.upstream_key) if caller.upstream_key else {}
+    if not key_env:
+        return {}
+    key = os.environ.get(key_env)
+    if key is None:
+        raise ConfigError(
+            f"This proxy has no key for the {adapter.dialect} API: the upstream key for tenant {caller.tenant!r} "
+            f"is read from the environment variable {key_env}, which is not set in the proxy's environment. "
+            f"Set {key_env} and restart spanmeter (or call an API whose key is set)."
+        )
+    return adapter.auth_headers(key) if key else {}
