@@ -1,6 +1,6 @@
 """CPU per proxied JSON call, measured in the proxy's own process (issue 16: the per-call Python).
 
-The real app (proxy.serve.app.create_app) runs in this process on uvloop with the settings the
+The real app (proxy.app.create_app) runs in this process on uvloop with the settings the
 full bench's sm-full uses (a tenant key, run ceilings, daily and monthly budgets, the
 SQLite ledger in a temp dir, repair on; no OTLP endpoint, so no span export). The
 upstream (bench/upstream.py, aiohttp) and the client driving the calls run in two child
@@ -108,8 +108,8 @@ async def _wait_port(port: int) -> None:
 async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     from aiohttp import web
 
+    from proxy.app import create_app
     from proxy.config import load_settings
-    from proxy.serve.app import create_app
 
     upstream_port = _free_port()
     key = _configure(tmp, upstream_port)

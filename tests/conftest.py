@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.ops.demo import serve_on_free_port
-from proxy.serve.app import create_app
 from proxy.serve.appkeys import BACKGROUND
 from proxy.simulator import RECEIVED, STREAMS, Received, create_simulator
 from tests.fixtures.redis import redis_server  # noqa: F401  (session fixture)

@@ -349,8 +349,8 @@ def _start_warnings(settings: Settings) -> list[str]:
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from proxy.app import create_app
     from proxy.serve.accesslog import configure_logging
-    from proxy.serve.app import create_app
 
     settings = _settings(args, host=args.host, port=args.port, workers=args.workers)
     if settings.workers > 1:
@@ -388,7 +388,7 @@ def _serve_workers(settings: Settings) -> int:
         sock.close()
     reserved = _reserve(settings.host, addresses)
     # Imported before the first fork: the workers share these pages and start at once.
-    import proxy.serve.app  # noqa: F401
+    import proxy.app  # noqa: F401
     from proxy.ops.workers import Supervisor
     from proxy.serve.accesslog import JsonFormatter, TextFormatter
 

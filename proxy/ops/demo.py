@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.serve.app import create_app
 from proxy.simulator import create_simulator
 
 __all__ = ["run_demo", "serve_on_free_port"]

@@ -15,7 +15,7 @@ Decisions, and why:
   and a replacement the same one, even if the file changed since) and after the modules
   were imported (a replacement serves within ~100 ms, sharing the imported code's pages).
   Everything with a thread, a socket or a file handle is created after the fork, in the
-  worker: the app (proxy/serve/app.py) with its own SQLite writer thread or Redis pool, its own
+  worker: the app (proxy/app.py) with its own SQLite writer thread or Redis pool, its own
   telemetry (exporters, metric instruments), its own upstream connection pool, its own
   log writer thread.
 - **SO_REUSEPORT, one listening socket per worker.** The kernel spreads new connections
@@ -415,8 +415,8 @@ def use_uvloop() -> None:
 
 def run_worker(settings: Settings, worker: Worker, addresses: list[Address], ready: Callable[[], None]) -> int:
     """A worker's life: its own logging, sockets, app and event loop; returns its exit code."""
+    from proxy.app import create_app
     from proxy.serve.accesslog import configure_logging
-    from proxy.serve.app import create_app
 
     stop_logs = configure_logging(settings.log_level, settings.log_format, worker=worker.index)
     try:

@@ -1,2 +1,2 @@
-"""The HTTP face: app wiring, routes, tenants, the handler (the straight line), the one upstream
-client, relay, admin API, access log."""
+"""The HTTP face of a model call: routes, tenants, the handler (the straight line), the one
+upstream client, the relay, the admin API, the access log, the bookkeeping after the answer."""

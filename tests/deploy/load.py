@@ -20,9 +20,9 @@ from aiohttp import web
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from proxy.app import create_app
 from proxy.config import Settings, hash_key
 from proxy.ops.demo import serve_on_free_port
-from proxy.serve.app import create_app
 from proxy.simulator import create_simulator
 from tests.fixtures.mcp_server import serve_mcp
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy.app import GC_GEN0_THRESHOLD, create_app
 from proxy.config import Settings
 from proxy.ops.demo import serve_on_free_port
-from proxy.serve.app import GC_GEN0_THRESHOLD, create_app
 from tests.conftest import ProxyFactory
 
 

@@ -23,7 +23,7 @@ HUGE = "x" * 20_000
 
 
 def priced(model: str) -> str | None:
-    """What proxy/serve/app.py passes: the price table's name of a model."""
+    """What proxy/app.py passes: the price table's name of a model."""
     price = PRICES.price(model)
     return price.model if price is not None else None
 

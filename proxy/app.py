@@ -1,4 +1,5 @@
-"""create_app(settings): wiring only. Resources live in cleanup contexts under AppKeys."""
+"""The composition root: create_app(settings) wires the model routes, the MCP route and the admin
+API. Resources live in cleanup contexts under AppKeys."""
 
 from __future__ import annotations
 

@@ -1,0 +1,104 @@
+"""The packages are the architecture (docs/architecture.md): each may import only the rooms
+below it, and no module imports itself back through another. Read from the code's own imports."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Each room and the rooms it may import; every room may import its own modules.
+ALLOWED: dict[str, set[str]] = {
+    "proxy": set(),  # the package itself: its __init__
+    "proxy.model": set(),
+    "proxy.errors": set(),
+    "proxy.config": {"proxy.errors", "proxy.model"},
+    "tracing": {"proxy.model"},
+    "proxy.repair": {"proxy.model", "proxy.errors"},
+    "proxy.providers": {"proxy.model", "proxy.errors"},
+    "proxy.ledger": {"proxy.model", "proxy.errors"},
+    "proxy.simulator": {"proxy.model", "proxy.errors"},
+    "proxy.govern": {"proxy.model", "proxy.errors", "proxy.config", "proxy.repair", "proxy.providers",
+                     "proxy.ledger", "tracing"},
+    "proxy.serve": {"proxy.model", "proxy.errors", "proxy.config", "proxy.repair", "proxy.providers",
+                    "proxy.ledger", "tracing", "proxy.govern"},
+    "proxy.mcp": {"proxy.model", "proxy.errors", "proxy.config", "proxy.providers", "proxy.ledger", "tracing",
+                  "proxy.govern", "proxy.serve"},
+    "proxy.app": {"proxy.model", "proxy.errors", "proxy.config", "proxy.providers", "proxy.ledger", "tracing",
+                  "proxy.govern", "proxy.serve", "proxy.mcp"},
+    "proxy.ops": {"proxy.model", "proxy.errors", "proxy.config", "proxy.ledger", "tracing", "proxy.serve",
+                  "proxy.simulator", "proxy.app"},
+    "proxy.__main__": {"proxy.ops"},
+}
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "tracing":
+        return "tracing"
+    if parts[0] != "proxy":
+        return None
+    if len(parts) == 1:
+        return "proxy"
+    return f"proxy.{parts[1]}"
+
+
+def _modules() -> dict[str, Path]:
+    files = [*(ROOT / "proxy").rglob("*.py"), *(ROOT / "tracing").rglob("*.py")]
+    return {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f for f in files}
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+GRAPH: dict[str, set[str]] = defaultdict(set)
+MODULES = _modules()
+for _name, _path in MODULES.items():
+    GRAPH[_name] = {m for m in _imports(_path, _name) if m in MODULES and m != _name}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_imports_only_the_rooms_below_its_own(module: str) -> None:
+    room = _room(module)
+    assert room in ALLOWED, f"{module} is in no room of docs/architecture.md: add it to ALLOWED and the doc"
+    upward = sorted(m for m in GRAPH[module] if _room(m) != room and _room(m) not in ALLOWED[room])
+    assert not upward, f"{module} ({room}) imports {upward}, which its room may not import"
+
+
+def test_no_module_imports_itself_back() -> None:
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(MODULES):
+        if module not in state:
+            visit(module)
+    assert not cycles, f"import cycles: {cycles}"
