@@ -16,7 +16,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, admin
-from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.anatomy import Splits
+from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
 from proxy.background import Background
 from proxy.config import Settings
 from proxy.errors import ProxyError
@@ -241,6 +242,7 @@ async def _runs_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     app[BACKGROUND] = background = Background()
+    app[SPLITS] = Splits()
     yield
     await background.drain()
 

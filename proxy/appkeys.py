@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.anatomy import Splits
 from proxy.background import Background
 from proxy.config import Settings
 from proxy.policy.pricing import PriceTable
@@ -21,3 +22,4 @@ UPSTREAM = web.AppKey("upstream", Upstream)
 TEL = web.AppKey("telemetry", Telemetry)
 RUNS = web.AppKey("runs", Runs)
 BACKGROUND = web.AppKey("background", Background)
+SPLITS = web.AppKey("splits", Splits)  # the cost anatomy's last split per run

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, content, outputs
-from proxy.anatomy import anatomy
-from proxy.appkeys import BACKGROUND, RUNS, SETTINGS, STORE, TEL
+from proxy.anatomy import shares, split_of
+from proxy.appkeys import BACKGROUND, RUNS, SETTINGS, SPLITS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
@@ -170,7 +170,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, input_only=not call.generates_output)
     saved = _saved(admitted, outcome.usage, source)
-    an = _anatomy(app, ex, admitted, outcome, source)
+    an = _anatomy(app, caller, ex, admitted, outcome, source)
     remaining = None
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
@@ -205,13 +205,19 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
     await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
 
 
-def _anatomy(app: web.Application, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,
+def _anatomy(app: web.Application, caller: Caller, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,
              ) -> Anatomy | None:
     """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY)."""
     if not app[SETTINGS].anatomy or source not in ("reported", "unpriced") or outcome.usage.input_tokens is None:
         return None
     try:
-        return anatomy(ex.adapter.input_parts(ex.body), outcome.usage, admitted.price)
+        splits = app[SPLITS]
+        # A run's next request resends this one: its split is kept for it (proxy/anatomy.py).
+        key = (caller.tenant, caller.run_id, ex.call.api) if caller.run_id_source != "generated" else None
+        sp = split_of(ex.adapter, ex.raw, ex.body, splits.get(key) if key else None)
+        if key:
+            splits.put(key, sp)
+        return shares(sp, outcome.usage, admitted.price)
     except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
         log.warning("could not split the input of a call of run %s", ex.call.model, exc_info=True)
         return None

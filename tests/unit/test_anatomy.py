@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.anatomy import anatomy, apportion
+from proxy.anatomy import CONVERSATION, Split, Splits, anatomy, apportion, split_of, split_parts
 from proxy.model import Anatomy, InputPart, Usage, UsageEvent
 from proxy.policy.pricing import Price, PriceTable, cost
 from proxy.providers.anthropic import ANTHROPIC
@@ -50,7 +50,7 @@ def _price(p: dict[str, Any] | None) -> Price | None:
 
 def _assert_adds_up(an: Anatomy | None, usage: Usage, price: Price | None) -> None:
     assert an is not None
-    assert len(an.parts) == len(an.tokens) == len(an.cached) == len(an.costs)
+    assert len(an.groups) == len(an.tokens) == len(an.cached) == len(an.costs)
     assert sum(an.tokens) == usage.input_tokens == an.input_tokens
     whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
     assert sum(an.costs) == whole == an.input_cost_micros
@@ -249,3 +249,63 @@ def test_parts_add_up_on_every_recorded_pair() -> None:
         assert {p.call_id for p in tool_results} >= {r.call_id for r in ex.call.tool_results}
         checked += 1
     assert checked > 400, f"only {checked} pairs had usage"
+
+
+# --- a run's next request: the last split and the new items only ---------------------------
+
+
+def _summary(sp: Split) -> tuple[Any, ...]:
+    """What the arithmetic reads of a split."""
+    return (sp.sizes, sp.ends, sp.units, sp.cum, sp.unit_bytes, sp.result_at, sp.result_size,
+            [sp.names[i] for i in sp.result_name], sp.top, sp.definitions, sp.new_parts)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=4),
+       turns=_turns(), cut=st.integers(1, 6))
+def test_next_request_split_from_the_last_equals_the_whole_split(dialect: str, system: str, tools: list[str],
+                                                                 turns: list[tuple[str, Any]], cut: int) -> None:
+    """Turn N+1 is turn N with items appended: split from turn N's split, it is the same as
+    split whole (the arithmetic then gives the same shares)."""
+    adapter = ADAPTERS[dialect]
+    early = BUILDERS[dialect](system, tools, turns[:max(1, len(turns) - cut)])
+    late = BUILDERS[dialect](system, tools, turns)
+    raw_early, raw_late = orjson.dumps(early), orjson.dumps(late)
+    key = CONVERSATION[adapter.api]
+    first = split_of(adapter, raw_early, orjson.loads(raw_early), None)
+    second = split_of(adapter, raw_late, orjson.loads(raw_late), first)
+    whole = split_parts(adapter.input_parts(orjson.loads(raw_late)))
+    if len(late[key]) > len(early[key]):
+        assert second.end is not None, "appended items are found on the raw bytes"
+    assert _summary(second) == _summary(whole)
+    third = split_of(adapter, raw_late, orjson.loads(raw_late), second)  # a retry: the same request
+    assert _summary(third) == _summary(whole)
+
+
+def test_an_edited_history_is_split_whole() -> None:
+    """An agent that compacts or edits its history is not mistaken for one that appended."""
+    body = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a" * 50}]}
+    raw = orjson.dumps(body)
+    first = split_of(CHAT, raw, orjson.loads(raw), None)
+    edited = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "b" * 10},
+                                         {"role": "assistant", "content": "ok"}, {"role": "user", "content": "c"}]}
+    raw2 = orjson.dumps(edited)
+    second = split_of(CHAT, raw2, orjson.loads(raw2), first)
+    assert second.end is None and second.sizes == [1, 10, 2, 1]
+    inserted = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "x"},
+                                           {"role": "user", "content": "a" * 50}]}
+    raw3 = orjson.dumps(inserted)
+    assert split_of(CHAT, raw3, orjson.loads(raw3), first).sizes == [1, 1, 50]
+
+
+def test_splits_are_bounded_by_runs_and_bytes() -> None:
+    splits = Splits(max_runs=2, max_bytes=100)
+    for i in range(3):
+        sp = split_parts([InputPart("new", 1)])
+        sp.raw = b"x" * 40
+        splits.put(("t", str(i)), sp)
+    assert splits.get(("t", "0")) is None and splits.get(("t", "2")) is not None
+    big = split_parts([InputPart("new", 1)])
+    big.raw = b"x" * 90
+    splits.put(("t", "3"), big)
+    assert splits.get(("t", "2")) is None and splits.get(("t", "3")) is big
