@@ -49,7 +49,8 @@ from typing import Any, Final
 from proxy.model import Anatomy, InputPart, Usage
 from proxy.policy.pricing import Price, cost
 
-__all__ = ["OTHER", "TOP_RESULTS", "Split", "Splits", "anatomy", "apportion", "shares", "split_of"]
+__all__ = ["OTHER", "TOP_RESULTS", "Split", "Splits", "anatomy", "apportion", "shares", "shares_general",
+           "split_of"]
 
 TOP_RESULTS: Final = 5  # results priced one by one, the largest by bytes
 MAX_RESULT_GROUPS: Final = 64  # tools whose results are grouped by name; the rest are `_OTHER`
@@ -61,6 +62,7 @@ CONVERSATION: Final = {"chat": "messages", "responses": "input", "messages": "me
 _KIND_UNITS: Final = ("system", "tools", "history", "new", "tool_result")
 _UNIT: Final = {k: i for i, k in enumerate(_KIND_UNITS)}
 _HISTORY, _NEW = _UNIT["history"], _UNIT["new"]
+_KIND_GROUPS: Final = [(k, "") for k in _KIND_UNITS]
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
@@ -306,7 +308,21 @@ def shares(sp: Split, usage: Usage, price: Price | None) -> Anatomy | None:
     if total is None or not sp.sizes:
         return None
     read, hour, five = _classes(usage, total)
-    amounts = (read, hour, five, total - read - hour - five)  # tokens of each window, in prompt order
+    size = sp.ends[-1]
+    if not (hour or five or sp.per_part) and price is not None and size > 0 and (
+            (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0) <= total):
+        return _shares_read(sp, usage, price, total, read, size)
+    return shares_general(sp, usage, price)
+
+
+def shares_general(sp: Split, usage: Usage, price: Price | None) -> Anatomy | None:
+    """`shares` for every case: four windows (cache reads, 1-hour writes, 5-minute writes,
+    the rest), any units."""
+    total = usage.input_tokens
+    if total is None or not sp.sizes:
+        return None
+    read, hour, five = _classes(usage, total)
+    amounts = (read, hour, five, total - read - hour - five)
     size = sp.ends[-1]
     n = len(sp.unit_bytes)
     rates = _rates(price, usage, total) if price is not None else (0, 0, 0, 0)
@@ -346,6 +362,55 @@ def shares(sp: Split, usage: Usage, price: Price | None) -> Anatomy | None:
                    _top(sp, amounts, total, size, rates, whole, pre), sp.definitions, results)
 
 
+def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, size: int) -> Anatomy:
+    """`shares` of a call with no cache writes (all but Anthropic's cache-making calls), by
+    kind of part: the same arithmetic with two windows (read, the rest) written out, since
+    it runs on every call."""
+    rest = total - read
+    ub = sp.unit_bytes
+    rates = _rates(price, usage, total)
+    r_read, r_in = rates[0], rates[3]
+    names = sp.names
+    if read == 0 or rest == 0:
+        tokens = apportion(total, ub)
+        cached = tokens if rest == 0 else [0] * len(ub)
+        name_cached = [b * total for b in sp.name_bytes] if rest == 0 else [0] * len(names)
+    else:
+        at = read * size
+        k = bisect_right(sp.ends, at // total)  # the part the cache's end falls in
+        partial = at - (sp.ends[k - 1] if k else 0) * total
+        before = [b * total for b in sp.cum[k]]
+        before[sp.units[k]] += partial
+        cached = apportion(read, before)
+        after = apportion(rest, [b * total - c for b, c in zip(ub, before, strict=True)])
+        tokens = [c + u for c, u in zip(cached, after, strict=True)]
+        name_cached = _names_before(sp, k, partial, total) if names else []
+    factor = price.multiplier(usage)
+    whole = -(-(read * r_read + rest * r_in) * factor.numerator // (1_000_000 * factor.denominator))
+    d = r_in - r_read
+    exact = [t * r_in - c * d for t, c in zip(tokens, cached, strict=True)]
+    costs = apportion(whole, exact if any(exact) else tokens)
+    kinds = {k: (t, c, m) for k, t, c, m, b in zip(_KIND_UNITS, tokens, cached, costs, ub, strict=True) if t or b}
+    pre = (read * r_read + rest * r_in) * size
+    results = ({name: (b * total * r_in - c * d) * whole // pre
+                for name, b, c in zip(names, sp.name_bytes, name_cached, strict=True)}
+               if pre else dict.fromkeys(names, 0))
+    return Anatomy(_KIND_GROUPS, tokens, cached, costs, total, whole, kinds,
+                   _top(sp, (read, 0, 0, rest), total, size, rates, whole, pre), sp.definitions, results)
+
+
+def _names_before(sp: Split, k: int, partial: int, total: int) -> list[int]:
+    """Each result tool's bytes before part k and `partial` into it (bytes * total)."""
+    nb = sp.name_bytes.copy()
+    j = bisect_left(sp.result_at, k)
+    for s, nid in zip(sp.result_size[j:], sp.result_name[j:], strict=True):
+        nb[nid] -= s
+    nb = [b * total for b in nb]
+    if j < len(sp.result_at) and sp.result_at[j] == k:
+        nb[sp.result_name[j]] += partial
+    return nb
+
+
 def _windows(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int,
              ) -> tuple[list[list[int]], list[list[int]]]:
     """Each unit's and each result tool's bytes in each window (cache reads, 1-hour writes,
@@ -354,9 +419,9 @@ def _windows(sp: Split, amounts: tuple[int, int, int, int], total: int, size: in
     gets no weights (they are not read)."""
     full_u = [b * total for b in sp.unit_bytes]
     full_n = [b * total for b in sp.name_bytes]
-    if amounts[3] == total:  # nothing cached or written: the usual first call
-        return [full_u] * 4, [full_n] * 4
     zero_u, zero_n = [0] * len(full_u), [0] * len(full_n)
+    if amounts[3] == total:  # nothing cached or written: the usual first call
+        return [zero_u, zero_u, zero_u, full_u], [zero_n, zero_n, zero_n, full_n]
     weights, names = [], []
     lo_u, lo_n, mark = zero_u, zero_n, 0
     for a in amounts:

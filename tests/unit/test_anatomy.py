@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.anatomy import CONVERSATION, Split, Splits, anatomy, apportion, split_of, split_parts
+from proxy.anatomy import CONVERSATION, Split, Splits, anatomy, apportion, shares, shares_general, split_of, split_parts
 from proxy.model import Anatomy, InputPart, Usage, UsageEvent
 from proxy.policy.pricing import Price, PriceTable, cost
 from proxy.providers.anthropic import ANTHROPIC
@@ -309,3 +309,23 @@ def test_splits_are_bounded_by_runs_and_bytes() -> None:
     big.raw = b"x" * 90
     splits.put(("t", "3"), big)
     assert splits.get(("t", "2")) is None and splits.get(("t", "3")) is big
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=5),
+       turns=_turns(), usage=_usage(), price=st.sampled_from(_PRICES))
+def test_the_written_out_path_shares_as_the_general_one(dialect: str, system: str, tools: list[str],
+                                                         turns: list[tuple[str, Any]], usage: Usage,
+                                                         price: Price | None) -> None:
+    """Calls without cache writes take a written-out path (proxy.anatomy._shares_read): it
+    gives the same anatomy as the general arithmetic, and the kinds add up exactly."""
+    usage = replace(usage, cache_write_tokens=0, cache_write_1h_tokens=0)
+    body = BUILDERS[dialect](system, tools, turns)
+    ex = open_exchange(ADAPTERS[dialect], orjson.dumps(body), PATHS[dialect])
+    sp = split_parts(ex.adapter.input_parts(ex.body))
+    fast = shares(sp, usage, price)
+    general = shares_general(sp, usage, price)
+    assert fast == general
+    assert fast is not None and sum(t for t, _, _ in fast.kinds.values()) == usage.input_tokens
+    whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
+    assert sum(m for _, _, m in fast.kinds.values()) == whole
