@@ -88,8 +88,8 @@ class Split:
     where its conversation ends, its item count and last item). Never changed once made:
     a next request's split copies what it changes."""
 
-    __slots__ = ("cum", "definitions", "end", "ends", "items", "last_item", "name_bytes", "name_id", "names",
-                 "new_parts", "per_part", "raw", "result_at", "result_name", "result_size", "sizes", "top",
+    __slots__ = ("cum", "definitions", "end", "ends", "inherited", "items", "last_item", "name_bytes", "name_id",
+                 "names", "new_parts", "per_part", "raw", "result_at", "result_name", "result_size", "sizes", "top",
                  "unit_bytes", "unit_kind", "units")
 
     def __init__(self, per_part: bool = False) -> None:
@@ -109,6 +109,7 @@ class Split:
         self.new_parts: list[int] = []  # parts of this turn's new content (history once answered)
         self.top: list[tuple[int, int, str, str]] = []  # (bytes, part index, tool, call id), largest first
         self.definitions: dict[str, int] = {}  # tool name -> its definition's bytes
+        self.inherited = False  # the definitions are the run's last request's (counted already)
         self.raw = b""
         self.end: int | None = None  # byte offset of the conversation's end in raw, once known
         self.items = 0
@@ -132,6 +133,7 @@ class Split:
             elif kind == "tools":
                 if defs is None:
                     defs = self.definitions = dict(self.definitions)
+                    self.inherited = False
                 defs[p.name] = defs.get(p.name, 0) + size
             elif unit == _NEW or kind == "new":
                 self.new_parts.append(i)
@@ -177,6 +179,7 @@ class Split:
                                                         self.result_name.copy())
         sp.names, sp.name_bytes, sp.name_id = self.names.copy(), self.name_bytes.copy(), self.name_id.copy()
         sp.new_parts, sp.top, sp.definitions = self.new_parts.copy(), self.top, self.definitions
+        sp.inherited = True
         return sp
 
 
@@ -359,7 +362,7 @@ def shares_general(sp: Split, usage: Usage, price: Price | None) -> Anatomy | No
     else:
         results = dict.fromkeys(sp.names, 0)
     return Anatomy([(k, "") for k in sp.unit_kind], tokens, windows[0], costs, total, whole, kinds,
-                   _top(sp, amounts, total, size, rates, whole, pre), sp.definitions, results)
+                   _top(sp, amounts, total, size, rates, whole, pre), sp.definitions, results, not sp.inherited)
 
 
 def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, size: int) -> Anatomy:
@@ -396,7 +399,8 @@ def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, s
                 for name, b, c in zip(names, sp.name_bytes, name_cached, strict=True)}
                if pre else dict.fromkeys(names, 0))
     return Anatomy(_KIND_GROUPS, tokens, cached, costs, total, whole, kinds,
-                   _top(sp, (read, 0, 0, rest), total, size, rates, whole, pre), sp.definitions, results)
+                   _top(sp, (read, 0, 0, rest), total, size, rates, whole, pre), sp.definitions, results,
+                   not sp.inherited)
 
 
 def _names_before(sp: Split, k: int, partial: int, total: int) -> list[int]:

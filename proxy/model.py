@@ -299,3 +299,6 @@ class Anatomy:
     # Tool name -> micro-USD of its results (each priced by the windows its bytes lie in,
     # rounded down: a breakdown of the tool_result kind within a micro-USD per tool).
     results: dict[str, int] = field(default_factory=dict)
+    # False when the definitions are those of the run's last request, already counted in its
+    # totals: they are counted once per tool list, not on every call (tracing/anatomy.py).
+    definitions_new: bool = True

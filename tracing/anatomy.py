@@ -6,14 +6,16 @@ operation; the totals are name -> integer, summed), all named `anatomy|...`:
 
     anatomy|part|<kind>|micros|tokens|cached    per kind of part
     anatomy|result|<tool>|micros                what the tool's results cost this call
-    anatomy|def|<tool>|bytes                    the tool's definition's bytes this call
+    anatomy|def|<tool>|bytes                    the tool's definition's bytes, once per tool list
     anatomy|called|<tool>                       the tool calls the answer made
     anatomy|top|<tool>|<call id>|micros|sends|bytes   the call's largest results
 
 Summed over the run's calls, a result's micros are everything it cost: its first send and
 every re-send after it. A definition's cost over the run is the run's tool-definition
 cost shared by the definitions' bytes (they are all in the same cached prefix, so they
-bill alike). Tool names are bounded per call (`MAX_TOOLS`, the rest `_OTHER`); the
+bill alike); the bytes are counted when a run's tool list is first seen (again after a
+request that was split whole), not on every call: about 20 fewer counters per call for the
+settle to store. Tool names are bounded per call (`MAX_TOOLS`, the rest `_OTHER`); the
 per-result counters only for each call's `TOP_RESULTS` largest results (by bytes, which
 do not change between sends, so a large result is counted on every send). The run span,
 `spanmeter runs` and the admin API read these back (`run_anatomy`).
@@ -92,7 +94,8 @@ def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
         keys = _TOTAL_KEYS.get(kind)
         if keys is not None:
             out.update(zip(keys, row, strict=True))
-    out.update(_definition_totals(an.definitions))
+    if an.definitions_new:
+        out.update(_definition_totals(an.definitions))
     for name, micros in an.results.items():  # bounded already (proxy/anatomy.py)
         out[_keys(name)[0]] = micros
     for tc in tool_calls:

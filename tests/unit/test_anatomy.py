@@ -21,13 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.anatomy import CONVERSATION, Split, Splits, anatomy, apportion, shares, shares_general, split_of, split_parts
-from proxy.model import Anatomy, InputPart, Usage, UsageEvent
+from proxy.model import Anatomy, InputPart, ToolCall, Usage, UsageEvent
 from proxy.policy.pricing import Price, PriceTable, cost
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import Framer, ProviderAdapter, open_exchange
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
+from tracing.anatomy import call_totals, run_anatomy
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
 PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"
@@ -329,3 +330,29 @@ def test_the_written_out_path_shares_as_the_general_one(dialect: str, system: st
     assert fast is not None and sum(t for t, _, _ in fast.kinds.values()) == usage.input_tokens
     whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
     assert sum(m for _, _, m in fast.kinds.values()) == whole
+
+
+def test_definitions_are_counted_once_per_tool_list_and_priced_over_the_run() -> None:
+    """A run's next request resends the same tool list: its definitions' bytes go into the
+    run totals once, and the run's tool-definition cost is shared by those bytes."""
+    tools = ["read_file", "search"]
+    early = _chat("sys", tools, [("user", "a" * 40)])
+    late = _chat("sys", tools, [("user", "a" * 40), ("call", ("c1", "read_file", {"q": "x"})),
+                                ("result", ("c1", "r" * 200)), ("user", "more")])
+    price = _PRICES[1]
+    totals: dict[str, int] = {}
+    previous = None
+    for body in (early, late):
+        raw = orjson.dumps(body)
+        previous = split_of(CHAT, raw, orjson.loads(raw), previous)
+        an = shares(previous, Usage(input_tokens=900, cache_read_tokens=300), price)
+        assert an is not None
+        call = call_totals(an, [ToolCall("c1", "read_file", "{}")] if body is early else [])
+        assert any(k.startswith("anatomy|def|") for k in call) == (body is early)
+        for k, v in call.items():
+            totals[k] = totals.get(k, 0) + v
+    ra = run_anatomy(totals)
+    assert ra is not None and ra["declared"] == tools and ra["unused"] == ["search"]
+    defs = ra["parts"]["tools"]["cost_usd"]
+    sizes = [len(orjson.dumps(t)) for t in early["tools"]]
+    assert ra["tools"]["search"]["definitions_cost_usd"] == pytest.approx(defs * sizes[1] / sum(sizes), abs=2e-6)
