@@ -18,15 +18,16 @@ order (proxy/providers/*: `input_parts`); this module shares the usage out:
   `pricing.cost` of the usage without its output; it is shared by each share's exact
   (unrounded) cost, so the micro-USD add up to it exactly.
 
-Integers are shared with the largest-remainder method: floors first, then one more to the
-largest remainders (ties to the earliest), so the shares always sum to the whole.
+Integers are shared by cumulative rounding (`apportion`): each share is within one of its
+exact value and the shares always sum to the whole.
 
-**Groups, and why.** What is reported is per kind of part and per tool, so the arithmetic
-runs on *groups* of parts (the instructions, all tool definitions, the earlier turns, the
-new content, and the results of each tool), not on each of an agent turn's dozens of
-parts: a handful of integers per window instead of a list per part. The largest results
-are priced one by one (`Anatomy.top`). `anatomy()` gives every part its own group (the
-tests check the shares add up part by part).
+**Units, and why.** What is reported is per kind of part and per tool, so the arithmetic
+runs on the five kinds (instructions, tool definitions, tool results, earlier turns, new
+content), not on each of an agent turn's dozens of parts: five integers per window instead
+of a list per part. Each tool's results and the largest results one by one are priced by
+where their bytes lie (`Anatomy.results`, `Anatomy.top`: rounded down, a breakdown rather
+than shares). `anatomy()` makes every part its own unit (the tests check the shares add up
+part by part).
 
 **Turn N+1 resends turn N.** An agent's next request is its last one with the new turn
 appended to the conversation, byte for byte. `Splits` keeps, per run, the last request's

@@ -202,7 +202,10 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                      rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
                      reason=outcome.error_message,
                      input_parts=_parts_line(an) if an is not None and app[SETTINGS].access_log_anatomy else None)
-    await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
+    end = headers.get("x-run-end", "").lower() == "true"
+    if end:
+        app[SPLITS].forget((caller.tenant, caller.run_id, call.api))  # no next request to split
+    await app[RUNS].after_call(caller, end=end)
 
 
 def _anatomy(app: web.Application, caller: Caller, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,

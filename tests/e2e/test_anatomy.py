@@ -12,7 +12,7 @@ import aiohttp
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.appkeys import TEL
+from proxy.appkeys import SPLITS, TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tracing import attributes as A
 
@@ -29,6 +29,9 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
         messages = [{"role": "system", "content": "You are terse. " * 30},
                     {"role": "user", "content": "SCENARIO:tool weather in Paris?"}]
         first = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS)
+        await proxy.settled()
+        kept = proxy.app[SPLITS].get(("default", "anat-1", "chat"))
+        assert kept is not None and kept.items == 2, "the run's last split is kept for its next request"
         [tc] = first.choices[0].message.tool_calls
         result = json.dumps({"temp_c": 21, "sky": "clear" * 200})
         messages += [first.choices[0].message.model_dump(exclude_none=True),
@@ -36,6 +39,7 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
         await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS,
                                         extra_headers={"X-Run-End": "true"})
     await proxy.settled()
+    assert proxy.app[SPLITS].get(("default", "anat-1", "chat")) is None, "forgotten when the run ends"
     await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 4)
 
@@ -142,3 +146,23 @@ def _output_tokens(proxy, run_id: str) -> int:
 
     [(_, spans)] = run_spans(run_id, proxy.data_dir / "traces")
     return sum(int(s["attributes"].get(A.GEN_AI_USAGE_OUTPUT_TOKENS) or 0) for s in spans if s["kind"] == "CLIENT")
+
+
+async def test_a_runs_next_request_through_the_sdk_is_found_appended(make_proxy):
+    """The openai SDK's next request of a run is its last one with the new messages appended,
+    byte for byte: the proxy finds that on the raw bytes and sizes only the new messages."""
+    proxy = await make_proxy(anatomy=True)
+    key = ("default", "anat-next", "chat")
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k",
+                                  default_headers={"X-Run-Id": "anat-next"}) as c:
+        messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+        ends = []
+        for turn in range(3):
+            answer = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS)
+            await proxy.settled()
+            kept = proxy.app[SPLITS].get(key)
+            assert kept is not None and kept.items == len(messages)
+            ends.append(kept.end)
+            messages += [answer.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": f"and then? {turn}"}]
+    assert ends[0] is None and ends[1] is not None and ends[2] is not None
