@@ -17,8 +17,9 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, admin
 from proxy.anatomy import Splits
-from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
+from proxy.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
 from proxy.background import Background
+from proxy.caching import PrefixMemory
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.handler import handle_call
@@ -242,6 +243,7 @@ async def _runs_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     app[BACKGROUND] = background = Background()
+    app[PREFIXES] = PrefixMemory()
     app[SPLITS] = Splits()
     yield
     await background.drain()

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from proxy.anatomy import Splits
 from proxy.background import Background
+from proxy.caching import PrefixMemory
 from proxy.config import Settings
 from proxy.policy.pricing import PriceTable
 from proxy.policy.store import Store
@@ -22,4 +23,5 @@ UPSTREAM = web.AppKey("upstream", Upstream)
 TEL = web.AppKey("telemetry", Telemetry)
 RUNS = web.AppKey("runs", Runs)
 BACKGROUND = web.AppKey("background", Background)
+PREFIXES = web.AppKey("prefixes", PrefixMemory)  # stable prompt prefixes seen lately (proxy/caching.py)
 SPLITS = web.AppKey("splits", Splits)  # the cost anatomy's last split per run

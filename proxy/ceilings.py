@@ -247,13 +247,18 @@ async def admit(
     adm = await store.admit(caller.tenant, caller.run_id, min_reserve=min(lo, MAX_RESERVE),
                             max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now, tz=tz, turn=turn)
     in_force = adm.limits or limits
-    clamp = None
+    clamp = capped = None
     rewrites: tuple[Rewrite, ...] = ()
-    if price is not None and costed(in_force) and call.max_output_tokens is None and call.generates_output:
+    if price is not None and costed(in_force) and call.generates_output:
         cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
-        affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
-                                              call.cache_write)
-        clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
+        if call.max_output_tokens is None:
+            affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
+                                                  call.cache_write)
+            clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
+        elif call.max_output_tokens > cap:
+            # Reserved at the model's cap: forwarding more would let a compatible server, or
+            # a provider whose cap grew past the price table, generate (and bill) past it.
+            clamp = capped = cap
     if in_force.run_max_tokens is not None and call.generates_output:
         # The output the tokens held allow, written into the request when it asked for more
         # (or named no bound): the model can never use more than the ledger holds for it.
@@ -262,7 +267,8 @@ async def admit(
         if held < (asked if clamp is None else min(asked, clamp)):
             clamp = held  # at least the least answer, or what was asked when less: the store held that
     if clamp is not None:
-        rewrites = (Rewrite("max_tokens_clamp", str(clamp)),)
+        rewrites = ((Rewrite("max_tokens_capped", f"{call.max_output_tokens}->{clamp}"),) if clamp == capped
+                    else (Rewrite("max_tokens_clamp", str(clamp)),))
     return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now)
 
 

@@ -124,6 +124,9 @@ class Policy(_Strict):
     repair: RepairPolicy = RepairPolicy()
     guard: GuardPolicy = GuardPolicy()
     capture_content: Literal["NO_CONTENT", "SPAN_ONLY"] | None = None
+    # auto: prompt-cache breakpoints (Anthropic) and a run's cache key (OpenAI) added where
+    # they pay (proxy/caching.py); off: requests go as the agent sent them.
+    prompt_cache: Literal["auto", "off"] | None = None
 
     def over(self, base: Policy) -> Policy:
         """This policy layered over `base`: fields set here win."""
@@ -132,12 +135,14 @@ class Policy(_Strict):
             mine = getattr(self, section).model_dump(exclude_none=True)
             merged[section] = {**getattr(base, section).model_dump(), **mine}
         merged["capture_content"] = self.capture_content or base.capture_content
+        merged["prompt_cache"] = self.prompt_cache or base.prompt_cache
         return Policy.model_validate(merged)
 
 
 DEFAULT_POLICY = Policy(
     repair=RepairPolicy(mode="repair", on_invalid="pass", close_truncated=False),
     guard=GuardPolicy(action="remind", threshold=3),
+    prompt_cache="auto",
 )
 
 

@@ -136,10 +136,16 @@ FIELD_DOCS: dict[str, str] = {
                                      "truncated and left as it came).",
     "policy.guard.action": "The same tool with the same arguments again and again: `remind` the model (a "
                            "note prefixed to the tool result), `refuse` the call (409), or `off`.",
-    "policy.guard.threshold": "Identical consecutive tool calls before the guard acts.",
+    "policy.guard.threshold": ("Identical tool calls in consecutive model answers before the guard acts (identical "
+                               "parallel calls within one answer count once)."),
     "policy.guard.max_consecutive_failures": "Refuse after this many failed tool results in a row.",
     "policy.capture_content": "`NO_CONTENT` lets a tenant turn message capture off when the process "
                               "captures it (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY).",
+    "policy.prompt_cache": "`auto` (the default): Anthropic cache breakpoints added where they are expected "
+                           "to be read (a stable prefix another run sent within 5 minutes, a run's third call "
+                           "on; never to a request with its own `cache_control`), and an OpenAI "
+                           "`prompt_cache_key` per run or agent; `off`: requests go as the agent sent them. "
+                           "See README \"Prompt caching\".",
     "tenants.keys": "sha256 hex digests of the tenant's spanmeter keys (`spanmeter keys create` prints "
                     "one); keys are never stored in clear. A key with limits of its own is `{hash, policy}`, "
                     "its policy holding `runs` (the tighter of the key's and the tenant's wins), `budgets` "
@@ -183,6 +189,9 @@ METRIC_DOCS: dict[str, str] = {
     "spanmeter.tool.definitions.unused_cost": "US dollars a run spent on the definitions of tools it never called, "
                                               "counted when the run ends, by tool name and tenant.",
     "spanmeter.cost.saved": "US dollars the cache reads saved at the price table's rates, by tenant and model.",
+    "spanmeter.cost.cache_write_premium": "US dollars cache writes cost above plain input (Anthropic's "
+                                          "1.25x/2x), by tenant and model: `saved` minus this is what "
+                                          "caching saved, net.",
     "spanmeter.limit.rejections": "Calls refused before reaching the upstream, by `spanmeter_reason`: "
                                   "`run_calls`, `run_cost`, `run_tokens`, `run_seconds`, `tenant_day`, "
                                   "`tenant_month`, `key_day`, `key_month` (ceilings), `rate_requests`, "
@@ -194,7 +203,8 @@ METRIC_DOCS: dict[str, str] = {
                             "code) or missing (the run ended without a result).",
     "spanmeter.guard.actions": "Loop guard reminders and refusals, by tool: agents stuck on one call.",
     "spanmeter.rewrites": "Changes to requests or responses other than repairs, by kind (max_tokens_clamp, "
-                          "include_usage, usage_chunk, loop_reminder, wrap_up).",
+                          "include_usage, loop_reminder, wrap_up; and, counted only when a stream's event "
+                          "was changed, usage_chunk and repair).",
     "spanmeter.wrap_up.notices": "Wrap-up notes sent to models, by the ceiling whose share was reached "
                                  "(`spanmeter_reason`: calls, cost, tokens, time, last_call).",
     "spanmeter.runs.ended": "Ended runs by `spanmeter_run_outcome`: answered_after_notice (the note worked), "

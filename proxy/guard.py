@@ -71,7 +71,8 @@ def rule(policy: GuardPolicy) -> GuardRule | None:
 
 def streaks(history: list[HistoryCall]) -> list[tuple[HistoryCall, int]]:
     """Each answered call with the streak of identical calls (name and canonical arguments)
-    it ends, counted in the order the model made them. A call the request carries no
+    it ends, counted in model turns: a model that asks for the same call several times in
+    one answer (parallel calls) took one step, not several. A call the request carries no
     result for is not counted, as the store counts only the calls a result closed."""
     out: list[tuple[HistoryCall, int]] = []
     prev: HistoryCall | None = None
@@ -79,8 +80,10 @@ def streaks(history: list[HistoryCall]) -> list[tuple[HistoryCall, int]]:
     for call in history:
         if call.result is None:
             continue
-        same = prev is not None and call.name == prev.name and _same_arguments(prev.arguments, call.arguments)
-        streak = streak + 1 if same else 1
+        if prev is not None and call.name == prev.name and _same_arguments(prev.arguments, call.arguments):
+            streak += 1 if call.turn != prev.turn else 0
+        else:
+            streak = 1
         prev = call
         out.append((call, streak))
     return out

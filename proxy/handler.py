@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 import orjson
 from aiohttp import web
 
-from proxy import accesslog, guard, steps, wrapup
-from proxy.appkeys import BACKGROUND, KEYS, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy import accesslog, caching, guard, steps, wrapup
+from proxy.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.ceilings import admit, plan
 from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
@@ -67,12 +67,16 @@ class Forward:
     key: KeyPolicy | None = None  # the caller's key's own limits
 
     async def send(self, ex: Exchange, turn: Turn, retry: bool = False) -> tuple[web.StreamResponse, Hooks]:
-        request, caller, call, policy = self.request, self.caller, ex.call, self.policy
+        request, caller, policy = self.request, self.caller, self.policy
         app = request.app
         hooks = Hooks(rewrites=[Rewrite("repair_retry", "schema")] if retry else [])
         # Patches that need no ledger go first: what they add is input the reservation covers.
         reminded = guard.remind(ex, policy.guard)
         hooks.rewrites += ex.adapter.prepare(ex)
+        # Cache breakpoints change the call's cache-write premium: the call is read after them.
+        hooks.rewrites += caching.add(ex, policy.prompt_cache, caller, self.target.server_address, app[PREFIXES],
+                                      time.monotonic())
+        call = ex.call
         grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
         try:
             admitted = await admit(app[STORE], app[PRICES], caller, call,

@@ -10,6 +10,7 @@ Every repair is recorded (`Hooks.repairs`, and `x-spanmeter-rewrites` for bodies
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -17,13 +18,20 @@ import orjson
 
 from proxy.config import RepairPolicy
 from proxy.errors import SchemaViolation
-from proxy.model import Call, OutputSpec, Repair, Rewrite
+from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent
 from proxy.providers.answer import CallKey, Json
-from proxy.providers.base import ProviderAdapter
-from proxy.relay import Hooks
+from proxy.providers.base import ProviderAdapter, SseEvent
+from proxy.relay import EventHook, Hooks
 from proxy.repair import StreamRepairer, problems, repair_arguments, repair_output, violation_feedback
 
-__all__ = ["install"]
+__all__ = ["HOLD_LIMIT", "install"]
+
+log = logging.getLogger("spanmeter.outputs")
+
+# Bytes of events a stream's repair may hold back while it is only behind. Past this the
+# events go out as the repair has them so far: a long answer under structured output that
+# never becomes JSON still streams.
+HOLD_LIMIT = 64 * 1024
 
 
 def install(adapter: ProviderAdapter, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
@@ -32,12 +40,13 @@ def install(adapter: ProviderAdapter, call: Call, policy: RepairPolicy, hooks: H
         return
     hooks.on_body.append(_BodyRepair(adapter, call, policy, hooks))
     if call.stream and policy.mode == "repair":
-        rewriter = adapter.stream_rewriter(_StreamEdits(call, policy, hooks))
+        edits = _StreamEdits(call, policy, hooks)
+        rewriter = adapter.stream_rewriter(edits)
         if rewriter is not None:
-            hooks.on_event.append(rewriter)
+            held = _HeldStream(rewriter, edits, hooks)
+            hooks.on_event.append(held)
+            hooks.holds.append(held)
             hooks.reads_text |= call.output is not None  # the text is repaired: no delta may be skipped
-            # Headers leave before the stream: say up front that it may be rewritten.
-            hooks.rewrites.append(Rewrite("repair", "stream"))
 
 
 def _schema_of(call: Call, tool: str | None) -> dict[str, Any] | None:
@@ -113,9 +122,13 @@ class _BodyRepair:
         return apply
 
 
+_TEXT = ("text",)  # the answer's text among the keys of `_StreamEdits._behind` (call keys are ints and strs)
+
+
 class _StreamEdits:
     """The repair of one streamed answer (a `StreamEdits`): a repairer for its text, one
-    per tool call's arguments."""
+    per tool call's arguments. `behind` and `diverged` say, over all of them, whether the
+    events that carried their input may still go out as they came (see _HeldStream)."""
 
     def __init__(self, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
         self.call, self.hooks = call, hooks
@@ -124,18 +137,33 @@ class _StreamEdits:
         self.policy = policy.model_copy(update={"on_invalid": "pass"})
         self._text = StreamRepairer(call.output, close_truncated=self.close) if call.output else None
         self._args: dict[CallKey, tuple[StreamRepairer, str]] = {}  # key -> (repairer, call id)
+        self._behind: set[Any] = set()  # the repairers holding back input they have not changed
+        self.diverged = False  # some repairer changed its input
 
     @property
     def repairs_text(self) -> bool:
         return self._text is not None
 
+    @property
+    def behind(self) -> bool:
+        return bool(self._behind)
+
+    def _follow(self, key: Any, repairer: StreamRepairer, out: str) -> str:
+        """`out`, after noting where `repairer` stands (kept per call, so asking is O(1))."""
+        self.diverged |= repairer.diverged
+        if repairer.behind:
+            self._behind.add(key)
+        else:
+            self._behind.discard(key)
+        return out
+
     def text(self, fragment: str) -> str:
-        return fragment if self._text is None else self._text.feed(fragment)
+        return fragment if self._text is None else self._follow(_TEXT, self._text, self._text.feed(fragment))
 
     def end_text(self) -> str:
         if self._text is None:
             return ""
-        tail = self._text.finish()
+        tail = self._follow(_TEXT, self._text, self._text.finish())
         _record(self.hooks, self.policy, self._text.repair, False)
         if self._text.repair is not None and self._text.repair.actions:
             self.hooks.delivered_text = self._text.emitted
@@ -153,17 +181,83 @@ class _StreamEdits:
         return list(self._args)
 
     def arguments(self, key: CallKey, fragment: str) -> str:
-        return self._args[key][0].feed(fragment)
+        repairer = self._args[key][0]
+        return self._follow(key, repairer, repairer.feed(fragment))
 
     def end_arguments(self, key: CallKey) -> str:
         found = self._args.get(key)
         if found is None:
             return ""
         repairer, call_id = found
-        tail = repairer.finish()
+        tail = self._follow(key, repairer, repairer.finish())
         rep = repairer.repair
         if rep is not None:
             _record(self.hooks, self.policy, replace(rep, target=f"tool:{call_id}"), False)
             if rep.actions:
                 self.hooks.delivered_arguments[call_id] = repairer.emitted
         return tail
+
+
+class _HeldStream:
+    """A stream's repair that never touches a stream needing none (a `relay.Holder`).
+
+    The repairers hold back the end of what they were given (a `{` until its first key, a
+    comma that may be trailing), so the rewriter's events cut the text elsewhere than the
+    upstream did, with the same content. While the repair is only behind, whole events
+    are held instead; once it has caught up they go out as they came, byte for byte, and
+    nothing is recorded. Once it changed something (or the held bytes pass HOLD_LIMIT),
+    the held events go out as the rewriter made them, and every later one does too: the
+    change is recorded then. Each event is held at most once.
+    """
+
+    __slots__ = ("_edits", "_held", "_hooks", "_passing", "_recorded", "_rewriter", "_size")
+
+    def __init__(self, rewriter: EventHook, edits: _StreamEdits, hooks: Hooks) -> None:
+        self._rewriter, self._edits, self._hooks = rewriter, edits, hooks
+        self._held: list[tuple[bytes, bytes | None]] = []  # (the event as it came, as rewritten)
+        self._size = 0
+        self._passing = False
+        self._recorded = False
+
+    @property
+    def held(self) -> bool:
+        return bool(self._held)
+
+    def __call__(self, event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
+        try:
+            out = self._rewriter(event, parsed)
+        except Exception:  # never cut a client's stream over a rewrite; and never reorder it
+            log.exception("stream rewrite failed; forwarding the stream as the repair has it")
+            self._passing = True
+            return self._rewritten(event.raw, None)
+        if self._passing:
+            if out is not None:
+                self._record()
+            return out
+        if self._edits.diverged or self._size > HOLD_LIMIT:
+            self._passing = True
+            return self._rewritten(event.raw, out)
+        if self._edits.behind:
+            self._held.append((event.raw, out))
+            self._size += len(event.raw)
+            return b""
+        return self.release() + event.raw if self._held else None
+
+    def release(self) -> bytes:
+        """The held events as they came: the repair changed nothing in them (also at the
+        stream's end, when it ended before the repair could finish)."""
+        out = b"".join(raw for raw, _ in self._held)
+        self._held, self._size = [], 0
+        return out
+
+    def _rewritten(self, raw: bytes, out: bytes | None) -> bytes:
+        held = [*self._held, (raw, out)]
+        self._held, self._size = [], 0
+        if any(o is not None for _, o in held):
+            self._record()
+        return b"".join(raw if o is None else o for raw, o in held)
+
+    def _record(self) -> None:
+        if not self._recorded:  # on the span: the headers are gone by then
+            self._recorded = True
+            self._hooks.rewrites.append(Rewrite("repair", "stream"))

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import orjson
 from aiohttp import web
@@ -27,7 +27,7 @@ from proxy.providers.base import Framer, ProviderAdapter, SseEvent, parse_sse_ev
 from proxy.providers.shortcut import TextShortcut
 from proxy.upstream import UpstreamResponse, response_headers
 
-__all__ = ["BodyHook", "EventHook", "Flow", "Hooks", "StreamRelay", "relay"]
+__all__ = ["BodyHook", "EventHook", "Flow", "Holder", "Hooks", "StreamRelay", "recorded_when_done", "relay"]
 
 T = TypeVar("T")
 log = logging.getLogger("spanmeter.relay")
@@ -37,6 +37,19 @@ EventHook = Callable[[SseEvent, list[StreamEvent]], bytes | None]
 Unless `Hooks.reads_text`, it must forward a plain text delta (one the dialect's
 `TextShape.plain` accepts) unchanged and learn nothing from it: such events may not be
 shown to it at all."""
+
+
+
+class Holder(Protocol):
+    """An event hook that may hold events back (it answers b"" for them) and send them
+    later, in order, with a later event's bytes or `release()`d at the stream's end. While
+    it holds any, every event is offered to the hooks: none may overtake the held ones."""
+
+    @property
+    def held(self) -> bool: ...
+
+    def release(self) -> bytes: ...
+
 
 BodyHook = Callable[[object], bytes | None]
 """Given the parsed JSON body, returns a replacement body or None."""
@@ -64,6 +77,7 @@ class Hooks:
     on_event: list[EventHook] = field(default_factory=list)
     on_body: list[BodyHook] = field(default_factory=list)
     reads_text: bool = False  # an event hook must see every text delta (the answer's text is repaired)
+    holds: list[Holder] = field(default_factory=list)  # the event hooks that may hold events back
     rewrites: list[Rewrite] = field(default_factory=list)
     repairs: list[Repair] = field(default_factory=list)
     retry_feedback: str | None = None  # set when repaired output should be asked for again
@@ -72,6 +86,23 @@ class Hooks:
     # what the model sent): the answer's text, and tool-call arguments by call id.
     delivered_text: str | None = None
     delivered_arguments: dict[str, str] = field(default_factory=dict)
+
+
+def recorded_when_done(rewrite: EventHook, record: Rewrite, hooks: Hooks) -> EventHook:
+    """`rewrite`, recording `record` once it first changes an event. A stream's headers
+    leave before its body, so a stream rewrite is never announced there: it is on the
+    span, and only if it happened (a usage chunk is dropped only if one came)."""
+    done = False
+
+    def hook(event: SseEvent, parsed: list[StreamEvent]) -> bytes | None:
+        nonlocal done
+        out = rewrite(event, parsed)
+        if out is not None and not done:
+            done = True
+            hooks.rewrites.append(record)
+        return out
+
+    return hook
 
 
 async def relay(
@@ -146,9 +177,10 @@ async def _stream(
             await resp.write(out)
         flow.complete = True
     except ProxyError as exc:
-        # The status line is gone already: end the stream with the dialect's error event.
+        # The status line is gone already: end the stream with the dialect's error event,
+        # after what was held back of the answer.
         flow.observer.feed([_stream_error(exc)])
-        await _try_write(resp, adapter.render_stream_error(exc))
+        await _try_write(resp, stream.release() + adapter.render_stream_error(exc))
     await _try_eof(resp)
     return resp
 
@@ -178,7 +210,7 @@ class StreamRelay:
         """The bytes to send the client for what `chunk` completes."""
         shortcut = self._shortcut
         if self._framer.single(chunk):
-            if shortcut is not None and shortcut.take(chunk, 0, len(chunk)):
+            if shortcut is not None and not self._holding() and shortcut.take(chunk, 0, len(chunk)):
                 self.taken += 1
                 return chunk
             out = self._event(chunk)
@@ -186,9 +218,9 @@ class StreamRelay:
         ends = self._framer.begin(chunk)
         buf = ends.buf
         parts: list[bytes] = []
-        start = sent = 0  # buf[sent:start] goes out as it came
+        sent, start = 0, ends.first  # buf[sent:start] goes out as it came
         while (end := ends.after(start)) != -1:
-            if shortcut is not None and shortcut.take(buf, start, end):
+            if shortcut is not None and not self._holding() and shortcut.take(buf, start, end):
                 self.taken += 1
             else:
                 out = self._event(buf[start:end])
@@ -203,12 +235,25 @@ class StreamRelay:
         return b"".join(parts)
 
     def flush(self) -> bytes:
-        """The bytes for an unterminated last event, at the stream's end."""
+        """The bytes for an unterminated last event and what the hooks still hold, at the
+        stream's end."""
         raw = self._framer.flush_raw()
         if raw is None:
-            return b""
-        out = self._event(raw)
-        return raw if out is None else out
+            last = b""
+        elif not raw.strip():
+            last = raw  # line ends after the last event: no event, forwarded as they came
+        else:
+            out = self._event(raw)
+            last = raw if out is None else out
+        return last + self.release()
+
+    def release(self) -> bytes:
+        """What the hooks hold, as they hold it: the stream ends."""
+        return b"".join(h.release() for h in self._hooks.holds)
+
+    def _holding(self) -> bool:
+        holds = self._hooks.holds
+        return bool(holds) and any(h.held for h in holds)
 
     def _event(self, raw: bytes) -> bytes | None:
         """An event parsed in full, fed and offered to the hooks: its replacement, or None."""

@@ -14,7 +14,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import accesslog, content, outputs
 from proxy.anatomy import shares, split_of
-from proxy.appkeys import BACKGROUND, RUNS, SETTINGS, SPLITS, STORE, TEL
+from proxy.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
 from proxy.ceilings import Admitted, settle_amount
 from proxy.config import Policy
 from proxy.errors import (
@@ -28,9 +28,9 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.model import Anatomy, Call, Caller, Outcome, StreamError, StreamEvent, Usage
-from proxy.policy.pricing import cache_savings
+from proxy.policy.pricing import cache_savings, cache_write_premium
 from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
-from proxy.relay import Flow, Hooks
+from proxy.relay import Flow, Hooks, recorded_when_done
 from proxy.routes import Target
 from proxy.runs import pending_tools
 from proxy.tenants import presented_key
@@ -103,8 +103,7 @@ def upstream_url(target: Target, request: web.Request) -> str:
 
 def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
     for rewrite, record in adapter.stream_filters(call):
-        hooks.on_event.append(rewrite)
-        hooks.rewrites.append(record)
+        hooks.on_event.append(recorded_when_done(rewrite, record, hooks))
     repair = policy.repair
     if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
         repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
@@ -165,16 +164,18 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                  hooks: Hooks, headers: Mapping[str, str], policy: Policy) -> None:
     call = ex.call
     outcome = flow.outcome()
+    admitted = _priced_as_run(app, admitted, outcome.response_model)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, input_only=not call.generates_output)
     saved = _saved(admitted, outcome.usage, source)
+    premium = _premium(admitted, outcome.usage, source)
     an = _anatomy(app, caller, ex, admitted, outcome, source)
     remaining = None
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
-        totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved)
+        totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved, premium)
         if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
             used = totals["input_tokens"] + totals["output_tokens"]
             totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
@@ -194,7 +195,8 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                    budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
                    end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
                    delivered_arguments=hooks.delivered_arguments,
-                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved, anatomy=an)
+                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved,
+                   premium_micros=premium, anatomy=an)
     accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
                      status=outcome.status, upstream_status=outcome.status,
                      duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
@@ -229,6 +231,14 @@ def _anatomy(app: web.Application, caller: Caller, ex: Exchange, admitted: Admit
 def _parts_line(an: Anatomy) -> str:
     """The access line's `input=`: kind:tokens:micro-USD per kind of part."""
     return ",".join(f"{k}:{t}:{c}" for k, (t, _, c) in anatomy_attrs.kinds_of(an).items())
+
+
+def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:
+    """The call charged at the price of the model the answer says ran, when the table knows
+    it: an alias (claude-sonnet-4-0, gpt-4o) was reserved at the dearest model it may
+    resolve to, and a dated snapshot may bill differently from its undated name."""
+    ran = app[PRICES].price(response_model) if response_model else None
+    return admitted if ran is None or ran is admitted.price else replace(admitted, price=ran)
 
 
 def _final_usage(outcome: Outcome) -> Usage:
@@ -284,8 +294,15 @@ def _saved(admitted: Admitted, usage: Usage, source: str) -> int:
     return cache_savings(admitted.price, usage)
 
 
+def _premium(admitted: Admitted, usage: Usage, source: str) -> int:
+    """What the call's cache writes cost above plain input, when charged from reported usage."""
+    if admitted.price is None or source != "reported":
+        return 0
+    return cache_write_premium(admitted.price, usage)
+
+
 def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...],
-            saved: int = 0) -> dict[str, int]:
+            saved: int = 0, premium: int = 0) -> dict[str, int]:
     u = outcome.usage
     noticed = {}
     if any(r.kind == "wrap_up" for r in hooks.rewrites):
@@ -305,4 +322,5 @@ def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str,
         # The prompt cache: the run span's cached share is cache_read_tokens / input_tokens.
         "cache_read_tokens": u.cache_read_tokens or 0,
         "cost_saved_micros": saved,
+        "cache_write_premium_micros": premium,
     }

@@ -110,6 +110,9 @@ SPANMETER_COST_USD: Final = "spanmeter.cost.usd"
 # What the call's cache reads saved: its cache-read tokens at the input rate minus at the
 # cache-read rate (the price table's), in USD. Cache writes are not netted out.
 SPANMETER_COST_SAVED_USD: Final = "spanmeter.cost.saved_usd"
+# What the call's cache writes cost above plain input (Anthropic's write premium), in USD:
+# with the saving above, what caching saved net.
+SPANMETER_COST_CACHE_WRITE_PREMIUM_USD: Final = "spanmeter.cost.cache_write_premium_usd"
 SPANMETER_BUDGET_REMAINING_USD: Final = "spanmeter.budget.remaining_usd"
 SPANMETER_REWRITES: Final = "spanmeter.rewrites"
 SPANMETER_REPAIRS: Final = "spanmeter.repairs"
@@ -160,6 +163,10 @@ SPANMETER_WRAP_UP_REASON: Final = "spanmeter.wrap_up.reason"  # last_call | call
 SPANMETER_RUN_CACHE_READ_INPUT_TOKENS: Final = "spanmeter.run.cache_read.input_tokens"
 SPANMETER_RUN_CACHE_READ_SHARE: Final = "spanmeter.run.cache_read.share"
 SPANMETER_RUN_COST_SAVED_USD: Final = "spanmeter.run.cost.saved_usd"
+# The run's cache-write premiums, and what caching saved it net (saved minus premiums; below
+# zero when its writes were never read).
+SPANMETER_RUN_COST_CACHE_WRITE_PREMIUM_USD: Final = "spanmeter.run.cost.cache_write_premium_usd"
+SPANMETER_RUN_COST_CACHE_NET_SAVED_USD: Final = "spanmeter.run.cost.cache_net_saved_usd"
 SPANMETER_RUN_MCP_TOOL_CALLS: Final = "spanmeter.run.mcp_tool_calls"  # of the run's tool calls, through /mcp
 
 # Labels of our own metrics.
@@ -266,6 +273,8 @@ SPANMETER_RUN_TOOLS_DECLARED: Final = "spanmeter.run.tools.declared"
 SPANMETER_RUN_TOOLS_CALLED: Final = "spanmeter.run.tools.called"
 SPANMETER_RUN_TOOLS_UNUSED: Final = "spanmeter.run.tools.unused"
 SPANMETER_RUN_TOOLS_UNUSED_COST_USD: Final = "spanmeter.run.tools.unused_cost_usd"
+# Money the cache writes cost above plain input: `saved - cache_write_premium` is the net.
+SPANMETER_COST_CACHE_WRITE_PREMIUM: Final = "spanmeter.cost.cache_write_premium"
 
 DURATION_BUCKETS: Final = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -388,6 +397,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
                "Input cost of tool results by tool name, every send counted (re-sends included)."),
     MetricSpec(SPANMETER_TOOL_UNUSED_COST, "counter", "{USD}",
                "Input cost of tool definitions a run declared and never called, counted when the run ends."),
+    MetricSpec(
+        SPANMETER_COST_CACHE_WRITE_PREMIUM,
+        "counter",
+        "{USD}",
+        "Money prompt-cache writes cost above plain input (Anthropic's write premium).",
+    ),
     MetricSpec(SPANMETER_BUDGET_SPENT_USD, "gauge", "{USD}", "Tenant spend in the current budget window."),
     MetricSpec(SPANMETER_BUDGET_LIMIT_USD, "gauge", "{USD}", "Tenant budget limit for the window."),
 )

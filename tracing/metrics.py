@@ -166,6 +166,7 @@ class Instruments:
     dropped_spans: Counter
     cache_tokens: Counter
     cost_saved: Counter
+    cache_write_premium: Counter
     budgets: BudgetValues
     wrap_up_notices: Counter
     runs_ended: Counter
@@ -210,6 +211,7 @@ class Instruments:
             dropped_spans=_counter(A.SPANMETER_TELEMETRY_DROPPED_SPANS),
             cache_tokens=_counter(A.SPANMETER_CACHE_INPUT_TOKENS),
             cost_saved=_counter(A.SPANMETER_COST_SAVED),
+            cache_write_premium=_counter(A.SPANMETER_COST_CACHE_WRITE_PREMIUM),
             budgets=BudgetValues(),
             wrap_up_notices=_counter(A.SPANMETER_WRAP_UP_NOTICES),
             runs_ended=_counter(A.SPANMETER_RUNS_ENDED),
@@ -225,8 +227,8 @@ class Instruments:
             self.operation_duration, self.token_usage, self.time_to_first_chunk, self.time_per_output_chunk,
             self.execute_tool_duration, self.mcp_duration, self.cost, self.limit_rejections, self.repairs,
             self.tool_calls, self.guard_actions, self.rewrites, self.ledger_overshoot, self.dropped_spans,
-            self.cache_tokens, self.cost_saved, self.wrap_up_notices, self.runs_ended, self.input_cost,
-            self.tool_context_cost, self.tool_unused_cost,
+            self.cache_tokens, self.cost_saved, self.cache_write_premium, self.wrap_up_notices, self.runs_ended,
+            self.input_cost, self.tool_context_cost, self.tool_unused_cost,
         ]  # fmt: skip
         return [*recorded, *_budget_gauges(self.budgets)]
 

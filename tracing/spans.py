@@ -269,6 +269,7 @@ def end_call(
     end_ns: int | None = None,
     chunk_gaps_s: Sequence[float] = (),
     saved_micros: int = 0,
+    premium_micros: int = 0,
     delivered_text: str | None = None,
     delivered_arguments: Mapping[str, str] | None = None,
     anatomy: Anatomy | None = None,
@@ -287,7 +288,8 @@ def end_call(
     recorded as their mean, one `time_per_output_chunk` point per call.
     `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
     `spanmeter.limit.rejections`.
-    `saved_micros`: what the call's prompt-cache reads saved at the price table's rates.
+    `saved_micros`: what the call's prompt-cache reads saved at the price table's rates;
+    `premium_micros`: what its cache writes cost above plain input.
     `anatomy`: where the call's input went (proxy/anatomy.py), as `spanmeter.input.*`
     attributes and the input-cost metrics by part and by tool.
     """
@@ -305,13 +307,15 @@ def end_call(
         if anatomy is not None:
             attrs.update(anatomy_attrs.call_attrs(anatomy))
             _record_anatomy_metrics(tel, cs, call, anatomy)
+        if premium_micros:
+            attrs[A.SPANMETER_COST_CACHE_WRITE_PREMIUM_USD] = premium_micros / 1e6
         cs.span.set_attributes(attrs)
         if outcome.error_type:
             cs.span.set_status(Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller)))
         _record_call_metrics(
             tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s, admit=refusal is None
         )
-        _record_cache_metrics(tel, cs, call, outcome, saved_micros, admit=refusal is None)
+        _record_cache_metrics(tel, cs, call, outcome, saved_micros, premium_micros, admit=refusal is None)
         if refusal:
             _count_refusal(tel, cs.caller, call, cs.provider, refusal, cs.context)
         tel.lean.end(cs.span, end)
@@ -593,7 +597,7 @@ def _record_call_metrics(
 
 
 def _record_cache_metrics(tel: Telemetry, cs: CallSpan, call: Call, outcome: Outcome, saved_micros: int,
-                          *, admit: bool) -> None:
+                          premium_micros: int = 0, *, admit: bool) -> None:
     """Prompt-cache tokens and savings, labelled as cost is. A cache-read point (0 when
     the provider reported none) goes with every call that reported input tokens, so the
     cached share of input exists for every model, not only those that hit the cache."""
@@ -611,6 +615,8 @@ def _record_cache_metrics(tel: Telemetry, cs: CallSpan, call: Call, outcome: Out
         m.cache_tokens.add(usage.cache_write_tokens, labels.cache_write, context=cs.context)
     if saved_micros > 0:
         m.cost_saved.add(saved_micros / 1e6, labels.money, context=cs.context)
+    if premium_micros > 0:
+        m.cache_write_premium.add(premium_micros / 1e6, labels.money, context=cs.context)
 
 
 def _record_anatomy_metrics(tel: Telemetry, cs: CallSpan, call: Call, an: Anatomy) -> None:
@@ -788,7 +794,8 @@ def end_run(
     `totals` keys: model_calls, tool_calls, failures (failed model calls), tool_failures
     (failed tool results and tool calls never answered; tool_results_missing of them),
     input_tokens and output_tokens (as `gen_ai.usage.*`), cost_micros, repairs, ceilings_hit,
-    cache_read_tokens (with input_tokens: the run's cached share of input), cost_saved_micros
+    cache_read_tokens (with input_tokens: the run's cached share of input), cost_saved_micros,
+    cache_write_premium_micros (with cost_saved_micros: what caching saved the run, net)
     (others become `spanmeter.run.<key>`).
     `status`: e.g. ok | error | ceiling | idle_timeout; error/failed mark the span ERROR.
     `caller`: the run's agent name and conversation id, if its first call gave them.
@@ -845,8 +852,13 @@ def _run_totals(totals: Mapping[str, int]) -> Attrs:
             out[A.SPANMETER_RUN_COST_USD] = value / 1e6
         elif key == "cost_saved_micros":
             out[A.SPANMETER_RUN_COST_SAVED_USD] = value / 1e6
+        elif key == "cache_write_premium_micros":
+            out[A.SPANMETER_RUN_COST_CACHE_WRITE_PREMIUM_USD] = value / 1e6
         else:
             out[_RUN_TOTALS.get(key, f"spanmeter.run.{key}")] = value
+    if "cost_saved_micros" in totals or "cache_write_premium_micros" in totals:
+        net = totals.get("cost_saved_micros", 0) - totals.get("cache_write_premium_micros", 0)
+        out[A.SPANMETER_RUN_COST_CACHE_NET_SAVED_USD] = net / 1e6
     cached, total = totals.get("cache_read_tokens"), totals.get("input_tokens")
     if cached is not None and total:
         out[A.SPANMETER_RUN_CACHE_READ_SHARE] = min(1.0, cached / total)

@@ -67,6 +67,7 @@ __all__ = [
     "PriceTable",
     "affordable_output_tokens",
     "cache_savings",
+    "cache_write_premium",
     "cost",
     "dearest_input_rate",
     "input_bound",
@@ -79,9 +80,9 @@ _SCALE = 1_000_000  # rates are micro-USD per million tokens
 _UNLIMITED = 2**31 - 1
 
 # A dated or versioned variant of a known model: -2024-08-06, -20250929, @20250929,
-# -001, -latest, -preview-05-20, -exp. Anything else ("gpt-5-pro", "gpt-4o-audio")
+# -0613 (OpenAI's month-day snapshots), -001, -latest, -preview-05-20, -exp. Anything else ("gpt-5-pro", "gpt-4o-audio")
 # is a different model with a different price and must not inherit the base price.
-_VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3}|latest|preview|exp|v\d+(?::\d+)?))+$")
+_VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3,4}|latest|preview|exp|v\d+(?::\d+)?))+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,12 +159,23 @@ def _reserve_factor(tiers: tuple[tuple[str, Fraction], ...], geos: tuple[tuple[s
 
 
 class PriceTable:
-    """Shipped prices plus config overrides; lookup by exact name or dated variant."""
+    """Shipped prices plus config overrides; lookup by exact name, dated variant or alias.
 
-    def __init__(self, prices: dict[str, Price]) -> None:
+    An alias (`claude-sonnet-4-0`, `gpt-4o`, `gemini-flash-latest`) is a name the provider
+    resolves to another model, and may resolve to a newer one tomorrow. Looking one up
+    gives the dearest of its own price and those of every model it may resolve to: the
+    reservation for a call must cover whichever runs. What the call is charged is the
+    price of the model the answer names, when the table knows it (proxy.steps).
+    """
+
+    def __init__(self, prices: dict[str, Price], aliases: dict[str, tuple[str, ...]] | None = None,
+                 unpriced: dict[str, str] | None = None) -> None:
         self._prices = prices
         # Longest names first, so "gpt-4o-mini-2024-07-18" finds gpt-4o-mini, not gpt-4o.
         self._by_length = sorted(prices, key=len, reverse=True)
+        self._aliases = {name: _dearest(name, self._base(name), {t: self._base(t) for t in targets})
+                         for name, targets in (aliases or {}).items()}
+        self._unpriced = dict(unpriced or {})
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PriceTable:
@@ -171,7 +183,12 @@ class PriceTable:
         prices = {name: _price(name, entry) for name, entry in (raw.get("models") or {}).items()}
         for name, entry in (overrides or {}).items():
             prices[name] = _override(prices.get(name), name, entry)
-        return cls(prices)
+        return cls(prices, _aliases(raw.get("aliases")), {str(k): str(v) for k, v in
+                                                          (raw.get("unpriced") or {}).items()})
+
+    def unpriced(self) -> dict[str, str]:
+        """Model names deliberately left without a price, each with the reason."""
+        return dict(self._unpriced)
 
     def __contains__(self, model: str) -> bool:
         return self.price(model) is not None
@@ -186,6 +203,10 @@ class PriceTable:
         if not model:
             return None
         name = model.removeprefix("models/")
+        alias = self._aliases.get(name)
+        return alias if alias is not None else self._base(name)
+
+    def _base(self, name: str) -> Price | None:
         found = self._prices.get(name)
         if found is not None:
             return found
@@ -193,6 +214,28 @@ class PriceTable:
             if name.startswith(known) and _VARIANT.match(name[len(known) :]):
                 return self._prices[known]
         return None
+
+
+def _aliases(raw: Any) -> dict[str, tuple[str, ...]]:
+    """{alias: [model, ...]} from prices.yaml; a single target may be written bare."""
+    if not raw:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"prices aliases: expected a mapping of alias to its models, got {raw!r}")
+    return {str(name): tuple(str(t) for t in (targets if isinstance(targets, list) else [targets]))
+            for name, targets in raw.items()}
+
+
+def _dearest(alias: str, own: Price | None, targets: dict[str, Price | None]) -> Price:
+    """The dearest of the alias's own price and its targets' (output, then input, then cache
+    rates). Every target must have a price, or the reservation could fall short of the model
+    that runs."""
+    missing = [t for t, p in targets.items() if p is None]
+    if missing or not targets:
+        raise ValueError(f"prices alias {alias}: {', '.join(missing) or 'no model'} has no price; "
+                         "add it under `models:` (or pricing.overrides) or drop the alias")
+    known = [p for p in (own, *targets.values()) if p is not None]
+    return max(known, key=lambda p: (p.output, p.input, p.cache_write_1h_rate(0), p.cache_write, p.cached_input))
 
 
 def cost(price: Price, usage: Usage) -> int:
@@ -225,6 +268,15 @@ def cache_savings(price: Price, usage: Usage) -> int:
     if not usage.cache_read_tokens:
         return 0
     return max(0, cost(price, replace(usage, cache_read_tokens=0)) - cost(price, usage))
+
+
+def cache_write_premium(price: Price, usage: Usage) -> int:
+    """Micro-USD the usage's cache writes cost above plain input (Anthropic's 1.25x and 2x):
+    `cost` minus what it would be with the writes billed as uncached input. What caching
+    saved, net, is `cache_savings` minus this."""
+    if not usage.cache_write_tokens:
+        return 0
+    return max(0, cost(price, usage) - cost(price, replace(usage, cache_write_tokens=0, cache_write_1h_tokens=0)))
 
 
 def _worst_input(price: Price, input_tokens: int, cache_write: str) -> int:

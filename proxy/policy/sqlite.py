@@ -854,14 +854,14 @@ def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,
     if not results:
         return ()
     state: tuple[str | None, int, int] = (run.sig, run.streak, run.failures)
-    closed = []
+    closed: list[dict[str, Any]] = []
     for call_id, ok in dict(results).items():
         taken = conn.execute("DELETE FROM tools WHERE tenant=? AND run_id=? AND id=? RETURNING call",
                              (tenant, run_id, call_id)).fetchone()
         if taken is None:
             continue  # not a call this proxy delivered, or closed already
         call = json.loads(taken[0])
-        state = streak_of(state, str(call.get("sig") or ""), ok)
+        state = streak_of(state, str(call.get("sig") or ""), ok, step=not closed)
         closed.append({**call, "ok": ok, "streak": state[1], "failures": state[2]})
     if closed:
         (run.sig, run.streak, run.failures), run.changed = state, True

@@ -310,10 +310,13 @@ def costed(limits: Limits) -> bool:
     return any(limits.cost_limit(scope) is not None for scope in SCOPES)
 
 
-def streak_of(state: tuple[str | None, int, int], sig: str, ok: bool) -> tuple[str, int, int]:
-    """(signature, streak, failures) of a run after one more closed tool call."""
+def streak_of(state: tuple[str | None, int, int], sig: str, ok: bool, *, step: bool = True) -> tuple[str, int, int]:
+    """(signature, streak, failures) of a run after one more closed tool call. `step` is
+    False for the calls after the first that one admission closes: they answer one model
+    turn, and identical calls within one answer (parallel calls) are one step of a streak.
+    admit.lua mirrors it."""
     last, streak, failures = state
-    return sig, streak + 1 if last == sig else 1, 0 if ok else failures + 1
+    return sig, (streak + step if last == sig else 1), 0 if ok else failures + 1
 
 
 def guard_refusal(tenant: str, run_id: str, closed: tuple[dict[str, Any], ...],

@@ -122,17 +122,19 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 
 
 def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
-    # Only results after the last assistant turn are new; names come from that turn's
-    # tool_use blocks, since tool_result blocks carry only the id.
+    # The results new in this request answer the last assistant turn that used tools; a
+    # turn an agent framework adds after them (deferred tool loading does) does not make
+    # them old. Names come from that turn's tool_use blocks: tool_result carries only the id.
     results: list[ToolResult] = []
     names: dict[str, str] = {}
     for m in messages:
         if not isinstance(m, dict):
             continue
         if m.get("role") == "assistant":
-            results = []
-            names = {str(b.get("id")): str(b.get("name")) for b in _blocks(m.get("content"))
-                     if b.get("type") == "tool_use"}
+            used = {str(b.get("id")): str(b.get("name")) for b in _blocks(m.get("content"))
+                    if b.get("type") == "tool_use"}
+            if used:
+                results, names = [], used
             continue
         for b in _blocks(m.get("content")):
             if b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str):

@@ -96,18 +96,27 @@ class TextShape:
 
 
 class Framer:
-    """Splits a byte stream into SSE events as soon as each is complete.
+    """Splits a byte stream into SSE events as soon as each is complete: the one framing of
+    every dialect's stream (the relay, its text-delta shortcut and the MCP route read
+    events through it).
 
-    Keeps only the unfinished tail between calls, so the work is linear in the
-    stream. The raw bytes of each event (terminator included) are kept so that the
-    relay forwards them unchanged: Anthropic needs its `event:` lines, google-genai
-    needs `data: ` exactly as the upstream wrote it.
+    An event ends at a blank line, and per the SSE spec a line ends at CRLF, LF or CR, in
+    any mix (`\n\r\n` is LF then CRLF: a blank line). Keeps only the unfinished tail
+    between calls, so the work is linear in the stream. The raw bytes of each event
+    (terminator included) are kept so that the relay forwards them unchanged: Anthropic
+    needs its `event:` lines, google-genai needs `data: ` exactly as the upstream wrote it.
+
+    A CR that ends a blank line at the very end of a chunk ends the event at once (it is
+    not held back in case an LF follows); an LF that then opens the next chunk is the rest
+    of that CRLF, not a line of its own: `split` hands it out with the next event's bytes,
+    the relay forwards it on its own (`EventEnds.first`).
     """
 
-    __slots__ = ("_tail",)
+    __slots__ = ("_cr", "_tail")
 
     def __init__(self) -> None:
         self._tail = b""
+        self._cr = False  # the bytes before `_tail` ended in a CR that ended an event
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         return [parse_sse_event(raw) for raw in self.split(chunk)]
@@ -126,61 +135,85 @@ class Framer:
     def single(self, chunk: bytes) -> bool:
         """Whether `chunk` is one whole event and nothing is held back: what a model's stream
         mostly is, one event per write (LF framing; anything else is found by `begin`)."""
-        return (not self._tail and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2
-                and b"\r" not in chunk)
+        return (not self._tail and not self._cr and chunk.endswith(b"\n\n")
+                and chunk.find(b"\n\n") == len(chunk) - 2 and b"\r" not in chunk)
 
     def begin(self, chunk: bytes) -> EventEnds:
         """The bytes held back so far and `chunk`, to find the events in; `keep` says where
         the unfinished rest starts (the relay reads events in place, unsliced)."""
-        ends = EventEnds(self._tail + chunk if self._tail else chunk)
+        buf = self._tail + chunk if self._tail else chunk
+        ends = EventEnds(buf, 1 if self._cr and buf.startswith(b"\n") else 0)
         self._tail = b""
         return ends
 
     def keep(self, ends: EventEnds, start: int) -> None:
-        self._tail = ends.buf[start:] if start else ends.buf
+        buf = ends.buf
+        self._tail = buf[start:] if start else buf
+        if start:
+            self._cr = buf[start - 1] == 0x0D
+        elif buf:
+            self._cr = self._cr and buf[0] == 0x0A  # the held tail still opens with that LF
 
     def flush(self) -> SseEvent | None:
         """The last event when the stream ended without a blank line."""
         raw = self.flush_raw()
-        return None if raw is None else parse_sse_event(raw)
+        return None if raw is None or not raw.strip() else parse_sse_event(raw)
 
     def flush_raw(self) -> bytes | None:
-        """`flush`, its raw bytes."""
+        """The bytes held back at the stream's end (an unterminated event, or line ends
+        after the last one: the relay forwards every byte); None when there are none."""
         tail, self._tail = self._tail, b""
-        return tail if tail.strip() else None
+        self._cr = False
+        return tail or None
 
 
 class EventEnds:
-    """Where the SSE events in one buffer end: after the earliest blank line (CRLF CRLF,
-    LF LF or CR CR) from an event's start. Each kind of blank line is looked for again
-    only once passed, so a buffer is read once, however many events it holds."""
+    """Where the SSE events in one buffer end: after the earliest blank line from an
+    event's start.
 
-    __slots__ = ("_cr", "_crlf", "_lf", "buf")
+    Two line ends in a row, whichever of CRLF, LF, CR each is, always show as one of
+    three byte pairs: LF LF, LF CR or CR CR (CR LF is one line end, never two). So the
+    earliest of those pairs is where the blank line starts; it ends two bytes on, or three
+    when its CR is the start of a CRLF. Each pair is looked for again only once passed, so
+    a buffer is read once, however many events it holds. `skip` leading bytes belong to
+    the event before (the LF of a CRLF whose CR ended it in an earlier chunk).
+    """
 
-    def __init__(self, buf: bytes) -> None:
+    __slots__ = ("_cr", "_lf", "_lfcr", "_skip", "buf", "first")
+
+    def __init__(self, buf: bytes, skip: int = 0) -> None:
         self.buf = buf
-        self._lf = buf.find(b"\n\n")
+        # Where the first event starts: the relay forwards a skipped LF as it came, outside
+        # any event, so an event's bytes are the same however the stream was cut.
+        self.first = self._skip = skip
+        self._lf = buf.find(b"\n\n", skip)
         # The common framing (OpenAI, Anthropic) has no CR: only LF LF is looked for.
-        self._crlf = self._cr = -1 if b"\r" not in buf else -2  # -2: not looked for yet
+        self._lfcr = self._cr = -1 if b"\r" not in buf else -2  # -2: not looked for yet
 
     def after(self, start: int) -> int:
         """The end of the event that starts at `start`, blank line included; -1: unfinished."""
         buf, lf = self.buf, self._lf
+        if start < self._skip:
+            start = self._skip
         if lf != -1 and lf < start:
             lf = self._lf = buf.find(b"\n\n", start)
-        crlf, cr = self._crlf, self._cr
-        if crlf == -1 and cr == -1:
+        lfcr, cr = self._lfcr, self._cr
+        if lfcr == -1 and cr == -1:
             return -1 if lf == -1 else lf + 2
-        if crlf != -1 and crlf < start:
-            crlf = self._crlf = buf.find(b"\r\n\r\n", start)
+        if lfcr != -1 and lfcr < start:
+            lfcr = self._lfcr = buf.find(b"\n\r", start)
         if cr != -1 and cr < start:
             cr = self._cr = buf.find(b"\r\r", start)
-        at, size = crlf, 4
-        if lf != -1 and (at == -1 or lf < at):
-            at, size = lf, 2
+        at = lf
+        if lfcr != -1 and (at == -1 or lfcr < at):
+            at = lfcr
         if cr != -1 and (at == -1 or cr < at):
-            at, size = cr, 2
-        return -1 if at == -1 else at + size
+            at = cr
+        if at == -1:
+            return -1
+        end = at + 2
+        # The blank line's own end is a CRLF: its LF is part of it.
+        return end + 1 if buf[end - 1] == 0x0D and buf[end:end + 1] == b"\n" else end
 
 
 def parse_sse_event(raw: bytes) -> SseEvent:
@@ -220,6 +253,7 @@ class HistoryCall:
     arguments: str  # JSON text of the arguments as the model gave them
     result: Path | None  # path of the result's value in the body; None: no result in this request
     latest: bool = False  # the result is new in this request: it follows the model's last turn
+    turn: int = 0  # the model turn (answer) that made the call, counted from 1: parallel calls share one
 
 
 class ProviderAdapter(Protocol):
@@ -556,7 +590,7 @@ class History:
     __slots__ = ("_calls", "_open", "_turns")
 
     def __init__(self) -> None:
-        # [call id, name, arguments, result path, the model turn its result follows]
+        # [call id, name, arguments, result path, the model turn its result follows, the turn that made it]
         self._calls: list[list[Any]] = []
         self._open: dict[str, int] = {}
         self._turns = 0
@@ -570,17 +604,18 @@ class History:
 
     def call(self, call_id: str, name: str, arguments: str) -> None:
         self._open[call_id] = len(self._calls)
-        self._calls.append([call_id, name, arguments, None, -1])
+        self._calls.append([call_id, name, arguments, None, -1, self._turns])
 
     def result(self, call_id: str, path: Path) -> None:
         """The result of `call_id` is at `path`; a result with no call seen is ignored."""
         at = self._open.get(call_id)
         if at is not None:
-            self._calls[at][3:] = [path, self._turns]
+            self._calls[at][3:5] = [path, self._turns]
 
     def calls(self) -> list[HistoryCall]:
         last = self._turns
-        return [HistoryCall(cid, name, args, path, turn == last > 0) for cid, name, args, path, turn in self._calls]
+        return [HistoryCall(cid, name, args, path, answered == last > 0, made)
+                for cid, name, args, path, answered, made in self._calls]
 
 
 def integer(value: Any) -> int | None:

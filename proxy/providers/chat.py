@@ -97,17 +97,19 @@ def _call_names(message: dict[str, Any]) -> dict[str, str]:
 
 
 def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
-    # Only the results after the last assistant turn are new in this request; the
-    # earlier ones were already seen in earlier requests of the run. Tool messages
-    # rarely carry a name, so it comes from the assistant's tool call of that id.
-    # Read from the end back to that turn: a long conversation costs only its tail.
+    # The results new in this request answer the model's last turn that called tools; an
+    # agent framework may add turns of its own after them (an assistant note, a user
+    # message), so the walk back goes past those to the turn with the calls. Earlier
+    # results were seen in earlier requests of the run. Tool messages rarely carry a name:
+    # it comes from the assistant's tool call of that id. Only the tail is read.
     start = len(messages)
     names: dict[str, str] = {}
     while start > 0:
         m = messages[start - 1]
         if isinstance(m, dict) and m.get("role") == "assistant":
             names = _call_names(m)
-            break
+            if names:
+                break
         start -= 1
     results: list[ToolResult] = []
     for m in messages[start:]:
@@ -365,7 +367,10 @@ class ChatAdapter(OpenAIFamily):
         return [Rewrite("include_usage", "injected")]
 
     def set_max_tokens(self, ex: Exchange, value: int) -> None:
-        ex.set_top(ex.call.max_tokens_field, value)
+        # A request with both fields: which one a server honours differs, so both get it.
+        both = [f for f in ("max_completion_tokens", "max_tokens") if f in ex.body]
+        for field in both if len(both) == 2 else [ex.call.max_tokens_field]:
+            ex.set_top(field, value)
 
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         return [(m, "content") for m in _list(body.get("messages"))

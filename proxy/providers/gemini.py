@@ -186,7 +186,10 @@ def _tool_results(contents: list[Any]) -> tuple[ToolResult, ...]:
         if not isinstance(content, dict):
             continue
         if content.get("role") == "model":
-            results = []
+            # Only a turn that calls functions makes the results before it old: a model
+            # turn an agent framework adds after the results does not answer them.
+            if _name_ids(_list(content.get("parts")), "functionCall"):
+                results = []
             continue
         for resp, call_id in _name_ids(_list(content.get("parts")), "functionResponse"):
             payload = resp.get("response")

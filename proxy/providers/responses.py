@@ -155,20 +155,25 @@ def _tool_name(tool: Any) -> str:
 
 
 def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
-    # Results after the model's last turn are new in this request. A turn is a run of
-    # model items (echoed function_call, reasoning, assistant message); a model item
-    # that follows anything else starts the next turn. Call ids map back to names.
+    # Results after the model's last turn that called functions are new in this request.
+    # A turn is a run of model items (echoed function_call, reasoning, assistant message);
+    # a model item that follows anything else starts the next turn, and only a turn with a
+    # function_call makes the results before it old: a message an agent framework adds
+    # after the results does not. Call ids map back to names.
     results: list[ToolResult] = []
     names: dict[str, str] = {}
     previous_was_model = False
+    calls_in_turn = False
     for item in items:
         if not isinstance(item, dict):
             continue
         if _is_model_item(item):
             if not previous_was_model:
-                results = []
+                calls_in_turn = False
             previous_was_model = True
             if item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
+                if not calls_in_turn:
+                    results, calls_in_turn = [], True
                 names[item["call_id"]] = str(item.get("name") or "")
             continue
         previous_was_model = False

@@ -10,6 +10,7 @@ A value cut off at the end is never completed unless the caller opts in
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import orjson
@@ -106,6 +107,51 @@ def _kind(value: Any) -> str:
     return "a boolean" if isinstance(value, bool) else "a number"
 
 
+class _Lag:
+    """How the text that came out compares with the text that went in: `behind` while
+    the output is the input with its end still held back, `diverged` once it differs.
+    Each input character is compared once, at most."""
+
+    __slots__ = ("_at", "_held", "diverged")
+
+    def __init__(self) -> None:
+        self._held: deque[str] = deque()  # input pieces not yet matched by output
+        self._at = 0  # in the first of them
+        self.diverged = False
+
+    @property
+    def behind(self) -> bool:
+        return bool(self._held)
+
+    def fed(self, text: str) -> None:
+        if text and not self.diverged:
+            self._held.append(text)
+
+    def finished(self) -> None:
+        """No more output: input still held back was dropped."""
+        if self._held:
+            self.diverged = True
+            self._held.clear()
+
+    def emitted(self, text: str) -> None:
+        i = 0
+        while i < len(text) and not self.diverged:
+            if not self._held:
+                self.diverged = True  # more out than in
+                break
+            head = self._held[0]
+            n = min(len(head) - self._at, len(text) - i)
+            if not head.startswith(text[i : i + n], self._at):
+                self.diverged = True
+                break
+            i, self._at = i + n, self._at + n
+            if self._at == len(head):
+                self._held.popleft()
+                self._at = 0
+        if self.diverged:
+            self._held.clear()
+
+
 class StreamRepairer:
     """Repairs a structured-output stream delta by delta.
 
@@ -114,6 +160,10 @@ class StreamRepairer:
     byte for byte. Held back: only what might still be dropped (text before the value, a
     comma that may be trailing, an object key until its value starts, a token that may
     go on). Each character is scanned once.
+
+    `behind` and `diverged` tell a caller holding the stream's events whether it may
+    still send them as they came: while the output so far is the input so far with its
+    end held back, and once the output caught up, nothing was changed.
     """
 
     def __init__(self, spec: OutputSpec, *, close_truncated: bool = False) -> None:
@@ -125,10 +175,22 @@ class StreamRepairer:
         self._emitted: list[str] = []
         self._repair: Repair | None = None
         self._finished = False
+        self._lag = _Lag()
 
     def feed(self, delta: str) -> str:
+        self._lag.fed(delta)
         self._stream.feed(delta)
         return self._take()
+
+    @property
+    def behind(self) -> bool:
+        """Some input has not come out yet, and what came out is the input unchanged."""
+        return self._lag.behind
+
+    @property
+    def diverged(self) -> bool:
+        """What came out is not the input: the repair changed something."""
+        return self._lag.diverged
 
     def finish(self) -> str:
         if self._finished:
@@ -136,6 +198,7 @@ class StreamRepairer:
         self._finished = True
         self._stream.finish(close=self.close_truncated)
         tail = self._take()
+        self._lag.finished()
         self._repair = self._judge()
         return tail
 
@@ -156,6 +219,7 @@ class StreamRepairer:
         text = "".join(self._stream.drain())
         if text:
             self._emitted.append(text)
+            self._lag.emitted(text)
         return text
 
     def _judge(self) -> Repair | None:

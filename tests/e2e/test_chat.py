@@ -82,6 +82,8 @@ async def test_stream_is_forwarded_event_by_event_and_usage_chunk_hidden(sim, pr
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks).startswith("Hello!")
     assert sim.last.json()["stream_options"] == {"include_usage": True}
     assert "include_usage=injected" in raw.headers["x-spanmeter-rewrites"]
+    # The headers leave before the stream: they never announce a drop that has not happened.
+    assert "usage_chunk" not in raw.headers["x-spanmeter-rewrites"]
 
 
 async def test_stream_with_client_usage_is_untouched(sim, proxy):

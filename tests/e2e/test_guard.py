@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
+from aiohttp import web
+
+from proxy.demo import serve_on_free_port
 
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file",
@@ -166,3 +170,56 @@ async def _gemini_loop(url: str, rounds: int) -> None:
 
 
 _DIALECT_LOOPS = {"anthropic": _anthropic_loop, "responses": _responses_loop, "gemini": _gemini_loop}
+
+
+# A model that answers with parallel calls: `CALLS=n` in the first user message asks for the
+# `random_topic` tool n times in every answer, always with the same (empty) arguments.
+async def _parallel_model(request: web.Request) -> web.Response:
+    body = await request.json()
+    n = int(body["messages"][0]["content"].split("CALLS=")[1])
+    turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+    calls = [{"id": f"call_{turn}_{i}", "type": "function", "function": {"name": "random_topic", "arguments": "{}"}}
+             for i in range(n)]
+    return web.json_response({
+        "id": f"chatcmpl-{turn}", "object": "chat.completion", "created": 1, "model": body["model"],
+        "choices": [{"index": 0, "finish_reason": "tool_calls",
+                     "message": {"role": "assistant", "content": None, "tool_calls": calls}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+
+
+@pytest.fixture
+async def parallel_model() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", _parallel_model)
+    runner, url = await serve_on_free_port(app)
+    yield url
+    await runner.cleanup()
+
+
+RANDOM_TOPIC = [{"type": "function", "function": {"name": "random_topic", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("action", ["remind", "refuse"])
+async def test_identical_parallel_calls_of_one_answer_are_one_step(make_proxy, parallel_model, action):
+    proxy = await make_proxy(openai_base_url=parallel_model, policy={"guard": {"action": action}})
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0,
+                                default_headers={"X-Run-Id": f"parallel-{action}"})
+    msgs: list[dict] = [{"role": "user", "content": "three random topics, CALLS=3"}]
+    for answer in range(3):  # each answer asks for random_topic three times at once; the agent runs all
+        raw = await client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=msgs,
+                                                                      tools=RANDOM_TOPIC)
+        # Request k carries the results of answer k-1: nine identical calls by now, in two answers.
+        assert "loop_reminder" not in raw.headers.get("x-spanmeter-rewrites", ""), answer
+        message = raw.parse().choices[0].message
+        assert len(message.tool_calls) == 3
+        msgs.append(message.model_dump(exclude_none=True))
+        msgs += [{"role": "tool", "tool_call_id": c.id, "content": f"topic {c.id}"} for c in message.tool_calls]
+    # The results of the third answer in a row asking for the same call: a streak of three.
+    if action == "refuse":
+        with pytest.raises(openai.ConflictError, match="`random_topic` 3 times in a row"):
+            await client.chat.completions.create(model="gpt-4o-mini", messages=msgs, tools=RANDOM_TOPIC)
+    else:
+        raw = await client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=msgs,
+                                                                      tools=RANDOM_TOPIC)
+        assert "loop_reminder=random_topicx3" in raw.headers["x-spanmeter-rewrites"]
+    await client.close()

@@ -431,11 +431,25 @@ async def test_one_admission_closes_every_result_of_a_turn_in_order(store: Store
     calls = [{"id": f"c{i}", "name": "read", "arguments": "{}", "sig": "read:same"} for i in range(4)]
     await store.settle(await admit(store, tenant), 1, tools=calls)
     a = await admit(store, tenant, turn=Turn(results=(("c0", True), ("zz", True), ("c1", False), ("c2", True))))
+    # Identical calls of one answer (parallel calls) are one step; failures count per result.
     assert [(c["id"], c["streak"], c["failures"], c["ok"]) for c in a.closed] == [
-        ("c0", 1, 0, True), ("c1", 2, 1, False), ("c2", 3, 0, True)]
+        ("c0", 1, 0, True), ("c1", 1, 1, False), ("c2", 1, 0, True)]
     assert [c["id"] for c in await store.tools_pending(tenant, "r-1")] == ["c3"]
     again = await admit(store, tenant, turn=Turn(results=(("c0", True),)))
     assert again.closed == (), "a tool call is closed once"
+
+
+async def test_identical_parallel_calls_are_one_step_and_a_streak_counts_turns(store: Store, tenant: str) -> None:
+    rule = GuardRule(threshold=3, refuse=True)
+    streaks = []
+    for turn in range(2):  # two answers, each asking three times for the same call at once
+        calls = [{"id": f"t{turn}c{i}", "name": "topic", "arguments": "{}", "sig": "topic"} for i in range(3)]
+        await store.settle(await admit(store, tenant), 1, tools=calls)
+        a = await admit(store, tenant, turn=Turn(results=tuple((c["id"], True) for c in calls), guard=rule))
+        streaks.append([c["streak"] for c in a.closed])
+    assert streaks == [[1, 1, 1], [2, 2, 2]], "three parallel calls are not three in a row"
+    with pytest.raises(LoopRefused, match="`topic` 3 times in a row"):
+        await _tool_turn(store, tenant, "topic", guard=rule)  # the third answer asking it
 
 
 async def test_the_guard_refuses_inside_the_admission_and_the_results_stay_closed(store: Store, tenant: str) -> None:

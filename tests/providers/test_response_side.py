@@ -36,6 +36,7 @@ def _stream(case: Case, hooks: Hooks, sse: str) -> str:
         parsed = case.adapter.parse_event(event)
         got = next((b for hook in hooks.on_event if (b := hook(event, parsed)) is not None), None)
         out.append(event.raw if got is None else got)
+    out += [h.release() for h in hooks.holds]  # what the hooks held to the end
     return b"".join(out).decode()
 
 

@@ -88,7 +88,14 @@ def _same(dialect: str, chunks: list[bytes], request: str = "stream") -> Relayed
     full = _relay(adapter, dialect, request, chunks, full=True)
     fast = _relay(adapter, dialect, request, chunks, full=False)
     assert full.taken == 0
-    assert (full.sent, full.outcome) == _reference(adapter, dialect, request, b"".join(chunks))
+    sent, outcome = _reference(adapter, dialect, request, b"".join(chunks))
+    assert full.outcome == outcome
+    if any(a.endswith(b"\r") and b.startswith(b"\n") for a, b in itertools.pairwise(c for c in chunks if c)):
+        # A CRLF cut in two ends its event at the CR; when a hook replaces that event, the
+        # LF still goes out after it: a blank line more between events, the same events.
+        assert _fields(full.sent) == _fields(sent)
+    else:
+        assert full.sent == sent
     assert fast.sent == full.sent
     assert fast.outcome == full.outcome
     assert fast.records == full.records
@@ -130,6 +137,43 @@ def test_a_long_answer_is_mostly_taken_by_its_bytes_and_cut_anywhere_relays_the_
     _same(dialect, [stream[i:i + 1] for i in range(len(stream))])
 
 
+_ENDS = (b"\n", b"\r\n", b"\r")
+_WORDS = [b"Paris ", b"is ", b"sunny "] * 3
+# (line end, blank line's end) pairs: every mix but CR then LF, which is one CRLF.
+_MIXES = [(a, b) for a in _ENDS for b in _ENDS if not (a == b"\r" and b == b"\n")]
+
+
+def _reframed(dialect: str, mixes: list[tuple[bytes, bytes]]) -> bytes:
+    """The dialect's recorded text stream, its text deltas repeated (the shortcut takes
+    them), with each event's lines ended by the next mix's line end and the event by its
+    blank line's end (`\n\r\n`: LF, then CRLF)."""
+    out = []
+    for i, event in enumerate(_events(_grown(dialect, _WORDS))):
+        line, blank = mixes[i % len(mixes)]
+        lines = re.split(rb"\r\n|\r|\n", event.strip(b"\r\n"))
+        out.append(line.join(lines) + line + blank)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("mix", _MIXES, ids=lambda m: repr(m[0] + m[1]).replace("\\", "/"))
+def test_any_line_ends_relay_the_same_through_the_shortcut(dialect: str, mix: tuple[bytes, bytes]) -> None:
+    stream = _reframed(dialect, [mix])
+    plain = _same(dialect, _events(_grown(dialect, _WORDS)))
+    whole = _same(dialect, [stream])
+    assert whole.outcome == plain.outcome  # the line ends change nothing read from the stream
+    assert whole.outcome.text.startswith("Paris is sunny Paris")
+    assert whole.taken >= len(_WORDS) - 1  # and the shortcut still takes the text deltas
+    _same(dialect, [stream[i:i + 1] for i in range(len(stream))])
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_mixed_line_ends_cut_at_every_byte_relay_the_same(dialect: str) -> None:
+    stream = _reframed(dialect, _MIXES)
+    for cut in range(len(stream) + 1):
+        _same(dialect, [stream[:cut], stream[cut:]])
+
+
 _JSON_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
 
 
@@ -166,13 +210,25 @@ def test_a_delta_of_an_earlier_shape_after_another_brings_its_own_metadata_back(
 
 
 def _reference_events(stream: bytes) -> list[bytes]:
-    """SSE framing as the spec's blank lines end events, read with one regex (the earliest
-    of CRLF CRLF, LF LF, CR CR), and the unterminated rest."""
-    out, start = [], 0
-    while (m := re.compile(rb"\r\n\r\n|\n\n|\r\r").search(stream, start)) is not None:
-        out.append(stream[start:m.end()])
-        start = m.end()
-    return out + ([stream[start:]] if stream[start:].strip() else [])
+    """SSE framing as the spec reads a whole stream: line by line (a line ends at CRLF, LF
+    or CR), an event ending with the blank line after it; and the unterminated rest."""
+    out, start, content = [], 0, False
+    for m in re.finditer(rb"([^\r\n]*)(?:\r\n|\r|\n)", stream):
+        if m.group(1):
+            content = True
+        elif content:
+            out.append(stream[start:m.end()])
+            start, content = m.end(), False
+    return out + ([stream[start:]] if stream[start:] else [])
+
+
+def _fields(stream: bytes) -> list[tuple[str | None, str]]:
+    return [(e.event, e.data) for e in map(_reference_parse, _contentful(_reference_events(stream)))]
+
+
+def _contentful(raws: list[bytes]) -> list[bytes]:
+    """The events that carry a line (blank lines between events are no event of their own)."""
+    return [r for r in raws if r.strip(b"\r\n")]
 
 
 _SSE_BYTES = st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"data:y", b"event: e ", b"a", b" "])
@@ -186,8 +242,13 @@ def test_the_framer_ends_events_where_the_spec_does_however_the_stream_is_cut(st
     at = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     got = [e for a, b in itertools.pairwise(at) for e in framer.split(stream[a:b])]
     tail = framer.flush_raw()
-    assert got + ([tail] if tail is not None else []) == _reference_events(stream)
-    assert [parse_sse_event(e) for e in got] == [_reference_parse(e) for e in got]
+    got += [tail] if tail is not None else []
+    assert b"".join(got) == stream
+    want = _reference_events(stream)
+    fields = [(e.event, e.data) for e in map(_reference_parse, _contentful(want))]
+    assert [(e.event, e.data) for e in map(parse_sse_event, _contentful(got))] == fields
+    if not any(stream[c - 1:c + 1] == b"\r\n" for c in at):  # no CRLF cut in two: the same bytes each
+        assert [e.strip(b"\r\n") for e in _contentful(got)] == [e.strip(b"\r\n") for e in _contentful(want)]
 
 
 def _reference_parse(raw: bytes) -> SseEvent:
@@ -199,3 +260,48 @@ def _reference_parse(raw: bytes) -> SseEvent:
         elif line.startswith(b"event:"):
             name = line[6:].decode("utf-8", "replace").strip()
     return SseEvent(raw, name, b"\n".join(data).decode("utf-8", "replace"))
+
+
+# ------------------------------------------------------------------ a repair that changes nothing
+
+@pytest.mark.parametrize("case", [c for c in stream_cases() if c.dialect in DIALECTS], ids=str)
+def test_a_stream_needing_no_repair_goes_out_as_it_came_however_it_is_cut(case: Case) -> None:
+    # Its tools declared, so the arguments are repaired as they stream: the repairers hold
+    # back the start of an object and a maybe-trailing comma, and the events with them.
+    stream = case.input
+    for chunks in ([stream], _events(stream), [stream[i:i + 7] for i in range(0, len(stream), 7)]):
+        for full in (False, True):
+            relayed = _relay(ADAPTERS[case.dialect], case.dialect, "tools", chunks, full=full)
+            rewrites, repairs, _, delivered = relayed.records
+            assert relayed.sent == (_without_usage_chunk(stream) if "usage_chunk=dropped" in rewrites else stream)
+            assert not [r for r in rewrites if r.startswith("repair")] and repairs == [] and delivered == {}
+
+
+def _without_usage_chunk(stream: bytes) -> bytes:
+    """A chat stream as a client that did not ask for usage gets it: no usage-only chunk."""
+    return b"".join(e for e in _events(stream) if not (b'"choices":[]' in e and b'"usage":{' in e))
+
+
+def _chat_events(name: str) -> list[bytes]:
+    return _events((DATA / "chat" / name).read_bytes())
+
+
+def test_a_text_delta_never_overtakes_events_held_for_the_arguments() -> None:
+    # A text delta the shortcut knows the shape of arrives while the first fragment of a
+    # call's arguments (`{"ci`) is held: it waits its turn, and all go out as they came.
+    text, tools = _chat_events("text_stream.sse"), _chat_events("tool_calls_stream.sse")
+    again = text[1].replace(b"Paris is ", b"and warm")
+    stream = b"".join([*text[:2], text[1], tools[0], tools[1], again, *tools[2:]])
+    for chunks in ([stream], _events(stream)):
+        relayed = _relay(ADAPTERS["chat"], "chat", "tools", chunks, full=False)
+        assert relayed.sent == stream
+        assert relayed.taken >= 1  # the shortcut ran before the call; not while events were held
+
+
+def test_events_held_when_the_stream_ends_go_out_as_they_came() -> None:
+    # Cut inside the arguments, before any finish: nothing repaired them, nothing is lost.
+    tools = _chat_events("tool_calls_stream.sse")
+    stream = b"".join(tools[:2])
+    for chunks in ([stream], [stream[:-1], stream[-1:]], [stream[:-3]]):
+        relayed = _relay(ADAPTERS["chat"], "chat", "tools", chunks, full=False)
+        assert relayed.sent == b"".join(chunks)

@@ -108,3 +108,20 @@ def test_random_chunks_of_a_large_json5_stream_repair_the_same(seed: int) -> Non
     assert orjson.loads(out) == records
     assert r.repair is not None
     assert set(r.repair.actions) == {"fence", "prose", "unquoted_key", "trailing_comma"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_behind_and_diverged_say_whether_the_output_so_far_is_the_input_unchanged(case: dict[str, Any]) -> None:
+    """What lets a stream's events go out as they came: while the output is the input with
+    its end held back the repairer is `behind`, once it differs it has `diverged`; at the
+    end, it diverged exactly when the repaired text is not the text that came in."""
+    text = case["input"]
+    for chunks in ([text[:cut], text[cut:]] for cut in range(len(text) + 1)):
+        r = StreamRepairer(spec_of(case), close_truncated=case["close_truncated"])
+        fed = out = ""
+        for c in chunks:
+            fed, out = fed + c, out + r.feed(c)
+            assert r.diverged == (not fed.startswith(out)), (chunks, out)
+            assert r.behind == (not r.diverged and out != fed), (chunks, out)
+        out += r.finish()
+        assert r.diverged == (out != text) and not r.behind, (chunks, out)

@@ -25,7 +25,8 @@ def exercise(tel: Telemetry) -> None:
     outcome = Outcome(status=200, usage=Usage(10, 5, cache_read_tokens=4, cache_write_tokens=2), first_chunk_s=0.2)
     spans.end_call(tel, cs, call, outcome, cost_micros=5, usage_source="reported",
                    budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
-                   repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3)  # fmt: skip
+                   repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3,
+                   premium_micros=2)  # fmt: skip
     parts = [InputPart("tools", 5, "t"), InputPart("tools", 5, "u"), InputPart("tool_result", 9, "t", "c")]
     an = anatomy(parts, Usage(10, 5), None)
     spans.end_call(tel, spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None),  # type: ignore[arg-type]

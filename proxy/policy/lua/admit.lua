@@ -44,7 +44,8 @@ if n > 0 then
       local body = string.sub(cur, string.find(cur, '\t', 1, true) + 1)
       local call_sig = cjson.decode(body)['sig']
       if type(call_sig) ~= 'string' then call_sig = '' end
-      if call_sig == sig then streak = streak + 1 else streak = 1 end
+      -- Identical calls closed by one admission answer one model turn: one step (store.streak_of).
+      if call_sig ~= sig then streak = 1 elseif not touched then streak = streak + 1 end
       sig = call_sig
       if ARGV[i + 1] == '1' then failures = 0 else failures = failures + 1 end
       table.insert(closed, body)

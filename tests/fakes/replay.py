@@ -1,0 +1,57 @@
+"""A replay upstream: answers each request with the bytes a real provider sent for it.
+
+The pair is named by the `x-replay-pair` request header (spanmeter forwards it). A
+stream goes out cut at awkward byte offsets (inside a line, a CRLF, a UTF-8 character),
+a different cut per pair, so the proxy's framing is tried on real bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from typing import Any
+
+from aiohttp import web
+
+PAIRS = web.AppKey("pairs", dict)
+CUTS = (1, 7, 2, 64, 3, 13, 5, 300, 11)
+
+
+def create_replay(pairs: dict[str, dict[str, Any]]) -> web.Application:
+    app = web.Application()
+    app[PAIRS] = pairs
+    app.router.add_route("POST", "/{tail:.*}", _answer)
+    return app
+
+
+def decoded(pair: dict[str, Any]) -> bytes:
+    """The response's bytes as the client reads them: `decoded_b64` is set only where the
+    recorded bytes were compressed."""
+    r = pair["response"]
+    return base64.b64decode(r["decoded_b64"] if r.get("decoded_b64") is not None else r["body_b64"] or "")
+
+
+def _content_type(pair: dict[str, Any]) -> str:
+    raw = pair["response"].get("headers") or []
+    pairs = raw.items() if isinstance(raw, dict) else raw  # [[name, value], ...] as recorded
+    return next((str(v) for k, v in pairs if k.lower() == "content-type"), "application/json")
+
+
+async def _answer(request: web.Request) -> web.StreamResponse:
+    pair = request.app[PAIRS].get(request.headers.get("x-replay-pair", ""))
+    if pair is None:
+        return web.json_response({"error": {"message": "replay: no recorded pair for this request"}}, status=599)
+    await request.read()
+    body, status = decoded(pair), int(pair["response"]["status"])
+    ctype = _content_type(pair)
+    if not (pair["stream"] and status < 300 and "event-stream" in ctype):
+        return web.Response(body=body, status=status, headers={"Content-Type": ctype})
+    resp = web.StreamResponse(status=status, headers={"Content-Type": ctype})
+    await resp.prepare(request)
+    i, at = zlib.crc32(pair["id"].encode()) % len(CUTS), 0
+    while at < len(body):
+        size = CUTS[i % len(CUTS)]
+        await resp.write(body[at : at + size])
+        at, i = at + size, i + 1
+    await resp.write_eof()
+    return resp
