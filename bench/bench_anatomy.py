@@ -4,22 +4,33 @@ The agent turn of bench/payloads.py (45 KB: 20 tool definitions, 15 earlier roun
 tool results) with usage of 11,000 input tokens, 8,192 of them cached. Timed in a loop,
 after a warm-up, each step apart and then the whole of what a call adds:
 
-  split     the chat module's input_parts: the request's parts and their sizes
-  shares    proxy.ledger.anatomy.anatomy: tokens, cached split and micro-USD per part
+  split     the request's parts: in a run, the last request's split and the new turn's
+            items only (the request is checked to be the last one with items appended);
+            `cold` is the first request of a run, split whole
+  shares    proxy.ledger.anatomy.shares: tokens, cached tokens and micro-USD per group of parts
   record    the run-total counters and the span attributes (tracing/anatomy.py)
 
-    python bench/bench_anatomy.py [--calls N]
+    python bench/bench_anatomy.py [--calls N] [--before REV]
 
-The target is 20 us for the whole per call (the feature is on by default if it meets it).
+`--before REV` first runs REV's own bench_anatomy.py on REV's code (exported with `git
+archive` to a temporary directory), then this one: before and after in one run, on the
+same machine and load.
+
+The target is 20 us for the whole per call in a run (the feature is on by default since it
+meets it). bench/run.py reports the same figure beside the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import orjson
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -27,10 +38,9 @@ sys.path.insert(0, str(HERE))
 
 from payloads import MODEL, REQUEST_AGENT  # noqa: E402
 
-from proxy.ledger.anatomy import anatomy  # noqa: E402
+from proxy.ledger.anatomy import shares, split_of  # noqa: E402
 from proxy.ledger.pricing import PriceTable  # noqa: E402
 from proxy.model import Usage  # noqa: E402
-from proxy.providers.base import open_exchange  # noqa: E402
 from proxy.providers.chat import CHAT  # noqa: E402
 from tracing.anatomy import call_attrs, call_totals  # noqa: E402
 
@@ -49,30 +59,66 @@ def _per_call_us(fn: Callable[[], object], calls: int) -> float:
     return best
 
 
+def _turns() -> tuple[bytes, bytes, bytes]:
+    """The agent's 15th, 16th and 17th requests: each the last with the new turn appended
+    (the 17th is REQUEST_AGENT: its last round has two calls, so three new messages)."""
+    body = orjson.loads(REQUEST_AGENT)
+    messages = body["messages"]
+    return (orjson.dumps({**body, "messages": messages[:-5]}), orjson.dumps({**body, "messages": messages[:-3]}),
+            REQUEST_AGENT)
+
+
+def measure(calls: int) -> dict[str, float]:
+    """Per-call microseconds of each step and of the whole, cold (split whole) and in a run."""
+    r15, r16, r17 = _turns()
+    before = split_of(CHAT, r16, orjson.loads(r16), split_of(CHAT, r15, orjson.loads(r15), None))
+    body = orjson.loads(r17)
+    usage = Usage(input_tokens=11_000, output_tokens=40, cache_read_tokens=8_192)
+    price = PriceTable.load().price(MODEL)
+    sp = split_of(CHAT, r17, body, before)
+    assert sp.end is not None and sp is not before, "turn 17 extends turn 16"
+    an = shares(sp, usage, price)
+    assert an is not None
+
+    def whole(prev: object) -> Callable[[], None]:
+        def run() -> None:
+            found = shares(split_of(CHAT, r17, body, prev), usage, price)  # type: ignore[arg-type]
+            assert found is not None
+            call_totals(found, ())
+            call_attrs(found)
+        return run
+
+    return {
+        "split": _per_call_us(lambda: split_of(CHAT, r17, body, before), calls),
+        "split_cold": _per_call_us(lambda: split_of(CHAT, r17, body, None), calls),
+        "shares": _per_call_us(lambda: shares(sp, usage, price), calls),
+        "record": _per_call_us(lambda: (call_totals(an, ()), call_attrs(an)), calls),
+        "whole": _per_call_us(whole(before), calls),
+        "whole_cold": _per_call_us(whole(None), calls),
+        "parts": float(len(sp.sizes)),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=5000)
+    p.add_argument("--before", metavar="REV", help="run REV's bench first (e.g. main)")
     args = p.parse_args()
-    ex = open_exchange(CHAT, REQUEST_AGENT, "/v1/chat/completions")
-    usage = Usage(input_tokens=11_000, output_tokens=40, cache_read_tokens=8_192)
-    price = PriceTable.load().price(MODEL)
-    parts = CHAT.input_parts(ex.body)
-    an = anatomy(parts, usage, price)
-    assert an is not None
-
-    def whole() -> None:
-        found = anatomy(CHAT.input_parts(ex.body), usage, price)
-        assert found is not None
-        call_totals(found, ())
-        call_attrs(found)
-
-    split = _per_call_us(lambda: CHAT.input_parts(ex.body), args.calls)
-    shares = _per_call_us(lambda: anatomy(parts, usage, price), args.calls)
-    record = _per_call_us(lambda: (call_totals(an, ()), call_attrs(an)), args.calls)
-    total = _per_call_us(whole, args.calls)
-    print(f"cost anatomy, agent turn ({len(REQUEST_AGENT) // 1000} KB, {len(parts)} parts): "
-          f"split {split:.1f} us + shares {shares:.1f} us + record {record:.1f} us; "
-          f"whole {total:.1f} us per call (target {TARGET_US:.0f} us: {'met' if total <= TARGET_US else 'MISSED'})")
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = HERE.parent
+            archive = subprocess.run(["git", "-C", str(root), "archive", args.before, "proxy", "tracing", "bench"],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            print(f"before ({args.before}): ", end="", flush=True)
+            subprocess.run([sys.executable, "bench/bench_anatomy.py", "--calls", str(args.calls)], cwd=tmp, check=True)
+        print("after (this tree):  ", end="", flush=True)
+    m = measure(args.calls)
+    print(f"cost anatomy, agent turn ({len(REQUEST_AGENT) // 1000} KB, {m['parts']:.0f} parts): "
+          f"split {m['split']:.1f} us (cold {m['split_cold']:.1f}) + shares {m['shares']:.1f} us + "
+          f"record {m['record']:.1f} us; whole {m['whole']:.1f} us per call in a run "
+          f"(target {TARGET_US:.0f} us: {'met' if m['whole'] <= TARGET_US else 'MISSED'}), "
+          f"{m['whole_cold']:.1f} us for a run's first call")
 
 
 if __name__ == "__main__":

@@ -623,6 +623,11 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
         tables += ("\n\nWARNING: other processes used more than 10% of CPU 0 during " + str(len(noisy)) +
                    " measurement(s) (" + ", ".join(noisy[:12]) + ("..." if len(noisy) > 12 else "") +
                    "): latencies and rates of those are pessimistic; CPU per request is the robust figure.")
+    from bench_anatomy import measure as anatomy_measure
+
+    anatomy = anatomy_measure(2000)  # the cost anatomy's CPU per call (issue 28): seconds, in-process
+    tables += (f"\n\nCost anatomy per call at the agent turn (bench/bench_anatomy.py): {anatomy['whole']:.1f} us in a "
+               f"run, {anatomy['whole_cold']:.1f} us for a run's first call (target 20 us)")
     print(tables)
     for name, rows in verdict.items():
         print(f"\n{name}:\n  " + "\n  ".join(rows))
@@ -636,7 +641,7 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
         "plan": plan.__dict__, "targets": {t.name: t.what for t in targets},
         "scenarios": {s.name: s.what for s in SCENARIOS},
         "summary": summary, "ratio_to_bare": rat, "workers_vs_one": workers_vs_one(summary),
-        "contaminated": noisy, "verdicts": verdict, "tables_md": tables,
+        "contaminated": noisy, "verdicts": verdict, "tables_md": tables, "anatomy_us": anatomy,
         "runs": {t.name: t.runs | {"ttfb": t.ttfb} for t in targets}, "profile": profile,
         "elapsed_s": round(time.monotonic() - started, 1),
     }

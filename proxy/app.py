@@ -21,6 +21,7 @@ from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.govern.caching import PrefixMemory
 from proxy.govern.runs import Runs
+from proxy.ledger.anatomy import Splits
 from proxy.ledger.backends import open_store
 from proxy.ledger.failopen import FailOpenStore
 from proxy.ledger.pricing import PriceTable
@@ -31,7 +32,7 @@ from proxy.providers.base import ProviderAdapter
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.serve import accesslog, admin
-from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
 from proxy.serve.background import Background
 from proxy.serve.handler import handle_call
 from proxy.serve.routes import match, unknown_route
@@ -249,6 +250,7 @@ async def _runs_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     app[BACKGROUND] = background = Background()
     app[PREFIXES] = PrefixMemory()
+    app[SPLITS] = Splits()
     yield
     await background.drain()
 

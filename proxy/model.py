@@ -281,14 +281,15 @@ class InputPart(NamedTuple):
     call_id: str = ""  # the tool call a result answers
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made on every call, and a frozen init costs a setattr per field
 class Anatomy:
-    """Where a call's billed input went: part i has `tokens[i]` of the billed input tokens,
-    `cached[i]` of them read from the prompt cache, and costs `costs[i]` micro-USD. The
-    parts add up exactly to `input_tokens` and `input_cost_micros` (the call's cost with
-    its output taken out). Parallel lists, not an object per part: an agent turn has dozens."""
+    """Where a call's billed input went, by unit (proxy/ledger/anatomy.py: a kind of part, or a
+    part): unit i, `groups[i]` = (kind, tool name), has `tokens[i]` of the billed input tokens, `cached[i]`
+    of them read from the prompt cache, and costs `costs[i]` micro-USD. The groups add up
+    exactly to `input_tokens` and `input_cost_micros` (the call's cost with its output
+    taken out). Parallel lists, not an object per group: this is made on every call."""
 
-    parts: list[InputPart]
+    groups: list[tuple[str, str]]
     tokens: list[int]
     cached: list[int]
     costs: list[int]
@@ -296,3 +297,12 @@ class Anatomy:
     input_cost_micros: int
     # (tokens, cached tokens, micro-USD) per kind of part, in the order the kinds first appear.
     kinds: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # The largest tool results one by one: (tool, call id, bytes, tokens, micro-USD), largest first.
+    top: list[tuple[str, str, int, int, int]] = field(default_factory=list)
+    definitions: dict[str, int] = field(default_factory=dict)  # tool name -> its definition's bytes
+    # Tool name -> micro-USD of its results (each priced by the windows its bytes lie in,
+    # rounded down: a breakdown of the tool_result kind within a micro-USD per tool).
+    results: dict[str, int] = field(default_factory=dict)
+    # False when the definitions are those of the run's last request, already counted in its
+    # totals: they are counted once per tool list, not on every call (tracing/anatomy.py).
+    definitions_new: bool = True

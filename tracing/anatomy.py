@@ -6,15 +6,19 @@ operation; the totals are name -> integer, summed), all named `anatomy|...`:
 
     anatomy|part|<kind>|micros|tokens|cached    per kind of part
     anatomy|result|<tool>|micros                what the tool's results cost this call
-    anatomy|def|<tool>|micros                   what the tool's definition cost this call
+    anatomy|def|<tool>|bytes                    the tool's definition's bytes, once per tool list
     anatomy|called|<tool>                       the tool calls the answer made
     anatomy|top|<tool>|<call id>|micros|sends|bytes   the call's largest results
 
 Summed over the run's calls, a result's micros are everything it cost: its first send and
-every re-send after it. Tool names are bounded per call (`MAX_TOOLS`, the rest `_OTHER`);
-the per-result counters only for each call's `TOP_RESULTS` largest results (by bytes, which
-do not change between sends, so a large result is counted on every send). The run span
-reads these back (`run_anatomy`).
+every re-send after it. A definition's cost over the run is the run's tool-definition
+cost shared by the definitions' bytes (they are all in the same cached prefix, so they
+bill alike); the bytes are counted when a run's tool list is first seen (again after a
+request that was split whole), not on every call: about 20 fewer counters per call for the
+settle to store. Tool names are bounded per call (`MAX_TOOLS`, the rest `_OTHER`); the
+per-result counters only for each call's `TOP_RESULTS` largest results (by bytes, which
+do not change between sends, so a large result is counted on every send). The run span,
+`spanmeter runs` and the admin API read these back (`run_anatomy`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ MAX_TOOLS: Final = 64  # tool names per call in the run totals; the rest are `_O
 TOP_RESULTS: Final = 5  # results per call tracked by call id, and listed on the spans
 _PREFIX: Final = "anatomy|"
 _NAME_LIMIT: Final = 64
+# Keys made once, not per call: (run-total keys) and (span attribute keys) per kind.
+_TOTAL_KEYS: Final = {k: (f"{_PREFIX}part|{k}|tokens", f"{_PREFIX}part|{k}|cached", f"{_PREFIX}part|{k}|micros")
+                      for k in KINDS}
+_ATTR_KEYS: Final = {k: (f"spanmeter.input.{k}.tokens", f"spanmeter.input.{k}.cached_tokens",
+                         f"spanmeter.input.{k}.cost_usd") for k in KINDS}
 
 
 def kinds_of(an: Anatomy) -> dict[str, tuple[int, int, int]]:
@@ -44,71 +53,92 @@ def kinds_of(an: Anatomy) -> dict[str, tuple[int, int, int]]:
     return {k: kinds[k] for k in KINDS if k in kinds}
 
 
-def _results(an: Anatomy) -> list[int]:
-    """Indexes of the tool-result parts."""
-    return [i for i, p in enumerate(an.parts) if p.kind == "tool_result"]
+_SEEN: dict[str, tuple[str, str, str]] = {}  # tool name -> its keys: the same few, call after call
 
 
-_SEEN: dict[str, str] = {}  # tool names as they go into keys: the same few, call after call
-
-
-def _bounded(name: str) -> str:
+def _keys(name: str) -> tuple[str, str, str]:
+    """(result micros, definition bytes, called) keys of a tool name."""
     found = _SEEN.get(name)
     if found is None:
         if len(_SEEN) > 4096:
             _SEEN.clear()
-        found = _SEEN[name] = name[:_NAME_LIMIT].replace("|", "_") or A.LABEL_OTHER
+        safe = name[:_NAME_LIMIT].replace("|", "_") or A.LABEL_OTHER
+        found = _SEEN[name] = (f"{_PREFIX}result|{safe}|micros", f"{_PREFIX}def|{safe}|bytes",
+                               f"{_PREFIX}called|{safe}")
     return found
+
+
+_DEFS: dict[int, tuple[dict[str, int], dict[str, int]]] = {}  # id(definitions) -> (them, their counters)
+
+
+def _definition_totals(defs: dict[str, int]) -> dict[str, int]:
+    """The definitions' byte counters; a run's requests share one dict while its tools stay
+    the same (proxy/ledger/anatomy.py), so they are made once per tool list, not per call."""
+    found = _DEFS.get(id(defs))
+    if found is not None and found[0] is defs:
+        return found[1]
+    out: dict[str, int] = {}
+    for name, size in defs.items():
+        key = _keys(name)[1] if len(out) < MAX_TOOLS else _keys(A.LABEL_OTHER)[1]
+        out[key] = out.get(key, 0) + size
+    if len(_DEFS) > 1024:
+        _DEFS.clear()
+    _DEFS[id(defs)] = (defs, out)
+    return out
 
 
 def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
     """The run-total counters one call adds (module docstring)."""
     out: dict[str, int] = {}
-    for kind, (tokens, cached, micros) in kinds_of(an).items():
-        out[f"{_PREFIX}part|{kind}|micros"] = micros
-        out[f"{_PREFIX}part|{kind}|tokens"] = tokens
-        out[f"{_PREFIX}part|{kind}|cached"] = cached
-    names: set[str] = set()
-    for p, micros in zip(an.parts, an.costs, strict=True):
-        kind = p.kind
-        if kind != "tools" and kind != "tool_result":
-            continue
-        name = _bounded(p.name)
-        if name not in names and len(names) >= MAX_TOOLS:
-            name = A.LABEL_OTHER
-        names.add(name)
-        key = f"{_PREFIX}def|{name}|micros" if kind == "tools" else f"{_PREFIX}result|{name}|micros"
-        out[key] = out.get(key, 0) + micros
+    for kind, row in an.kinds.items():
+        keys = _TOTAL_KEYS.get(kind)
+        if keys is not None:
+            out.update(zip(keys, row, strict=True))
+    if an.definitions_new:
+        out.update(_definition_totals(an.definitions))
+    for name, micros in an.results.items():  # bounded already (proxy/ledger/anatomy.py)
+        out[_keys(name)[0]] = micros
     for tc in tool_calls:
-        name = _bounded(tc.name)
-        key = f"{_PREFIX}called|{name if name in names or len(names) < MAX_TOOLS else A.LABEL_OTHER}"
+        key = _keys(tc.name)[2]
         out[key] = out.get(key, 0) + 1
-    parts = an.parts
-    for i in sorted(_results(an), key=lambda i: -parts[i].size)[:TOP_RESULTS]:
-        p = parts[i]
-        base = f"{_PREFIX}top|{_bounded(p.name)}|{p.call_id[:_NAME_LIMIT]}|"
-        out[base + "micros"] = an.costs[i]
-        out[base + "sends"] = 1
-        out[base + "bytes"] = p.size
+    for name, cid, size, _, micros in an.top:
+        k_micros, k_sends, k_bytes = _top_keys(name, cid)
+        out[k_micros] = micros
+        out[k_sends] = 1
+        out[k_bytes] = size
     return out
+
+
+_TOP_KEYS: dict[tuple[str, str], tuple[str, str, str]] = {}  # a run's largest results stay its largest
+
+
+def _top_keys(name: str, cid: str) -> tuple[str, str, str]:
+    found = _TOP_KEYS.get((name, cid))
+    if found is None:
+        if len(_TOP_KEYS) > 4096:
+            _TOP_KEYS.clear()
+        safe = _keys(name)[0][len(_PREFIX) + 7:-7]  # the tool's name as its keys spell it
+        base = f"{_PREFIX}top|{safe}|{cid[:_NAME_LIMIT].replace('|', '_')}|"
+        found = _TOP_KEYS[(name, cid)] = (base + "micros", base + "sends", base + "bytes")
+    return found
 
 
 def call_attrs(an: Anatomy) -> dict[str, AttributeValue]:
     """`spanmeter.input.*` on the model-call span: per kind of part, and the dearest results."""
     attrs: dict[str, AttributeValue] = {A.SPANMETER_INPUT_APPROXIMATION: "bytes"}
-    for kind, (tokens, cached, micros) in kinds_of(an).items():
-        attrs[f"spanmeter.input.{kind}.tokens"] = tokens
-        attrs[f"spanmeter.input.{kind}.cached_tokens"] = cached
-        attrs[f"spanmeter.input.{kind}.cost_usd"] = micros / 1e6
-    declared = sum(1 for p in an.parts if p.kind == "tools")
-    if declared:
-        attrs[A.SPANMETER_INPUT_TOOLS_DECLARED] = declared
-    costs = an.costs
-    top = sorted(_results(an), key=lambda i: -costs[i])[:TOP_RESULTS]
-    if top:
+    for kind, (tokens, cached, micros) in an.kinds.items():
+        keys = _ATTR_KEYS.get(kind)
+        if keys is not None:
+            attrs[keys[0]] = tokens
+            attrs[keys[1]] = cached
+            attrs[keys[2]] = micros / 1e6
+    if an.definitions:
+        attrs[A.SPANMETER_INPUT_TOOLS_DECLARED] = len(an.definitions)
+    if an.top:
         attrs[A.SPANMETER_INPUT_TOP_RESULTS] = orjson.dumps([
-            {"tool": an.parts[i].name[:_NAME_LIMIT], "call_id": an.parts[i].call_id[:_NAME_LIMIT],
-             "bytes": an.parts[i].size, "tokens": an.tokens[i], "cost_usd": costs[i] / 1e6} for i in top]).decode()
+            {"tool": name[:_NAME_LIMIT], "call_id": cid[:_NAME_LIMIT], "bytes": size, "tokens": tokens,
+             "cost_usd": micros / 1e6}
+            for name, cid, size, tokens, micros in sorted(an.top, key=lambda t: -t[4])]).decode()
     return attrs
 
 
@@ -120,6 +150,7 @@ def run_anatomy(totals: Mapping[str, int]) -> dict[str, Any] | None:
     parts: dict[str, dict[str, float]] = {}
     tools: dict[str, dict[str, float]] = {}
     top: dict[tuple[str, str], dict[str, int]] = {}
+    def_bytes: dict[str, int] = {}
     for key, value in totals.items():
         if not key.startswith(_PREFIX):
             continue
@@ -128,15 +159,22 @@ def run_anatomy(totals: Mapping[str, int]) -> dict[str, Any] | None:
             parts.setdefault(f[1], {"tokens": 0, "cached_tokens": 0, "cost_usd": 0.0})[
                 {"micros": "cost_usd", "tokens": "tokens", "cached": "cached_tokens"}[f[2]]] = (
                 value / 1e6 if f[2] == "micros" else value)
-        elif f[0] in ("def", "result") and len(f) == 3:
-            _tool(tools, f[1])["definitions_cost_usd" if f[0] == "def" else "results_cost_usd"] = value / 1e6
+        elif f[0] == "result" and len(f) == 3:
+            _tool(tools, f[1])["results_cost_usd"] = value / 1e6
+        elif f[0] == "def" and len(f) == 3:
+            _tool(tools, f[1])
+            def_bytes[f[1]] = value
         elif f[0] == "called" and len(f) == 2:
             _tool(tools, f[1])["calls"] = value
         elif f[0] == "top" and len(f) == 4:
             top.setdefault((f[1], f[2]), {})[f[3]] = value
     if not parts:
         return None
-    declared = sorted({k.split("|")[2] for k in totals if k.startswith(f"{_PREFIX}def|")})
+    declared = sorted(def_bytes)
+    every = sum(def_bytes.values())
+    defs_micros = totals.get(f"{_PREFIX}part|tools|micros", 0)
+    for name, size in def_bytes.items():
+        tools[name]["definitions_cost_usd"] = defs_micros * size // every / 1e6 if every else 0.0
     called = sorted(n for n, t in tools.items() if t["calls"])
     unused = [n for n in declared if not tools[n]["calls"] and n != A.LABEL_OTHER]
     results: list[dict[str, Any]] = [

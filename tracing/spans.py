@@ -631,10 +631,9 @@ def _record_anatomy_metrics(tel: Telemetry, cs: CallSpan, call: Call, an: Anatom
     by_tool: dict[str, int] = {}
     for kind, (_, _, micros) in anatomy_attrs.kinds_of(an).items():
         m.input_cost.add(micros / 1e6, {**money, A.SPANMETER_INPUT_PART: kind}, context=cs.context)
-    for p, micros in zip(an.parts, an.costs, strict=True):
-        if p.kind == "tool_result":
-            name = m.labels.tool(p.name)
-            by_tool[name] = by_tool.get(name, 0) + micros
+    for tool, micros in an.results.items():
+        name = m.labels.tool(tool)
+        by_tool[name] = by_tool.get(name, 0) + micros
     for name, micros in by_tool.items():
         m.tool_context_cost.add(micros / 1e6, {A.SPANMETER_TENANT_ID: cs.caller.tenant, A.GEN_AI_TOOL_NAME: name},
                                 context=cs.context)

@@ -23,7 +23,8 @@ from typing import Any
 from tracing import attributes as A
 from tracing.local import DEFAULT_LOCAL_DIR, read_spans
 
-__all__ = ["RunSummary", "load_runs", "money", "render_run_tree", "render_runs_table", "run_trees"]
+__all__ = ["RunSummary", "agent_anatomies", "load_runs", "money", "render_run_tree", "render_runs_table", "run_spans",
+           "run_trees", "summary_of"]
 
 Record = dict[str, Any]
 
@@ -114,6 +115,32 @@ def _tree(run_id: str, spans: list[Record]) -> str:
     lines = [_run_line(summary)]
     _draw(sorted(top, key=_start), children, "", lines)
     return "\n".join(lines)
+
+
+def run_spans(run_id: str, local_dir: str | Path = DEFAULT_LOCAL_DIR, *,
+              tenant: str | None = None) -> list[tuple[str, list[Record]]]:
+    """(tenant, spans) of each tenant's run `run_id`, in run_trees' order."""
+    return [(t, spans) for (t, r), spans in _group(read_spans(local_dir)).items()
+            if r == run_id and tenant in (None, t)]
+
+
+def summary_of(run_id: str, spans: list[Record]) -> RunSummary:
+    return _summary(run_id, spans)
+
+
+def agent_anatomies(local_dir: str | Path, agent: str, *, tenant: str | None = None) -> list[tuple[int, Any]]:
+    """(start_ns, run anatomy) of each ended run of `agent` whose run span has one."""
+    from tracing.anatomy_view import anatomy_of_spans
+
+    out = []
+    for (t, _), spans in _group(read_spans(local_dir)).items():
+        run = next((s for s in spans if _is_run(s)), None)
+        if run is None or run["attributes"].get(A.GEN_AI_AGENT_NAME) != agent or tenant not in (None, t):
+            continue
+        ra = anatomy_of_spans([run])
+        if ra is not None:
+            out.append((_start(run), ra))
+    return out
 
 
 # --- internals ---------------------------------------------------------------------------

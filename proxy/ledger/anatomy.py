@@ -11,79 +11,501 @@ order (proxy/providers/*: `input_parts`); this module shares the usage out:
   body only names (a Responses `previous_response_id`) is shared among the visible parts.
 - **Cached tokens are the earliest.** A provider caches a prefix of the prompt, so the
   cache reads are the first tokens, then the cache writes (1-hour ones before 5-minute
-  ones: Anthropic requires that order), then the uncached rest.
-- **Cost at the billed rates.** Each part is priced at the rates of its token classes,
-  with the call's long-context tier and service-tier multiplier. The call's input cost is
-  `pricing.cost` of the usage without its output; it is shared by each part's exact
-  (unrounded) cost, so the parts' micro-USD add up to it exactly.
+  ones: Anthropic requires that order), then the uncached rest. The prompt is cut into
+  these windows by bytes, and each window's tokens are shared among the bytes inside it.
+- **Cost at the billed rates.** Each share is priced at its window's rate, with the
+  call's long-context tier and service-tier multiplier. The call's input cost is
+  `pricing.cost` of the usage without its output; it is shared by each share's exact
+  (unrounded) cost, so the micro-USD add up to it exactly.
 
-Integers are shared with the largest-remainder method: floors first, then one more to the
-largest remainders (ties to the earliest part), so the shares always sum to the whole.
+Integers are shared by cumulative rounding (`apportion`): each share is within one of its
+exact value and the shares always sum to the whole.
+
+**Units, and why.** What is reported is per kind of part and per tool, so the arithmetic
+runs on the five kinds (instructions, tool definitions, tool results, earlier turns, new
+content), not on each of an agent turn's dozens of parts: five integers per window instead
+of a list per part. Each tool's results and the largest results one by one are priced by
+where their bytes lie (`Anatomy.results`, `Anatomy.top`: rounded down, a breakdown rather
+than shares). `anatomy()` makes every part its own unit (the tests check the shares add up
+part by part).
+
+**Turn N+1 resends turn N.** An agent's next request is its last one with the new turn
+appended to the conversation, byte for byte. `Splits` keeps, per run, the last request's
+split (bounded, in memory); when the new request is the old one with bytes inserted at
+the end of its conversation (checked on the raw bytes: the same prefix and suffix, a
+memory compare) only the new items are split and sized. Anything else (an edited history,
+a moved cache marker, two calls of a run at once) splits the request whole.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
+from heapq import nlargest
+from itertools import accumulate
+from operator import sub
+from typing import Any, Final
 
 from proxy.ledger.pricing import Price, cost
 from proxy.model import Anatomy, InputPart, Usage
 
-__all__ = ["anatomy", "apportion"]
+__all__ = ["OTHER", "TOP_RESULTS", "Split", "Splits", "anatomy", "apportion", "shares", "shares_general",
+           "split_of"]
+
+TOP_RESULTS: Final = 5  # results priced one by one, the largest by bytes
+MAX_RESULT_GROUPS: Final = 64  # tools whose results are grouped by name; the rest are `_OTHER`
+OTHER: Final = "_OTHER"
+# The list of conversation items each API's body carries, which a next turn appends to.
+CONVERSATION: Final = {"chat": "messages", "responses": "input", "messages": "messages", "gemini": "contents"}
+
+# The units the arithmetic shares among: the kinds of parts (or each part, for `anatomy()`).
+_KIND_UNITS: Final = ("system", "tools", "history", "new", "tool_result")
+_UNIT: Final = {k: i for i, k in enumerate(_KIND_UNITS)}
+_HISTORY, _NEW = _UNIT["history"], _UNIT["new"]
+_KIND_GROUPS: Final = [(k, "") for k in _KIND_UNITS]
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
-    """`total` shared in proportion to `weights` (non-negative), summing to `total` exactly.
-    With no weight at all, the last share takes everything (the newest content)."""
-    n = len(weights)
-    if n == 0:
+    """`total` shared in proportion to `weights` (non-negative), summing to `total` exactly,
+    each share within one of its exact value. Rounded cumulatively: share i is how far the
+    rounded-down running total moves at weight i, so the rounding never drifts and no
+    sort is needed (this runs several times per call). With no weight at all, the last
+    share takes everything (the newest content)."""
+    if not weights:
         return []
-    whole = sum(weights)
+    cum = list(accumulate(weights))
+    whole = cum[-1]
     if whole <= 0:
-        return [0] * (n - 1) + [total]
-    shares = [total * w // whole for w in weights]
-    left = total - sum(shares)
-    if left:
-        rests = [total * w % whole for w in weights]
-        # sorted is stable, also in reverse: equal remainders go to the earliest parts
-        for i in sorted(range(n), key=rests.__getitem__, reverse=True)[:left]:
-            shares[i] += 1
-    return shares
+        return [0] * (len(weights) - 1) + [total]
+    marks = [total * c // whole for c in cum]
+    return [marks[0], *map(sub, marks[1:], marks)]
+
+
+class Split:
+    """A request's parts as the arithmetic needs them: each part's bytes and unit (its kind,
+    or itself for `anatomy()`), the units' bytes, the tool results by tool name, the
+    largest results; and what the next request of the run is checked against (`raw`,
+    where its conversation ends, its item count and last item). Never changed once made:
+    a next request's split copies what it changes."""
+
+    __slots__ = ("cum", "definitions", "end", "ends", "inherited", "items", "last_item", "name_bytes", "name_id",
+                 "names", "new_parts", "per_part", "raw", "result_at", "result_name", "result_size", "sizes", "top",
+                 "unit_bytes", "unit_kind", "units")
+
+    def __init__(self, per_part: bool = False) -> None:
+        self.sizes: list[int] = []
+        self.ends: list[int] = []  # cumulative bytes at each part's end
+        self.units: list[int] = []
+        self.per_part = per_part
+        self.cum: list[tuple[int, ...]] = []  # the units' bytes before each part (kind units only)
+        self.unit_kind: list[str] = [] if per_part else list(_KIND_UNITS)
+        self.unit_bytes: list[int] = [] if per_part else [0] * len(_KIND_UNITS)
+        self.result_at: list[int] = []  # the tool results' part indexes, their bytes and tool (name id)
+        self.result_size: list[int] = []
+        self.result_name: list[int] = []
+        self.names: list[str] = []  # tool names of results (bounded, then `_OTHER`) and their bytes
+        self.name_bytes: list[int] = []
+        self.name_id: dict[str, int] = {}
+        self.new_parts: list[int] = []  # parts of this turn's new content (history once answered)
+        self.top: list[tuple[int, int, str, str]] = []  # (bytes, part index, tool, call id), largest first
+        self.definitions: dict[str, int] = {}  # tool name -> its definition's bytes
+        self.inherited = False  # the definitions are the run's last request's (counted already)
+        self.raw = b""
+        self.end: int | None = None  # byte offset of the conversation's end in raw, once known
+        self.items = 0
+        self.last_item: Any = None
+
+    def _add(self, parts: Sequence[InputPart], per_part: bool) -> None:
+        sizes, units, ub, start = self.sizes, self.units, self.unit_bytes, len(self.sizes)
+        results: list[tuple[int, int, str, str]] = []
+        defs: dict[str, int] | None = None  # copied before a change: a previous split may share it
+        for i, p in enumerate(parts, start):
+            kind, size = p.kind, p.size
+            if per_part:
+                unit = len(ub)
+                self.unit_kind.append(kind)
+                ub.append(0)
+            else:
+                unit = _UNIT.get(kind, _NEW)
+            if kind == "tool_result":
+                results.append((size, i, p.name, p.call_id))
+                self._result(i, size, p.name)
+            elif kind == "tools":
+                if defs is None:
+                    defs = self.definitions = dict(self.definitions)
+                    self.inherited = False
+                defs[p.name] = defs.get(p.name, 0) + size
+            elif unit == _NEW or kind == "new":
+                self.new_parts.append(i)
+            sizes.append(size)
+            units.append(unit)
+            if not per_part:
+                self.cum.append(tuple(ub))
+            ub[unit] += size
+        self.ends += accumulate([p.size for p in parts], initial=self.ends[-1] if self.ends else 0)
+        del self.ends[start]  # the initial value accumulate repeats
+        top = self.top
+        if results and (len(top) < TOP_RESULTS or any(r[0] > top[-1][0] for r in results)):
+            self.top = nlargest(TOP_RESULTS, [*top, *results], key=_by_bytes)
+
+    def _result(self, i: int, size: int, name: str) -> None:
+        nid = self.name_id.get(name)
+        if nid is None:
+            if len(self.names) >= MAX_RESULT_GROUPS:
+                name = OTHER
+                nid = self.name_id.get(name)
+            if nid is None:
+                nid = self.name_id[name] = len(self.names)
+                self.names.append(name)
+                self.name_bytes.append(0)
+        self.name_bytes[nid] += size
+        self.result_at.append(i)
+        self.result_size.append(size)
+        self.result_name.append(nid)
+
+    def _recount(self, start: int) -> None:
+        """The running unit bytes again from part `start` on, after parts changed unit."""
+        ub = list(self.cum[start])
+        for i in range(start, len(self.sizes)):
+            self.cum[i] = tuple(ub)
+            ub[self.units[i]] += self.sizes[i]
+
+    def _next(self) -> Split:
+        """A copy to extend."""
+        sp = Split()
+        sp.sizes, sp.ends, sp.units, sp.cum = self.sizes.copy(), self.ends.copy(), self.units.copy(), self.cum.copy()
+        sp.unit_bytes = self.unit_bytes.copy()
+        sp.result_at, sp.result_size, sp.result_name = (self.result_at.copy(), self.result_size.copy(),
+                                                        self.result_name.copy())
+        sp.names, sp.name_bytes, sp.name_id = self.names.copy(), self.name_bytes.copy(), self.name_id.copy()
+        sp.new_parts, sp.top, sp.definitions = self.new_parts.copy(), self.top, self.definitions
+        sp.inherited = True
+        return sp
+
+
+def _by_bytes(r: tuple[int, int, str, str]) -> int:
+    return r[0]
+
+
+def split_parts(parts: Sequence[InputPart], per_part: bool = False) -> Split:
+    """The split of a request's parts (`per_part`: every part its own group)."""
+    sp = Split(per_part)
+    sp._add(parts, per_part)
+    return sp
+
+
+def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | None) -> Split:
+    """The request's split: from `previous` (the run's last request) and only the new
+    items when the request is it with items appended; else the adapter's whole split."""
+    key = CONVERSATION.get(adapter.api)
+    items = body.get(key) if key is not None else None
+    if not isinstance(items, list):
+        sp = split_parts(adapter.input_parts(body))
+        return sp
+    n = len(items)
+    if previous is not None:
+        end = _appended(previous, raw, items)
+        if end is not None:
+            if n == previous.items:
+                return previous
+            sp = previous._next()
+            tail = adapter.input_parts({key: items[previous.items:]})
+            if any(p.kind == "tool_result" and not p.name and p.call_id for p in tail):
+                tail = _named(adapter, body, tail)  # a result of a call made before the new items
+            if any(p.kind == "history" for p in tail):  # the model answered: last turn's new is history now
+                for i in sp.new_parts:
+                    sp.units[i] = _HISTORY
+                    sp.unit_bytes[_NEW] -= sp.sizes[i]
+                    sp.unit_bytes[_HISTORY] += sp.sizes[i]
+                if sp.new_parts:
+                    sp._recount(sp.new_parts[0])
+                sp.new_parts = []
+            sp._add(tail, per_part=False)
+            return _remember(sp, raw, end, items)
+    sp = split_parts(adapter.input_parts(body))
+    return _remember(sp, raw, None, items)
+
+
+def _named(adapter: Any, body: dict[str, Any], tail: list[InputPart]) -> list[InputPart]:
+    names = {c.call_id: c.name for c in adapter.tool_history(body)}
+    return [p._replace(name=names.get(p.call_id, "")) if p.kind == "tool_result" and not p.name else p
+            for p in tail]
+
+
+def _remember(sp: Split, raw: bytes, end: int | None, items: list[Any]) -> Split:
+    sp.raw, sp.end, sp.items, sp.last_item = raw, end, len(items), items[-1] if items else None
+    return sp
+
+
+def _appended(prev: Split, raw: bytes, items: list[Any]) -> int | None:
+    """Where the conversation ends in `raw` when `raw` is `prev.raw` with bytes inserted
+    at the end of its conversation (or unchanged), else None."""
+    old = prev.raw
+    grown = len(raw) - len(old)
+    if not old or grown < 0 or len(items) < prev.items or (grown == 0) != (len(items) == prev.items):
+        return None
+    if grown == 0:
+        return prev.end if raw == old else None
+    if prev.items and items[prev.items - 1] != prev.last_item:  # history edited, or items inserted before
+        return None
+    mv = memoryview(old)
+    end = prev.end
+    if end is None:  # the run's second request: find the insertion
+        end = _common_prefix(raw, mv)
+    elif not raw.startswith(mv[:end]):
+        return None
+    return end + grown if raw.endswith(mv[end:]) else None
+
+
+def _common_prefix(a: bytes, b: memoryview) -> int:
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.startswith(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class Splits:
+    """The last request's split of each run, for its next request: bounded by runs and by
+    the raw bytes kept (least recently used out first). A process's own cache: a missing
+    or stale entry only means the next request is split whole."""
+
+    def __init__(self, max_runs: int = 4096, max_bytes: int = 64 << 20) -> None:
+        self._runs: dict[tuple[str, ...], Split] = {}
+        self._bytes = 0
+        self.max_runs, self.max_bytes = max_runs, max_bytes
+
+    def get(self, key: tuple[str, ...]) -> Split | None:
+        return self._runs.get(key)
+
+    def put(self, key: tuple[str, ...], sp: Split) -> None:
+        old = self._runs.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old.raw)
+        if len(sp.raw) > self.max_bytes:
+            return
+        self._runs[key] = sp
+        self._bytes += len(sp.raw)
+        while self._bytes > self.max_bytes or len(self._runs) > self.max_runs:
+            first = next(iter(self._runs))
+            self._bytes -= len(self._runs.pop(first).raw)
+
+    def forget(self, key: tuple[str, ...]) -> None:
+        old = self._runs.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old.raw)
 
 
 def anatomy(parts: Sequence[InputPart], usage: Usage, price: Price | None) -> Anatomy | None:
-    """The parts' shares of `usage`'s input, or None when the input is unknown."""
+    """The parts' shares of `usage`'s input, each part its own group (or None when the
+    input is unknown)."""
+    return shares(split_parts(parts, per_part=True), usage, price)
+
+
+def shares(sp: Split, usage: Usage, price: Price | None) -> Anatomy | None:
+    """The split's units' shares of `usage`'s input, or None when the input is unknown."""
     total = usage.input_tokens
-    if total is None or not parts:
+    if total is None or not sp.sizes:
         return None
-    tokens = apportion(total, [p.size for p in parts])
     read, hour, five = _classes(usage, total)
-    cached = _prefix(tokens, read)
-    if price is None:
-        zero = [0] * len(tokens)
-        return Anatomy(list(parts), tokens, cached, zero, total, 0, _kinds(parts, tokens, cached, zero))
-    whole = cost(price, replace(usage, output_tokens=0))
-    r_cached, r_hour, r_five, r_in = _rates(price, usage, total)
-    # A part's exact cost: all its tokens at the input rate, less what each of its
-    # cached or written tokens bills below (or above) it.
-    d_cached = r_in - r_cached
-    exact = [t * r_in - c * d_cached for t, c in zip(tokens, cached, strict=True)]
-    if hour or five:  # only Anthropic writes: the windows after the reads
-        hours = _window(tokens, read, read + hour)
-        fives = _window(tokens, read + hour, read + hour + five)
-        d_hour, d_five = r_in - r_hour, r_in - r_five
-        exact = [e - h * d_hour - f * d_five for e, h, f in zip(exact, hours, fives, strict=True)]
+    size = sp.ends[-1]
+    if not (hour or five or sp.per_part) and price is not None and size > 0 and (
+            (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0) <= total):
+        return _shares_read(sp, usage, price, total, read, size)
+    return shares_general(sp, usage, price)
+
+
+def shares_general(sp: Split, usage: Usage, price: Price | None) -> Anatomy | None:
+    """`shares` for every case: four windows (cache reads, 1-hour writes, 5-minute writes,
+    the rest), any units."""
+    total = usage.input_tokens
+    if total is None or not sp.sizes:
+        return None
+    read, hour, five = _classes(usage, total)
+    amounts = (read, hour, five, total - read - hour - five)
+    size = sp.ends[-1]
+    n = len(sp.unit_bytes)
+    rates = _rates(price, usage, total) if price is not None else (0, 0, 0, 0)
+    if size <= 0:  # nothing to weigh: the newest part takes it all
+        weights = [[0] * n for _ in range(4)]
+        for w in range(4):
+            weights[w][sp.units[-1]] = 1
+        names = [[0] * len(sp.names)] * 4
+    else:
+        weights, names = _windows(sp, amounts, total, size)
+    zero = [0] * n
+    windows = [apportion(a, w) if a else zero for a, w in zip(amounts, weights, strict=True)]
+    if hour or five:
+        tokens = [a + b + c + d for a, b, c, d in zip(*windows, strict=True)]
+    elif read:
+        tokens = [a + d for a, d in zip(windows[0], windows[3], strict=True)]
+    else:
+        tokens = windows[3]
+    whole = _input_cost(price, usage, amounts, rates) if price is not None else 0
+    if whole:
+        exact = _exact(windows, amounts, rates)
+        costs = apportion(whole, exact if any(exact) else tokens)
+    else:
+        costs = zero
+    kinds: dict[str, tuple[int, int, int]] = {}
+    for kind, t, c, m, b in zip(sp.unit_kind, tokens, windows[0], costs, sp.unit_bytes, strict=True):
+        if not (t or b):
+            continue  # a kind the request does not have
+        row = kinds.get(kind)
+        kinds[kind] = (t, c, m) if row is None else (row[0] + t, row[1] + c, row[2] + m)
+    pre = (read * rates[0] + hour * rates[1] + five * rates[2] + amounts[3] * rates[3]) * size  # exact, * size
+    if sp.names and pre and whole:
+        results = {name: e * whole // pre for name, e in zip(sp.names, _exact(names, amounts, rates), strict=True)}
+    else:
+        results = dict.fromkeys(sp.names, 0)
+    return Anatomy([(k, "") for k in sp.unit_kind], tokens, windows[0], costs, total, whole, kinds,
+                   _top(sp, amounts, total, size, rates, whole, pre), sp.definitions, results, not sp.inherited)
+
+
+def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, size: int) -> Anatomy:
+    """`shares` of a call with no cache writes (all but Anthropic's cache-making calls), by
+    kind of part: the same arithmetic with two windows (read, the rest) written out, since
+    it runs on every call."""
+    rest = total - read
+    ub = sp.unit_bytes
+    rates = _rates(price, usage, total)
+    r_read, r_in = rates[0], rates[3]
+    names = sp.names
+    if read == 0 or rest == 0:
+        tokens = apportion(total, ub)
+        cached = tokens if rest == 0 else [0] * len(ub)
+        name_cached = [b * total for b in sp.name_bytes] if rest == 0 else [0] * len(names)
+    else:
+        at = read * size
+        k = bisect_right(sp.ends, at // total)  # the part the cache's end falls in
+        partial = at - (sp.ends[k - 1] if k else 0) * total
+        before = [b * total for b in sp.cum[k]]
+        before[sp.units[k]] += partial
+        cached = apportion(read, before)
+        after = apportion(rest, [b * total - c for b, c in zip(ub, before, strict=True)])
+        tokens = [c + u for c, u in zip(cached, after, strict=True)]
+        name_cached = _names_before(sp, k, partial, total) if names else []
+    factor = price.multiplier(usage)
+    whole = -(-(read * r_read + rest * r_in) * factor.numerator // (1_000_000 * factor.denominator))
+    d = r_in - r_read
+    exact = [t * r_in - c * d for t, c in zip(tokens, cached, strict=True)]
     costs = apportion(whole, exact if any(exact) else tokens)
-    return Anatomy(list(parts), tokens, cached, costs, total, whole, _kinds(parts, tokens, cached, costs))
+    kinds = {k: (t, c, m) for k, t, c, m, b in zip(_KIND_UNITS, tokens, cached, costs, ub, strict=True) if t or b}
+    pre = (read * r_read + rest * r_in) * size
+    results = ({name: (b * total * r_in - c * d) * whole // pre
+                for name, b, c in zip(names, sp.name_bytes, name_cached, strict=True)}
+               if pre else dict.fromkeys(names, 0))
+    return Anatomy(_KIND_GROUPS, tokens, cached, costs, total, whole, kinds,
+                   _top(sp, (read, 0, 0, rest), total, size, rates, whole, pre), sp.definitions, results,
+                   not sp.inherited)
 
 
-def _kinds(parts: Sequence[InputPart], tokens: list[int], cached: list[int], costs: list[int],
-           ) -> dict[str, tuple[int, int, int]]:
-    acc: dict[str, tuple[int, int, int]] = {}
-    for p, t, c, m in zip(parts, tokens, cached, costs, strict=True):
-        row = acc.get(p.kind)
-        acc[p.kind] = (t, c, m) if row is None else (row[0] + t, row[1] + c, row[2] + m)
-    return acc
+def _names_before(sp: Split, k: int, partial: int, total: int) -> list[int]:
+    """Each result tool's bytes before part k and `partial` into it (bytes * total)."""
+    nb = sp.name_bytes.copy()
+    j = bisect_left(sp.result_at, k)
+    for s, nid in zip(sp.result_size[j:], sp.result_name[j:], strict=True):
+        nb[nid] -= s
+    nb = [b * total for b in nb]
+    if j < len(sp.result_at) and sp.result_at[j] == k:
+        nb[sp.result_name[j]] += partial
+    return nb
+
+
+def _windows(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int,
+             ) -> tuple[list[list[int]], list[list[int]]]:
+    """Each unit's and each result tool's bytes in each window (cache reads, 1-hour writes,
+    5-minute writes, the rest), scaled by `total` (bytes * total) so that the prompt's
+    `size` bytes map onto its `total` tokens without fractions. A window of no tokens
+    gets no weights (they are not read)."""
+    full_u = [b * total for b in sp.unit_bytes]
+    full_n = [b * total for b in sp.name_bytes]
+    zero_u, zero_n = [0] * len(full_u), [0] * len(full_n)
+    if amounts[3] == total:  # nothing cached or written: the usual first call
+        return [zero_u, zero_u, zero_u, full_u], [zero_n, zero_n, zero_n, full_n]
+    weights, names = [], []
+    lo_u, lo_n, mark = zero_u, zero_n, 0
+    for a in amounts:
+        if not a:
+            weights.append(zero_u)
+            names.append(zero_n)
+            continue
+        mark += a
+        hi_u, hi_n = (full_u, full_n) if mark >= total else _before(sp, mark * size, total)
+        weights.append(hi_u if lo_u is zero_u else _minus(hi_u, lo_u))
+        names.append(hi_n if lo_n is zero_n else _minus(hi_n, lo_n))
+        lo_u, lo_n = hi_u, hi_n
+    return weights, names
+
+
+def _minus(a: list[int], b: list[int]) -> list[int]:
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def _before(sp: Split, at: int, total: int) -> tuple[list[int], list[int]]:
+    """Each unit's and each result tool's bytes before position `at` (in bytes * total)."""
+    k = bisect_right(sp.ends, at // total)  # the part the position falls in
+    partial = at - (sp.ends[k - 1] if k else 0) * total
+    if sp.per_part:
+        ub = [s * total for s in sp.sizes[:k]] + [0] * (len(sp.sizes) - k)
+    else:
+        ub = [b * total for b in sp.cum[k]]
+    ub[sp.units[k]] += partial
+    nb = sp.name_bytes.copy()
+    j = bisect_left(sp.result_at, k)  # the results from part k on
+    for s, nid in zip(sp.result_size[j:], sp.result_name[j:], strict=True):
+        nb[nid] -= s
+    nb = [b * total for b in nb]
+    if j < len(sp.result_at) and sp.result_at[j] == k:
+        nb[sp.result_name[j]] += partial
+    return ub, nb
+
+
+def _exact(windows: list[list[int]], amounts: tuple[int, int, int, int], rates: tuple[int, int, int, int],
+           ) -> list[int]:
+    """Each column's cost at its windows' rates, unrounded."""
+    read, hour, five, rest = windows
+    r_read, r_hour, r_five, r_in = rates
+    if not (amounts[1] or amounts[2]):
+        return [c * r_read + u * r_in for c, u in zip(read, rest, strict=True)]
+    return [a * r_read + b * r_hour + c * r_five + d * r_in for a, b, c, d in zip(read, hour, five, rest, strict=True)]
+
+
+def _input_cost(price: Price, usage: Usage, amounts: tuple[int, int, int, int],
+                rates: tuple[int, int, int, int]) -> int:
+    """`pricing.cost` of the usage without its output, without copying the usage when its
+    cache counts fit in its input (they always do, as providers report them)."""
+    if (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0) > amounts[0] + amounts[1] + amounts[2]:
+        return cost(price, replace(usage, output_tokens=0))
+    factor = price.multiplier(usage)
+    micro = sum(a * r for a, r in zip(amounts, rates, strict=True))
+    return -(-micro * factor.numerator // (1_000_000 * factor.denominator))
+
+
+def _top(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int, rates: tuple[int, int, int, int],
+         whole: int, pre: int) -> list[tuple[str, str, int, int, int]]:
+    """The largest results one by one: (tool, call id, bytes, tokens, micro-USD), each
+    priced by the windows its bytes lie in (a listing, not shares: not rounded to add up)."""
+    if not sp.top or size <= 0:
+        return [(name, cid, b, 0, 0) for b, _, name, cid in sp.top]
+    bounds = [0]
+    for a in amounts:
+        bounds.append(bounds[-1] + a * size)
+    out = []
+    ends = sp.ends
+    for b, i, name, cid in sp.top:
+        hi = ends[i] * total
+        lo = hi - b * total
+        if bounds[1] <= lo and bounds[3] <= lo:  # after the cache: all at the input rate
+            exact = (hi - lo) * rates[3]
+        else:
+            exact = sum(rates[w] * max(0, min(hi, bounds[w + 1]) - max(lo, bounds[w])) for w in range(4))
+        out.append((name, cid, b, b * total // size, exact * whole // pre if pre else 0))
+    return out
 
 
 def _classes(usage: Usage, total: int) -> tuple[int, int, int]:
@@ -93,22 +515,6 @@ def _classes(usage: Usage, total: int) -> tuple[int, int, int]:
     written = min(usage.cache_write_tokens or 0, total - read)
     hour = min(usage.cache_write_1h_tokens or 0, written)
     return read, hour, written - hour
-
-
-def _prefix(tokens: list[int], limit: int) -> list[int]:
-    """Each part's tokens among the first `limit` of the prompt (the parts lie end to end)."""
-    out = [0] * len(tokens)
-    i = 0
-    while limit > 0 and i < len(tokens):
-        out[i] = t = min(tokens[i], limit)
-        limit -= t
-        i += 1
-    return out
-
-
-def _window(tokens: list[int], lo: int, hi: int) -> list[int]:
-    """Each part's tokens at positions lo..hi of the prompt."""
-    return [b - a for a, b in zip(_prefix(tokens, lo), _prefix(tokens, hi), strict=True)]
 
 
 def _rates(price: Price, usage: Usage, total: int) -> tuple[int, int, int, int]:

@@ -157,13 +157,20 @@ def _parser() -> argparse.ArgumentParser:
                  "Reads the spans spanmeter keeps under DATA_DIR/traces (setting local_traces, on by "
                  "default). Without RUN_ID: the most recent runs, newest first. With RUN_ID: the run as a "
                  "tree of model calls and tool executions, with durations, tokens, cost, repairs and "
-                 "failures. A run id that is not there exits 1.",
+                 "failures, then where its input cost went (by part, by tool, the largest tool results; "
+                 "with SPANMETER_ANATOMY on). With --agent NAME --unused-tools: the tools the agent "
+                 "declared and never called in its last --limit runs. A run id that is not there exits 1.",
                  ["spanmeter runs", "spanmeter runs --tenant acme --limit 10", "spanmeter runs first-run",
+                  "spanmeter runs first-run --json | jq '.[0].anatomy.parts'",
+                  "spanmeter runs --agent coder --unused-tools --limit 20",
                   "spanmeter runs --json | jq '.[0].cost_usd'"])
     s.add_argument("run_id", nargs="?", metavar="RUN_ID", help="draw this run (default: list recent runs)")
     _data_dir_arg(s)
     s.add_argument("--tenant", help="only this tenant's runs (default: every tenant)")
     s.add_argument("--limit", type=_positive_int, default=50, help="list at most this many runs (default: 50)")
+    s.add_argument("--agent", help="only this agent's runs (X-Agent-Name; default: every agent)")
+    s.add_argument("--unused-tools", action="store_true",
+                   help="with --agent: the tools declared and never called in its last --limit runs (default: off)")
     _json_arg(s)
     s.set_defaults(fn=_runs)
 
@@ -621,9 +628,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from tracing.viewer import load_runs, render_runs_table, run_trees
+    from tracing.viewer import load_runs, render_runs_table, run_spans, run_trees
 
     traces = Path(args.data_dir) / "traces"
+    if args.unused_tools:
+        return _unused_tools(args, traces)
     if args.run_id:
         trees = run_trees(args.run_id, traces, tenant=args.tenant)
         if not trees:
@@ -631,9 +640,9 @@ def _runs(args: argparse.Namespace) -> int:
             print(f"No run {args.run_id!r}{whose} in {traces}. `spanmeter runs` lists the runs there; "
                   "--data-dir picks another data directory.", file=sys.stderr)
             return 1
-        print("\n\n".join(trees))
-        return 0
-    runs = [r for r in load_runs(traces, limit=10**9) if args.tenant in (None, r.tenant)][: args.limit]
+        return _one_run(args, trees, run_spans(args.run_id, traces, tenant=args.tenant))
+    runs = [r for r in load_runs(traces, limit=10**9) if args.tenant in (None, r.tenant)
+            and args.agent in (None, r.agent)][: args.limit]
     if args.json:
         print(json.dumps([_run_json(r) for r in runs], indent=2))
     elif runs:
@@ -643,6 +652,36 @@ def _runs(args: argparse.Namespace) -> int:
     else:
         print(f"No runs recorded yet in {traces}: the proxy writes them there when it runs with this data "
               "directory and local_traces on (the default).")
+    return 0
+
+
+def _one_run(args: argparse.Namespace, trees: list[str], spans: list[tuple[str, list[dict[str, Any]]]]) -> int:
+    """The run's tree and its anatomy (one per tenant with a run of this id)."""
+    from tracing.anatomy_view import anatomy_of_spans, render_anatomy
+    from tracing.viewer import summary_of
+
+    if args.json:
+        print(json.dumps([_run_json(summary_of(args.run_id, ss)) | {"anatomy": anatomy_of_spans(ss)}
+                          for _, ss in spans], indent=2))
+        return 0
+    out = []
+    for tree, (_, ss) in zip(trees, spans, strict=True):
+        ra = anatomy_of_spans(ss)
+        out.append(tree + ("\n\n" + render_anatomy(ra) if ra is not None else ""))
+    print("\n\n".join(out))
+    return 0
+
+
+def _unused_tools(args: argparse.Namespace, traces: Path) -> int:
+    from tracing.anatomy_view import render_unused, unused_tools
+    from tracing.viewer import agent_anatomies
+
+    if not args.agent:
+        print("--unused-tools needs --agent NAME: the tools are those one agent (X-Agent-Name) declares across "
+              "its runs. `spanmeter runs` shows each run's agent.", file=sys.stderr)
+        return 2
+    found = unused_tools(agent_anatomies(traces, args.agent, tenant=args.tenant), args.limit)
+    print(json.dumps({"agent": args.agent, **found}, indent=2) if args.json else render_unused(args.agent, found))
     return 0
 
 

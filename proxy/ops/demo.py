@@ -21,7 +21,18 @@ __all__ = ["run_demo", "serve_on_free_port"]
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-                   "required": ["city"]}}}]
+                   "required": ["city"]}}},
+    # Declared and never called: what the run's anatomy shows as paid for and unused.
+    {"type": "function", "function": {
+        "name": "send_email", "description": "Send an email to one or more recipients, with a subject and body",
+        "parameters": {"type": "object", "properties": {"to": {"type": "array", "items": {"type": "string"}},
+                                                         "subject": {"type": "string"}, "body": {"type": "string"}},
+                       "required": ["to", "subject", "body"]}}},
+    {"type": "function", "function": {
+        "name": "search_files", "description": "Search the workspace's files for a pattern and list the matches",
+        "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
+                       "required": ["pattern"]}}}]
+SYSTEM = "You are a concise assistant. Use a tool when the question needs live data; answer in one sentence."
 
 
 async def serve_on_free_port(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -49,7 +60,7 @@ async def run_demo(data_dir: str = ".spanmeter") -> int:
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     with tempfile.TemporaryDirectory(prefix="spanmeter-demo-") as tmp:
         sim_runner, sim_url = await serve_on_free_port(create_simulator())
-        settings = Settings(openai_base_url=sim_url, data_dir=data_dir, port=0,
+        settings = Settings(openai_base_url=sim_url, data_dir=data_dir, port=0, anatomy=True,
                             ledger_url=f"sqlite:///{Path(tmp) / 'ledger.db'}")
         proxy_runner, proxy_url = await serve_on_free_port(create_app(settings))
         print(f"simulated model API at {sim_url}\nspanmeter proxy at     {proxy_url}\n")
@@ -63,18 +74,24 @@ async def run_demo(data_dir: str = ".spanmeter") -> int:
             await client.close()
             await proxy_runner.cleanup()  # ends telemetry: spans flushed to the local file
             await sim_runner.cleanup()
-    from tracing.viewer import render_run_tree
+    from tracing.anatomy_view import anatomy_of_spans, render_anatomy
+    from tracing.viewer import render_run_tree, run_spans
 
     traces = Path(data_dir) / "traces"
     again = f"spanmeter runs {run_id}" + ("" if data_dir == ".spanmeter" else f" --data-dir {shlex.quote(data_dir)}")
     print(f"\nThe run, as `{again}` draws it again from {traces}:\n")
     print(render_run_tree(run_id, traces))
+    for _, spans in run_spans(run_id, traces):
+        ra = anatomy_of_spans(spans)
+        if ra is not None:
+            print("\n" + render_anatomy(ra))
     return 0
 
 
 async def _agent_loop(client: Any) -> None:
     print("1. An agent loop with a tool call (chat completions, not streamed)")
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "SCENARIO:tool What is the weather in Paris?"}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                      {"role": "user", "content": "SCENARIO:tool What is the weather in Paris?"}]
     raw = await client.chat.completions.with_raw_response.create(model="sim-small", messages=messages, tools=TOOLS)
     first = raw.parse()
     call = first.choices[0].message.tool_calls[0]

@@ -7,6 +7,7 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.govern.caching import PrefixMemory
 from proxy.govern.runs import Runs
+from proxy.ledger.anatomy import Splits
 from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.serve.background import Background
@@ -23,3 +24,4 @@ TEL = web.AppKey("telemetry", Telemetry)
 RUNS = web.AppKey("runs", Runs)
 BACKGROUND = web.AppKey("background", Background)
 PREFIXES = web.AppKey("prefixes", PrefixMemory)  # stable prompt prefixes seen lately (proxy/govern/caching.py)
+SPLITS = web.AppKey("splits", Splits)  # the cost anatomy's last split per run

@@ -23,13 +23,13 @@ from proxy.errors import (
 )
 from proxy.govern.ceilings import Admitted, settle_amount
 from proxy.govern.runs import pending_tools
-from proxy.ledger.anatomy import anatomy
+from proxy.ledger.anatomy import shares, split_of
 from proxy.ledger.pricing import cache_savings, cache_write_premium
 from proxy.model import Anatomy, Call, Caller, Outcome, Usage
 from proxy.providers.base import Exchange
 from proxy.providers.hooks import Flow, Hooks
 from proxy.serve import accesslog, content
-from proxy.serve.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, STORE, TEL
+from proxy.serve.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
 
@@ -95,7 +95,7 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                                    and not outcome.tool_calls, input_only=not call.generates_output)
     saved = _saved(admitted, outcome.usage, source)
     premium = _premium(admitted, outcome.usage, source)
-    an = _anatomy(app, ex, admitted, outcome, source)
+    an = _anatomy(app, caller, ex, admitted, outcome, source)
     remaining = None
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
@@ -128,16 +128,25 @@ async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: A
                      rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
                      reason=outcome.error_message,
                      input_parts=_parts_line(an) if an is not None and app[SETTINGS].access_log_anatomy else None)
-    await app[RUNS].after_call(caller, end=headers.get("x-run-end", "").lower() == "true")
+    end = headers.get("x-run-end", "").lower() == "true"
+    if end:
+        app[SPLITS].forget((caller.tenant, caller.run_id, call.api))  # no next request to split
+    await app[RUNS].after_call(caller, end=end)
 
 
-def _anatomy(app: web.Application, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,
+def _anatomy(app: web.Application, caller: Caller, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,
              ) -> Anatomy | None:
     """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY)."""
     if not app[SETTINGS].anatomy or source not in ("reported", "unpriced") or outcome.usage.input_tokens is None:
         return None
     try:
-        return anatomy(ex.adapter.input_parts(ex.body), outcome.usage, admitted.price)
+        splits = app[SPLITS]
+        # A run's next request resends this one: its split is kept for it (proxy/ledger/anatomy.py).
+        key = (caller.tenant, caller.run_id, ex.call.api) if caller.run_id_source != "generated" else None
+        sp = split_of(ex.adapter, ex.raw, ex.body, splits.get(key) if key else None)
+        if key:
+            splits.put(key, sp)
+        return shares(sp, outcome.usage, admitted.price)
     except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
         log.warning("could not split the input of a call of run %s", ex.call.model, exc_info=True)
         return None

@@ -38,6 +38,10 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 CACHED_PROMPT = "a long agent context the provider has seen before " * 4  # ~50 input tokens, 8 cached
+# Declared beside get_weather in the tool round trip and never called: unused definition cost.
+UNUSED_TOOL = [{"type": "function", "function": {
+    "name": "send_email", "description": "Send an email",
+    "parameters": {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}}}]
 READ_TOOL = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
@@ -62,7 +66,7 @@ def settings_for(sim_url: str, data_dir: Path, mcp_url: str | None = None) -> Se
     tenants["acme"]["keys"].append({"hash": hash_key(RATE_LIMITED_KEY),
                                     "policy": {"rate_limits": {"requests_per_minute": 1}}})
     return Settings(openai_base_url=sim_url, anthropic_base_url=sim_url, gemini_base_url=sim_url,
-                    data_dir=str(data_dir), port=0, tenants=tenants, mcp_servers=mcp).check()
+                    data_dir=str(data_dir), port=0, tenants=tenants, mcp_servers=mcp, anatomy=True).check()
 
 
 @contextmanager
@@ -153,7 +157,8 @@ async def drive_load(url: str, tag: str = "1") -> dict[str, int]:
             await agent.end()
         # A tool round trip: the call in response 1, its result in request 2.
         tools = Agent(http, url, "acme", f"dash-tool-{tag}")
-        statuses["tool ok"] = await _tool_round_trip(tools, "SCENARIO:tool", TOOLS, 2, '{"ok": true, "temp": 14}')
+        statuses["tool ok"] = await _tool_round_trip(tools, "SCENARIO:tool", [*TOOLS, *UNUSED_TOOL], 2,
+                                                     '{"ok": true, "temp": 14}')
         failing = Agent(http, url, "globex", f"dash-tool-fail-{tag}")
         statuses["tool failed"] = await _tool_round_trip(failing, "SCENARIO:tool", TOOLS, 2,
                                                          '{"ok": false, "error": "down"}')

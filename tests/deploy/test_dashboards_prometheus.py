@@ -192,6 +192,23 @@ def test_the_prompt_cache_panels_show_the_cached_share_and_the_savings(evaluated
     assert _panel_values(evaluated, "Saved by prompt cache per hour by model")["sim-small"] > 0
 
 
+def test_the_anatomy_panels_show_input_cost_by_part_and_tool(evaluated: Evaluated) -> None:
+    """The tool round trip sends get_weather's result back and declares send_email, never
+    called: input cost shows by part, get_weather among the tools by context cost, and
+    send_email (only) among the unused definitions."""
+    [q] = [q for q in QUERIES if q.panel == "Input cost per hour by part"]
+    parts = {r["metric"]["spanmeter_input_part"] for r in evaluated.results[q.id]["data"]["result"]}
+    assert {"tools", "tool_result", "history", "new"} <= parts
+    by_tool = {}
+    for title in ("Top tools by context cost", "Unused tool-definition cost"):
+        [q] = [q for q in QUERIES if q.panel == title]
+        by_tool[title] = {r["metric"]["gen_ai_tool_name"]: float(r["value"][1])
+                          for r in evaluated.results[q.id]["data"]["result"]}
+    assert by_tool["Top tools by context cost"]["get_weather"] > 0
+    assert set(by_tool["Unused tool-definition cost"]) == {"send_email"}
+    assert by_tool["Unused tool-definition cost"]["send_email"] > 0
+
+
 # Panels whose metric the proxy does not emit yet: xfail with the reason while it is
 # missing, pass as soon as it appears.
 NOT_YET_EMITTED = {

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import aiohttp
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.serve.appkeys import TEL
+from proxy.serve.appkeys import SPLITS, TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tracing import attributes as A
 
@@ -27,6 +29,9 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
         messages = [{"role": "system", "content": "You are terse. " * 30},
                     {"role": "user", "content": "SCENARIO:tool weather in Paris?"}]
         first = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS)
+        await proxy.settled()
+        kept = proxy.app[SPLITS].get(("default", "anat-1", "chat"))
+        assert kept is not None and kept.items == 2, "the run's last split is kept for its next request"
         [tc] = first.choices[0].message.tool_calls
         result = json.dumps({"temp_c": 21, "sky": "clear" * 200})
         messages += [first.choices[0].message.model_dump(exclude_none=True),
@@ -34,6 +39,7 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
         await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS,
                                         extra_headers={"X-Run-End": "true"})
     await proxy.settled()
+    assert proxy.app[SPLITS].get(("default", "anat-1", "chat")) is None, "forgotten when the run ends"
     await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 4)
 
@@ -84,3 +90,79 @@ async def test_anatomy_off_by_default_adds_nothing(otlp_receiver, make_proxy):  
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 1)
     call = next(s["attributes"] for s in spans if s["kind"] == "SPAN_KIND_CLIENT")
     assert not any(k.startswith("spanmeter.input.") for k in call)
+
+
+async def _agent_run(c: openai.AsyncOpenAI, run_id: str, call_tool: bool) -> None:
+    headers = {"X-Run-Id": run_id, "X-Agent-Name": "coder"}
+    messages = [{"role": "system", "content": "You are terse. " * 30},
+                {"role": "user", "content": ("SCENARIO:tool weather in Paris?" if call_tool else "hello")}]
+    first = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS,
+                                            extra_headers=headers | ({} if call_tool else {"X-Run-End": "true"}))
+    if call_tool:
+        [tc] = first.choices[0].message.tool_calls
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": tc.id, "content": json.dumps({"sky": "clear" * 300})}]
+        await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS,
+                                        extra_headers=headers | {"X-Run-End": "true"})
+
+
+async def test_runs_cli_shows_a_runs_anatomy_and_the_tools_an_agent_never_calls(make_proxy):
+    """`spanmeter runs RUN` (text and --json) and `spanmeter runs --agent A --unused-tools`,
+    run as a user runs them, over the span files of a real proxy."""
+    proxy = await make_proxy(anatomy=True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as c:
+        await _agent_run(c, "coder-1", call_tool=True)
+        await _agent_run(c, "coder-2", call_tool=False)
+    await proxy.settled()
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
+    data = str(proxy.data_dir)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "proxy", "runs", *args, "--data-dir", data],
+                              capture_output=True, text=True, timeout=60)
+
+    text, as_json, both, last, no_agent = await asyncio.gather(*(asyncio.to_thread(cli, *a) for a in (
+        ("coder-1",), ("coder-1", "--json"), ("--agent", "coder", "--unused-tools", "--json"),
+        ("--agent", "coder", "--unused-tools", "--limit", "1"), ("--unused-tools",))))
+    assert text.returncode == 0, text.stderr
+    for label in ("instructions", "tool definitions", "tool results", "earlier turns"):
+        assert label in text.stdout
+    assert "2 of 3 declared tools never called: delete_all, send_email" in text.stdout
+    [run] = json.loads(as_json.stdout)
+    ra = run["anatomy"]
+    assert run["run_id"] == "coder-1" and ra["called"] == ["get_weather"]
+    assert sum(p["tokens"] for p in ra["parts"].values()) == run["tokens"] - _output_tokens(proxy, "coder-1")
+    assert ra["tools"]["get_weather"]["results_cost_usd"] > 0 and ra["top_results"][0]["tool"] == "get_weather"
+    # Over both runs only get_weather was ever called; over the last run alone, nothing was.
+    found = json.loads(both.stdout)
+    assert found["runs"] == 2 and [r["tool"] for r in found["unused"]] == ["delete_all", "send_email"]
+    assert all(r["runs"] == 2 and r["definitions_cost_usd"] > 0 for r in found["unused"])
+    assert "3 of 3 declared tools never called in its last 1 run" in last.stdout
+    assert no_agent.returncode == 2 and "--unused-tools needs --agent NAME" in no_agent.stderr
+
+
+def _output_tokens(proxy, run_id: str) -> int:
+    from tracing.viewer import run_spans
+
+    [(_, spans)] = run_spans(run_id, proxy.data_dir / "traces")
+    return sum(int(s["attributes"].get(A.GEN_AI_USAGE_OUTPUT_TOKENS) or 0) for s in spans if s["kind"] == "CLIENT")
+
+
+async def test_a_runs_next_request_through_the_sdk_is_found_appended(make_proxy):
+    """The openai SDK's next request of a run is its last one with the new messages appended,
+    byte for byte: the proxy finds that on the raw bytes and sizes only the new messages."""
+    proxy = await make_proxy(anatomy=True)
+    key = ("default", "anat-next", "chat")
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k",
+                                  default_headers={"X-Run-Id": "anat-next"}) as c:
+        messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+        ends = []
+        for turn in range(3):
+            answer = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS)
+            await proxy.settled()
+            kept = proxy.app[SPLITS].get(key)
+            assert kept is not None and kept.items == len(messages)
+            ends.append(kept.end)
+            messages += [answer.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": f"and then? {turn}"}]
+    assert ends[0] is None and ends[1] is not None and ends[2] is not None

@@ -230,6 +230,8 @@ def test_demo_runs_offline_and_the_command_it_prints_draws_the_run(tmp_path):
     assert again.stdout.startswith(f"run {command.split()[1]} (default, agent demo-agent)")
     assert "execute_tool get_weather" in again.stdout and again.stdout.strip() in out.stdout
     assert re.search(r"run demo-\S+ \(default, agent demo-agent\)", out.stdout)  # the run, ended, as the agent's
+    # Its anatomy, in the demo and again from the span files: two of its three tools never called.
+    assert "2 of 3 declared tools never called: search_files, send_email" in again.stdout
 
 
 def test_invalid_config_exits_2_with_the_field_and_source(tmp_path):

@@ -33,7 +33,8 @@ def exercise(tel: Telemetry) -> None:
                    call, outcome, cost_micros=5, usage_source="reported", budget_remaining_micros=None,
                    rewrites=[], repairs=[], anatomy=an)
     assert an is not None
-    costly = an.__class__(an.parts, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3, an.kinds)
+    costly = an.__class__(an.groups, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
+                          {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions, {"t": 1})
     spans.record_run_end(tel, CALLER, anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]))
     spans.record_refusal(tel, CALLER, call, "spanmeter.call_limit_exceeded", "too many calls")
     spans.tool_span(tel, CALLER, name="t", call_id="c", arguments="{}", result="ok",

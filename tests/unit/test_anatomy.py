@@ -20,15 +20,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.ledger.anatomy import anatomy, apportion
+from proxy.ledger.anatomy import (
+    CONVERSATION,
+    Split,
+    Splits,
+    anatomy,
+    apportion,
+    shares,
+    shares_general,
+    split_of,
+    split_parts,
+)
 from proxy.ledger.pricing import Price, PriceTable, cost
-from proxy.model import Anatomy, InputPart, Usage, UsageEvent
+from proxy.model import Anatomy, InputPart, ToolCall, Usage, UsageEvent
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import ProviderAdapter, open_exchange
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.providers.sse import Framer
+from tracing.anatomy import call_totals, run_anatomy
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
 PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"
@@ -51,7 +62,7 @@ def _price(p: dict[str, Any] | None) -> Price | None:
 
 def _assert_adds_up(an: Anatomy | None, usage: Usage, price: Price | None) -> None:
     assert an is not None
-    assert len(an.parts) == len(an.tokens) == len(an.cached) == len(an.costs)
+    assert len(an.groups) == len(an.tokens) == len(an.cached) == len(an.costs)
     assert sum(an.tokens) == usage.input_tokens == an.input_tokens
     whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
     assert sum(an.costs) == whole == an.input_cost_micros
@@ -250,3 +261,109 @@ def test_parts_add_up_on_every_recorded_pair() -> None:
         assert {p.call_id for p in tool_results} >= {r.call_id for r in ex.call.tool_results}
         checked += 1
     assert checked > 400, f"only {checked} pairs had usage"
+
+
+# --- a run's next request: the last split and the new items only ---------------------------
+
+
+def _summary(sp: Split) -> tuple[Any, ...]:
+    """What the arithmetic reads of a split."""
+    return (sp.sizes, sp.ends, sp.units, sp.cum, sp.unit_bytes, sp.result_at, sp.result_size,
+            [sp.names[i] for i in sp.result_name], sp.top, sp.definitions, sp.new_parts)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=4),
+       turns=_turns(), cut=st.integers(1, 6))
+def test_next_request_split_from_the_last_equals_the_whole_split(dialect: str, system: str, tools: list[str],
+                                                                 turns: list[tuple[str, Any]], cut: int) -> None:
+    """Turn N+1 is turn N with items appended: split from turn N's split, it is the same as
+    split whole (the arithmetic then gives the same shares)."""
+    adapter = ADAPTERS[dialect]
+    early = BUILDERS[dialect](system, tools, turns[:max(1, len(turns) - cut)])
+    late = BUILDERS[dialect](system, tools, turns)
+    raw_early, raw_late = orjson.dumps(early), orjson.dumps(late)
+    key = CONVERSATION[adapter.api]
+    first = split_of(adapter, raw_early, orjson.loads(raw_early), None)
+    second = split_of(adapter, raw_late, orjson.loads(raw_late), first)
+    whole = split_parts(adapter.input_parts(orjson.loads(raw_late)))
+    if len(late[key]) > len(early[key]):
+        assert second.end is not None, "appended items are found on the raw bytes"
+    assert _summary(second) == _summary(whole)
+    third = split_of(adapter, raw_late, orjson.loads(raw_late), second)  # a retry: the same request
+    assert _summary(third) == _summary(whole)
+
+
+def test_an_edited_history_is_split_whole() -> None:
+    """An agent that compacts or edits its history is not mistaken for one that appended."""
+    body = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a" * 50}]}
+    raw = orjson.dumps(body)
+    first = split_of(CHAT, raw, orjson.loads(raw), None)
+    edited = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "b" * 10},
+                                         {"role": "assistant", "content": "ok"}, {"role": "user", "content": "c"}]}
+    raw2 = orjson.dumps(edited)
+    second = split_of(CHAT, raw2, orjson.loads(raw2), first)
+    assert second.end is None and second.sizes == [1, 10, 2, 1]
+    inserted = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "x"},
+                                           {"role": "user", "content": "a" * 50}]}
+    raw3 = orjson.dumps(inserted)
+    assert split_of(CHAT, raw3, orjson.loads(raw3), first).sizes == [1, 1, 50]
+
+
+def test_splits_are_bounded_by_runs_and_bytes() -> None:
+    splits = Splits(max_runs=2, max_bytes=100)
+    for i in range(3):
+        sp = split_parts([InputPart("new", 1)])
+        sp.raw = b"x" * 40
+        splits.put(("t", str(i)), sp)
+    assert splits.get(("t", "0")) is None and splits.get(("t", "2")) is not None
+    big = split_parts([InputPart("new", 1)])
+    big.raw = b"x" * 90
+    splits.put(("t", "3"), big)
+    assert splits.get(("t", "2")) is None and splits.get(("t", "3")) is big
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=5),
+       turns=_turns(), usage=_usage(), price=st.sampled_from(_PRICES))
+def test_the_written_out_path_shares_as_the_general_one(dialect: str, system: str, tools: list[str],
+                                                         turns: list[tuple[str, Any]], usage: Usage,
+                                                         price: Price | None) -> None:
+    """Calls without cache writes take a written-out path (proxy.ledger.anatomy._shares_read): it
+    gives the same anatomy as the general arithmetic, and the kinds add up exactly."""
+    usage = replace(usage, cache_write_tokens=0, cache_write_1h_tokens=0)
+    body = BUILDERS[dialect](system, tools, turns)
+    ex = open_exchange(ADAPTERS[dialect], orjson.dumps(body), PATHS[dialect])
+    sp = split_parts(ex.adapter.input_parts(ex.body))
+    fast = shares(sp, usage, price)
+    general = shares_general(sp, usage, price)
+    assert fast == general
+    assert fast is not None and sum(t for t, _, _ in fast.kinds.values()) == usage.input_tokens
+    whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
+    assert sum(m for _, _, m in fast.kinds.values()) == whole
+
+
+def test_definitions_are_counted_once_per_tool_list_and_priced_over_the_run() -> None:
+    """A run's next request resends the same tool list: its definitions' bytes go into the
+    run totals once, and the run's tool-definition cost is shared by those bytes."""
+    tools = ["read_file", "search"]
+    early = _chat("sys", tools, [("user", "a" * 40)])
+    late = _chat("sys", tools, [("user", "a" * 40), ("call", ("c1", "read_file", {"q": "x"})),
+                                ("result", ("c1", "r" * 200)), ("user", "more")])
+    price = _PRICES[1]
+    totals: dict[str, int] = {}
+    previous = None
+    for body in (early, late):
+        raw = orjson.dumps(body)
+        previous = split_of(CHAT, raw, orjson.loads(raw), previous)
+        an = shares(previous, Usage(input_tokens=900, cache_read_tokens=300), price)
+        assert an is not None
+        call = call_totals(an, [ToolCall("c1", "read_file", "{}")] if body is early else [])
+        assert any(k.startswith("anatomy|def|") for k in call) == (body is early)
+        for k, v in call.items():
+            totals[k] = totals.get(k, 0) + v
+    ra = run_anatomy(totals)
+    assert ra is not None and ra["declared"] == tools and ra["unused"] == ["search"]
+    defs = ra["parts"]["tools"]["cost_usd"]
+    sizes = [len(orjson.dumps(t)) for t in early["tools"]]
+    assert ra["tools"]["search"]["definitions_cost_usd"] == pytest.approx(defs * sizes[1] / sum(sizes), abs=2e-6)
