@@ -81,7 +81,7 @@ def _json_list(text: Any) -> list[dict[str, Any]]:
 
 def render_anatomy(ra: dict[str, Any]) -> str:
     """Tables: input by part, by tool, the largest results; the tools never called."""
-    from tracing.viewer import money
+    from tracing.summaries import money
 
     whole = sum(float(p["cost_usd"]) for p in ra["parts"].values()) or 0.0
     rows = [(_LABELS.get(k, k), f"{int(p['tokens']):,}", f"{int(p['cached_tokens']):,}", money(float(p["cost_usd"])),
@@ -128,7 +128,7 @@ def unused_tools(runs: Iterable[tuple[int, dict[str, Any]]], last: int) -> dict[
 
 
 def render_unused(agent: str, found: dict[str, Any]) -> str:
-    from tracing.viewer import money
+    from tracing.summaries import money
 
     if not found["runs"]:
         return (f"No ended run of agent {agent!r} has an anatomy (runs name their agent with X-Agent-Name; "

@@ -18,7 +18,7 @@ from typing import Final
 from proxy.model import Call, Caller, Outcome, Repair
 from tracing import digests
 
-__all__ = ["call_input", "call_output", "run_input", "run_output"]
+__all__ = ["call_input", "call_output", "money", "run_input", "run_output"]
 
 SHOWN: Final = 3  # tool results, tool calls and tool names named one by one; the rest are counted
 NAMES: Final = 5
@@ -95,3 +95,15 @@ def run_output(totals: Mapping[str, int], status: str) -> str:
     if "cost_micros" in totals:
         parts.append(f"${totals['cost_micros'] / 1e6:.4f}")
     return f"{status}: " + ", ".join(parts)
+
+
+def money(usd: float) -> str:
+    """US dollars to the micro-dollar spanmeter accounts in, at least cents, no trailing
+    zeros beyond them: $0.000045, $0.0123, $3.30. A non-zero amount never reads as zero."""
+    micros = round(usd * 1_000_000)
+    if micros == 0 and usd > 0:
+        return "<$0.000001"
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
+    return f"{sign}${whole:,}.{digits}"

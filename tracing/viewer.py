@@ -22,8 +22,9 @@ from typing import Any
 
 from tracing import attributes as A
 from tracing.local import DEFAULT_LOCAL_DIR, read_spans
+from tracing.summaries import money
 
-__all__ = ["RunSummary", "agent_anatomies", "load_runs", "money", "render_run_tree", "render_runs_table", "run_spans",
+__all__ = ["RunSummary", "agent_anatomies", "load_runs", "render_run_tree", "render_runs_table", "run_spans",
            "run_trees", "summary_of"]
 
 Record = dict[str, Any]
@@ -309,19 +310,6 @@ def _detail_lines(s: Record) -> list[str]:
 
 def _count(n: Any) -> str:
     return "?" if n is None else f"{int(n):,}"
-
-
-def money(usd: float) -> str:
-    """US dollars to the micro-dollar spanmeter accounts in, at least cents, no trailing
-    zeros beyond them: $0.000045, $0.0123, $3.30. A non-zero amount never reads as zero."""
-    micros = round(usd * 1_000_000)
-    if micros == 0 and usd > 0:
-        return "<$0.000001"
-    sign = "-" if micros < 0 else ""
-    whole, frac = divmod(abs(micros), 1_000_000)
-    digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
-    return f"{sign}${whole:,}.{digits}"
-
 
 
 def _clock(ns: int) -> str:

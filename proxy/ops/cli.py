@@ -526,7 +526,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 def _describe(settings: Settings) -> str:
     from tracing.setup import ENV_ENDPOINT, ENV_TRACES_ENDPOINT
-    from tracing.viewer import money
+    from tracing.summaries import money
 
     def usd_or_none(v: float | None) -> str:
         return money(v) if v is not None else "none"
@@ -811,7 +811,7 @@ def _admin_command(fn: Any) -> Any:
 
 @_admin_command
 def _spend(args: argparse.Namespace) -> None:
-    from tracing.viewer import money
+    from tracing.summaries import money
 
     query = {"tenant": args.tenant, **({"run": args.run} if args.run else {})}
     spend = _admin(args, "GET", "/admin/spend?" + urllib.parse.urlencode(query))
@@ -839,7 +839,7 @@ def _spend(args: argparse.Namespace) -> None:
 
 
 def _budget(v: float | None) -> str:
-    from tracing.viewer import money
+    from tracing.summaries import money
 
     return money(v) if v is not None else "none"
 

@@ -14,7 +14,7 @@ from proxy.ops import docgen
 from proxy.serve.siblings import WORKER_ATTRIBUTE, WORKER_SERIES
 from proxy.simulator.script import SCENARIO_HELP, SCENARIOS
 from tracing import attributes as A
-from tracing.viewer import money
+from tracing.summaries import money
 
 ROOT = Path(__file__).resolve().parents[2]
 
