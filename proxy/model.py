@@ -3,6 +3,10 @@
 Stdlib only. Every layer may import this module; it imports nothing of ours.
 Provider adapters translate wire bytes into these types, policy and tracing read them.
 
+`Call` is frozen once handed on: `providers.base.open_exchange` sets its two byte-derived
+fields (`body_bytes`, `cache_write`) right after the API module built it and before anything
+reads it, in place, to save a copy per call.
+
 `None` always means "the provider never said" and is never the same as zero
 (see `Usage`): unknown usage settles at the reservation, not at nothing.
 """

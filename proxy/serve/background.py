@@ -1,4 +1,5 @@
-"""Bookkeeping after the answer: settle, run totals, spans, off the caller's critical path.
+"""The tasks that do the bookkeeping after the answer (serve/bookkeeping.py), kept per run,
+off the caller's critical path.
 
 The caller gets its answer before the ledger commit, and a keep-alive connection is free
 for its next request at once. Two rules keep this safe:
