@@ -192,7 +192,7 @@ class RedisStore(DerivedOps):
             # The scripts of every call (admit, settle, ...) go on one pipelined connection
             # made with the pool's settings; the other operations (reads, sweeps, admin) on the pool.
             self._pipe = Pipe(pool.make_connection, timeout_s=timeout_s, parse_error=BaseParser.parse_error)
-        self._scripts = {p.stem: _Script(p.read_text(encoding="utf-8")) for p in _LUA.glob("*.lua")}
+        self._scripts = {p.stem: _Script(_script_text(p)) for p in _LUA.glob("*.lua")}
         self._registered: dict[str, float] = {}  # tenant -> when this process last registered it
         self._registering: set[str] = set()
         self._tried: set[str] = set()
@@ -783,6 +783,14 @@ async def _bounded(coros: list[Awaitable[T]], *, return_exceptions: bool = False
             return await c
 
     return await asyncio.gather(*(one(c) for c in coros), return_exceptions=return_exceptions)
+
+
+def _script_text(path: Path) -> str:
+    """A script as Redis runs it: the shared functions of lua/lib/ it calls, in front of it
+    (Redis has no includes; every script must be whole)."""
+    text = path.read_text(encoding="utf-8")
+    libs = [lib.read_text(encoding="utf-8") for lib in sorted((_LUA / "lib").glob("*.lua")) if f"{lib.stem}_" in text]
+    return "".join(libs) + text
 
 
 class _Script:

@@ -179,45 +179,14 @@ if tight ~= nil and tight < amount then
   amount = tight
 end
 
--- 8. Rate buckets (GCRA, integers; rates.py rate_step line for line): refuse if one is full.
-local now_ms = tonumber(ARGV[22])
-local states, held_of, last_of = {}, {}, {}
-local limited = false
-for j = 1, r do
-  local limit, cost = tonumber(ARGV[22 + 2 * j]), tonumber(ARGV[23 + 2 * j])
-  local bucket = redis.call('HMGET', KEYS[13 + j], 'debt', 'last')
-  local debt, last = tonumber(bucket[1] or '0'), tonumber(bucket[2] or ARGV[22])
-  local cap = limit * 60000
-  local gone = now_ms - last
-  if gone < 0 then gone = 0 end
-  if gone > 60000 then gone = 60000 end
-  local drained = debt - gone * limit
-  if drained < 0 then drained = 0 end
-  local need = drained + cost * 60000
-  local wait, held
-  if cost > limit then
-    wait, held = -1, drained
-  elseif need <= cap then
-    wait, held = 0, need
-  else
-    wait, held = math.ceil((need - cap) / limit), drained
-  end
-  if wait ~= 0 then limited = true end
-  held_of[j] = held
-  if last > now_ms then last_of[j] = last else last_of[j] = now_ms end
-  table.insert(states, math.floor((cap - held) / 60000))
-  table.insert(states, math.ceil(held / limit))
-  table.insert(states, wait)
-end
+-- 8. Rate buckets (GCRA, integers; rates.py rate_step line for line; lib/gcra.lua): refuse if one is full.
+local limited, states, held_of, last_of = gcra_rates(22, r)
 if limited then
   return {'rate', closed, trace, budgets[1], budgets[2], states}
 end
 
 -- 9. Count the call and reserve.
-for j = 1, r do
-  redis.call('HSET', KEYS[13 + j], 'debt', string.format('%d', held_of[j]), 'last', string.format('%d', last_of[j]))
-  redis.call('PEXPIRE', KEYS[13 + j], 120000)  -- a bucket untouched for a window is empty anyway
-end
+gcra_draw(r, held_of, last_of)
 for i = 1, 4 do
   redis.call('HINCRBY', KEYS[i], 'reserved', amount)
 end

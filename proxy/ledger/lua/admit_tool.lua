@@ -36,55 +36,16 @@ if ARGV[12] ~= '' then
     end
   end
 end
--- The rate buckets (GCRA, integers; admit.lua's step 8 line for line): the state of each
--- with this request counted, and whether one is full. Drawn on only once nothing refused.
+-- The rate buckets (lib/gcra.lua): drawn on only once nothing refused.
 local r = tonumber(ARGV[20])
-local now_ms = tonumber(ARGV[19])
-local function rates()
-  local states, held_of, last_of = {}, {}, {}
-  local limited = false
-  for j = 1, r do
-    local limit, cost = tonumber(ARGV[19 + 2 * j]), tonumber(ARGV[20 + 2 * j])
-    local bucket = redis.call('HMGET', KEYS[13 + j], 'debt', 'last')
-    local debt, last = tonumber(bucket[1] or '0'), tonumber(bucket[2] or ARGV[19])
-    local cap = limit * 60000
-    local gone = now_ms - last
-    if gone < 0 then gone = 0 end
-    if gone > 60000 then gone = 60000 end
-    local drained = debt - gone * limit
-    if drained < 0 then drained = 0 end
-    local need = drained + cost * 60000
-    local wait, held
-    if cost > limit then
-      wait, held = -1, drained
-    elseif need <= cap then
-      wait, held = 0, need
-    else
-      wait, held = math.ceil((need - cap) / limit), drained
-    end
-    if wait ~= 0 then limited = true end
-    held_of[j] = held
-    if last > now_ms then last_of[j] = last else last_of[j] = now_ms end
-    table.insert(states, math.floor((cap - held) / 60000))
-    table.insert(states, math.ceil(held / limit))
-    table.insert(states, wait)
-  end
-  return limited, states, held_of, last_of
-end
-local function draw(held_of, last_of)
-  for j = 1, r do
-    redis.call('HSET', KEYS[13 + j], 'debt', string.format('%d', held_of[j]), 'last', string.format('%d', last_of[j]))
-    redis.call('PEXPIRE', KEYS[13 + j], 120000)
-  end
-end
 
 local name, sig = ARGV[1], ARGV[2]
 if name == '' then
-  local limited, states, held_of, last_of = rates()
+  local limited, states, held_of, last_of = gcra_rates(19, r)
   if limited then
     return {'rate', '', 0, trace, '', '', states}
   end
-  draw(held_of, last_of)
+  gcra_draw(r, held_of, last_of)
   return {'trace', '', 0, trace, states}
 end
 
@@ -166,13 +127,13 @@ if tight ~= nil and tight < amount then
   return {'refused', matched, streak, trace, budgets[1], budgets[2], names[tight_i],
           tonumber(v[1] or '0'), tonumber(v[2] or '0'), '0'}
 end
-local limited, states, held_of, last_of = rates()
+local limited, states, held_of, last_of = gcra_rates(19, r)
 if limited then
   return {'rate', matched, streak, trace, budgets[1], budgets[2], states}
 end
 
 -- 6. Count the call, draw on the rates and reserve its cost.
-draw(held_of, last_of)
+gcra_draw(r, held_of, last_of)
 for i = 1, 4 do
   redis.call('HINCRBY', KEYS[i], 'reserved', amount)
 end
