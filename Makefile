@@ -47,9 +47,9 @@ test: $(VENV)/.test system-deps
 # Every direct dependency pinned to its floor (.ci/floors.py turns `>=X` into `==X`), in a
 # venv of its own, rebuilt whole when the floors change. The extra test-agents is left out:
 # the MCP SDK and openai-agents need newer libraries than spanmeter's floors (mcp 2.0 needs
-# pydantic>=2.12), so the four test files that drive them run in `make test` only.
+# pydantic>=2.12), so the test files that drive them run in `make test` only.
 LOWEST       := .venv-lowest
-AGENT_TESTS  := tests/e2e/test_mcp.py tests/e2e/test_wrap_up.py \
+AGENT_TESTS  := tests/e2e/test_mcp.py tests/e2e/test_mcp_ceilings.py tests/e2e/test_wrap_up.py \
                 tests/deploy/test_dashboard_names.py tests/deploy/test_dashboards_prometheus.py
 
 $(LOWEST)/.installed: pyproject.toml .ci/floors.py
