@@ -66,7 +66,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.model import Call, Caller, Outcome, Repair, Rewrite, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, Repair, Rewrite, Usage
 from tracing import spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 
@@ -115,10 +115,10 @@ def one_call(tel: Telemetry, i: int, stream: bool) -> None:
         first_chunk_s=0.2 if stream else None,
     )
     spans.end_call(
-        tel, cs, call, outcome, cost_micros=1234, usage_source="reported", budget_remaining_micros=None,
+        tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=1234, usage_source="reported",
+                            budget_remaining_micros=None,
         rewrites=REWRITES if stream else [], repairs=REPAIRS if stream else [],
-        chunk_gaps_s=GAPS if stream else (),
-    )  # fmt: skip
+        chunk_gaps_s=GAPS if stream else ()))  # fmt: skip
 
 
 def best_us(fn: Callable[[int], None], calls: int, repeats: int) -> float:

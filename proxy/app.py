@@ -166,9 +166,7 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
         log.log(logging.ERROR if exc.status >= 500 else logging.INFO, "%s %s answered %d %s: %s",
                 request.method, json.dumps(request.path), exc.status, exc.error_type, exc.message)
         return
-    accesslog.access(tenant=None, run_id=None, api=adapter.api, model=None,
-                     status=exc.status, upstream_status=None, duration_s=accesslog.request_seconds(),
-                     error=exc.error_type, reason=exc.message)
+    accesslog.before_call(adapter.api, exc.status, exc.error_type, exc.message)
 
 
 def render(request: web.Request, exc: ProxyError) -> web.Response:

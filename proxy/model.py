@@ -13,6 +13,7 @@ reads it, in place, to save a copy per call.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -20,6 +21,7 @@ __all__ = [
     "Anatomy",
     "Api",
     "Call",
+    "CallRecord",
     "Caller",
     "Finish",
     "InputPart",
@@ -34,6 +36,7 @@ __all__ = [
     "TextDelta",
     "ToolCall",
     "ToolCallDelta",
+    "ToolRecord",
     "ToolResult",
     "ToolSpec",
     "Usage",
@@ -310,3 +313,65 @@ class Anatomy:
     # False when the definitions are those of the run's last request, already counted in its
     # totals: they are counted once per tool list, not on every call (tracing/anatomy.py).
     definitions_new: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One model call once it is over, answered, refused or abandoned: built once by the
+    bookkeeping (proxy/serve/bookkeeping.py) from the call, its answer and its admission, and
+    read by the call's span and metrics (tracing/spans.end_call), its access line
+    (proxy/serve/accesslog.access) and its run's totals. Plain facts, no behaviour.
+
+    `start_ns`/`end_ns`: when the request arrived and its last byte was delivered (None:
+    when the span ends). `forwarded`: False for a call refused or abandoned before it
+    reached the upstream (its access line then has no upstream status and no cost).
+    `cost_micros`: what was charged, as `usage_source` says it was counted (reported |
+    estimate | unpriced | ...; "" when nothing was settled). `budget_remaining_micros`: the
+    smallest budget headroom after the call. `saved_micros`, `premium_micros`: what its
+    prompt-cache reads saved and its cache writes cost above plain input.
+    `delivered_text`, `delivered_arguments` (by tool call id): the answer as the agent
+    received it where a repair changed it (`outcome` is what the model wrote).
+    `chunk_gaps_s`: a stream's time between consecutive chunks after the first.
+    `capture`: message content for the span (None when it is not captured).
+    `anatomy`: where its input went. `refusal`: why spanmeter refused it (a ceiling or
+    error code)."""
+
+    caller: Caller
+    call: Call
+    outcome: Outcome
+    start_ns: int
+    end_ns: int | None = None
+    forwarded: bool = True
+    cost_micros: int | None = None
+    usage_source: str = ""
+    budget_remaining_micros: int | None = None
+    saved_micros: int = 0
+    premium_micros: int = 0
+    rewrites: Sequence[Rewrite] = ()
+    repairs: Sequence[Repair] = ()
+    chunk_gaps_s: Sequence[float] = ()
+    delivered_text: str | None = None
+    delivered_arguments: Mapping[str, str] | None = None
+    capture: Mapping[str, Any] | None = None
+    anatomy: Anatomy | None = None
+    refusal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRecord:
+    """One tool execution as spanmeter saw it across two requests: from the delivery of the
+    answer that made the call (`start_ns`) to the arrival of the request that carried its
+    result (`end_ns`). `result=None`: the run ended without one. `capture=False` when the
+    tenant lowered content capture. Read by tracing/spans.tool_span."""
+
+    caller: Caller
+    name: str
+    call_id: str
+    arguments: str
+    result: str | None
+    start_ns: int
+    end_ns: int
+    is_error: bool = False
+    description: str | None = None
+    tool_type: str = "function"
+    capture: bool = True

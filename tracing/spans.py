@@ -22,8 +22,8 @@ content, so they are there whatever the capture setting.
     cs = start_call(tel, caller, call, provider="openai", server_address="api.openai.com",
                     server_port=443, parent=None, run_trace=run_trace)
     ... relay ...
-    end_call(tel, cs, call, outcome, cost_micros=1200, usage_source="reported",
-             budget_remaining_micros=None, rewrites=[], repairs=[], capture=None)
+    end_call(tel, cs, CallRecord(caller, call, outcome, cs.start_ns, cost_micros=1200,
+                                 usage_source="reported"))
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Anatomy, Call, Caller, Outcome, Repair, Rewrite
+from proxy.model import Anatomy, Call, Caller, CallRecord, Outcome, Repair, ToolRecord
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import digests, lean, summaries
 from tracing.lean import LeanSpan
-from tracing.metrics import CallKey, LabelCache
+from tracing.metrics import CallKey, CallLabels, LabelCache
 from tracing.setup import Telemetry
 from tracing.traceparent import TraceParent, parse_traceparent
 
@@ -253,71 +253,42 @@ def start_call(
     return cs
 
 
-def end_call(
-    tel: Telemetry,
-    cs: CallSpan,
-    call: Call,
-    outcome: Outcome,
-    *,
-    cost_micros: int | None,
-    usage_source: str,
-    budget_remaining_micros: int | None,
-    rewrites: Sequence[Rewrite],
-    repairs: Sequence[Repair],
-    refusal: str | None = None,
-    capture: Mapping[str, Any] | None = None,
-    end_ns: int | None = None,
-    chunk_gaps_s: Sequence[float] = (),
-    saved_micros: int = 0,
-    premium_micros: int = 0,
-    delivered_text: str | None = None,
-    delivered_arguments: Mapping[str, str] | None = None,
-    anatomy: Anatomy | None = None,
-) -> None:
-    """Finish a model-call span with the outcome and record the call's metrics.
+def end_call(tel: Telemetry, cs: CallSpan, record: CallRecord) -> None:
+    """Finish a model-call span with the call's record and record the call's metrics.
 
-    `capture` is plain data (`input_messages`, `output_messages`, `system_instructions`
-    in the semconv JSON shapes, and `output_messages_repaired` when repair changed the
-    answer); it is recorded only when the process runs with SPAN_ONLY, and with it the
-    tools' descriptions and schemas in `gen_ai.tool.definitions` (names only otherwise).
-    Pass None when the tenant lowered capture.
-    `delivered_text`, `delivered_arguments` (by tool call id): the answer as the agent
-    received it, where repair changed it (for the readable summary; `outcome` is what the
-    model wrote).
-    `chunk_gaps_s`: for streams, the time between consecutive chunks after the first;
-    recorded as their mean, one `time_per_output_chunk` point per call.
-    `refusal`: why spanmeter refused the call (e.g. its error type); also counted in
-    `spanmeter.limit.rejections`.
-    `saved_micros`: what the call's prompt-cache reads saved at the price table's rates;
-    `premium_micros`: what its cache writes cost above plain input.
-    `anatomy`: where the call's input went (proxy/ledger/anatomy.py), as `spanmeter.input.*`
-    attributes and the input-cost metrics by part and by tool.
+    `record.capture` is plain data (`input_messages`, `output_messages`,
+    `system_instructions` in the semconv JSON shapes, and `output_messages_repaired` when
+    repair changed the answer); it is recorded only when the process runs with SPAN_ONLY,
+    and with it the tools' descriptions and schemas in `gen_ai.tool.definitions` (names
+    only otherwise). `delivered_text`, `delivered_arguments` make the readable summary say
+    what the agent received. `chunk_gaps_s` is recorded as their mean, one
+    `time_per_output_chunk` point per call. A `refusal` is also counted in
+    `spanmeter.limit.rejections`. `saved_micros` and `premium_micros` become the cache
+    cost attributes and metrics; `anatomy` the `spanmeter.input.*` attributes and the
+    input-cost metrics by part and by tool.
     """
     try:
-        end = time.time_ns() if end_ns is None else end_ns
-        attrs = _end_attrs(tel, call, outcome, cost_micros, usage_source, budget_remaining_micros, rewrites, repairs,
-                           refusal)  # fmt: skip
-        content = _content_attrs(tel, capture)
+        end = time.time_ns() if record.end_ns is None else record.end_ns
+        call, outcome, admit = record.call, record.outcome, record.refusal is None
+        attrs = _end_attrs(tel, record)
+        content = _content_attrs(tel, record.capture)
         attrs.update(content)
-        delivered = (delivered_text, delivered_arguments)
-        attrs.update(_call_summary_attrs(cs.caller, call, outcome, repairs, delivered,
-                                         tel.config.content_cap_bytes, full_tools=bool(content)))
-        if saved_micros:
-            attrs[A.SPANMETER_COST_SAVED_USD] = saved_micros / 1e6
-        if anatomy is not None:
-            attrs.update(anatomy_attrs.call_attrs(anatomy))
-            _record_anatomy_metrics(tel, cs, call, anatomy)
-        if premium_micros:
-            attrs[A.SPANMETER_COST_CACHE_WRITE_PREMIUM_USD] = premium_micros / 1e6
+        attrs.update(_call_summary_attrs(record, tel.config.content_cap_bytes, full_tools=bool(content)))
+        if record.saved_micros:
+            attrs[A.SPANMETER_COST_SAVED_USD] = record.saved_micros / 1e6
+        if record.anatomy is not None:
+            attrs.update(anatomy_attrs.call_attrs(record.anatomy))
+            _record_anatomy_metrics(tel, cs, call, record.anatomy)
+        if record.premium_micros:
+            attrs[A.SPANMETER_COST_CACHE_WRITE_PREMIUM_USD] = record.premium_micros / 1e6
         cs.span.set_attributes(attrs)
         if outcome.error_type:
             cs.span.set_status(Status(StatusCode.ERROR, _status_text(outcome.error_message, cs.caller)))
-        _record_call_metrics(
-            tel, cs, call, outcome, end, cost_micros, rewrites, repairs, chunk_gaps_s, admit=refusal is None
-        )
-        _record_cache_metrics(tel, cs, call, outcome, saved_micros, premium_micros, admit=refusal is None)
-        if refusal:
-            _count_refusal(tel, cs.caller, call, cs.provider, refusal, cs.context)
+        labels = _call_labels(tel, cs, call, outcome, admit)
+        _record_call_metrics(tel, cs, record, labels, end)
+        _record_cache_metrics(tel, cs, record, labels)
+        if record.refusal:
+            _count_refusal(tel, cs.caller, call, cs.provider, record.refusal, cs.context)
         tel.lean.end(cs.span, end)
     except Exception:
         log.exception("end_call failed")
@@ -432,18 +403,9 @@ def _put_request_params(attrs: Attrs, call: Call) -> None:
         attrs[A.GEN_AI_REQUEST_PRESENCE_PENALTY] = call.presence_penalty
 
 
-def _end_attrs(
-    tel: Telemetry,
-    call: Call,
-    outcome: Outcome,
-    cost_micros: int | None,
-    usage_source: str,
-    budget_remaining_micros: int | None,
-    rewrites: Sequence[Rewrite],
-    repairs: Sequence[Repair],
-    refusal: str | None,
-) -> Attrs:
+def _end_attrs(tel: Telemetry, record: CallRecord) -> Attrs:
     """Response, usage, spanmeter and content attributes, in one dict without Nones."""
+    call, outcome = record.call, record.outcome
     attrs: Attrs = {}
     if outcome.response_id is not None:
         attrs[A.GEN_AI_RESPONSE_ID] = _name(outcome.response_id)
@@ -458,12 +420,13 @@ def _end_attrs(
         attrs[A.ERROR_TYPE] = _name(outcome.error_type)
     if outcome.notes:
         attrs[A.SPANMETER_OBSERVER_NOTES] = _names(outcome.notes, A.SPAN_TEXT_LIMIT)
-    if cost_micros is not None:
-        attrs[A.SPANMETER_COST_USD] = cost_micros / 1e6
-    if usage_source:
-        attrs[A.SPANMETER_USAGE_SOURCE] = usage_source
-    if budget_remaining_micros is not None:
-        attrs[A.SPANMETER_BUDGET_REMAINING_USD] = budget_remaining_micros / 1e6
+    if record.cost_micros is not None:
+        attrs[A.SPANMETER_COST_USD] = record.cost_micros / 1e6
+    if record.usage_source:
+        attrs[A.SPANMETER_USAGE_SOURCE] = record.usage_source
+    if record.budget_remaining_micros is not None:
+        attrs[A.SPANMETER_BUDGET_REMAINING_USD] = record.budget_remaining_micros / 1e6
+    rewrites, repairs, refusal = record.rewrites, record.repairs, record.refusal
     if rewrites:
         attrs[A.SPANMETER_REWRITES] = tuple(_text(r.header_value()) for r in rewrites[: A.SPAN_LIST_LIMIT])
     if repairs:
@@ -511,19 +474,18 @@ def _content_attrs(tel: Telemetry, capture: Mapping[str, Any] | None) -> Attrs:
     }
 
 
-def _call_summary_attrs(
-    caller: Caller, call: Call, outcome: Outcome, repairs: Sequence[Repair],
-    delivered: tuple[str | None, Mapping[str, str] | None], cap: int, *, full_tools: bool,
-) -> Attrs:
+def _call_summary_attrs(record: CallRecord, cap: int, *, full_tools: bool) -> Attrs:
     """What a UI shows of a model call whatever is captured: the tools offered
     (`gen_ai.tool.definitions`, `full_tools` under content capture) and readable
     input/output summaries (digests, not content)."""
+    caller, call = record.caller, record.call
     attrs: Attrs = {}
     if call.tools:
         attrs[A.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions(call, cap, full=full_tools)
     attrs[A.INPUT_VALUE] = _redact(summaries.call_input(call), caller)
     attrs[A.INPUT_MIME_TYPE] = A.MIME_TEXT
-    attrs[A.OUTPUT_VALUE] = _redact(summaries.call_output(outcome, repairs, *delivered), caller)
+    attrs[A.OUTPUT_VALUE] = _redact(summaries.call_output(record.outcome, record.repairs, record.delivered_text,
+                                                                 record.delivered_arguments), caller)
     attrs[A.OUTPUT_MIME_TYPE] = A.MIME_TEXT
     return attrs
 
@@ -544,26 +506,12 @@ def _tool_definitions(call: Call, cap: int, *, full: bool) -> str:
     return digests.capped_json(tools, cap)
 
 
-def _record_call_metrics(
-    tel: Telemetry,
-    cs: CallSpan,
-    call: Call,
-    outcome: Outcome,
-    end_ns: int,
-    cost_micros: int | None,
-    rewrites: Sequence[Rewrite],
-    repairs: Sequence[Repair],
-    chunk_gaps_s: Sequence[float],
-    *,
-    admit: bool = True,
-) -> None:
-    """Recorded with the call span as context so histogram points carry exemplars.
-
-    `admit=False` for a refused call: its labels take only values already known."""
-    m, ctx, tenant = tel.instruments, cs.context, cs.caller.tenant
-    bounds = m.labels
+def _call_labels(tel: Telemetry, cs: CallSpan, call: Call, outcome: Outcome, admit: bool) -> CallLabels:
+    """The call's metric labels, bounded; `admit=False` for a refused call: its labels take
+    only values already known."""
+    bounds = tel.instruments.labels
     key: CallKey = (
-        tenant,
+        cs.caller.tenant,
         call.operation,
         cs.provider,
         bounds.model(call.model, admit=admit),
@@ -572,7 +520,14 @@ def _record_call_metrics(
         cs.server_port,
         bounds.error_type(outcome.error_type, admit=admit),
     )
-    labels = m.call_labels.get(key)
+    return tel.instruments.call_labels.get(key)
+
+
+def _record_call_metrics(tel: Telemetry, cs: CallSpan, record: CallRecord, labels: CallLabels, end_ns: int) -> None:
+    """Recorded with the call span as context so histogram points carry exemplars."""
+    m, ctx, tenant = tel.instruments, cs.context, cs.caller.tenant
+    bounds = m.labels
+    call, outcome, chunk_gaps_s, cost_micros = record.call, record.outcome, record.chunk_gaps_s, record.cost_micros
     m.operation_duration.record(max(0, end_ns - cs.start_ns) / 1e9, labels.timed, context=ctx)
     usage = outcome.usage
     if usage.input_tokens is not None:
@@ -589,27 +544,22 @@ def _record_call_metrics(
         m.time_per_output_chunk.record(sum(chunk_gaps_s) / len(chunk_gaps_s), labels.base)
     if cost_micros:
         m.cost.add(cost_micros / 1e6, labels.money, context=ctx)
-    for rewrite in rewrites:
+    for rewrite in record.rewrites:
         m.rewrites.add(1, m.kind_labels.get((bounds.kind(rewrite.kind), tenant)), context=ctx)
-    for repair in repairs:
+    for repair in record.repairs:
         for action in repair.actions:
             m.repairs.add(1, m.kind_labels.get((bounds.kind(action), tenant)), context=ctx)
 
 
-def _record_cache_metrics(tel: Telemetry, cs: CallSpan, call: Call, outcome: Outcome, saved_micros: int,
-                          premium_micros: int = 0, *, admit: bool) -> None:
+def _record_cache_metrics(tel: Telemetry, cs: CallSpan, record: CallRecord, labels: CallLabels) -> None:
     """Prompt-cache tokens and savings, labelled as cost is. A cache-read point (0 when
     the provider reported none) goes with every call that reported input tokens, so the
     cached share of input exists for every model, not only those that hit the cache."""
-    usage = outcome.usage
+    usage = record.outcome.usage
     if usage.input_tokens is None:
         return
     m = tel.instruments
-    bounds = m.labels
-    key: CallKey = (cs.caller.tenant, call.operation, cs.provider, bounds.model(call.model, admit=admit),
-                    bounds.model(outcome.response_model, admit=admit), cs.server_address, cs.server_port,
-                    bounds.error_type(outcome.error_type, admit=admit))
-    labels = m.call_labels.get(key)
+    saved_micros, premium_micros = record.saved_micros, record.premium_micros
     m.cache_tokens.add(usage.cache_read_tokens or 0, labels.cache_read, context=cs.context)
     if usage.cache_write_tokens:
         m.cache_tokens.add(usage.cache_write_tokens, labels.cache_write, context=cs.context)
@@ -655,35 +605,27 @@ def _model_labels(call: Call, provider: str, model_label: str | None) -> Attrs:
 
 def tool_span(
     tel: Telemetry,
-    caller: Caller,
+    record: ToolRecord,
     *,
-    name: str,
-    call_id: str,
-    arguments: str,
-    result: str | None,
-    is_error: bool,
-    start_ns: int,
-    end_ns: int,
     parent: TraceParent | None = None,
     run_trace: RunTrace | None = None,
     link: SpanRef | None = None,
-    description: str | None = None,
-    tool_type: str = "function",
-    capture: bool = True,
 ) -> SpanRef | None:
-    """Emit `execute_tool {name}` for a tool call observed across two requests.
+    """Emit `execute_tool {name}` for a tool call observed across two requests (`record`).
 
-    Runs from the delivery of the response that carried the call (`start_ns`) to the
-    arrival of the request that carried its result (`end_ns`). `result=None`: the run
+    Runs from the delivery of the response that carried the call (`record.start_ns`) to the
+    arrival of the request that carried its result (`record.end_ns`). `result=None`: the run
     ended without an answer (`error.type=tool_result_missing`). `link`: the chat span
-    that made the call. `capture=False` when the tenant lowered content capture.
+    that made the call.
     """
     try:
-        verdict = digests.tool_result_digest(result, is_error=is_error) if result is not None else None
+        caller, name, result = record.caller, record.name, record.result
+        start_ns, end_ns = record.start_ns, record.end_ns
+        verdict = digests.tool_result_digest(result, is_error=record.is_error) if result is not None else None
         error_type = A.ERROR_TOOL_RESULT_MISSING if verdict is None else None if verdict.ok else A.ERROR_TOOL
-        content = capture and tel.config.capture_content == "SPAN_ONLY"
+        content = record.capture and tel.config.capture_content == "SPAN_ONLY"
         cap = tel.config.content_cap_bytes if content else None
-        attrs = _tool_attrs(caller, name, call_id, arguments, result, verdict, cap, description, tool_type)
+        attrs = _tool_attrs(record, verdict, cap)
         links = [Link(SpanContext(link.trace_id, link.span_id, is_remote=False))] if link else None
         span = tel.lean.open(
             f"{A.OPERATION_EXECUTE_TOOL} {_name(name)}",
@@ -696,7 +638,7 @@ def tool_span(
         if error_type:
             why = _NO_RESULT if verdict is None else verdict.digest
             span.set_status(Status(StatusCode.ERROR, _status_text(why, caller)))
-        _record_tool_metrics(tel, caller, name, error_type, verdict, (end_ns - start_ns) / 1e9, span.parent_context())
+        _record_tool_metrics(tel, record, error_type, verdict, span.parent_context())
         tel.lean.end(span, end_ns)
         ref = span.context
         return SpanRef(ref.trace_id, ref.span_id) if ref.is_valid else None
@@ -705,28 +647,19 @@ def tool_span(
         return None
 
 
-def _tool_attrs(
-    caller: Caller,
-    name: str,
-    call_id: str,
-    arguments: str,
-    result: str | None,
-    verdict: digests.ResultDigest | None,
-    content_cap: int | None,
-    description: str | None,
-    tool_type: str,
-) -> Attrs:
+def _tool_attrs(record: ToolRecord, verdict: digests.ResultDigest | None, content_cap: int | None) -> Attrs:
     """`content_cap`: bytes of opt-in content per attribute, None when content is not captured.
 
     The argument and result digests are also the span's readable input and output
     (`input.value`, `output.value`); the output is left to the captured result when there
     is one, which UIs that read gen_ai.* show there."""
+    caller, arguments, result, description = record.caller, record.arguments, record.result, record.description
     args_digest = _redact(digests.tool_arguments_digest(arguments), caller)
     attrs: dict[str, AttributeValue | None] = {
         A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL,
-        A.GEN_AI_TOOL_NAME: _name(name),
-        A.GEN_AI_TOOL_CALL_ID: _name(call_id),
-        A.GEN_AI_TOOL_TYPE: _name(tool_type),
+        A.GEN_AI_TOOL_NAME: _name(record.name),
+        A.GEN_AI_TOOL_CALL_ID: _name(record.call_id),
+        A.GEN_AI_TOOL_TYPE: _name(record.tool_type),
         A.GEN_AI_TOOL_DESCRIPTION: _text(description) if description is not None else None,
         A.SPANMETER_TENANT_ID: caller.tenant,
         A.SPANMETER_RUN_ID: _name(caller.run_id),
@@ -758,14 +691,9 @@ def _tool_attrs(
 
 
 def _record_tool_metrics(
-    tel: Telemetry,
-    caller: Caller,
-    name: str,
-    error_type: str | None,
-    verdict: digests.ResultDigest | None,
-    seconds: float,
-    ctx: Context,
+    tel: Telemetry, record: ToolRecord, error_type: str | None, verdict: digests.ResultDigest | None, ctx: Context,
 ) -> None:
+    caller, name, seconds = record.caller, record.name, (record.end_ns - record.start_ns) / 1e9
     # Tool names come from a model's answer to an accepted call: admitted up to the bound.
     tool = tel.instruments.labels.tool(name)
     labels: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL, A.GEN_AI_TOOL_NAME: tool}

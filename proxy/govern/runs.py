@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from proxy.ledger.store import Store
-from proxy.model import Call, Caller, Outcome, RunIdSource
+from proxy.model import Call, Caller, Outcome, RunIdSource, ToolRecord
 from tracing import spans
 from tracing.digests import canonical_sha256, tool_result_digest
 from tracing.setup import Telemetry
@@ -88,11 +88,10 @@ class Runs:
             result = results.get(p["id"])
             if result is None or p.get("mcp"):
                 continue
-            spans.tool_span(
-                self._tel, caller, name=p["name"], call_id=result.call_id, arguments=p["arguments"],
-                result=result.content, is_error=result.is_error, start_ns=p["delivered_ns"],
-                end_ns=arrived_ns, parent=parent, run_trace=run, link=_link(p), capture=capture,
-                description=described.get(p["name"]))
+            record = ToolRecord(caller, p["name"], result.call_id, p["arguments"], result.content,
+                                p["delivered_ns"], arrived_ns, is_error=result.is_error,
+                                description=described.get(p["name"]), capture=capture)
+            spans.tool_span(self._tel, record, parent=parent, run_trace=run, link=_link(p))
 
     async def end(self, tenant: str, run_id: str, status: str = "ended",
                   source: RunIdSource = "header") -> bool:
@@ -120,9 +119,9 @@ class Runs:
             run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
             now = time.time_ns()
             for p in pending:
-                spans.tool_span(self._tel, caller, name=p["name"], call_id=p["id"], arguments=p["arguments"],
-                                result=None, is_error=True, start_ns=p["delivered_ns"], end_ns=now,
-                                parent=None, run_trace=run, link=_link(p))
+                missing = ToolRecord(caller, p["name"], p["id"], p["arguments"], None, p["delivered_ns"], now,
+                                     is_error=True)
+                spans.tool_span(self._tel, missing, run_trace=run, link=_link(p))
             spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
             spans.record_run_end(self._tel, caller, totals)
         return True

@@ -3,9 +3,9 @@
     2026-03-02T10:14:07.412Z INFO spanmeter.access tenant=acme run=r-42 api=chat model=gpt-4o-mini
         status=200 upstream=200 duration=0.412s tokens=1830/96 cost=$0.000332 rewrites="max_tokens_clamp=4096"
 
-`access()` is the one function that writes it. It takes plain values, never request or
-call objects, and is called from the bookkeeping after a call, from the refusal path and
-from the app's error middleware (errors raised before a call was admitted). A line
+`access()` writes it from the call's record (proxy.model.CallRecord), in the bookkeeping
+after a call and on the refused and abandoned paths; `before_call()` from the app's error
+middleware, for errors raised before a call was admitted. A line
 carries no message content and no key: the reason text is spanmeter's own message, and
 for an upstream's error only its status (an upstream's message may quote the request, or
 a masked key). Calls that end in 5xx are logged at ERROR, everything else at INFO.
@@ -28,14 +28,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from proxy.errors import StoreUnavailable, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from proxy.ledger.messages import usd
+from proxy.model import Anatomy, CallRecord
+from tracing import anatomy as anatomy_attrs
 
 __all__ = [
     "access",
     "answered",
+    "before_call",
     "configure_logging",
     "identified",
     "request_finished",
@@ -106,29 +109,56 @@ def request_seconds() -> float:
     return time.perf_counter() - current.started if current is not None else 0.0
 
 
-def access(
-    *,
-    tenant: str | None,
-    run_id: str | None,
-    api: str | None,
-    model: str | None,
-    status: int,
-    upstream_status: int | None,
-    duration_s: float,
-    input_tokens: int | None = None,
-    output_tokens: int | None = None,
-    cost_micros: int | None = None,
-    rewrites: Sequence[str] = (),
-    refusal: str | None = None,
-    error: str | None = None,
-    reason: str | None = None,
-    input_parts: str | None = None,
-) -> None:
-    """Log one call. `status` is what the caller got, `upstream_status` what the upstream
-    answered (None when nothing was sent or no answer came). `refusal` is why spanmeter said
-    no (run_calls, tenant_day, loop_detected, ...); `error` the call's error.type; `reason`
-    spanmeter's own message, logged only for spanmeter's errors (error.type `spanmeter.*`).
-    `input_parts`: the call's cost anatomy, `kind:tokens:micro-USD,...` (SPANMETER_ACCESS_LOG_ANATOMY)."""
+def access(record: CallRecord, *, parts: bool = False) -> None:
+    """Log one call from its record. `status` is what the caller got, `upstream` what the
+    upstream answered (`-` when the call was never forwarded or no answer came); `refused`
+    is why spanmeter said no (run_calls, tenant_day, loop_detected, ...); `error` the call's
+    error.type; `reason` spanmeter's own message, logged only for spanmeter's errors
+    (error.type `spanmeter.*`). `parts`: add the call's cost anatomy as `input=`,
+    `kind:tokens:micro-USD,...` (SPANMETER_ACCESS_LOG_ANATOMY)."""
+    outcome, usage, an = record.outcome, record.outcome.usage, record.anatomy
+    end = time.time_ns() if record.end_ns is None else record.end_ns
+    _write(_Line(record.caller.tenant, record.caller.run_id, record.call.api, record.call.model, outcome.status,
+                 outcome.status if record.forwarded else None, (end - record.start_ns) / 1e9,
+                 usage.input_tokens, usage.output_tokens, record.cost_micros if record.forwarded else None,
+                 [r.header_value() for r in record.rewrites], record.refusal, outcome.error_type,
+                 outcome.error_message, _parts_line(an) if parts and an is not None else None))
+
+
+def before_call(api: str, status: int, error: str, reason: str) -> None:
+    """Log a model-call request that failed before its call was admitted (a body that is
+    not JSON, a missing key, ...): the caller, if it was identified by then, and the error."""
+    _write(_Line(None, None, api, None, status, None, request_seconds(), error=error, reason=reason))
+
+
+def _parts_line(an: Anatomy) -> str:
+    """The access line's `input=`: kind:tokens:micro-USD per kind of part."""
+    return ",".join(f"{k}:{t}:{c}" for k, (t, _, c) in anatomy_attrs.kinds_of(an).items())
+
+
+class _Line(NamedTuple):
+    """One access line's values (None: not known, written `-` or left out)."""
+
+    tenant: str | None
+    run_id: str | None
+    api: str | None
+    model: str | None
+    status: int
+    upstream_status: int | None
+    duration_s: float
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_micros: int | None = None
+    rewrites: Sequence[str] = ()
+    refusal: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    input_parts: str | None = None
+
+
+def _write(line: _Line) -> None:
+    (tenant, run_id, api, model, status, upstream_status, duration_s, input_tokens, output_tokens, cost_micros,
+     rewrites, refusal, error, reason, input_parts) = line
     current = _CURRENT.get()
     if current is not None:
         current.covered = True

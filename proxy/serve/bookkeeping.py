@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +25,7 @@ from proxy.govern.ceilings import Admitted, settle_amount
 from proxy.govern.runs import pending_tools
 from proxy.ledger.anatomy import shares, split_of
 from proxy.ledger.pricing import cache_savings, cache_write_premium
-from proxy.model import Anatomy, Call, Caller, Outcome, Usage
+from proxy.model import Anatomy, Call, Caller, CallRecord, Outcome, Usage
 from proxy.providers.base import Exchange
 from proxy.providers.hooks import Flow, Hooks
 from proxy.serve import accesslog, content
@@ -38,13 +38,12 @@ __all__ = ["abandoned", "finish", "finish_safely", "refused"]
 log = logging.getLogger("spanmeter.handler")
 
 
-async def refused(app: web.Application, caller: Caller, call: Call, cs: Any, exc: ProxyError) -> None:
-    spans.end_call(app[TEL], cs, call, _refusal_outcome(exc), cost_micros=0, usage_source="",
-                   budget_remaining_micros=None, rewrites=[], repairs=[],
-                   refusal=_reason(exc))
-    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model, status=exc.status,
-                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
-                     refusal=_reason(exc), error=exc.error_type, reason=exc.message)
+async def refused(app: web.Application, call: Call, cs: Any, exc: ProxyError) -> None:
+    caller = cs.caller
+    record = CallRecord(caller, call, _refusal_outcome(exc), cs.start_ns, time.time_ns(), forwarded=False,
+                        cost_micros=0, refusal=_reason(exc))
+    spans.end_call(app[TEL], cs, record)
+    accesslog.access(record)
     totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
     if isinstance(exc, Refusal) and (failed := _failed_tools(exc.closed)):
         totals["tool_failures"] = failed  # the results arrived, whatever became of the call
@@ -65,11 +64,9 @@ def abandoned(app: web.Application, call: Call, cs: Any) -> None:
     """End the span of a call whose client went away before it was forwarded."""
     outcome = Outcome(status=499, error_type="client_disconnected", complete=False,
                       error_message="the client closed the connection before the call was forwarded")
-    spans.end_call(app[TEL], cs, call, outcome, cost_micros=0, usage_source="", budget_remaining_micros=None,
-                   rewrites=[], repairs=[])
-    accesslog.access(tenant=cs.caller.tenant, run_id=cs.caller.run_id, api=call.api, model=call.model, status=499,
-                     upstream_status=None, duration_s=(time.time_ns() - cs.start_ns) / 1e9,
-                     error=outcome.error_type, reason=outcome.error_message)
+    record = CallRecord(cs.caller, call, outcome, cs.start_ns, time.time_ns(), forwarded=False, cost_micros=0)
+    spans.end_call(app[TEL], cs, record)
+    accesslog.access(record)
 
 
 def _refusal_outcome(exc: ProxyError) -> Outcome:
@@ -84,51 +81,46 @@ async def finish_safely(*args: Any) -> None:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-async def finish(app: web.Application, caller: Caller, ex: Exchange, admitted: Admitted, cs: Any, flow: Flow,
-                 hooks: Hooks, headers: Mapping[str, str], policy: Policy) -> None:
-    call = ex.call
+async def finish(request: web.Request, ex: Exchange, admitted: Admitted, cs: Any, flow: Flow, hooks: Hooks,
+                 ) -> None:
+    app, caller, call = request.app, cs.caller, ex.call
     outcome = flow.outcome()
     admitted = _priced_as_run(app, admitted, outcome.response_model)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not flow.observer.text()
                                    and not outcome.tool_calls, input_only=not call.generates_output)
-    saved = _saved(admitted, outcome.usage, source)
-    premium = _premium(admitted, outcome.usage, source)
-    an = _anatomy(app, caller, ex, admitted, outcome, source)
-    remaining = None
+    # The call's one record: the settle's totals, the span, the metrics and the access line read it.
+    record = CallRecord(
+        caller, call, outcome, cs.start_ns, flow.delivered_ns, cost_micros=amount, usage_source=source,
+        budget_remaining_micros=_remaining(admitted, amount), saved_micros=_saved(admitted, outcome.usage, source),
+        premium_micros=_premium(admitted, outcome.usage, source), rewrites=hooks.rewrites, repairs=hooks.repairs,
+        chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
+        delivered_arguments=hooks.delivered_arguments,
+        capture=_capture(app, app[SETTINGS].policy_for(caller.tenant), ex, outcome, hooks),
+        anatomy=_anatomy(app, caller, ex, admitted, outcome, source))
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
-        totals = _totals(outcome, amount, hooks, admitted.admission.closed, saved, premium)
+        totals = _totals(record, admitted.admission.closed)
         if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
             used = totals["input_tokens"] + totals["output_tokens"]
             totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
-        if an is not None:
-            totals |= anatomy_attrs.call_totals(an, outcome.tool_calls)
+        if record.anatomy is not None:
+            totals |= anatomy_attrs.call_totals(record.anatomy, outcome.tool_calls)
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
                                             tools=pending_tools(outcome, flow.delivered_ns, cs.ref,
                                                                 hooks.delivered_arguments) or None,
                                             contexts=ex.adapter.stored_sizes(call, outcome) or None)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
-        remaining = _report_budgets(app, caller, admitted, amount)
+        _report_budgets(app, caller, admitted, amount)
     except ProxyError:
         # The reservation stays and expires at its full amount: unknown is not zero.
         log.error("could not settle call of run %s; its reservation stands", caller.run_id)
+        record = replace(record, budget_remaining_micros=None)  # nothing was settled: no headroom to report
     # The span ends when the last byte was delivered, not after our bookkeeping.
-    spans.end_call(app[TEL], cs, call, outcome, cost_micros=amount, usage_source=source,
-                   budget_remaining_micros=remaining, rewrites=hooks.rewrites, repairs=hooks.repairs,
-                   end_ns=flow.delivered_ns, chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
-                   delivered_arguments=hooks.delivered_arguments,
-                   capture=_capture(app, policy, ex, outcome, hooks), saved_micros=saved,
-                   premium_micros=premium, anatomy=an)
-    accesslog.access(tenant=caller.tenant, run_id=caller.run_id, api=call.api, model=call.model,
-                     status=outcome.status, upstream_status=outcome.status,
-                     duration_s=(flow.delivered_ns - cs.start_ns) / 1e9, input_tokens=outcome.usage.input_tokens,
-                     output_tokens=outcome.usage.output_tokens, cost_micros=amount,
-                     rewrites=[r.header_value() for r in hooks.rewrites], error=outcome.error_type,
-                     reason=outcome.error_message,
-                     input_parts=_parts_line(an) if an is not None and app[SETTINGS].access_log_anatomy else None)
-    end = headers.get("x-run-end", "").lower() == "true"
+    spans.end_call(app[TEL], cs, record)
+    accesslog.access(record, parts=app[SETTINGS].access_log_anatomy)
+    end = request.headers.get("x-run-end", "").lower() == "true"
     if end:
         app[SPLITS].forget((caller.tenant, caller.run_id, call.api))  # no next request to split
     await app[RUNS].after_call(caller, end=end)
@@ -150,11 +142,6 @@ def _anatomy(app: web.Application, caller: Caller, ex: Exchange, admitted: Admit
     except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
         log.warning("could not split the input of a call of run %s", ex.call.model, exc_info=True)
         return None
-
-
-def _parts_line(an: Anatomy) -> str:
-    """The access line's `input=`: kind:tokens:micro-USD per kind of part."""
-    return ",".join(f"{k}:{t}:{c}" for k, (t, _, c) in anatomy_attrs.kinds_of(an).items())
 
 
 def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:
@@ -188,21 +175,28 @@ def _capture(app: web.Application, policy: Policy, ex: Exchange, outcome: Outcom
                            delivered_arguments=hooks.delivered_arguments)
 
 
-def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, amount: int) -> int | None:
-    """Budget gauges per tenant window, and the smallest headroom left after this call."""
+def _budgets(admitted: Admitted, amount: int) -> Iterator[tuple[str | None, int, int]]:
+    """(tenant window or None for the run, limit, headroom after this call) per budget that is set."""
     adm, limits = admitted.admission, admitted.limits
-    left: list[int] = []
     for scope, window, limit in (("run_cost", None, limits.run_max_cost),
                                  ("tenant_day", "day", limits.day_budget),
                                  ("tenant_month", "month", limits.month_budget)):
         rem = adm.remaining.get(scope)
         if rem is None or limit is None:
             continue
-        rem += adm.reserved - amount  # the reservation was replaced by the real cost
-        left.append(rem)
+        yield window, limit, rem + adm.reserved - amount  # the reservation was replaced by the real cost
+
+
+def _remaining(admitted: Admitted, amount: int) -> int | None:
+    """The smallest budget headroom left after this call."""
+    return min((left for _, _, left in _budgets(admitted, amount)), default=None)
+
+
+def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, amount: int) -> None:
+    """Budget gauges per tenant window, once the call is settled."""
+    for window, limit, left in _budgets(admitted, amount):
         if window is not None:
-            app[TEL].set_budget(caller.tenant, window, limit - rem, limit)
-    return min(left) if left else None
+            app[TEL].set_budget(caller.tenant, window, limit - left, limit)
 
 
 def _failed_tools(closed: tuple[dict[str, Any], ...]) -> int:
@@ -225,11 +219,12 @@ def _premium(admitted: Admitted, usage: Usage, source: str) -> int:
     return cache_write_premium(admitted.price, usage)
 
 
-def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str, Any], ...],
-            saved: int = 0, premium: int = 0) -> dict[str, int]:
+def _totals(record: CallRecord, closed: tuple[dict[str, Any], ...]) -> dict[str, int]:
+    """The call's additions to its run's totals."""
+    outcome = record.outcome
     u = outcome.usage
     noticed = {}
-    if any(r.kind == "wrap_up" for r in hooks.rewrites):
+    if any(r.kind == "wrap_up" for r in record.rewrites):
         # The run's outcome (spanmeter.runs.ended) tells a run that answered after its note
         # from one cut off by a ceiling.
         answered = not outcome.tool_calls and not outcome.error_type and 0 < outcome.status < 400
@@ -241,10 +236,10 @@ def _totals(outcome: Outcome, amount: int, hooks: Hooks, closed: tuple[dict[str,
         "failures": 1 if outcome.error_type else 0,
         "input_tokens": u.input_tokens or 0,
         "output_tokens": u.output_tokens or 0,
-        "cost_micros": amount,
-        "repairs": len(hooks.repairs),
+        "cost_micros": record.cost_micros or 0,
+        "repairs": len(record.repairs),
         # The prompt cache: the run span's cached share is cache_read_tokens / input_tokens.
         "cache_read_tokens": u.cache_read_tokens or 0,
-        "cost_saved_micros": saved,
-        "cache_write_premium_micros": premium,
+        "cost_saved_micros": record.saved_micros,
+        "cache_write_premium_micros": record.premium_micros,
     }

@@ -89,7 +89,7 @@ class Forward:
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(ex, closed, stored)
-            await bookkeeping.refused(app, caller, call, cs, exc)
+            await bookkeeping.refused(app, call, cs, exc)
             raise
         except asyncio.CancelledError:
             bookkeeping.abandoned(app, call, self._start(ex, (), None))  # the client left before the call was forwarded
@@ -117,7 +117,7 @@ class Forward:
             # A task of its own: the answer does not wait for the ledger, and a client that
             # disconnects cancels the relay, never the settlement.
             app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(
-                app, caller, ex, admitted, cs, flow, hooks, request.headers, policy))
+                request, ex, admitted, cs, flow, hooks))
 
     def _start(self, ex: Exchange, closed: tuple[dict[str, object], ...], stored: dict[str, object] | None,
                ) -> spans.CallSpan:

@@ -9,6 +9,7 @@ import logging
 
 import pytest
 
+from proxy.model import Call, Caller, CallRecord, Outcome
 from proxy.serve.accesslog import access, configure_logging
 from tests.reliability.dialects import DIALECTS, Dialect, post
 
@@ -37,8 +38,8 @@ def test_line_separators_are_escaped_in_every_log_format(fmt: str, brk: str) -> 
     out = io.StringIO()
     stop = configure_logging("INFO", fmt, stream=out)
     try:
-        access(tenant="acme", run_id="r1", api="chat", model=f"gpt{brk}forged status=200", status=200,
-               upstream_status=200, duration_s=0.1)
+        call = Call(api="chat", operation="chat", model=f"gpt{brk}forged status=200")
+        access(CallRecord(Caller("acme", "r1", "header"), call, Outcome(status=200), 0, 100_000_000))
         logging.getLogger("spanmeter.other").warning("upstream said %s", f"a{brk}b")
     finally:
         stop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from proxy.model import Call, Caller, Outcome, Repair, Rewrite, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, Repair, Rewrite, ToolRecord, Usage
 from tracing import spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 
@@ -28,9 +28,10 @@ def _call(tel: Telemetry, tenant: str, model: str, seconds: float, usage: Usage,
     call = Call(api="chat", operation="chat", model=model, stream=stream)
     cs = spans.start_call(tel, caller, call, **WHERE, parent=None, run_trace=None, start_ns=T0)  # type: ignore[arg-type]
     outcome = Outcome(status=200, usage=usage, first_chunk_s=0.3 if stream else None)
-    spans.end_call(tel, cs, call, outcome, cost_micros=cost, usage_source="reported", budget_remaining_micros=None,
+    spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=cost,
+                                       usage_source="reported", budget_remaining_micros=None,
                    rewrites=[Rewrite("include_usage")] if stream else [], repairs=list(repairs),
-                   end_ns=T0 + int(seconds * 1e9), chunk_gaps_s=[0.02] if stream else ())
+                   end_ns=T0 + int(seconds * 1e9), chunk_gaps_s=[0.02] if stream else ()))
 
 
 def worker_1(tel: Telemetry) -> None:
@@ -49,11 +50,12 @@ def worker_2(tel: Telemetry) -> None:
     caller = Caller("acme", "run-acme", "header")
     call = Call(api="chat", operation="chat", model="gpt-4o")
     cs = spans.start_call(tel, caller, call, **WHERE, parent=None, run_trace=None, start_ns=T0)  # type: ignore[arg-type]
-    spans.end_call(tel, cs, call, Outcome(status=402, error_type="spanmeter.budget_exceeded"), cost_micros=0,
+    spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=402, error_type="spanmeter.budget_exceeded"),
+                                       cs.start_ns, cost_micros=0,
                    usage_source="", budget_remaining_micros=None, rewrites=[], repairs=[], refusal="run_calls",
-                   end_ns=T0 + 2_000_000)
-    spans.tool_span(tel, caller, name="get_weather", call_id="c1", arguments='{"city": "Paris"}', result="ok",
-                    is_error=False, start_ns=T0, end_ns=T0 + 2_000_000_000)
+                   end_ns=T0 + 2_000_000))
+    spans.tool_span(tel, ToolRecord(caller, "get_weather", "c1", '{"city": "Paris"}', "ok", T0, T0 + 2_000_000_000,
+                                    is_error=False))
     tel.set_budget("acme", "day", 16_200, 10_000_000)  # later than worker 1's view: more spent
     tel.set_budget("acme", "month", 66_200, None)
     tel.set_budget("beta", "day", 7, 500_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.model import Call, Caller, Outcome, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, Usage
 from tests.fixtures.otlp import OtlpReceiver, closed_endpoint
 from tracing import spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
@@ -26,16 +26,12 @@ def one_call(tel: Telemetry) -> None:
         run_trace=None,
     )
     spans.end_call(
-        tel,
-        cs,
-        CALL,
-        Outcome(status=200, usage=Usage(3, 4)),
+        tel, cs, CallRecord(cs.caller, CALL, Outcome(status=200, usage=Usage(3, 4)), cs.start_ns,
         cost_micros=10,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
-        repairs=[],
-    )
+        repairs=[]))
 
 
 def dropped(tel: Telemetry, reason: str) -> float:

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.model import Call, Caller, Outcome, OutputSpec, Repair, Rewrite, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, OutputSpec, Repair, Rewrite, Usage
 from tracing import attributes as A
 from tracing import spans
 from tracing.metrics import CallLabels, LabelCache
@@ -50,9 +50,10 @@ def test_a_call_with_every_parameter_emits_exactly_these_attributes(
         first_chunk_s=0.25, notes=("unparsed_event",),
     )  # fmt: skip
     cs = spans.start_call(tel, CALLER, call, **WHERE, run_trace=spans.new_run_trace())
-    spans.end_call(tel, cs, call, outcome, cost_micros=1500, usage_source="reported", budget_remaining_micros=2_000_000,
+    spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=1500,
+                                       usage_source="reported", budget_remaining_micros=2_000_000,
                    rewrites=[Rewrite("include_usage")], repairs=[Repair("output", ("fence",))],
-                   chunk_gaps_s=[0.1])  # fmt: skip
+                   chunk_gaps_s=[0.1]))  # fmt: skip
     (span,) = memory.get_finished_spans()
     assert dict(span.attributes or {}) == {
         A.GEN_AI_OPERATION_NAME: "chat",
@@ -101,8 +102,9 @@ def test_a_bare_call_emits_only_what_it_knows(tel_mem: tuple[Telemetry, InMemory
     tel, memory = tel_mem
     call = Call(api="chat", operation="chat", model=None, choice_count=1)
     cs = spans.start_call(tel, CALLER, call, provider="my_upstream", server_address="", server_port=0)
-    spans.end_call(tel, cs, call, Outcome(status=200), cost_micros=None, usage_source="", budget_remaining_micros=None,
-                   rewrites=[], repairs=[])  # fmt: skip
+    spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200), cs.start_ns, cost_micros=None,
+                                       usage_source="", budget_remaining_micros=None,
+                   rewrites=[], repairs=[]))  # fmt: skip
     (span,) = memory.get_finished_spans()
     assert dict(span.attributes or {}) == {
         A.GEN_AI_OPERATION_NAME: "chat",
@@ -124,8 +126,9 @@ def test_time_per_output_chunk_is_one_point_per_call_at_the_mean_gap(
     call = Call(api="chat", operation="chat", model="gpt-4o", stream=True)
     for gaps in ([0.01, 0.03], [0.05, 0.05, 0.05, 0.05]):
         cs = spans.start_call(tel, CALLER, call, **WHERE)
-        spans.end_call(tel, cs, call, Outcome(status=200, first_chunk_s=0.1), cost_micros=None, usage_source="",
-                       budget_remaining_micros=None, rewrites=[], repairs=[], chunk_gaps_s=gaps)  # fmt: skip
+        spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200, first_chunk_s=0.1), cs.start_ns,
+                                           cost_micros=None, usage_source="",
+                       budget_remaining_micros=None, rewrites=[], repairs=[], chunk_gaps_s=gaps))  # fmt: skip
     name = "gen_ai_client_operation_time_per_output_chunk_seconds"
     ((_, count),) = samples(tel, f"{name}_count")
     ((_, total),) = samples(tel, f"{name}_sum")
@@ -145,8 +148,9 @@ def test_failed_and_ok_calls_of_one_model_keep_their_own_series(
     ]
     for outcome in outcomes:
         cs = spans.start_call(tel, CALLER, call, **WHERE)
-        spans.end_call(tel, cs, call, outcome, cost_micros=7, usage_source="reported", budget_remaining_micros=None,
-                       rewrites=[Rewrite("include_usage")], repairs=[])  # fmt: skip
+        spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=7,
+                                           usage_source="reported", budget_remaining_micros=None,
+                       rewrites=[Rewrite("include_usage")], repairs=[]))  # fmt: skip
     durations = samples(tel, "gen_ai_client_operation_duration_seconds_count")
     by_error = {labels.get("error_type") or None: value for labels, value in durations}
     assert by_error == {None: 2, "500": 1}

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from proxy import errors
 from proxy.ledger.pricing import PriceTable
-from proxy.model import Call, Caller, Outcome, Repair, Rewrite
+from proxy.model import Call, Caller, CallRecord, Outcome, Repair, Rewrite, ToolRecord
 from tracing import attributes as A
 from tracing import spans
 from tracing.labels import KNOWN_ERROR_TYPES, LABEL_VALUE_LIMIT, LabelBounds
@@ -134,9 +134,10 @@ def test_a_call_span_carries_steered_values_cut(tel_mem: tuple[Telemetry, InMemo
     outcome = Outcome(status=500, response_id=long, response_model=model, finish_reasons=(long,),
                       error_type=long, error_message=long, notes=(long,))  # fmt: skip
     cs = spans.start_call(tel, CALLER, call, provider="openai", server_address="h", server_port=1)
-    spans.end_call(tel, cs, call, outcome, cost_micros=None, usage_source="", budget_remaining_micros=None,
+    spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=None, usage_source="",
+                                       budget_remaining_micros=None,
                    rewrites=[Rewrite("loop_reminder", long)],
-                   repairs=[Repair("output", ("fence",), False, (long,))])  # fmt: skip
+                   repairs=[Repair("output", ("fence",), False, (long,))]))  # fmt: skip
     (span,) = memory.get_finished_spans()
     attrs = dict(span.attributes or {})
     assert span.name == f"chat {cut(model)}"
@@ -169,8 +170,8 @@ def test_a_tool_span_carries_steered_values_cut(tel_mem: tuple[Telemetry, InMemo
     tel, memory = tel_mem
     name, call_id, text = "tool_" + "n" * 3000, "call_" + "i" * 3000, "é" * 2000
     args = '{"q": "' + text + '"}'
-    spans.tool_span(tel, CALLER, name=name, call_id=call_id, arguments=args, result=text, is_error=False,
-                    start_ns=1, end_ns=2, description=text)  # fmt: skip
+    spans.tool_span(tel, ToolRecord(CALLER, name, call_id, args, text, 1, 2, is_error=False,
+                                    description=text))  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name=name, repeats=3)
     (span,) = memory.get_finished_spans()
     attrs = dict(span.attributes or {})

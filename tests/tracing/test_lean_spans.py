@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Call, Caller, Outcome, OutputSpec, Repair, Rewrite, ToolSpec, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, OutputSpec, Repair, Rewrite, ToolRecord, ToolSpec, Usage
 from tracing import mcp, spans
 from tracing.export_process import encode_span
 from tracing.lean import LeanTracer
@@ -105,8 +105,9 @@ Scenario = Callable[[Telemetry, Seen], None]
 def json_call(tel: Telemetry, seen: Seen) -> None:
     cs = seen.call(spans.start_call(tel, CALLER, JSON_CALL, provider="openai", server_address="api.openai.com",
                                     server_port=443, start_ns=T0))
-    spans.end_call(tel, cs, JSON_CALL, OK, cost_micros=1200, usage_source="reported", budget_remaining_micros=5000,
-                   rewrites=[], repairs=[], end_ns=T0 + 5_000_000, saved_micros=30)
+    spans.end_call(tel, cs, CallRecord(cs.caller, JSON_CALL, OK, cs.start_ns, cost_micros=1200,
+                                       usage_source="reported", budget_remaining_micros=5000,
+                   rewrites=[], repairs=[], end_ns=T0 + 5_000_000, saved_micros=30))
     seen.refs.append(cs.ref)
 
 
@@ -120,9 +121,10 @@ def stream_call_in_run(tel: Telemetry, seen: Seen) -> None:
     # Set again after others: the SDK moves a key set again to the end.
     spans.record_guard_action(tel, CALLER, "refuse", tool_name="search", repeats=4, cs=cs)
     spans.record_wrap_up(tel, CALLER, "run_cost", cs=cs)
-    spans.end_call(tel, cs, STREAM_CALL, FAILED, cost_micros=None, usage_source="", budget_remaining_micros=None,
+    spans.end_call(tel, cs, CallRecord(cs.caller, STREAM_CALL, FAILED, cs.start_ns, cost_micros=None, usage_source="",
+                                       budget_remaining_micros=None,
                    rewrites=[Rewrite("include_usage")], repairs=[Repair("output", ("fence",), valid=False)],
-                   capture=CAPTURE, end_ns=T0 + 9_000_000, chunk_gaps_s=[0.01, 0.02])
+                   capture=CAPTURE, end_ns=T0 + 9_000_000, chunk_gaps_s=[0.01, 0.02]))
     seen.refs.append(cs.ref)
 
 
@@ -130,8 +132,9 @@ def traceparent_call(tel: Telemetry, seen: Seen) -> None:
     parent = TraceParent(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True, "vendor=a,other=b")
     cs = seen.call(spans.start_call(tel, CALLER, JSON_CALL, provider="openai", server_address="api.openai.com",
                                     server_port=443, parent=parent, start_ns=T0))
-    spans.end_call(tel, cs, JSON_CALL, OK, cost_micros=0, usage_source="estimated", budget_remaining_micros=None,
-                   rewrites=[], repairs=[], capture=CAPTURE, end_ns=T0 + 1)
+    spans.end_call(tel, cs, CallRecord(cs.caller, JSON_CALL, OK, cs.start_ns, cost_micros=0, usage_source="estimated",
+                                       budget_remaining_micros=None,
+                   rewrites=[], repairs=[], capture=CAPTURE, end_ns=T0 + 1))
     seen.refs.append(cs.ref)
 
 
@@ -139,8 +142,9 @@ def unsampled_parent(tel: Telemetry, seen: Seen) -> None:
     parent = TraceParent(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False)
     cs = seen.call(spans.start_call(tel, CALLER, JSON_CALL, provider="openai", server_address="", server_port=0,
                                     parent=parent, start_ns=T0))
-    spans.end_call(tel, cs, JSON_CALL, OK, cost_micros=10, usage_source="reported", budget_remaining_micros=None,
-                   rewrites=[], repairs=[], end_ns=T0 + 1)
+    spans.end_call(tel, cs, CallRecord(cs.caller, JSON_CALL, OK, cs.start_ns, cost_micros=10, usage_source="reported",
+                                       budget_remaining_micros=None,
+                   rewrites=[], repairs=[], end_ns=T0 + 1))
     seen.refs.append(cs.ref)
 
 
@@ -156,8 +160,9 @@ def abandoned_call(tel: Telemetry, seen: Seen) -> None:
                                     server_port=443, run_trace=run, start_ns=T0))
     outcome = Outcome(status=499, error_type="client_disconnected", complete=False,
                       error_message="the client closed the connection before the call was forwarded")
-    spans.end_call(tel, cs, STREAM_CALL, outcome, cost_micros=0, usage_source="", budget_remaining_micros=None,
-                   rewrites=[], repairs=[], refusal="run_calls", end_ns=T0 + 2)
+    spans.end_call(tel, cs, CallRecord(cs.caller, STREAM_CALL, outcome, cs.start_ns, cost_micros=0, usage_source="",
+                                       budget_remaining_micros=None,
+                   rewrites=[], repairs=[], refusal="run_calls", end_ns=T0 + 2))
     seen.refs.append(cs.ref)
 
 
@@ -165,9 +170,9 @@ def tool_spans(tel: Telemetry, seen: Seen) -> None:
     run = spans.new_run_trace(start_ns=T0)
     link = spans.SpanRef(0x1234, 0x5678)
     for result, is_error in (('{"ok": true}', False), ("Error: no such city", True), (None, False)):
-        seen.refs.append(spans.tool_span(tel, CALLER, name="get_weather", call_id="call_1", arguments='{"city":"x"}',
-                                         result=result, is_error=is_error, start_ns=T0, end_ns=T0 + 7, run_trace=run,
-                                         link=link, description="Weather"))
+        seen.refs.append(spans.tool_span(tel, ToolRecord(CALLER, "get_weather", "call_1", '{"city":"x"}', result, T0,
+                                                         T0 + 7, is_error=is_error,
+                                                         description="Weather"), run_trace=run, link=link))
 
 
 def mcp_requests(tel: Telemetry, seen: Seen) -> None:

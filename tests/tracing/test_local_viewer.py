@@ -8,7 +8,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from proxy.model import Call, Caller, Outcome, Repair, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, Repair, ToolRecord, Usage
 from tracing import spans
 from tracing.local import JsonlSpanExporter, read_spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
@@ -25,7 +25,7 @@ def call(tel: Telemetry, run: spans.RunTrace, start: int, end: int, outcome: Out
                           parent=None, run_trace=run, start_ns=start)  # fmt: skip
     defaults: dict[str, object] = {"cost_micros": 3600, "usage_source": "reported", "budget_remaining_micros": None,
                                    "rewrites": [], "repairs": []}  # fmt: skip
-    spans.end_call(tel, cs, CALL, outcome, end_ns=end, **{**defaults, **kw})  # type: ignore[arg-type]
+    spans.end_call(tel, cs, CallRecord(cs.caller, CALL, outcome, cs.start_ns, end_ns=end, **{**defaults, **kw}))  # type: ignore[arg-type]
     return cs
 
 
@@ -34,12 +34,12 @@ def record_a_run(local_dir: Path) -> spans.RunTrace:
     run = spans.new_run_trace(start_ns=T0)
     first = call(tel, run, T0, T0 + int(1.2 * S), Outcome(status=200, usage=Usage(1830, 96, cache_read_tokens=1024),
                  finish_reasons=("tool_calls",)), repairs=[Repair("tool:call_1", ("trailing_comma",))])  # fmt: skip
-    spans.tool_span(tel, CALLER, name="get_weather", call_id="call_1", arguments='{"city": "Paris"}',
-                    result="l1\nl2\nl3", is_error=False, start_ns=T0 + int(1.2 * S), end_ns=T0 + 2 * S,
-                    run_trace=run, link=first.ref)  # fmt: skip
-    spans.tool_span(tel, CALLER, name="read_file", call_id="call_2", arguments='{"path": "a.py", "n": 1}',
-                    result='{"ok": false, "error": "denied"}', is_error=False, start_ns=T0 + int(1.2 * S),
-                    end_ns=T0 + 2 * S, run_trace=run)  # fmt: skip
+    spans.tool_span(tel, ToolRecord(CALLER, "get_weather", "call_1", '{"city": "Paris"}', "l1\nl2\nl3",
+                                    T0 + int(1.2 * S), T0 + 2 * S,
+                                    is_error=False), run_trace=run, link=first.ref)  # fmt: skip
+    spans.tool_span(tel, ToolRecord(CALLER, "read_file", "call_2", '{"path": "a.py", "n": 1}',
+                                    '{"ok": false, "error": "denied"}', T0 + int(1.2 * S), T0 + 2 * S,
+                                    is_error=False), run_trace=run)  # fmt: skip
     call(tel, run, T0 + 2 * S, T0 + 3 * S, Outcome(status=429, error_type="429", error_message="slow down"),
          cost_micros=0)  # fmt: skip
     totals = {"model_calls": 2, "tool_calls": 2, "failures": 1, "tool_failures": 1, "cost_micros": 3600,

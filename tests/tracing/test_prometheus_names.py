@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.ledger.anatomy import anatomy
-from proxy.model import Call, Caller, InputPart, Outcome, Repair, Rewrite, ToolCall, Usage
+from proxy.model import Call, Caller, CallRecord, InputPart, Outcome, Repair, Rewrite, ToolCall, ToolRecord, Usage
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import mcp, spans
@@ -23,22 +23,21 @@ def exercise(tel: Telemetry) -> None:
     where = {"provider": "openai", "server_address": "api.openai.com", "server_port": 443}
     cs = spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None)  # type: ignore[arg-type]
     outcome = Outcome(status=200, usage=Usage(10, 5, cache_read_tokens=4, cache_write_tokens=2), first_chunk_s=0.2)
-    spans.end_call(tel, cs, call, outcome, cost_micros=5, usage_source="reported",
+    spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=5, usage_source="reported",
                    budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
                    repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3,
-                   premium_micros=2)  # fmt: skip
+                   premium_micros=2))  # fmt: skip
     parts = [InputPart("tools", 5, "t"), InputPart("tools", 5, "u"), InputPart("tool_result", 9, "t", "c")]
     an = anatomy(parts, Usage(10, 5), None)
-    spans.end_call(tel, spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None),  # type: ignore[arg-type]
-                   call, outcome, cost_micros=5, usage_source="reported", budget_remaining_micros=None,
-                   rewrites=[], repairs=[], anatomy=an)
+    cs = spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None)  # type: ignore[arg-type]
+    spans.end_call(tel, cs, CallRecord(CALLER, call, outcome, cs.start_ns, cost_micros=5, usage_source="reported",
+                                       anatomy=an))
     assert an is not None
     costly = an.__class__(an.groups, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
                           {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions, {"t": 1})
     spans.record_run_end(tel, CALLER, anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]))
     spans.record_refusal(tel, CALLER, call, "spanmeter.call_limit_exceeded", "too many calls")
-    spans.tool_span(tel, CALLER, name="t", call_id="c", arguments="{}", result="ok",
-                    is_error=False, start_ns=1, end_ns=2)  # fmt: skip
+    spans.tool_span(tel, ToolRecord(CALLER, "t", "c", "{}", "ok", 1, 2, is_error=False))  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)
     spans.record_ledger_overshoot(tel, CALLER, 12)
     request = mcp.McpRequest(server="weather", method="tools/call", request_id="1", server_address="127.0.0.1",

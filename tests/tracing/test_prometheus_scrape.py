@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from proxy.model import Call, Caller, Outcome, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, Usage
 from tracing import attributes as A
 from tracing import spans
 from tracing.setup import METRICS_CONTENT_TYPE, Telemetry, TelemetryConfig, setup_telemetry
@@ -116,8 +116,9 @@ def test_prometheus_scrapes_our_metrics_under_the_documented_names(prometheus: A
         call = Call(api="chat", operation="chat", model="gpt-4o")
         cs = spans.start_call(tel, caller, call, provider="openai", server_address="api.openai.com",
                               server_port=443, parent=None, run_trace=None)  # fmt: skip
-        spans.end_call(tel, cs, call, Outcome(status=200, usage=Usage(100, 20)), cost_micros=2500,
-                       usage_source="reported", budget_remaining_micros=None, rewrites=[], repairs=[])  # fmt: skip
+        spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200, usage=Usage(100, 20)), cs.start_ns,
+                                           cost_micros=2500,
+                       usage_source="reported", budget_remaining_micros=None, rewrites=[], repairs=[]))  # fmt: skip
         tel.set_budget("acme", "day", 2500, 1_000_000)
         base = prometheus(f"127.0.0.1:{server.server_address[1]}")
         deadline = time.monotonic() + 60

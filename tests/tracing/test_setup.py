@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.model import Call, Caller, Outcome
+from proxy.model import Call, Caller, CallRecord, Outcome, ToolRecord
 from tracing import spans
 from tracing.local import read_spans
 from tracing.setup import TelemetryConfig, capture_mode, setup_telemetry
@@ -73,8 +73,9 @@ def test_two_telemetries_side_by_side_share_nothing(tmp_path: Path) -> None:
         call = Call(api="chat", operation="chat", model="m")
         cs = spans.start_call(a, Caller("t", "r", "header"), call, provider="p", server_address="h",
                               server_port=1, parent=None, run_trace=None)  # fmt: skip
-        spans.end_call(a, cs, call, Outcome(status=200), cost_micros=7, usage_source="reported",
-                       budget_remaining_micros=None, rewrites=[], repairs=[])  # fmt: skip
+        spans.end_call(a, cs, CallRecord(cs.caller, call, Outcome(status=200), cs.start_ns, cost_micros=7,
+                                         usage_source="reported",
+                       budget_remaining_micros=None, rewrites=[], repairs=[]))  # fmt: skip
         assert [s.name for s in mem_a.get_finished_spans()] == ["chat m"]
         assert mem_b.get_finished_spans() == ()
         assert b"spanmeter_cost_total" in a.metrics_text()
@@ -108,11 +109,11 @@ def test_telemetry_failures_never_raise(tmp_path: Path, caplog: pytest.LogCaptur
     with caplog.at_level(logging.ERROR, logger="tracing.spans"):
         cs = spans.start_call(tel, caller, call, provider="p", server_address="h", server_port=1,
                               parent=None, run_trace=None)  # fmt: skip
-        spans.end_call(tel, cs, call, None, cost_micros=None, usage_source="", budget_remaining_micros=None,  # type: ignore[arg-type]
-                       rewrites=[], repairs=[])  # fmt: skip
+        spans.end_call(tel, cs, CallRecord(cs.caller, call, None, cs.start_ns, cost_micros=None, usage_source="",
+                                           budget_remaining_micros=None,  # type: ignore[arg-type]
+                       rewrites=[], repairs=[]))  # fmt: skip
         spans.end_run(tel, caller, None, {}, "ok")  # type: ignore[arg-type]
-        spans.tool_span(tel, caller, name="t", call_id="c", arguments=None, result=None, is_error=False,  # type: ignore[arg-type]
-                        start_ns=1, end_ns=2)  # fmt: skip
+        spans.tool_span(tel, ToolRecord(caller, "t", "c", None, None, 1, 2))  # type: ignore[arg-type]
     assert isinstance(cs, spans.CallSpan)  # usable by end_call, even after shutdown
     failures = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
     assert failures == [("end_call failed", True), ("end_run failed", True), ("tool_span failed", True)]

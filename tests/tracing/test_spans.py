@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.model import Call, Caller, Outcome, OutputSpec, Repair, Rewrite, Usage
+from proxy.model import Call, Caller, CallRecord, Outcome, OutputSpec, Repair, Rewrite, ToolRecord, Usage
 from tests.fixtures.otlp import OtlpReceiver
 from tracing import attributes as A
 from tracing import spans
@@ -149,18 +149,15 @@ def test_model_call_span_for_each_dialect(
         finish_reasons=("stop",),
         first_chunk_s=0.41,
     )
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        outcome,
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, outcome, cs.start_ns,
         cost_micros=3610,
         usage_source="reported",
         budget_remaining_micros=4_500_000,
         rewrites=[Rewrite("include_usage")],
         repairs=[Repair("output", ("fence",), valid=True)],
         capture=None,
-    )
+    ))
 
     span = by_name(flushed(tel, otlp_receiver), name)
     assert span["kind"] == "SPAN_KIND_CLIENT"
@@ -216,17 +213,14 @@ def test_a_request_with_traceparent_joins_the_agents_trace(make_tel: Any, otlp_r
         parent=parent,
         run_trace=spans.new_run_trace(),
     )
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        Outcome(status=200),
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=None,
         usage_source="estimate",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
-    )
+    ))
     span = by_name(flushed(tel, otlp_receiver), "chat gpt-4o")
     assert span["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert span["parent_span_id"] == "00f067aa0ba902b7"
@@ -251,17 +245,14 @@ def test_a_failed_call_has_error_type_and_error_status(make_tel: Any, otlp_recei
         error_type="rate_limit_error",
         error_message=f"Too many requests for key {UPSTREAM_KEY}",
     )
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        outcome,
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, outcome, cs.start_ns,
         cost_micros=0,
         usage_source="estimate",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
-    )
+    ))
     span = by_name(flushed(tel, otlp_receiver), "chat claude-haiku-4-5")
     assert span["status"] == "STATUS_CODE_ERROR"
     assert span["attributes"][A.ERROR_TYPE] == "rate_limit_error"
@@ -318,17 +309,14 @@ def test_run_root_span_is_emitted_at_the_end_with_the_ids_fixed_at_the_start(
         parent=None,
         run_trace=stored,
     )
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        Outcome(status=200),
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=1000,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
-    )
+    ))
     totals = {
         "model_calls": 1,
         "tool_calls": 2,
@@ -459,32 +447,18 @@ def test_tool_span_parent_timing_digests_and_ok_flag(
         parent=None,
         run_trace=run,
     )
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        Outcome(status=200),
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=None,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
-    )
+    ))
     start, end = 1_786_000_002_310_000_000, 1_786_000_003_050_000_000
     spans.tool_span(
-        tel,
-        CALLER,
-        name="get_weather",
-        call_id="call_VSPy",
-        arguments=args,
-        result=result,
-        is_error=is_error,
-        start_ns=start,
-        end_ns=end,
-        run_trace=run,
-        link=cs.ref,
-        description="Get the weather",
-    )
+        tel, ToolRecord(CALLER, "get_weather", "call_VSPy", args, result, start, end, is_error=is_error,
+                        description="Get the weather"), run_trace=run, link=cs.ref)
 
     found = flushed(tel, otlp_receiver)
     chat, tool = by_name(found, "chat gpt-4o"), by_name(found, "execute_tool get_weather")
@@ -516,17 +490,8 @@ def test_a_tool_call_never_answered_gets_tool_result_missing(make_tel: Any, otlp
     tel = make_tel()
     run = spans.new_run_trace()
     spans.tool_span(
-        tel,
-        CALLER,
-        name="search",
-        call_id="toolu_1",
-        arguments='{"query": "q"}',
-        result=None,
-        is_error=False,
-        start_ns=1_000,
-        end_ns=2_000,
-        run_trace=run,
-    )
+        tel, ToolRecord(CALLER, "search", "toolu_1", '{"query": "q"}', None, 1_000, 2_000,
+                        is_error=False), run_trace=run)
     tool = by_name(flushed(tel, otlp_receiver), "execute_tool search")
     assert tool["attributes"][A.ERROR_TYPE] == "tool_result_missing"
     assert tool["attributes"][A.SPANMETER_TOOL_ARGUMENTS_DIGEST] == "q"
@@ -563,30 +528,18 @@ def test_span_only_capture_records_content_capped_and_keys_never_leak(
             }
         ],
     }
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        Outcome(status=200),
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=None,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
         capture=capture,
-    )
+    ))
     spans.tool_span(
-        tel,
-        caller,
-        name="fetch",
-        call_id="c1",
-        arguments='{"url": "https://x"}',
-        result=f'{{"text": "token {UPSTREAM_KEY}"}}',
-        is_error=False,
-        start_ns=1,
-        end_ns=2,
-        capture=True,
-    )
+        tel, ToolRecord(caller, "fetch", "c1", '{"url": "https://x"}', f'{{"text": "token {UPSTREAM_KEY}"}}', 1, 2,
+                        is_error=False, capture=True))
     found = flushed(tel, otlp_receiver)
     chat = by_name(found, "chat claude-sonnet-4-5")["attributes"]
     assert json.loads(chat[A.GEN_AI_SYSTEM_INSTRUCTIONS]) == capture["system_instructions"]
@@ -613,18 +566,15 @@ def test_no_content_by_default_even_when_the_caller_passes_it(make_tel: Any, otl
         parent=None,
         run_trace=None,
     )
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        Outcome(status=200),
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=None,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
         capture={"input_messages": [{"role": "user", "parts": []}]},
-    )
+    ))
     attrs = by_name(flushed(tel, otlp_receiver), "chat gpt-4o")["attributes"]
     assert not {A.GEN_AI_INPUT_MESSAGES, A.GEN_AI_OUTPUT_MESSAGES} & attrs.keys()
 
@@ -645,17 +595,14 @@ def test_latest_semconv_opt_in_renames_cache_write_and_inference_metrics(
         run_trace=None,
     )
     outcome = Outcome(status=200, usage=Usage(input_tokens=50, output_tokens=5, cache_write_tokens=40))
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        outcome,
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, outcome, cs.start_ns,
         cost_micros=None,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
-    )
+    ))
     attrs = by_name(flushed(tel, otlp_receiver), "chat claude-sonnet-4-5")["attributes"]
     assert attrs[A.LATEST_GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS] == 40
     assert A.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS not in attrs
@@ -678,18 +625,15 @@ def test_metrics_are_pushed_over_otlp_when_asked(make_tel: Any, otlp_receiver: O
         run_trace=None,
     )
     outcome = Outcome(status=200, usage=Usage(input_tokens=5, output_tokens=7), first_chunk_s=0.1)
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        outcome,
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, outcome, cs.start_ns,
         cost_micros=42,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
         chunk_gaps_s=[0.01],
-    )
+    ))
     tel.set_budget("acme", "day", 1_500_000, 10_000_000)
     assert tel.force_flush()
     assert {
@@ -709,8 +653,9 @@ def test_a_traces_endpoint_never_gets_a_metrics_push(make_tel: Any, otlp_receive
     tel = make_tel(project_name="agents-prod")
     call = Call(api="chat", operation="chat", model="gpt-4o")
     cs = spans.start_call(tel, CALLER, call, provider="openai", server_address="api.openai.com", server_port=443)
-    spans.end_call(tel, cs, call, Outcome(status=200, usage=Usage(5, 7)), cost_micros=42, usage_source="reported",
-                   budget_remaining_micros=None, rewrites=[], repairs=[])  # fmt: skip
+    spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200, usage=Usage(5, 7)), cs.start_ns,
+                                       cost_micros=42, usage_source="reported",
+                   budget_remaining_micros=None, rewrites=[], repairs=[]))  # fmt: skip
     span = by_name(flushed(tel, otlp_receiver), "chat gpt-4o")
     assert "gen_ai_client_token_usage_count" in tel.metrics_text().decode()
     tel.shutdown()  # a periodic reader would push once more at shutdown
@@ -733,27 +678,15 @@ def test_metric_labels_never_carry_run_or_response_ids(make_tel: Any) -> None:
         run_trace=spans.new_run_trace(),
     )
     outcome = Outcome(status=200, response_id="chatcmpl-UNIQUE", usage=Usage(1, 1))
-    spans.end_call(
-        tel,
-        cs,
-        call,
-        outcome,
+    spans.end_call(tel, cs, CallRecord(
+        cs.caller, call, outcome, cs.start_ns,
         cost_micros=1,
         usage_source="reported",
         budget_remaining_micros=None,
         rewrites=[],
         repairs=[],
-    )
+    ))
     spans.tool_span(
-        tel,
-        CALLER,
-        name="t",
-        call_id="call_UNIQUE",
-        arguments="{}",
-        result="",
-        is_error=False,
-        start_ns=1,
-        end_ns=2,
-    )
+        tel, ToolRecord(CALLER, "t", "call_UNIQUE", "{}", "", 1, 2, is_error=False))
     text = tel.metrics_text().decode()
     assert "run_01" not in text and "UNIQUE" not in text
