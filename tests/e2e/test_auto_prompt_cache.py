@@ -28,7 +28,7 @@ from tests.fixtures.anthropic_cache import CACHE, create_caching_anthropic
 from tests.reliability.dialects import local_spans
 from tracing import attributes as A
 
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-4-6"  # 4-5 is deprecated: SDKs warn, and the suite makes warnings errors
 KEY = "sm-cache-key"
 SYSTEM = "You are a careful research agent. " + "Follow the house rules on sources and citations. " * 120
 TOOLS = [{"name": f"tool_{i}", "description": f"Tool {i}: " + "looks things up in the archive. " * 25,

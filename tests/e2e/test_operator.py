@@ -332,7 +332,7 @@ async def test_the_printed_key_snippet_is_a_whole_config_that_starts_with_one_pr
     proxy = await make_proxy(tenants={"acme": {"keys": [hash_key(key)]}})
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=key, max_retries=0)
     with pytest.raises(anthropic.APIStatusError) as caught:
-        await client.messages.create(model="claude-sonnet-4-5", max_tokens=10,
+        await client.messages.create(model="claude-sonnet-4-6", max_tokens=10,
                                      messages=[{"role": "user", "content": "hi"}])
     assert caught.value.status_code == 500
     assert "ANTHROPIC_API_KEY, which is not set in the proxy's environment" in caught.value.message
