@@ -61,20 +61,7 @@ if n > 0 then
 end
 
 -- 2. The run's trace ids: the first stored win.
-local trace = ''
-if ARGV[11] ~= '' then
-  trace = redis.call('HGET', KEYS[1], 'trace')
-  if not trace then
-    trace = ARGV[11]
-    redis.call('HSET', KEYS[1], 'trace', trace, 'run_id', ARGV[9])
-    redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[7])
-    redis.call('HSETNX', KEYS[1], 'last_seen', ARGV[7])
-    redis.call('ZADD', KEYS[7], ARGV[7], ARGV[9])
-    if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-      redis.call('ZADD', KEYS[8], ARGV[7], ARGV[9])
-    end
-  end
-end
+local trace = runtrace_keep(11, 9, 7)
 
 -- 3. The loop guard's refusals (Python words the message from the closed calls).
 local threshold, max_failures = tonumber(ARGV[12]), tonumber(ARGV[14])

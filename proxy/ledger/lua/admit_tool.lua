@@ -22,20 +22,7 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
 end
 
 -- 1. The run's trace ids: the first stored win (as admit.lua).
-local trace = ''
-if ARGV[12] ~= '' then
-  trace = redis.call('HGET', KEYS[1], 'trace')
-  if not trace then
-    trace = ARGV[12]
-    redis.call('HSET', KEYS[1], 'trace', trace, 'run_id', ARGV[10])
-    redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[8])
-    redis.call('HSETNX', KEYS[1], 'last_seen', ARGV[8])
-    redis.call('ZADD', KEYS[7], ARGV[8], ARGV[10])
-    if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-      redis.call('ZADD', KEYS[8], ARGV[8], ARGV[10])
-    end
-  end
-end
+local trace = runtrace_keep(12, 10, 8)
 -- The rate buckets (lib/gcra.lua): drawn on only once nothing refused.
 local r = tonumber(ARGV[20])
 
