@@ -174,17 +174,7 @@ end
 
 -- 9. Count the call and reserve.
 gcra_draw(r, held_of, last_of)
-for i = 1, 4 do
-  redis.call('HINCRBY', KEYS[i], 'reserved', amount)
-end
-redis.call('EXPIRE', KEYS[2], ARGV[10])
-redis.call('EXPIRE', KEYS[3], ARGV[10])
-if has_key then
-  for i = 12, 13 do
-    redis.call('HINCRBY', KEYS[i], 'reserved', amount)
-    redis.call('EXPIRE', KEYS[i], ARGV[10])
-  end
-end
+scopes_reserve(amount, 10, has_key)
 calls = redis.call('HINCRBY', KEYS[1], 'calls', 1)
 redis.call('HINCRBY', KEYS[1], 'tokens_held', tokens)
 redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[7])

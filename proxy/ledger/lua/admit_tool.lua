@@ -121,16 +121,8 @@ end
 
 -- 6. Count the call, draw on the rates and reserve its cost.
 gcra_draw(r, held_of, last_of)
-for i = 1, 4 do
-  redis.call('HINCRBY', KEYS[i], 'reserved', amount)
-end
-redis.call('EXPIRE', KEYS[2], ARGV[11])
-redis.call('EXPIRE', KEYS[3], ARGV[11])
+scopes_reserve(amount, 11, has_key)
 if has_key then
-  for i = 12, 13 do
-    redis.call('HINCRBY', KEYS[i], 'reserved', amount)
-    redis.call('EXPIRE', KEYS[i], ARGV[11])
-  end
   redis.call('HSET', KEYS[5], 'keyday', KEYS[12], 'keymonth', KEYS[13])
 end
 count = redis.call('HINCRBY', KEYS[11], 'mcp_tool_calls', 1)
