@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 
 from proxy.ledger.backends import open_store
-from proxy.ledger.store import Admission, Limits, Store, Turn
+from proxy.ledger.store import Admission, Ask, Limits, Store, Turn
 from tests.fixtures.redis import BINARY, RedisServer
 from tests.fixtures.redis_cluster import CLI, LocalCluster
 
@@ -71,17 +71,16 @@ def _tools(i: int) -> list[dict[str, Any]]:
 TOKEN_LIMITS = Limits(run_max_calls=10**9, run_max_cost=10**15, day_budget=10**15, month_budget=10**15,
                       run_max_tokens=10**14)
 # (least, most) tokens of a small chat call; older code has no token holds (see --max-tokens)
-TOKEN_TURN = Turn(tokens=(900, 5_000)) if "tokens" in Turn.__dataclass_fields__ else Turn()
+TOKEN_TURN = Turn(reserve=(1, 5_000), tokens=(900, 5_000))
+TURN = Turn(reserve=(1, 5_000))
 _token_ceiling = False
 
 
 async def one(store: Store, i: int, mode: str, latencies: list[float]) -> None:
     start = time.perf_counter()
     tenant, run_id = "bench", f"run-{i % 100}"
-    limits, turn = (TOKEN_LIMITS, TOKEN_TURN) if _token_ceiling else (LIMITS, Turn())
-    admission = await store.admit(
-        tenant, run_id, min_reserve=1, max_reserve=5_000, limits=limits, now=datetime.now(UTC), turn=turn
-    )
+    limits, turn = (TOKEN_LIMITS, TOKEN_TURN) if _token_ceiling else (LIMITS, TURN)
+    admission = await store.admit(Ask(tenant, run_id, datetime.now(UTC), limits), turn)
     latencies.append(time.perf_counter() - start)
     tools = _tools(i)
     if mode == "combined":
@@ -131,13 +130,12 @@ async def cpu(url: str, n: int, concurrency: int) -> dict[str, float]:
     store = open_store(url)
     await store.ping()
     gate = asyncio.Semaphore(concurrency)
-    turn = Turn(trace=TRACE)
+    turn = Turn(reserve=(1, 5_000), trace=TRACE)
 
     async def pair(i: int) -> None:
         async with gate:
             run_id = f"run-{i % 100}"
-            admission = await store.admit("bench", run_id, min_reserve=1, max_reserve=5_000, limits=LIMITS,
-                                          now=datetime.now(UTC), turn=turn)
+            admission = await store.admit(Ask("bench", run_id, datetime.now(UTC), LIMITS), turn)
             await store.settle(admission, 1_234, run_totals=TOTALS, tools=_tools(i) or None)
 
     await asyncio.gather(*(pair(i) for i in range(300)))  # warm up: page cache, statement cache
@@ -188,8 +186,7 @@ async def cost(url: str, ports: list[int], n: int) -> list[tuple[str, dict[str, 
 
     async def admit(i: int) -> None:
         async with gate:
-            admissions.append(await store.admit("bench", f"run-{i % 100}", min_reserve=1, max_reserve=5_000,
-                                                limits=LIMITS, now=datetime.now(UTC)))
+            admissions.append(await store.admit(Ask("bench", f"run-{i % 100}", datetime.now(UTC), LIMITS), TURN))
 
     async def settle(i: int, a: Admission) -> None:
         async with gate:

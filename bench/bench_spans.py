@@ -102,10 +102,7 @@ def make_tel(otlp_metrics: bool, *extra: SpanExporter) -> Telemetry:
 def one_call(tel: Telemetry, i: int, stream: bool) -> None:
     caller = CALLERS[i % 4]
     call = (STREAM_CALLS if stream else JSON_CALLS)[(i >> 2) % 2]
-    cs = spans.start_call(
-        tel, caller, call, provider="openai", server_address="api.openai.com", server_port=443,
-        run_trace=None,
-    )  # fmt: skip
+    cs = spans.start_call(tel, caller, call, spans.Peer("openai", "api.openai.com", 443))
     outcome = Outcome(
         status=200,
         response_id=f"chatcmpl-{i}",

@@ -37,9 +37,9 @@ from tracing import attributes as A
 from tracing import digests
 from tracing.setup import Telemetry
 from tracing.spans import (
-    RunTrace,
+    NO_LINEAGE,
+    Lineage,
     SpanRef,
-    TraceParent,
     _cap_bytes,
     _name,
     _parent_span,
@@ -50,7 +50,7 @@ from tracing.spans import (
     record_guard_action,
 )
 
-__all__ = ["McpOutcome", "McpRequest", "record_request", "session_hash"]
+__all__ = ["McpOutcome", "McpRecord", "McpRequest", "record_request", "session_hash"]
 
 log = logging.getLogger(__name__)
 Attrs = dict[str, AttributeValue]
@@ -110,36 +110,42 @@ def session_hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def record_request(
-    tel: Telemetry,
-    caller: Caller,
-    req: McpRequest,
-    out: McpOutcome,
-    *,
-    start_ns: int,
-    end_ns: int,
-    parent: TraceParent | None = None,
-    run_trace: RunTrace | None = None,
-    call_id: str | None = None,
-    link: SpanRef | None = None,
-    capture: bool = False,
-) -> None:
-    """Emit the request's span and metrics. `call_id`/`link`: the model tool call it executes
-    and the chat span that made it. `capture`: the tenant allows content capture."""
+@dataclass(frozen=True, slots=True)
+class McpRecord:
+    """One request on the MCP route once it is over, read by its span and its metrics:
+    timed from its arrival (`start_ns`) to the last byte of its answer (`end_ns`).
+    `call_id`/`link`: the model tool call it executes and the chat span that made it.
+    `capture`: the tenant allows content capture."""
+
+    caller: Caller
+    request: McpRequest
+    outcome: McpOutcome
+    start_ns: int
+    end_ns: int
+    lineage: Lineage = NO_LINEAGE
+    call_id: str | None = None
+    link: SpanRef | None = None
+    capture: bool = False
+
+
+def record_request(tel: Telemetry, record: McpRecord) -> None:
+    """Emit the request's span and metrics."""
     try:
+        caller, req, out, link = record.caller, record.request, record.outcome, record.link
         failure = out.failure
         attrs = _attrs(caller, req, out, failure)
         if req.tool is not None:
-            attrs.update(_tool_attrs(tel, caller, req, out, call_id, capture))
+            attrs.update(_tool_attrs(tel, caller, req, out, record.call_id, record.capture))
         links = [Link(SpanContext(link.trace_id, link.span_id, is_remote=False))] if link else None
         span = tel.lean.open(
             f"{req.method} {_name(target)}" if (target := req.tool or req.prompt) else _name(req.method),
-            _parent_span(parent, run_trace), SpanKind.CLIENT, attrs, start_ns, links or ())
+            _parent_span(record.lineage.parent, record.lineage.run_trace), SpanKind.CLIENT, attrs,
+            record.start_ns, links or ())
         if failure:
             why = out.error_message or out.rpc_message or failure
             span.set_status(Status(StatusCode.ERROR, _status_text(why, caller)))
-        _record_metrics(tel, caller, req, out, failure, max(0, end_ns - start_ns) / 1e9, span.parent_context())
-        tel.lean.end(span, end_ns)
+        _record_metrics(tel, record, failure, span.parent_context())
+        tel.lean.end(span, record.end_ns)
     except Exception:
         log.exception("record_request failed")
 
@@ -200,8 +206,9 @@ def _tool_attrs(tel: Telemetry, caller: Caller, req: McpRequest, out: McpOutcome
     return _present(attrs)
 
 
-def _record_metrics(tel: Telemetry, caller: Caller, req: McpRequest, out: McpOutcome, failure: str | None,
-                    seconds: float, ctx: Context) -> None:
+def _record_metrics(tel: Telemetry, record: McpRecord, failure: str | None, ctx: Context) -> None:
+    caller, req, out = record.caller, record.request, record.outcome
+    seconds = max(0, record.end_ns - record.start_ns) / 1e9
     # A label value is minted only by a request the server answered: a refused or hostile
     # request takes values already known, or `_OTHER`.
     m, bounds = tel.instruments, tel.instruments.labels

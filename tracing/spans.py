@@ -19,8 +19,7 @@ Readable. Every span also gets a one-line input and output summary built from di
 (tracing/summaries.py), where GenAI UIs show a span's input and output: they are not
 content, so they are there whatever the capture setting.
 
-    cs = start_call(tel, caller, call, provider="openai", server_address="api.openai.com",
-                    server_port=443, parent=None, run_trace=run_trace)
+    cs = start_call(tel, caller, call, Peer("openai", "api.openai.com", 443), Lineage(run_trace=run_trace))
     ... relay ...
     end_call(tel, cs, CallRecord(caller, call, outcome, cs.start_ns, cost_micros=1200,
                                  usage_source="reported"))
@@ -33,7 +32,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -60,6 +59,9 @@ from tracing.traceparent import TraceParent, parse_traceparent
 
 __all__ = [
     "CallSpan",
+    "Left",
+    "Lineage",
+    "Peer",
     "RunTrace",
     "SpanRef",
     "TraceParent",
@@ -69,7 +71,7 @@ __all__ = [
     "parse_traceparent",
     "record_guard_action",
     "record_ledger_overshoot",
-    "record_refusal",
+    "record_remaining",
     "run_span_name",
     "start_call",
     "tool_span",
@@ -133,6 +135,27 @@ class RunTrace:
             int(parent, 16) if parent else None,
             flag == "1",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a request's spans hang: under the agent's span when it sent a traceparent
+    (`parent`), else under the run's root span (`run_trace`); a root without either."""
+
+    parent: TraceParent | None = None
+    run_trace: RunTrace | None = None
+
+
+NO_LINEAGE: Final = Lineage()
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The upstream a model call goes to: `gen_ai.provider.name`, `server.address`, `server.port`."""
+
+    provider: str
+    address: str = ""
+    port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,30 +244,20 @@ def call_span_name(call: Call) -> str:
     return f"{call.operation} {_name(call.model)}" if call.model else call.operation
 
 
-def start_call(
-    tel: Telemetry,
-    caller: Caller,
-    call: Call,
-    *,
-    provider: str,
-    server_address: str,
-    server_port: int,
-    parent: TraceParent | None = None,
-    run_trace: RunTrace | None = None,
-    start_ns: int | None = None,
-) -> CallSpan:
+def start_call(tel: Telemetry, caller: Caller, call: Call, peer: Peer, lineage: Lineage = NO_LINEAGE, *,
+               start_ns: int | None = None) -> CallSpan:
     """Open the CLIENT span of a model call; sampling-relevant attributes are set at start.
 
     Only its ids and sampling are decided here (tracing/lean.py): the span is built whole
     and handed to the span processors when it ends."""
     start = time.time_ns() if start_ns is None else start_ns
-    cs = CallSpan(lean.INVALID, start, caller, provider, server_address, server_port, _NO_CONTEXT)
+    cs = CallSpan(lean.INVALID, start, caller, peer.provider, peer.address, peer.port, _NO_CONTEXT)
     try:
         cs.span = tel.lean.open(
             call_span_name(call),
-            _call_parent(parent, run_trace),
+            _call_parent(lineage.parent, lineage.run_trace),
             SpanKind.CLIENT,
-            _request_attrs(caller, call, provider, server_address, server_port),
+            _request_attrs(caller, call, peer.provider, peer.address, peer.port),
             start,
         )
         cs.context = cs.span.parent_context()
@@ -292,50 +305,6 @@ def end_call(tel: Telemetry, cs: CallSpan, record: CallRecord) -> None:
         tel.lean.end(cs.span, end)
     except Exception:
         log.exception("end_call failed")
-
-
-def record_refusal(
-    tel: Telemetry,
-    caller: Caller,
-    call: Call,
-    error_type: str,
-    message: str,
-    *,
-    provider: str = "",
-    server_address: str = "",
-    server_port: int = 0,
-    parent: TraceParent | None = None,
-    run_trace: RunTrace | None = None,
-    reason: str | None = None,
-    start_ns: int | None = None,
-) -> SpanRef | None:
-    """A span for a call refused before reaching the upstream, saying why; no usage.
-
-    `error_type` e.g. `spanmeter.budget_exceeded`; `reason` is the metric label
-    (call_limit | cost_limit | tenant_budget | loop_guard ...), by default `error_type`
-    without its `spanmeter.` prefix.
-    """
-    try:
-        cs = start_call(
-            tel,
-            caller,
-            call,
-            provider=provider,
-            server_address=server_address,
-            server_port=server_port,
-            parent=parent,
-            run_trace=run_trace,
-            start_ns=start_ns,
-        )
-        why = _text(_redact(message, caller))
-        cs.span.set_attributes({A.ERROR_TYPE: _name(error_type), A.SPANMETER_REFUSAL_REASON: why})
-        cs.span.set_status(Status(StatusCode.ERROR, _status_text(message, caller)))
-        _count_refusal(tel, caller, call, provider, reason or error_type, cs.context)
-        tel.lean.end(cs.span, time.time_ns())
-        return cs.ref
-    except Exception:
-        log.exception("record_refusal failed")
-        return None
 
 
 def _count_refusal(tel: Telemetry, caller: Caller, call: Call, provider: str, reason: str, ctx: Context) -> None:
@@ -835,17 +804,36 @@ def record_ledger_overshoot(tel: Telemetry, caller: Caller, overshoot_micros: in
 # --- budgets an agent can see coming ---------------------------------------------------------
 
 
-def record_remaining(cs: CallSpan, *, calls: int | None, cost_micros: int | None, tokens: int | None,
-                     seconds: float | None, day_micros: int | None, month_micros: int | None) -> None:
+class Left(Protocol):
+    """What is left of each ceiling that is set (None: not set), as an admission saw it
+    (proxy/govern/wrapup.Remaining has this shape; tracing imports nothing of proxy/ but
+    its model)."""
+
+    @property
+    def run_calls(self) -> int | None: ...
+    @property
+    def run_cost_micros(self) -> int | None: ...
+    @property
+    def run_tokens(self) -> int | None: ...
+    @property
+    def run_seconds(self) -> float | None: ...
+    @property
+    def day_micros(self) -> int | None: ...
+    @property
+    def month_micros(self) -> int | None: ...
+
+
+def record_remaining(cs: CallSpan, left: Left) -> None:
     """What was left of each ceiling that is set when the call was admitted, on its span."""
     try:
+        cost, day, month = left.run_cost_micros, left.day_micros, left.month_micros
         attrs = _present({
-            A.SPANMETER_REMAINING_RUN_CALLS: calls,
-            A.SPANMETER_REMAINING_RUN_COST_USD: None if cost_micros is None else cost_micros / 1e6,
-            A.SPANMETER_REMAINING_RUN_TOKENS: tokens,
-            A.SPANMETER_REMAINING_RUN_SECONDS: seconds,
-            A.SPANMETER_REMAINING_DAY_USD: None if day_micros is None else day_micros / 1e6,
-            A.SPANMETER_REMAINING_MONTH_USD: None if month_micros is None else month_micros / 1e6,
+            A.SPANMETER_REMAINING_RUN_CALLS: left.run_calls,
+            A.SPANMETER_REMAINING_RUN_COST_USD: None if cost is None else cost / 1e6,
+            A.SPANMETER_REMAINING_RUN_TOKENS: left.run_tokens,
+            A.SPANMETER_REMAINING_RUN_SECONDS: left.run_seconds,
+            A.SPANMETER_REMAINING_DAY_USD: None if day is None else day / 1e6,
+            A.SPANMETER_REMAINING_MONTH_USD: None if month is None else month / 1e6,
         })
         if attrs:
             cs.span.set_attributes(attrs)

@@ -32,10 +32,10 @@ from proxy.ledger.pricing import (
     input_bound,
     reservation,
 )
-from proxy.ledger.store import NO_TURN, Admission, Limits, Rate, Store, Turn, costed
+from proxy.ledger.store import NO_TURN, Admission, Ask, Limits, Rate, Store, Turn, costed
 from proxy.model import Call, Caller, Rewrite, Usage
 
-__all__ = ["NOTE_BYTES", "Admitted", "Plan", "admit", "limits_for", "plan", "settle_amount"]
+__all__ = ["NOTE_BYTES", "Admitted", "Candidate", "Plan", "admit", "limits_for", "plan", "settle_amount"]
 
 MIN_ANSWER_TOKENS = 16  # below this an answer is not worth sending: refuse instead
 DEFAULT_MAX_OUTPUT = 32_768  # when neither the request nor the price table bounds output
@@ -53,6 +53,19 @@ class Plan:
     limits: Limits
     rates: tuple[tuple[str, str, int], ...] = ()
     wrap_up_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One model call up for admission, built once by the handler: who calls, what the call is,
+    the plan it is admitted under, what the turn closes, and how many bytes spanmeter's
+    own patches (clamp, reminder, cache breakpoints) may add to it upstream."""
+
+    caller: Caller
+    call: Call
+    plan: Plan
+    turn: Turn = NO_TURN
+    patch_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,10 +221,8 @@ def _header_usd(value: str, name: str) -> int:
     return round(usd * 1_000_000)
 
 
-async def admit(
-    store: Store, prices: PriceTable, caller: Caller, call: Call, plan: Plan, *, tz: str,
-    turn: Turn = NO_TURN, now: datetime | None = None, patch_bytes: int = 0,
-) -> Admitted:
+async def admit(store: Store, prices: PriceTable, candidate: Candidate, *, tz: str,
+                now: datetime | None = None) -> Admitted:
     """One store operation: the turn's tool results and the call's reservation together.
 
     The reservation covers every answer the request asks for (`output_multiplier`), each
@@ -219,11 +230,12 @@ async def admit(
     model's cap also bounds a larger request value, since no answer can exceed it. The
     same bounds, in tokens, are what the call draws from a tokens-per-minute limit.
     """
+    caller, call, plan, turn = candidate.caller, candidate.call, candidate.plan, candidate.turn
     limits = plan.limits
     price = prices.price(call.model) if call.model else None
     # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder, a
     # wrap-up note): they are input too, so the bound covers the bytes they may add.
-    bound = input_bound(call) + patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
+    bound = input_bound(call) + candidate.patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
     n = call.output_multiplier
     factor = price.reserve_factor(call.service_tier) if price else Fraction(1)
     if price is None:
@@ -240,12 +252,12 @@ async def admit(
     rates = tuple(Rate(owner, "requests" if unit == "requests" else "tokens", limit,
                        1 if unit == "requests" else most)
                   for owner, unit, limit in plan.rates)
-    turn = replace(turn, priced=price is not None, model=call.model, context=call.stored_context,
+    turn = replace(turn, reserve=(min(lo, MAX_RESERVE), min(hi, MAX_RESERVE)), priced=price is not None,
+                   model=call.model, context=call.stored_context,
                    input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates,
                    tokens=(least_tokens(call, bound, price), most))
     now = now or datetime.now(UTC)
-    adm = await store.admit(caller.tenant, caller.run_id, min_reserve=min(lo, MAX_RESERVE),
-                            max_reserve=min(hi, MAX_RESERVE), limits=limits, now=now, tz=tz, turn=turn)
+    adm = await store.admit(Ask(caller.tenant, caller.run_id, now, limits, tz=tz), turn)
     in_force = adm.limits or limits
     clamp = capped = None
     rewrites: tuple[Rewrite, ...] = ()

@@ -74,11 +74,10 @@ class Runs:
             self._known.popitem(last=False)
         return run
 
-    def close_tools(
-        self, caller: Caller, call: Call, closed: tuple[dict[str, Any], ...], run: spans.RunTrace,
-        parent: spans.TraceParent | None, arrived_ns: int, *, capture: bool = True,
-    ) -> None:
-        """An `execute_tool` span for each tool call this request's results closed."""
+    def close_tools(self, caller: Caller, call: Call, closed: tuple[dict[str, Any], ...], lineage: spans.Lineage,
+                    arrived_ns: int, *, capture: bool = True) -> None:
+        """An `execute_tool` span for each tool call this request's results closed, under
+        `lineage` (the agent's span, or the run's root)."""
         if self._tel is None or not closed:
             return
         results = {r.call_id: r for r in call.tool_results}
@@ -91,7 +90,7 @@ class Runs:
             record = ToolRecord(caller, p["name"], result.call_id, p["arguments"], result.content,
                                 p["delivered_ns"], arrived_ns, is_error=result.is_error,
                                 description=described.get(p["name"]), capture=capture)
-            spans.tool_span(self._tel, record, parent=parent, run_trace=run, link=_link(p))
+            spans.tool_span(self._tel, record, parent=lineage.parent, run_trace=lineage.run_trace, link=_link(p))
 
     async def end(self, tenant: str, run_id: str, status: str = "ended",
                   source: RunIdSource = "header") -> bool:

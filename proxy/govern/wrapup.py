@@ -139,8 +139,7 @@ def apply(ex: Exchange, admitted: Admitted, tel: Telemetry, caller: Caller, cs: 
         return [], {}
     now_s = admitted.now.timestamp() if admitted.now is not None else 0.0
     left = remaining(limits, adm, now_s)
-    spans.record_remaining(cs, calls=left.run_calls, cost_micros=left.run_cost_micros, tokens=left.run_tokens,
-                           seconds=left.run_seconds, day_micros=left.day_micros, month_micros=left.month_micros)
+    spans.record_remaining(cs, left)
     note = notice(limits, adm, admitted.wrap_up_at, now_s)
     if note is None or not ex.adapter.append_note(ex, note.text):
         return [], left.headers()

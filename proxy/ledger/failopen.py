@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.errors import StoreUnavailable
-from proxy.ledger.store import Admission, Store
+from proxy.ledger.store import Admission, Ask, Store
 
 __all__ = ["FailOpenStore"]
 
@@ -23,8 +23,8 @@ log = logging.getLogger("spanmeter.ledger")
 _UNMETERED = "unmetered"  # the id of an admission made while the ledger was away
 
 
-def _unmetered(tenant: str, run_id: str, *args: Any, **kw: Any) -> Admission:
-    return Admission(_UNMETERED, tenant, run_id, 0, 0, {}, "", "")
+def _unmetered(ask: Ask, *args: Any, **kw: Any) -> Admission:
+    return Admission(_UNMETERED, ask.tenant, ask.run_id, 0, 0, {}, "", "")
 
 
 # What each operation answers while the ledger is away: neutral values, never a refusal.

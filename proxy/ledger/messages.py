@@ -6,8 +6,14 @@ Every message ends by saying that nothing was forwarded or charged, because an a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from proxy.ledger.rates import RateState
+
 __all__ = [
     "DEFAULT_ORIGINS",
+    "Tally",
+    "Who",
     "call_ceiling",
     "cost_ceiling",
     "failure_ceiling",
@@ -34,6 +40,26 @@ DEFAULT_ORIGINS = {
 }
 
 _NOT_SENT = "The call was not forwarded and nothing was charged."
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """The run a refusal speaks of, and the caller's key id when it has one."""
+
+    tenant: str
+    run_id: str
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A ceiling's numbers at a refusal, in its unit (micro-USD or tokens): the limit, what
+    answered calls used, what calls in flight hold, and the least this call needs."""
+
+    limit: int
+    used: int
+    held: int = 0
+    needed: int = 0
 
 
 def usd(micros: int) -> str:
@@ -76,22 +102,12 @@ def call_ceiling(tenant: str, run_id: str, limit: int, origin: str | None = None
     )
 
 
-def cost_ceiling(
-    scope: str,
-    *,
-    tenant: str,
-    run_id: str,
-    window: str | None,
-    tz: str,
-    limit: int,
-    spent: int,
-    reserved: int,
-    needed: int,
-    origin: str | None = None,
-    key: str | None = None,
-) -> str:
+def cost_ceiling(scope: str, who: Who, tally: Tally, *, window: str | None = None, tz: str = "UTC",
+                 origin: str | None = None) -> str:
     """`scope` is run_cost, tenant_day, tenant_month, key_day or key_month (of the key
-    `key`); `needed` is the minimal reservation."""
+    `who.key`), `window` its day or month in `tz`; `tally.needed` is the minimal reservation."""
+    tenant, run_id, key = who.tenant, who.run_id, who.key
+    limit, spent, reserved, needed = tally.limit, tally.used, tally.held, tally.needed
     where = origin or DEFAULT_ORIGINS.get(scope, scope)
     left = max(0, limit - spent - reserved)
     numbers = (
@@ -120,8 +136,9 @@ def cost_ceiling(
     )
 
 
-def token_ceiling(tenant: str, run_id: str, limit: int, used: int, origin: str | None = None, *,
-                  held: int = 0, needed: int = 0) -> str:
+def token_ceiling(who: Who, tally: Tally, origin: str | None = None) -> str:
+    tenant, run_id = who.tenant, who.run_id
+    limit, used, held, needed = tally.limit, tally.used, tally.held, tally.needed
     where = origin or DEFAULT_ORIGINS["run_tokens"]
     flight = f", and {held:,} are held by its calls in flight" if held else ""
     need = (f" This call needs at least {needed:,} (its input bound and the least answer worth sending)."
@@ -142,9 +159,11 @@ def time_ceiling(tenant: str, run_id: str, limit: float, elapsed: float, origin:
     )
 
 
-def rate_limit(tenant: str, owner: str, unit: str, limit: int, cost: int, available: int,
-               wait_ms: int | None) -> str:
-    """A rate refusal: `owner` is "tenant" or "key <id>", `unit` requests or tokens."""
+def rate_limit(tenant: str, state: RateState) -> str:
+    """A rate refusal by the bucket `state` describes: its owner is "tenant" or "key <id>",
+    its unit requests or tokens."""
+    owner, unit, limit, cost = state.rate.owner, state.rate.unit, state.rate.limit, state.rate.cost
+    available, wait_ms = state.remaining, state.wait_ms
     who = f"Tenant {tenant}" if owner == "tenant" else f"{owner.capitalize()} of tenant {tenant}"
     where = f"{'tenant' if owner == 'tenant' else 'key'} setting rate_limits.{unit}_per_minute"
     if wait_ms is None:

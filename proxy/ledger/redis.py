@@ -81,10 +81,12 @@ from proxy.ledger.store import (
     SCOPES,
     TENANT_SCOPES,
     Admission,
+    Ask,
     Decision,
     DerivedOps,
-    Limits,
+    RunRow,
     Spend,
+    Standing,
     ToolTurn,
     Turn,
     context_refusal,
@@ -392,22 +394,12 @@ class RedisStore(DerivedOps):
 
     # --- ledger ----------------------------------------------------------------------
 
-    async def admit(
-        self,
-        tenant: str,
-        run_id: str,
-        *,
-        min_reserve: int,
-        max_reserve: int,
-        limits: Limits,
-        now: datetime,
-        tz: str = "UTC",
-        ttl_s: int = 900,
-        turn: Turn = NO_TURN,
-    ) -> Admission:
-        windows = window_keys(now, tz)
+    async def admit(self, ask: Ask, turn: Turn = NO_TURN) -> Admission:
+        tenant, run_id, limits, now = ask.tenant, ask.run_id, ask.limits, ask.now
+        windows = window_keys(now, ask.tz)
+        min_reserve, max_reserve = turn.reserve
         if not 0 <= min_reserve <= max_reserve:
-            raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
+            raise ValueError(f"need 0 <= least ({min_reserve}) <= most ({max_reserve}) in Turn.reserve")
         rid = f"{_quote(tenant)}.{os.urandom(16).hex()}"
         ts = now.timestamp()
         guard = turn.guard
@@ -417,7 +409,7 @@ class RedisStore(DerivedOps):
                 *(key(tenant, "ctx", ref) for ref in turn.context)]
         args: list[Any] = [
             _limit(limits.run_max_calls), _limit(limits.run_max_cost), _limit(limits.day_budget),
-            _limit(limits.month_budget), min_reserve, max_reserve, repr(ts), repr(ts + ttl_s),
+            _limit(limits.month_budget), min_reserve, max_reserve, repr(ts), repr(ts + ask.ttl_s),
             run_id, _WINDOW_TTL_S,
             json.dumps(turn.trace) if turn.trace is not None else "",
             guard.threshold if guard else -1, 1 if guard and guard.refuse else 0,
@@ -434,22 +426,12 @@ class RedisStore(DerivedOps):
 
         async def admitting() -> Admission:
             reply = await self._admitting(tenant, "admit", keys, args)
-            return self._admission(reply, rid, tenant, run_id, limits, windows, tz, min_reserve, turn)
+            return self._admission(reply, rid, ask, windows, turn)
 
         return await release_if_cancelled(self, admitting)
 
-    def _admission(
-        self,
-        reply: list[Any],
-        rid: str,
-        tenant: str,
-        run_id: str,
-        limits: Limits,
-        windows: tuple[str, str],
-        tz: str,
-        min_reserve: int,
-        turn: Turn,
-    ) -> Admission:
+    def _admission(self, reply: list[Any], rid: str, ask: Ask, windows: tuple[str, str], turn: Turn) -> Admission:
+        tenant, run_id, limits = ask.tenant, ask.run_id, ask.limits
         kind, flat, trace_json = reply[0], reply[1], reply[2]
         closed = tuple({**json.loads(flat[i]), "streak": int(flat[i + 1]), "failures": int(flat[i + 2]),
                         "ok": flat[i + 3] == "1"} for i in range(0, len(flat), 4))
@@ -475,11 +457,10 @@ class RedisStore(DerivedOps):
             extra, run_tokens, elapsed = int(reply[8]), int(reply[9]), float(reply[10])
             ledger: dict[str, Spend] = dict.fromkeys(scopes, Spend())
             ledger[scope] = Spend(settled, reserved)
-            error = refusal(Decision(refused=scope), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
-                            windows=windows, tz=tz, min_reserve=min_reserve + extra, run_tokens=run_tokens,
-                            elapsed_s=elapsed, key=turn.key, tokens_held=int(reply[11]),
-                            tokens_needed=int(reply[12]))
-            raise refused_with(error, closed, trace)
+            least, needed = turn.reserve[0] + extra, int(reply[12])
+            found = Standing(eff, ledger, (least, least), run_tokens=run_tokens, tokens=(needed, needed),
+                             tokens_held=int(reply[11]), elapsed_s=elapsed)
+            raise refused_with(refusal(Decision(refused=scope), ask, found, turn.key), closed, trace)
         if kind == "rate":
             raise refused_with(rate_refusal(tenant, _rate_states(turn, reply[5])), closed, trace)
         left = [None if v == "none" else int(v) for v in (*reply[7:10], reply[11], reply[12])]
@@ -489,18 +470,9 @@ class RedisStore(DerivedOps):
                          run_tokens=int(reply[13]), started_at=float(reply[14]) if reply[14] else None,
                          rates=_rate_states(turn, reply[15]), key=turn.key, tokens=int(reply[16]))
 
-    async def admit_tool(
-        self,
-        tenant: str,
-        run_id: str,
-        *,
-        turn: ToolTurn,
-        limits: Limits,
-        now: datetime,
-        tz: str = "UTC",
-        ttl_s: int = 900,
-    ) -> Admission:
-        windows = window_keys(now, tz)
+    async def admit_tool(self, ask: Ask, turn: ToolTurn) -> Admission:
+        tenant, run_id, limits, now = ask.tenant, ask.run_id, ask.limits, ask.now
+        windows = window_keys(now, ask.tz)
         if turn.cost < 0:
             raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
         rid = f"{_quote(tenant)}.{os.urandom(16).hex()}"
@@ -512,7 +484,7 @@ class RedisStore(DerivedOps):
                 *(key(tenant, "rate", rate.bucket) for rate in turn.rates)]
         args: list[Any] = [
             turn.name or "", turn.sig, turn.cost, _limit(turn.max_calls), _limit(limits.run_max_cost),
-            _limit(limits.day_budget), _limit(limits.month_budget), repr(ts), repr(ts + ttl_s),
+            _limit(limits.day_budget), _limit(limits.month_budget), repr(ts), repr(ts + ask.ttl_s),
             run_id, _WINDOW_TTL_S, json.dumps(turn.trace) if turn.trace is not None else "",
             guard.threshold if guard else -1, 1 if guard and guard.refuse else 0,
             -1 if limits.run_max_seconds is None else repr(limits.run_max_seconds),
@@ -523,12 +495,13 @@ class RedisStore(DerivedOps):
 
         async def admitting() -> Admission:
             reply = await self._admitting(tenant, "admit_tool", keys, args)
-            return self._tool_admission(reply, rid, tenant, run_id, limits, windows, tz, turn)
+            return self._tool_admission(reply, rid, ask, windows, turn)
 
         return await release_if_cancelled(self, admitting)
 
-    def _tool_admission(self, reply: list[Any], rid: str, tenant: str, run_id: str, limits: Limits,
-                        windows: tuple[str, str], tz: str, turn: ToolTurn) -> Admission:
+    def _tool_admission(self, reply: list[Any], rid: str, ask: Ask, windows: tuple[str, str],
+                        turn: ToolTurn) -> Admission:
+        tenant, run_id, limits = ask.tenant, ask.run_id, ask.limits
         kind, matched, streak, trace_json = reply[0], reply[1], int(reply[2]), reply[3]
         trace = json.loads(trace_json) if trace_json else None
         scopes = SCOPES if turn.key is not None else TENANT_SCOPES
@@ -551,9 +524,8 @@ class RedisStore(DerivedOps):
         if kind == "refused":
             ledger: dict[str, Spend] = dict.fromkeys(scopes, Spend())
             ledger[reply[6]] = Spend(int(reply[7]), int(reply[8]))
-            error = refusal(Decision(refused=reply[6]), tenant=tenant, run_id=run_id, limits=eff, ledger=ledger,
-                            windows=windows, tz=tz, min_reserve=turn.cost, elapsed_s=float(reply[9]), key=turn.key)
-            raise refused_with(error, entry, trace)
+            found = Standing(eff, ledger, (turn.cost, turn.cost), elapsed_s=float(reply[9]))
+            raise refused_with(refusal(Decision(refused=reply[6]), ask, found, turn.key), entry, trace)
         left = [None if v == "none" else int(v) for v in reply[8:13]]
         return Admission(rid, tenant, run_id, int(reply[6]), int(reply[7]),
                          {s: v for s, v in zip(SCOPES, left, strict=True) if s in scopes}, *windows, closed=entry,
@@ -667,17 +639,15 @@ class RedisStore(DerivedOps):
         raw = await self._call(lambda: self._redis.hgetall(run), repeatable=True, tenant=tenant)
         if not raw:
             return None
-        return run_record(
-            tenant,
-            run_id,
+        stored = RunRow(
             calls=int(raw.get("calls", 0)),
-            spend=Spend(int(raw.get("settled", 0)), int(raw.get("reserved", 0))),
             first_seen=float(raw["first_seen"]) if "first_seen" in raw else None,
             last_seen=float(raw["last_seen"]) if "last_seen" in raw else None,
             ended=raw.get("ended") == "1",
             trace=json.loads(raw["trace"]) if raw.get("trace") else None,
-            totals=await self.run_totals(tenant, run_id),
         )
+        spend = Spend(int(raw.get("settled", 0)), int(raw.get("reserved", 0)))
+        return run_record(tenant, run_id, stored, spend, await self.run_totals(tenant, run_id))
 
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:
         bound = f"({before.timestamp()!r}"

@@ -61,9 +61,11 @@ from proxy.ledger.store import (
     MCP_TOOL_CALLS,
     NO_TURN,
     Admission,
+    Ask,
     DerivedOps,
-    Limits,
+    RunRow,
     Spend,
+    Standing,
     ToolTurn,
     Turn,
     context_micros,
@@ -278,22 +280,12 @@ class SqliteStore(DerivedOps):
 
     # --- ledger ----------------------------------------------------------------------
 
-    async def admit(
-        self,
-        tenant: str,
-        run_id: str,
-        *,
-        min_reserve: int,
-        max_reserve: int,
-        limits: Limits,
-        now: datetime,
-        tz: str = "UTC",
-        ttl_s: int = 900,
-        turn: Turn = NO_TURN,
-    ) -> Admission:
-        windows = window_keys(now, tz)
+    async def admit(self, ask: Ask, turn: Turn = NO_TURN) -> Admission:
+        tenant, run_id, limits, now = ask.tenant, ask.run_id, ask.limits, ask.now
+        windows = window_keys(now, ask.tz)
+        min_reserve, max_reserve = turn.reserve
         if not 0 <= min_reserve <= max_reserve:
-            raise ValueError(f"need 0 <= min_reserve ({min_reserve}) <= max_reserve ({max_reserve})")
+            raise ValueError(f"need 0 <= least ({min_reserve}) <= most ({max_reserve}) in Turn.reserve")
 
         now_ms = epoch_ms(now)
 
@@ -331,12 +323,11 @@ class SqliteStore(DerivedOps):
             keys = ledger_keys(run_id, windows, turn.key)
             ledger = _spends(conn, tenant, keys)
             tokens = (turn.tokens[0] + known, turn.tokens[1] + known)
-            d = decide(calls, ledger, eff, min_reserve=lo, max_reserve=hi, run_tokens=run_tokens, elapsed_s=elapsed,
-                       tokens=tokens, tokens_held=run.tokens_held)
+            found = Standing(eff, ledger, (lo, hi), calls=calls, run_tokens=run_tokens, tokens=tokens,
+                             tokens_held=run.tokens_held, elapsed_s=elapsed)
+            d = decide(found)
             if d.refused:
-                return refused(refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
-                                       tz=tz, min_reserve=lo, run_tokens=run_tokens, elapsed_s=elapsed, key=turn.key,
-                                       tokens_held=run.tokens_held, tokens_needed=tokens[0]))
+                return refused(refusal(d, ask, found, turn.key))
             rates = _rates(conn, tenant, turn.rates, now_ms)
             if any(state.wait_ms != 0 for _, state in rates):
                 return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
@@ -350,7 +341,7 @@ class SqliteStore(DerivedOps):
                 "INSERT INTO reservations "
                 "(id, tenant, run_id, day_key, month_key, amount, expires_at, key_id, tokens) "
                 "VALUES (?,?,?,?,?,?,?,?,?)",
-                (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key, d.tokens),
+                (rid, tenant, run_id, *windows, d.amount, ts + ask.ttl_s, turn.key, d.tokens),
             )
             return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
                              closed=closed, trace=trace, context_tokens=known, limits=eff,
@@ -359,18 +350,9 @@ class SqliteStore(DerivedOps):
 
         return await self._admit(op)
 
-    async def admit_tool(
-        self,
-        tenant: str,
-        run_id: str,
-        *,
-        turn: ToolTurn,
-        limits: Limits,
-        now: datetime,
-        tz: str = "UTC",
-        ttl_s: int = 900,
-    ) -> Admission:
-        windows = window_keys(now, tz)
+    async def admit_tool(self, ask: Ask, turn: ToolTurn) -> Admission:
+        tenant, run_id, limits, now = ask.tenant, ask.run_id, ask.limits, ask.now
+        windows = window_keys(now, ask.tz)
         if turn.cost < 0:
             raise ValueError(f"a tool call cannot cost less than nothing (cost={turn.cost})")
 
@@ -401,13 +383,11 @@ class SqliteStore(DerivedOps):
             elapsed = ts - started if eff.run_max_seconds is not None else 0.0
             keys = ledger_keys(run_id, windows, turn.key)
             ledger = _spends(conn, tenant, keys)
+            found = Standing(eff, ledger, (turn.cost, turn.cost), elapsed_s=elapsed)
             # A tool call spends no model tokens and is no model call: those ceilings are the model route's.
-            d = decide(0, ledger, replace(eff, run_max_calls=None, run_max_tokens=None), min_reserve=turn.cost,
-                       max_reserve=turn.cost, elapsed_s=elapsed)
+            d = decide(replace(found, limits=replace(eff, run_max_calls=None, run_max_tokens=None)))
             if d.refused:
-                error = refusal(d, tenant=tenant, run_id=run_id, limits=eff, ledger=ledger, windows=windows,
-                                tz=tz, min_reserve=turn.cost, elapsed_s=elapsed, key=turn.key)
-                return refused_with(error, entry, trace)
+                return refused_with(refusal(d, ask, found, turn.key), entry, trace)
             rates = _rates(conn, tenant, turn.rates, now_ms)
             if any(state.wait_ms != 0 for _, state in rates):
                 return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), entry, trace)
@@ -419,7 +399,7 @@ class SqliteStore(DerivedOps):
             rid = secrets.token_hex(16)
             conn.execute(
                 "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
-                "VALUES (?,?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ttl_s, turn.key))
+                "VALUES (?,?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ask.ttl_s, turn.key))
             return Admission(rid, tenant, run_id, d.amount, count + 1, d.remaining, *windows, closed=entry,
                              trace=trace, limits=eff, started_at=started if eff.run_max_seconds is not None else None,
                              rates=tuple(state for _, state in rates), key=turn.key)
@@ -973,14 +953,5 @@ def _record(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, Any
     if row is None:
         return None
     calls, trace, first_seen, last_seen, ended = row
-    return run_record(
-        tenant,
-        run_id,
-        calls=int(calls),
-        spend=_spend(conn, tenant, "run", run_id),
-        first_seen=first_seen,
-        last_seen=last_seen,
-        ended=bool(ended),
-        trace=json.loads(trace) if trace else None,
-        totals=_totals(conn, tenant, run_id),
-    )
+    stored = RunRow(int(calls), first_seen, last_seen, bool(ended), json.loads(trace) if trace else None)
+    return run_record(tenant, run_id, stored, _spend(conn, tenant, "run", run_id), _totals(conn, tenant, run_id))

@@ -49,13 +49,16 @@ __all__ = [
     "SCOPES",
     "TENANT_SCOPES",
     "Admission",
+    "Ask",
     "Decision",
     "GuardRule",
     "Ledger",
     "Limits",
     "Rate",
     "RateState",
+    "RunRow",
     "Spend",
+    "Standing",
     "Store",
     "ToolTurn",
     "Turn",
@@ -129,11 +132,28 @@ class GuardRule:
 
 
 @dataclass(frozen=True, slots=True)
+class Ask:
+    """Whose admission it is, under which ceilings and when: what `Ledger.admit` and
+    `Ledger.admit_tool` read besides the turn. Built once per call by its caller."""
+
+    tenant: str
+    run_id: str
+    now: datetime  # the admission's clock: timezone-aware
+    limits: Limits = field(default_factory=Limits)  # before the admin API's budgets
+    tz: str = "UTC"  # the zone of the day and month windows
+    ttl_s: int = 900  # after this a reservation never settled expires at its amount
+
+
+@dataclass(frozen=True, slots=True)
 class Turn:
-    """What one model call asks of the ledger besides its reservation, in the same atomic
-    step: the tool calls its results close (with ok flags), the loop guard, the run's
+    """What one model call asks of the ledger, in the same atomic step: its reservation's
+    bounds, the tool calls its results close (with ok flags), the loop guard, the run's
     trace ids to keep if the run has none, and the stored context it names."""
 
+    # (least, most) micro-USD to reserve: the input and the least answer worth sending,
+    # and the worst case. The least is refused when some scope cannot hold it; the most is
+    # cut to the smallest headroom.
+    reserve: tuple[int, int] = (0, 0)
     results: tuple[tuple[str, bool], ...] = ()  # (tool call id, the result is not a failure)
     guard: GuardRule | None = None
     trace: dict[str, Any] | None = None
@@ -223,6 +243,21 @@ class Decision:
     tokens: int = 0  # tokens to hold on the run
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """The run and its scopes as an admission found them, and what the call asks of them:
+    the facts `decide` judges and `refusal` explains."""
+
+    limits: Limits  # in force: with the admin API's budgets
+    ledger: Mapping[str, Spend]  # the scopes the call reserves on (those of SCOPES it has)
+    reserve: tuple[int, int]  # (least, most) micro-USD, stored context included
+    calls: int = 0  # the run's calls before this one
+    run_tokens: int = 0  # the run's settled tokens
+    tokens: tuple[int, int] = (0, 0)  # (least, most) tokens the call may use
+    tokens_held: int = 0  # by the run's calls in flight
+    elapsed_s: float = 0.0  # since the run's first call
+
+
 def window_keys(now: datetime, tz: str = "UTC") -> tuple[str, str]:
     """("YYYY-MM-DD", "YYYY-MM") of `now` in `tz`. `now` must be timezone-aware."""
     if now.tzinfo is None:
@@ -233,37 +268,28 @@ def window_keys(now: datetime, tz: str = "UTC") -> tuple[str, str]:
     return f"{month}-{local.day:02d}", month
 
 
-def decide(
-    calls: int,
-    ledger: Mapping[str, Spend],
-    limits: Limits,
-    *,
-    min_reserve: int,
-    max_reserve: int,
-    run_tokens: int = 0,
-    elapsed_s: float = 0.0,
-    tokens: tuple[int, int] = (0, 0),
-    tokens_held: int = 0,
-) -> Decision:
+def decide(found: Standing) -> Decision:
     """The admission rule, shared by both backends (redis.py's admit.lua mirrors it).
 
     Refuse when the run's call count or wall time is at its ceiling, when its token
     headroom (the ceiling - `run_tokens` settled - `tokens_held` in flight) is used up or
-    below `tokens[0]`, or when some scope of `ledger` (those of SCOPES it has) has less
-    headroom than `min_reserve`; otherwise reserve min(max_reserve, smallest headroom)
+    below `tokens[0]`, or when some scope of `ledger` has less headroom than the least
+    reservation (`reserve[0]`); otherwise reserve min(`reserve[1]`, smallest headroom)
     and, under a token ceiling, min(tokens[1], token headroom).
     """
+    limits, ledger, calls, tokens = found.limits, found.ledger, found.calls, found.tokens
+    min_reserve, max_reserve = found.reserve
     if limits.run_max_calls is not None and calls >= limits.run_max_calls:
         return Decision(refused="run_calls")
     # Tokens are held only under a token ceiling: without one nothing reads them, and the
     # settle then has no run row to write back.
     held = 0
     if limits.run_max_tokens is not None:
-        left = limits.run_max_tokens - run_tokens - tokens_held
+        left = limits.run_max_tokens - found.run_tokens - found.tokens_held
         if left <= 0 or left < tokens[0]:
             return Decision(refused="run_tokens")
         held = min(tokens[1], left)
-    if limits.run_max_seconds is not None and elapsed_s >= limits.run_max_seconds:
+    if limits.run_max_seconds is not None and found.elapsed_s >= limits.run_max_seconds:
         return Decision(refused="run_seconds")
     headroom: dict[str, int | None] = {}
     tightest: tuple[int, str] | None = None
@@ -370,50 +396,27 @@ def refused_with(error: Refusal, closed: tuple[dict[str, Any], ...], trace: dict
     return error
 
 
-def refusal(
-    decision: Decision,
-    *,
-    tenant: str,
-    run_id: str,
-    limits: Limits,
-    ledger: Mapping[str, Spend],
-    windows: tuple[str, str],
-    tz: str,
-    min_reserve: int,
-    run_tokens: int = 0,
-    elapsed_s: float = 0.0,
-    key: str | None = None,
-    tokens_held: int = 0,
-    tokens_needed: int = 0,
-) -> CeilingReached:
-    """The CeilingReached error for a refused decision, with its message."""
+def refusal(decision: Decision, ask: Ask, found: Standing, key: str | None = None) -> CeilingReached:
+    """The CeilingReached error for a refused decision, with its message. `key` is the
+    caller's key id, named when one of its budgets refused."""
+    tenant, run_id, limits = ask.tenant, ask.run_id, found.limits
     scope = decision.refused or "run_calls"
     origin = limits.origin.get(scope)
+    who = messages.Who(tenant, run_id, key)
     if scope == "run_calls":
         text = messages.call_ceiling(tenant, run_id, limits.run_max_calls or 0, origin)
         return CeilingReached(text, limit=scope)
     if scope == "run_tokens":
-        text = messages.token_ceiling(tenant, run_id, limits.run_max_tokens or 0, run_tokens, origin,
-                                      held=tokens_held, needed=tokens_needed)
-        return CeilingReached(text, limit=scope)
+        tally = messages.Tally(limits.run_max_tokens or 0, found.run_tokens, found.tokens_held, found.tokens[0])
+        return CeilingReached(messages.token_ceiling(who, tally, origin), limit=scope)
     if scope == "run_seconds":
-        text = messages.time_ceiling(tenant, run_id, limits.run_max_seconds or 0, elapsed_s, origin)
+        text = messages.time_ceiling(tenant, run_id, limits.run_max_seconds or 0, found.elapsed_s, origin)
         return CeilingReached(text, limit=scope)
-    spend = ledger[scope]
-    window = windows[0] if scope.endswith("_day") else windows[1] if scope.endswith("_month") else None
-    text = messages.cost_ceiling(
-        scope,
-        tenant=tenant,
-        run_id=run_id,
-        window=window,
-        tz=tz,
-        limit=limits.cost_limit(scope) or 0,
-        spent=spend.settled,
-        reserved=spend.reserved,
-        needed=min_reserve,
-        origin=origin,
-        key=key,
-    )
+    spend = found.ledger[scope]
+    day, month = window_keys(ask.now, ask.tz)
+    window = day if scope.endswith("_day") else month if scope.endswith("_month") else None
+    tally = messages.Tally(limits.cost_limit(scope) or 0, spend.settled, spend.reserved, found.reserve[0])
+    text = messages.cost_ceiling(scope, who, tally, window=window, tz=ask.tz, origin=origin)
     return CeilingReached(text, limit=scope)
 
 
@@ -423,8 +426,7 @@ def rate_refusal(tenant: str, states: tuple[RateState, ...]) -> RateLimited:
     refused = [s for s in states if s.wait_ms != 0]
     never = [s for s in refused if s.wait_ms is None]
     worst = never[0] if never else max(refused, key=lambda s: s.wait_ms or 0)
-    text = messages.rate_limit(tenant, worst.rate.owner, worst.rate.unit, worst.rate.limit, worst.rate.cost,
-                               worst.remaining, worst.wait_ms)
+    text = messages.rate_limit(tenant, worst)
     return RateLimited(text, limit=f"rate_{worst.rate.unit}", wait_ms=worst.wait_ms,
                        rate_headers=rate_headers(states))
 
@@ -471,42 +473,21 @@ class Ledger(Protocol):
     whatever the turn carries; an MCP request `admit_tool` and `settle`. `release` gives
     back an admission never forwarded, `expire` charges the abandoned ones."""
 
-    async def admit(
-        self,
-        tenant: str,
-        run_id: str,
-        *,
-        min_reserve: int,
-        max_reserve: int,
-        limits: Limits,
-        now: datetime,
-        tz: str = "UTC",
-        ttl_s: int = 900,
-        turn: Turn = NO_TURN,
-    ) -> Admission:
-        """In one atomic step: close the tool calls `turn.results` answer (counting the
-        run's streaks and failures), keep `turn.trace` if the run has none, apply the
-        admin budgets over `limits`, bound `turn.context`, check the run's calls, settled
-        tokens and wall time, then the headroom of every scope (the key's too, with
-        `turn.key`), then draw on `turn.rates` (GCRA, proxy/ledger/rates.py), and count the
-        call and reserve between min and max (plus the stored context) on every scope.
+    async def admit(self, ask: Ask, turn: Turn = NO_TURN) -> Admission:
+        """For `ask.tenant`'s run `ask.run_id`, in one atomic step: close the tool calls
+        `turn.results` answer (counting the run's streaks and failures), keep `turn.trace`
+        if the run has none, apply the admin budgets over `ask.limits`, bound
+        `turn.context`, check the run's calls, settled tokens and wall time, then the
+        headroom of every scope (the key's too, with `turn.key`), then draw on `turn.rates`
+        (GCRA, proxy/ledger/rates.py), and count the call and reserve between the bounds of
+        `turn.reserve` (plus the stored context) on every scope, for `ask.ttl_s`.
 
         Raises LoopRefused, CeilingReached or RateLimited (call not counted, nothing
         reserved, no rate bucket drawn on; the tool calls stay closed and the error
         carries them in `closed` and the trace in `trace`)."""
         ...
 
-    async def admit_tool(
-        self,
-        tenant: str,
-        run_id: str,
-        *,
-        turn: ToolTurn,
-        limits: Limits,
-        now: datetime,
-        tz: str = "UTC",
-        ttl_s: int = 900,
-    ) -> Admission:
+    async def admit_tool(self, ask: Ask, turn: ToolTurn) -> Admission:
         """One request on the MCP route, in one atomic step: keep `turn.trace` if the run
         has none; for a `tools/call` (`turn.name` set) also take the open model tool call it
         executes (`match_pending`, marked `mcp` so that the request carrying its result
@@ -627,30 +608,30 @@ class DerivedOps:
         await self.settle(admission, 0)
 
 
-def run_record(
-    tenant: str,
-    run_id: str,
-    *,
-    calls: int,
-    spend: Spend,
-    first_seen: float | None,
-    last_seen: float | None,
-    ended: bool,
-    trace: dict[str, Any] | None,
-    totals: dict[str, int],
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """A run as a backend keeps it, read for `run_record`."""
+
+    calls: int
+    first_seen: float | None
+    last_seen: float | None
+    ended: bool
+    trace: dict[str, Any] | None
+
+
+def run_record(tenant: str, run_id: str, row: RunRow, spend: Spend, totals: dict[str, int]) -> dict[str, Any]:
     """The one shape both backends return for a run."""
     return {
         "tenant": tenant,
         "run_id": run_id,
-        "calls": calls,
+        "calls": row.calls,
         "settled": spend.settled,
         "reserved": spend.reserved,
         "spend": spend.total,
-        "first_seen": first_seen,
-        "last_seen": last_seen,
-        "ended": ended,
-        "trace": trace,
+        "first_seen": row.first_seen,
+        "last_seen": row.last_seen,
+        "ended": row.ended,
+        "trace": row.trace,
         "totals": totals,
     }
 

@@ -43,7 +43,7 @@ from proxy.errors import (
 )
 from proxy.govern import guard
 from proxy.govern.ceilings import plan
-from proxy.ledger.store import Admission, Limits, Rate, ToolTurn
+from proxy.ledger.store import Admission, Ask, Limits, Rate, ToolTurn
 from proxy.mcp import wire
 from proxy.model import Caller, Rewrite
 from proxy.providers.sse import Framer, SseEvent
@@ -54,7 +54,7 @@ from proxy.serve.tenants import identify
 from proxy.serve.upstream import UpstreamResponse, host_port, request_headers, response_headers
 from tracing import mcp as mcp_spans
 from tracing.digests import canonical_sha256
-from tracing.spans import RunTrace, SpanRef, TraceParent, parse_traceparent
+from tracing.spans import Lineage, RunTrace, SpanRef, TraceParent, parse_traceparent
 
 __all__ = ["MCP_PREFIX", "handle_mcp"]
 
@@ -246,8 +246,8 @@ class _Call:
                            max_calls=_tighter(policy.runs.max_tool_calls, key.runs.max_tool_calls if key else None),
                            guard=guard.rule(policy.guard))
         settings = app[SETTINGS]
-        return await app[STORE].admit_tool(caller.tenant, caller.run_id, turn=turn, limits=limits,
-                                           now=datetime.now(UTC), tz=settings.timezone)
+        ask = Ask(caller.tenant, caller.run_id, datetime.now(UTC), limits, tz=settings.timezone)
+        return await app[STORE].admit_tool(ask, turn)
 
     def _reminder(self, policy: Policy, entry: dict[str, Any], seen: _Seen) -> str | None:
         """From the threshold on, the loop guard's reminder goes into the tool's result."""
@@ -280,12 +280,11 @@ class _Call:
             arguments=msg.arguments if msg.tool is not None else None, prompt=msg.prompt,
             resource_uri=msg.resource_uri)
         link = entry.get("link")
-        mcp_spans.record_request(
-            self.request.app[TEL], self.caller, req, seen.outcome(refusal), start_ns=self.arrived_ns,
-            end_ns=time.time_ns(), parent=parent, run_trace=run_trace,
+        mcp_spans.record_request(self.request.app[TEL], mcp_spans.McpRecord(
+            self.caller, req, seen.outcome(refusal), self.arrived_ns, time.time_ns(), Lineage(parent, run_trace),
             call_id=str(entry["id"]) if "id" in entry else None,
             link=SpanRef(int(link[0]), int(link[1])) if link else None,
-            capture=policy.capture_content != "NO_CONTENT")
+            capture=policy.capture_content != "NO_CONTENT"))
 
     def _book_refusal(self, exc: Refusal, entry: dict[str, Any]) -> None:
         """A refused tool call: a ceiling hit, and a failed tool call when a model made it."""

@@ -12,7 +12,7 @@ from aiohttp import web
 from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
 from proxy.govern import caching, guard, wrapup
-from proxy.govern.ceilings import admit, plan
+from proxy.govern.ceilings import Candidate, admit, plan
 from proxy.govern.outputs import response_hooks
 from proxy.govern.runs import results_ok
 from proxy.ledger.store import Turn
@@ -83,9 +83,9 @@ class Forward:
         call = ex.call
         grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
         try:
-            admitted = await admit(app[STORE], app[PRICES], caller, call,
-                                   plan(policy, request.headers, self.key, caller.key_id),
-                                   tz=app[SETTINGS].timezone, turn=turn, patch_bytes=CLAMP_BYTES + grown)
+            candidate = Candidate(caller, call, plan(policy, request.headers, self.key, caller.key_id), turn,
+                                  patch_bytes=CLAMP_BYTES + grown)
+            admitted = await admit(app[STORE], app[PRICES], candidate, tz=app[SETTINGS].timezone)
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(ex, closed, stored)
@@ -123,12 +123,11 @@ class Forward:
                ) -> spans.CallSpan:
         """The run's trace, the spans of the tool calls this request closed, and the call's span."""
         app, caller, policy = self.request.app, self.caller, self.policy
-        run = app[RUNS].trace(caller, stored, self.parent)
-        app[RUNS].close_tools(caller, ex.call, closed, run, self.parent, self.arrived_ns,
+        lineage = spans.Lineage(self.parent, app[RUNS].trace(caller, stored, self.parent))
+        app[RUNS].close_tools(caller, ex.call, closed, lineage, self.arrived_ns,
                               capture=policy.capture_content != "NO_CONTENT")
-        return spans.start_call(app[TEL], caller, ex.call, provider=self.target.provider, parent=self.parent,
-                                server_address=self.target.server_address, server_port=self.target.server_port,
-                                run_trace=run, start_ns=self.arrived_ns)
+        peer = spans.Peer(self.target.provider, self.target.server_address, self.target.server_port)
+        return spans.start_call(app[TEL], caller, ex.call, peer, lineage, start_ns=self.arrived_ns)
 
 
 def _upstream_url(target: Target, request: web.Request) -> str:

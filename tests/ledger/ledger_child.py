@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 
 from proxy.ledger.backends import open_store
-from proxy.ledger.store import Limits
+from proxy.ledger.store import Ask, Limits, Turn
 
 
 async def main(url: str) -> None:
@@ -22,15 +22,8 @@ async def main(url: str) -> None:
     i = 0
     while True:
         run_id = f"r{i % 5}"
-        admission = await store.admit(
-            "crash",
-            run_id,
-            min_reserve=1,
-            max_reserve=100,
-            limits=Limits(),
-            now=datetime.now(UTC),
-            ttl_s=86400,
-        )
+        admission = await store.admit(Ask("crash", run_id, datetime.now(UTC), Limits(), ttl_s=86400),
+                                      Turn(reserve=(1, 100)))
         if i % 3 == 0:
             print(f"inflight {admission.reserved}", flush=True)
         else:

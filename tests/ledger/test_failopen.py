@@ -13,7 +13,7 @@ import pytest
 from proxy.errors import StoreUnavailable
 from proxy.ledger.backends import open_store
 from proxy.ledger.failopen import FailOpenStore
-from proxy.ledger.store import Admission, Limits, Store
+from proxy.ledger.store import Admission, Ask, Limits, Store, Turn
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 
 T0 = datetime(2026, 5, 14, 12, 0, tzinfo=UTC)
@@ -21,7 +21,7 @@ TOOL = {"id": "c1", "name": "search", "arguments": "{}"}
 
 
 async def admit(store: Any) -> Any:
-    return await store.admit("acme", "r-1", min_reserve=10, max_reserve=100, limits=Limits(), now=T0)
+    return await store.admit(Ask("acme", "r-1", T0, Limits()), Turn(reserve=(10, 100)))
 
 
 @pytest.fixture

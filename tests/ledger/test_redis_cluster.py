@@ -18,7 +18,7 @@ from redis.crc import key_slot
 from proxy.errors import ConfigError
 from proxy.ledger.backends import open_store
 from proxy.ledger.redis import REGISTRY, RedisStore, key, tag
-from proxy.ledger.store import GuardRule, Limits, Rate, ToolTurn, Turn
+from proxy.ledger.store import Ask, GuardRule, Limits, Rate, ToolTurn, Turn
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 from tests.fixtures.redis_cluster import LocalCluster
 
@@ -33,16 +33,14 @@ async def test_every_key_a_tenant_touches_lives_in_its_one_slot(redis_cluster: L
     store = open_store(redis_cluster.url)
     try:
         for i, tenant in enumerate(AWKWARD):
-            turn = Turn(key="k1k1k1k1", rates=(Rate("tenant", "requests", 100, 1),), context=("response:r1",),
-                        trace={"ids": i}, guard=GuardRule(threshold=5, refuse=False))
-            a = await store.admit(tenant, f"run:{i}/x", min_reserve=1, max_reserve=50, limits=Limits(), now=T0,
-                                  turn=turn, ttl_s=60)
+            turn = Turn(reserve=(1, 50), key="k1k1k1k1", rates=(Rate("tenant", "requests", 100, 1),),
+                        context=("response:r1",), trace={"ids": i}, guard=GuardRule(threshold=5, refuse=False))
+            a = await store.admit(Ask(tenant, f"run:{i}/x", T0, Limits(), ttl_s=60), turn)
             await store.settle(a, 20, run_totals={"calls": 1}, tools=[{"id": "c1", "name": "f", "sig": "f:1"}],
                                contexts={"response:r2": 10})
-            await store.admit(tenant, f"run:{i}/x", min_reserve=1, max_reserve=50, limits=Limits(), now=T0,
-                              turn=Turn(results=(("c1", True),)), ttl_s=60)  # stays in flight: expires below
-            t = await store.admit_tool(tenant, f"run:{i}/x", turn=ToolTurn(name="f", sig="f:1", cost=5),
-                                       limits=Limits(), now=T0)
+            await store.admit(Ask(tenant, f"run:{i}/x", T0, Limits(), ttl_s=60),
+                              Turn(reserve=(1, 50), results=(("c1", True),)))  # stays in flight: expires below
+            t = await store.admit_tool(Ask(tenant, f"run:{i}/x", T0, Limits()), ToolTurn(name="f", sig="f:1", cost=5))
             await store.release(t)
             await store.budget_set(tenant, 1_000_000, None)
             await store.run_add(tenant, "other", {"calls": 1})

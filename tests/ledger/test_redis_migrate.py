@@ -24,7 +24,7 @@ from proxy.errors import StoreUnavailable
 from proxy.ledger.backends import open_store
 from proxy.ledger.redis import REGISTRY
 from proxy.ledger.redis_migrate import new_name
-from proxy.ledger.store import Limits, Spend, Store
+from proxy.ledger.store import Ask, Limits, Spend, Store, Turn
 from proxy.ops.cli import main
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 from tests.fixtures.redis_cluster import CLI, CLUSTER_SKIP_REASON, LocalCluster
@@ -87,7 +87,7 @@ async def test_the_migrated_ledger_answers_as_the_old_one_did(server: RedisServe
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     # Before: a new proxy refuses calls rather than count every budget from zero.
     with pytest.raises(StoreUnavailable, match="spanmeter ledger migrate-keys"):
-        await store.admit("acme", "r-9", min_reserve=1, max_reserve=1, limits=Limits(), now=session.T0)
+        await store.admit(Ask("acme", "r-9", session.T0, Limits()), Turn(reserve=(1, 1)))
     before = names(server.url)
     out = await migrate(server.url, capsys, "--dry-run")
     assert "Dry run" in out and "would move 3 reservation(s)" in out and "3 active run(s)" in out, out
@@ -106,7 +106,7 @@ async def test_the_migrated_ledger_answers_as_the_old_one_did(server: RedisServe
     assert names(server.url) == after
 
     # The same store serves calls now (no restart), for every tenant, with its budgets.
-    a = await store.admit("acme", "r-1", min_reserve=1, max_reserve=10, limits=Limits(), now=session.T0)
+    a = await store.admit(Ask("acme", "r-1", session.T0, Limits()), Turn(reserve=(1, 10)))
     assert a.calls == 5 and a.remaining["tenant_day"] == 25_000_000 - 3_003 - 5_300 - 10
     await store.settle(a, 10)
     # The calls that were in flight are charged at their reservation when they expire.

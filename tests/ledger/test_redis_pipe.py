@@ -19,7 +19,7 @@ from redis.crc import key_slot
 from proxy.errors import StoreUnavailable
 from proxy.ledger.backends import open_store
 from proxy.ledger.redis import RedisStore, key, tag
-from proxy.ledger.store import Limits, Spend
+from proxy.ledger.store import Ask, Limits, Spend, Turn
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 from tests.fixtures.redis_cluster import CLI, CLUSTER_SKIP_REASON, LocalCluster
 
@@ -35,7 +35,7 @@ async def test_replies_stay_with_their_calls_when_callers_go_away(kind: str, req
     tenant = f"pipe-{kind}"
     try:
         async def admit(i: int) -> int:
-            a = await store.admit(tenant, f"r-{i}", min_reserve=1, max_reserve=1000 + i, limits=Limits(), now=T0)
+            a = await store.admit(Ask(tenant, f"r-{i}", T0, Limits()), Turn(reserve=(1, 1000 + i)))
             return a.reserved
 
         tasks = [asyncio.ensure_future(admit(i)) for i in range(120)]
@@ -50,7 +50,7 @@ async def test_replies_stay_with_their_calls_when_callers_go_away(kind: str, req
                 assert isinstance(r, asyncio.CancelledError | int), r
         # The connection is still in step: the next calls read their own replies.
         for i in range(5):
-            a = await store.admit(tenant, f"after-{i}", min_reserve=1, max_reserve=77 + i, limits=Limits(), now=T0)
+            a = await store.admit(Ask(tenant, f"after-{i}", T0, Limits()), Turn(reserve=(1, 77 + i)))
             assert a.reserved == 77 + i
             assert await store.settle(a, 5, run_totals={"calls": 1}) == 0
             assert await store.run_totals(tenant, f"after-{i}") == {"calls": 1}
@@ -64,10 +64,10 @@ async def test_a_server_that_stops_answering_fails_closed_and_a_new_connection_s
     store = RedisStore(server.url, timeout_s=0.3)
     assert server.proc is not None
     try:
-        first = await store.admit("acme", "r-1", min_reserve=1, max_reserve=100, limits=Limits(), now=T0)
+        first = await store.admit(Ask("acme", "r-1", T0, Limits()), Turn(reserve=(1, 100)))
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
-            calls = [store.admit("acme", f"stuck-{i}", min_reserve=1, max_reserve=100, limits=Limits(), now=T0)
+            calls = [store.admit(Ask("acme", f"stuck-{i}", T0, Limits()), Turn(reserve=(1, 100)))
                      for i in range(3)]
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
         finally:
@@ -88,14 +88,14 @@ async def test_a_tenants_slot_moved_to_another_master_is_followed(tmp_path: Path
     tenant = "moving"
     store = open_store(cluster.url)
     try:
-        a = await store.admit(tenant, "r-1", min_reserve=1, max_reserve=100, limits=Limits(), now=T0)
+        a = await store.admit(Ask(tenant, "r-1", T0, Limits()), Turn(reserve=(1, 100)))
         assert await store.settle(a, 30) == 0
         source = cluster.node_of(key(tenant, "total"))
         target = next(n for n in cluster.nodes if n is not source)
         _move_slot(key_slot(tag(tenant).encode()), source.port, target.port, [n.port for n in cluster.nodes])
         assert cluster.node_of(key(tenant, "total")) is target
         for i in range(3):  # the first is told MOVED; all are served from the new master
-            b = await store.admit(tenant, f"r-{i + 2}", min_reserve=1, max_reserve=100, limits=Limits(), now=T0)
+            b = await store.admit(Ask(tenant, f"r-{i + 2}", T0, Limits()), Turn(reserve=(1, 100)))
             assert await store.settle(b, 10) == 0
         assert await store.spend(tenant) == 30 + 3 * 10  # the money moved with the slot; none counted twice
         with redis.Redis(port=target.port) as r:

@@ -20,7 +20,7 @@ import pytest
 
 from proxy.errors import StoreUnavailable
 from proxy.ledger.sqlite import SqliteStore, _lazy_settle
-from proxy.ledger.store import Admission, Limits
+from proxy.ledger.store import Admission, Ask, Limits, Turn
 
 T0 = datetime(2026, 5, 14, 12, 0, tzinfo=UTC)
 
@@ -53,7 +53,7 @@ async def one_batch(store: SqliteStore) -> AsyncIterator[None]:
 
 async def admit(store: SqliteStore, run_id: str, **kw: Any) -> Admission:
     kw.setdefault("limits", Limits())
-    return await store.admit("acme", run_id, min_reserve=10, max_reserve=100, now=T0, **kw)
+    return await store.admit(Ask("acme", run_id, T0, **kw), Turn(reserve=(10, 100)))
 
 
 # --- atomicity -------------------------------------------------------------------------------

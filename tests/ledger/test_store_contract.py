@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from proxy.errors import CeilingReached, ConfigError, LoopRefused, RateLimited, StoreUnavailable
 from proxy.ledger.backends import open_store
 from proxy.ledger.sqlite import SqliteStore
-from proxy.ledger.store import Admission, GuardRule, Limits, Rate, Spend, Store, ToolTurn, Turn
+from proxy.ledger.store import NO_TURN, Admission, Ask, GuardRule, Limits, Rate, Spend, Store, ToolTurn, Turn
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,11 +59,10 @@ def tenant() -> str:
 
 
 async def admit(store: Store, tenant: str, run_id: str = "r-1", **kw: Any) -> Admission:
-    kw.setdefault("min_reserve", 10)
-    kw.setdefault("max_reserve", 100)
+    turn = replace(kw.pop("turn", NO_TURN), reserve=(kw.pop("min_reserve", 10), kw.pop("max_reserve", 100)))
     kw.setdefault("limits", Limits())
     kw.setdefault("now", T0)
-    return await store.admit(tenant, run_id, **kw)
+    return await store.admit(Ask(tenant, run_id, **kw), turn)
 
 
 async def outcomes(coros: list[Any]) -> tuple[list[Admission], list[CeilingReached]]:
@@ -692,7 +692,7 @@ def _mcp(name: str = "get_weather", args: str = "paris", **kw: Any) -> ToolTurn:
 async def admit_tool(store: Store, tenant: str, turn: ToolTurn, run_id: str = "r-1", **kw: Any) -> Admission:
     kw.setdefault("limits", Limits())
     kw.setdefault("now", T0)
-    return await store.admit_tool(tenant, run_id, turn=turn, **kw)
+    return await store.admit_tool(Ask(tenant, run_id, **kw), turn)
 
 
 async def test_a_tool_call_is_counted_reserved_at_its_cost_and_settled_like_a_model_call(

@@ -19,14 +19,14 @@ from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "exposition"
 T0 = 1_764_000_000_000_000_000  # fixed times: the same buckets on every recording
-WHERE = {"provider": "openai", "server_address": "api.openai.com", "server_port": 443}
+WHERE = spans.Peer("openai", "api.openai.com", 443)
 
 
 def _call(tel: Telemetry, tenant: str, model: str, seconds: float, usage: Usage, cost: int, *,
           stream: bool = False, repairs: tuple[Repair, ...] = ()) -> None:
     caller = Caller(tenant, f"run-{tenant}", "header")
     call = Call(api="chat", operation="chat", model=model, stream=stream)
-    cs = spans.start_call(tel, caller, call, **WHERE, parent=None, run_trace=None, start_ns=T0)  # type: ignore[arg-type]
+    cs = spans.start_call(tel, caller, call, WHERE, start_ns=T0)
     outcome = Outcome(status=200, usage=usage, first_chunk_s=0.3 if stream else None)
     spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=cost,
                                        usage_source="reported", budget_remaining_micros=None,
@@ -49,7 +49,7 @@ def worker_2(tel: Telemetry) -> None:
     # worker's exporter writes error_type="" on its other series, where worker 1 writes none.
     caller = Caller("acme", "run-acme", "header")
     call = Call(api="chat", operation="chat", model="gpt-4o")
-    cs = spans.start_call(tel, caller, call, **WHERE, parent=None, run_trace=None, start_ns=T0)  # type: ignore[arg-type]
+    cs = spans.start_call(tel, caller, call, WHERE, start_ns=T0)
     spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=402, error_type="spanmeter.budget_exceeded"),
                                        cs.start_ns, cost_micros=0,
                    usage_source="", budget_remaining_micros=None, rewrites=[], repairs=[], refusal="run_calls",

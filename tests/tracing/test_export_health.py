@@ -15,16 +15,7 @@ CALL = Call(api="chat", operation="chat", model="gpt-4o")
 
 
 def one_call(tel: Telemetry) -> None:
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        CALL,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        parent=None,
-        run_trace=None,
-    )
+    cs = spans.start_call(tel, CALLER, CALL, spans.Peer("openai", "api.openai.com", 443))
     spans.end_call(
         tel, cs, CallRecord(cs.caller, CALL, Outcome(status=200, usage=Usage(3, 4)), cs.start_ns,
         cost_micros=10,

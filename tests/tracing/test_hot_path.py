@@ -17,7 +17,7 @@ from tracing.metrics import CallLabels, LabelCache
 from tracing.setup import Telemetry, TelemetryConfig, otlp_compression, setup_telemetry
 
 CALLER = Caller("acme", "run_h", "header")
-WHERE: dict[str, Any] = {"provider": "openai", "server_address": "api.openai.com", "server_port": 443}
+WHERE = spans.Peer("openai", "api.openai.com", 443)
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_a_call_with_every_parameter_emits_exactly_these_attributes(
         usage=Usage(10, 5, cache_read_tokens=2, cache_write_tokens=1, reasoning_tokens=3),
         first_chunk_s=0.25, notes=("unparsed_event",),
     )  # fmt: skip
-    cs = spans.start_call(tel, CALLER, call, **WHERE, run_trace=spans.new_run_trace())
+    cs = spans.start_call(tel, CALLER, call, WHERE, spans.Lineage(run_trace=spans.new_run_trace()))
     spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=1500,
                                        usage_source="reported", budget_remaining_micros=2_000_000,
                    rewrites=[Rewrite("include_usage")], repairs=[Repair("output", ("fence",))],
@@ -101,7 +101,7 @@ def test_a_call_with_every_parameter_emits_exactly_these_attributes(
 def test_a_bare_call_emits_only_what_it_knows(tel_mem: tuple[Telemetry, InMemorySpanExporter]) -> None:
     tel, memory = tel_mem
     call = Call(api="chat", operation="chat", model=None, choice_count=1)
-    cs = spans.start_call(tel, CALLER, call, provider="my_upstream", server_address="", server_port=0)
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("my_upstream", "", 0))
     spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200), cs.start_ns, cost_micros=None,
                                        usage_source="", budget_remaining_micros=None,
                    rewrites=[], repairs=[]))  # fmt: skip
@@ -125,7 +125,7 @@ def test_time_per_output_chunk_is_one_point_per_call_at_the_mean_gap(
     tel, _ = tel_mem
     call = Call(api="chat", operation="chat", model="gpt-4o", stream=True)
     for gaps in ([0.01, 0.03], [0.05, 0.05, 0.05, 0.05]):
-        cs = spans.start_call(tel, CALLER, call, **WHERE)
+        cs = spans.start_call(tel, CALLER, call, WHERE)
         spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200, first_chunk_s=0.1), cs.start_ns,
                                            cost_micros=None, usage_source="",
                        budget_remaining_micros=None, rewrites=[], repairs=[], chunk_gaps_s=gaps))  # fmt: skip
@@ -147,7 +147,7 @@ def test_failed_and_ok_calls_of_one_model_keep_their_own_series(
         Outcome(status=500, error_type="500", error_message="boom"),
     ]
     for outcome in outcomes:
-        cs = spans.start_call(tel, CALLER, call, **WHERE)
+        cs = spans.start_call(tel, CALLER, call, WHERE)
         spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=7,
                                            usage_source="reported", budget_remaining_micros=None,
                        rewrites=[Rewrite("include_usage")], repairs=[]))  # fmt: skip

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from proxy import errors
 from proxy.ledger.pricing import PriceTable
 from proxy.model import Call, Caller, CallRecord, Outcome, Repair, Rewrite, ToolRecord
+from tests.tracing.refusals import refuse
 from tracing import attributes as A
 from tracing import spans
 from tracing.labels import KNOWN_ERROR_TYPES, LABEL_VALUE_LIMIT, LabelBounds
@@ -133,7 +134,7 @@ def test_a_call_span_carries_steered_values_cut(tel_mem: tuple[Telemetry, InMemo
     call = Call(api="chat", operation="chat", model=model, stop_sequences=(long, "END") * 100)
     outcome = Outcome(status=500, response_id=long, response_model=model, finish_reasons=(long,),
                       error_type=long, error_message=long, notes=(long,))  # fmt: skip
-    cs = spans.start_call(tel, CALLER, call, provider="openai", server_address="h", server_port=1)
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "h", 1))
     spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=None, usage_source="",
                                        budget_remaining_micros=None,
                    rewrites=[Rewrite("loop_reminder", long)],
@@ -158,11 +159,12 @@ def test_a_refusal_span_carries_the_cut_message(tel_mem: tuple[Telemetry, InMemo
     tel, memory = tel_mem
     model = "gpt-4o-" + "1" * 9000
     call = Call(api="chat", operation="chat", model=model)
-    spans.record_refusal(tel, CALLER, call, "spanmeter.budget_exceeded", f"Model {model!r} has no price")
+    refuse(tel, CALLER, call, errors.CeilingReached(f"Model {model!r} has no price", limit="unknown_price"))
     (span,) = memory.get_finished_spans()
     attrs = dict(span.attributes or {})
     assert attrs[A.GEN_AI_REQUEST_MODEL] == cut(model)
-    assert attrs[A.SPANMETER_REFUSAL_REASON] == cut(f"Model {model!r} has no price", A.SPAN_TEXT_LIMIT)
+    assert attrs[A.SPANMETER_REFUSAL_REASON] == "unknown_price"
+    assert span.status.description == cut(f"Model {model!r} has no price", 200)
     assert f'gen_ai_request_model="{OTHER}"' in tel.metrics_text().decode()
 
 

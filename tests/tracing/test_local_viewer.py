@@ -21,8 +21,8 @@ T0 = 1_786_000_000 * S
 
 
 def call(tel: Telemetry, run: spans.RunTrace, start: int, end: int, outcome: Outcome, **kw: object) -> spans.CallSpan:
-    cs = spans.start_call(tel, CALLER, CALL, provider="openai", server_address="api.openai.com", server_port=443,
-                          parent=None, run_trace=run, start_ns=start)  # fmt: skip
+    cs = spans.start_call(tel, CALLER, CALL, spans.Peer("openai", "api.openai.com", 443),
+                          spans.Lineage(run_trace=run), start_ns=start)
     defaults: dict[str, object] = {"cost_micros": 3600, "usage_source": "reported", "budget_remaining_micros": None,
                                    "rewrites": [], "repairs": []}  # fmt: skip
     spans.end_call(tel, cs, CallRecord(cs.caller, CALL, outcome, cs.start_ns, end_ns=end, **{**defaults, **kw}))  # type: ignore[arg-type]

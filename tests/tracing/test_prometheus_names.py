@@ -7,8 +7,10 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.errors import CeilingReached
 from proxy.ledger.anatomy import anatomy
 from proxy.model import Call, Caller, CallRecord, InputPart, Outcome, Repair, Rewrite, ToolCall, ToolRecord, Usage
+from tests.tracing.refusals import refuse
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import mcp, spans
@@ -20,8 +22,8 @@ CALLER = Caller("acme", "run_p", "header")
 def exercise(tel: Telemetry) -> None:
     """Record every metric at least once."""
     call = Call(api="chat", operation="chat", model="gpt-4o", stream=True)
-    where = {"provider": "openai", "server_address": "api.openai.com", "server_port": 443}
-    cs = spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None)  # type: ignore[arg-type]
+    where = spans.Peer("openai", "api.openai.com", 443)
+    cs = spans.start_call(tel, CALLER, call, where)
     outcome = Outcome(status=200, usage=Usage(10, 5, cache_read_tokens=4, cache_write_tokens=2), first_chunk_s=0.2)
     spans.end_call(tel, cs, CallRecord(cs.caller, call, outcome, cs.start_ns, cost_micros=5, usage_source="reported",
                    budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
@@ -29,20 +31,20 @@ def exercise(tel: Telemetry) -> None:
                    premium_micros=2))  # fmt: skip
     parts = [InputPart("tools", 5, "t"), InputPart("tools", 5, "u"), InputPart("tool_result", 9, "t", "c")]
     an = anatomy(parts, Usage(10, 5), None)
-    cs = spans.start_call(tel, CALLER, call, **where, parent=None, run_trace=None)  # type: ignore[arg-type]
+    cs = spans.start_call(tel, CALLER, call, where)
     spans.end_call(tel, cs, CallRecord(CALLER, call, outcome, cs.start_ns, cost_micros=5, usage_source="reported",
                                        anatomy=an))
     assert an is not None
     costly = an.__class__(an.groups, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
                           {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions, {"t": 1})
     spans.record_run_end(tel, CALLER, anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]))
-    spans.record_refusal(tel, CALLER, call, "spanmeter.call_limit_exceeded", "too many calls")
+    refuse(tel, CALLER, call, CeilingReached("too many calls", limit="run_calls"))
     spans.tool_span(tel, ToolRecord(CALLER, "t", "c", "{}", "ok", 1, 2, is_error=False))  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)
     spans.record_ledger_overshoot(tel, CALLER, 12)
     request = mcp.McpRequest(server="weather", method="tools/call", request_id="1", server_address="127.0.0.1",
                              server_port=8000, tool="get_weather", arguments="{}")
-    mcp.record_request(tel, CALLER, request, mcp.McpOutcome(status=200, result="{}"), start_ns=1, end_ns=2)
+    mcp.record_request(tel, mcp.McpRecord(CALLER, request, mcp.McpOutcome(status=200, result="{}"), 1, 2))
     spans.record_wrap_up(tel, CALLER, "calls", cs=cs)
     spans.record_run_end(tel, CALLER, {"wrap_up_notices": 1, "answers_after_notice": 1})
     tel.instruments.dropped_spans.add(1, {A.ERROR_TYPE: "queue_full"})

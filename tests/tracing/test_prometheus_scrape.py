@@ -114,8 +114,7 @@ def test_prometheus_scrapes_our_metrics_under_the_documented_names(prometheus: A
     try:
         caller = Caller("acme", "run_prom", "header")
         call = Call(api="chat", operation="chat", model="gpt-4o")
-        cs = spans.start_call(tel, caller, call, provider="openai", server_address="api.openai.com",
-                              server_port=443, parent=None, run_trace=None)  # fmt: skip
+        cs = spans.start_call(tel, caller, call, spans.Peer("openai", "api.openai.com", 443))  # fmt: skip
         spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200, usage=Usage(100, 20)), cs.start_ns,
                                            cost_micros=2500,
                        usage_source="reported", budget_remaining_micros=None, rewrites=[], repairs=[]))  # fmt: skip

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from proxy.errors import Unauthorized
 from proxy.model import Call, Caller, CallRecord, Outcome, ToolRecord
+from tests.tracing.refusals import refuse
 from tracing import spans
 from tracing.local import read_spans
 from tracing.setup import TelemetryConfig, capture_mode, setup_telemetry
@@ -71,8 +73,7 @@ def test_two_telemetries_side_by_side_share_nothing(tmp_path: Path) -> None:
     b = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path / "b")), extra_exporters=(mem_b,), environ={})
     try:
         call = Call(api="chat", operation="chat", model="m")
-        cs = spans.start_call(a, Caller("t", "r", "header"), call, provider="p", server_address="h",
-                              server_port=1, parent=None, run_trace=None)  # fmt: skip
+        cs = spans.start_call(a, Caller("t", "r", "header"), call, spans.Peer("p", "h", 1))  # fmt: skip
         spans.end_call(a, cs, CallRecord(cs.caller, call, Outcome(status=200), cs.start_ns, cost_micros=7,
                                          usage_source="reported",
                        budget_remaining_micros=None, rewrites=[], repairs=[]))  # fmt: skip
@@ -107,8 +108,7 @@ def test_telemetry_failures_never_raise(tmp_path: Path, caplog: pytest.LogCaptur
     caller, call = Caller("t", "r", "header"), Call(api="chat", operation="chat", model="m")
     # After shutdown and with nonsense inputs, each call returns quietly and logs what failed.
     with caplog.at_level(logging.ERROR, logger="tracing.spans"):
-        cs = spans.start_call(tel, caller, call, provider="p", server_address="h", server_port=1,
-                              parent=None, run_trace=None)  # fmt: skip
+        cs = spans.start_call(tel, caller, call, spans.Peer("p", "h", 1))  # fmt: skip
         spans.end_call(tel, cs, CallRecord(cs.caller, call, None, cs.start_ns, cost_micros=None, usage_source="",
                                            budget_remaining_micros=None,  # type: ignore[arg-type]
                        rewrites=[], repairs=[]))  # fmt: skip
@@ -134,7 +134,7 @@ def test_keys_in_messages_are_redacted_from_spans(secret: str, tmp_path: Path) -
     tel = setup_telemetry(TelemetryConfig(local_dir=str(tmp_path)), extra_exporters=(mem,), environ={})
     try:
         call = Call(api="chat", operation="chat", model="m")
-        spans.record_refusal(tel, Caller("t", "r", "header"), call, "spanmeter.unauthorized", f"bad key {secret}.")
+        refuse(tel, Caller("t", "r", "header"), call, Unauthorized(f"bad key {secret}."))
         [span] = mem.get_finished_spans()
         assert span.status.description == "bad key [redacted]."
         assert secret not in repr(dict(span.attributes or {}))

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from proxy.errors import CeilingReached
 from proxy.model import Call, Caller, CallRecord, Outcome, OutputSpec, Repair, Rewrite, ToolRecord, Usage
 from tests.fixtures.otlp import OtlpReceiver
+from tests.tracing.refusals import refuse
 from tracing import attributes as A
 from tracing import spans
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
@@ -131,16 +133,7 @@ def test_model_call_span_for_each_dialect(
 ) -> None:
     tel = make_tel()
     run = spans.new_run_trace()
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider=provider,
-        server_address=host,
-        server_port=443,
-        parent=None,
-        run_trace=run,
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer(provider, host, 443), spans.Lineage(run_trace=run))
     outcome = Outcome(
         status=200,
         response_id="resp_1",
@@ -203,16 +196,8 @@ def test_a_request_with_traceparent_joins_the_agents_trace(make_tel: Any, otlp_r
     parent = spans.parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     assert parent is not None
     call = Call(api="chat", operation="chat", model="gpt-4o")
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        parent=parent,
-        run_trace=spans.new_run_trace(),
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "api.openai.com", 443),
+                          spans.Lineage(parent, spans.new_run_trace()))
     spans.end_call(tel, cs, CallRecord(
         cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=None,
@@ -230,16 +215,7 @@ def test_a_failed_call_has_error_type_and_error_status(make_tel: Any, otlp_recei
     tel = make_tel()
     call = Call(api="messages", operation="chat", model="claude-haiku-4-5")
     caller = Caller("acme", "run_err", "generated", upstream_key=UPSTREAM_KEY)
-    cs = spans.start_call(
-        tel,
-        caller,
-        call,
-        provider="anthropic",
-        server_address="api.anthropic.com",
-        server_port=443,
-        parent=None,
-        run_trace=None,
-    )
+    cs = spans.start_call(tel, caller, call, spans.Peer("anthropic", "api.anthropic.com", 443))
     outcome = Outcome(
         status=429,
         error_type="rate_limit_error",
@@ -266,29 +242,20 @@ def test_a_refused_call_gets_a_span_that_says_why(make_tel: Any, otlp_receiver: 
     run = spans.new_run_trace()
     call = Call(api="chat", operation="chat", model="gpt-4o")
     message = "Tenant 'acme' daily budget is exhausted: $10.00 of $10.00 spent."
-    ref = spans.record_refusal(
-        tel,
-        CALLER,
-        call,
-        "spanmeter.budget_exceeded",
-        message,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        run_trace=run,
-        reason="tenant_budget",
-    )
+    cs = refuse(tel, CALLER, call, CeilingReached(message, limit="tenant_day"),
+                spans.Peer("openai", "api.openai.com", 443), spans.Lineage(run_trace=run))
     span = by_name(flushed(tel, otlp_receiver), "chat gpt-4o")
-    assert ref is not None and span["span_id"] == f"{ref.span_id:016x}"
+    assert cs.ref is not None and span["span_id"] == f"{cs.ref.span_id:016x}"
     assert span["kind"] == "SPAN_KIND_CLIENT"
     assert span["status"] == "STATUS_CODE_ERROR"
+    assert span["status_message"] == message  # the words the agent got
     assert span["parent_span_id"] == f"{run.span_id:016x}"
     assert span["attributes"][A.ERROR_TYPE] == "spanmeter.budget_exceeded"
-    assert span["attributes"][A.SPANMETER_REFUSAL_REASON] == message
+    assert span["attributes"][A.SPANMETER_REFUSAL_REASON] == "tenant_day"  # the ceiling that refused it
     assert not any(k.startswith("gen_ai.usage.") for k in span["attributes"])
     text = tel.metrics_text().decode()
     assert 'spanmeter_limit_rejections_total{gen_ai_operation_name="chat"' in text
-    assert 'spanmeter_reason="tenant_budget"' in text
+    assert 'spanmeter_reason="tenant_day"' in text
 
 
 def test_run_root_span_is_emitted_at_the_end_with_the_ids_fixed_at_the_start(
@@ -299,16 +266,8 @@ def test_run_root_span_is_emitted_at_the_end_with_the_ids_fixed_at_the_start(
     stored = spans.RunTrace.decode(run.encode())  # what another replica would read back
     assert stored == run
     call = Call(api="chat", operation="chat", model="gpt-4o")
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        parent=None,
-        run_trace=stored,
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "api.openai.com", 443),
+                          spans.Lineage(run_trace=stored))
     spans.end_call(tel, cs, CallRecord(
         cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=1000,
@@ -437,16 +396,7 @@ def test_tool_span_parent_timing_digests_and_ok_flag(
     tel = make_tel()
     run = spans.new_run_trace()
     call = Call(api="chat", operation="chat", model="gpt-4o")
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        parent=None,
-        run_trace=run,
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "api.openai.com", 443), spans.Lineage(run_trace=run))
     spans.end_call(tel, cs, CallRecord(
         cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=None,
@@ -507,16 +457,7 @@ def test_span_only_capture_records_content_capped_and_keys_never_leak(
     tel = make_tel(capture_content="SPAN_ONLY", content_cap_bytes=300)
     caller = Caller("acme", "run_c", "header", upstream_key=UPSTREAM_KEY)
     call = Call(api="messages", operation="chat", model="claude-sonnet-4-5")
-    cs = spans.start_call(
-        tel,
-        caller,
-        call,
-        provider="anthropic",
-        server_address="api.anthropic.com",
-        server_port=443,
-        parent=None,
-        run_trace=None,
-    )
+    cs = spans.start_call(tel, caller, call, spans.Peer("anthropic", "api.anthropic.com", 443))
     capture = {
         "system_instructions": [{"type": "text", "content": "Be brief."}],
         "input_messages": [{"role": "user", "parts": [{"type": "text", "content": "x" * 2000}]}],
@@ -556,16 +497,7 @@ def test_span_only_capture_records_content_capped_and_keys_never_leak(
 def test_no_content_by_default_even_when_the_caller_passes_it(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
     tel = make_tel()
     call = Call(api="chat", operation="chat", model="gpt-4o")
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        parent=None,
-        run_trace=None,
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "api.openai.com", 443))
     spans.end_call(tel, cs, CallRecord(
         cs.caller, call, Outcome(status=200), cs.start_ns,
         cost_micros=None,
@@ -584,16 +516,7 @@ def test_latest_semconv_opt_in_renames_cache_write_and_inference_metrics(
 ) -> None:
     tel = make_tel(semconv_latest=True)
     call = Call(api="messages", operation="chat", model="claude-sonnet-4-5")
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider="anthropic",
-        server_address="api.anthropic.com",
-        server_port=443,
-        parent=None,
-        run_trace=None,
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("anthropic", "api.anthropic.com", 443))
     outcome = Outcome(status=200, usage=Usage(input_tokens=50, output_tokens=5, cache_write_tokens=40))
     spans.end_call(tel, cs, CallRecord(
         cs.caller, call, outcome, cs.start_ns,
@@ -614,16 +537,7 @@ def test_latest_semconv_opt_in_renames_cache_write_and_inference_metrics(
 def test_metrics_are_pushed_over_otlp_when_asked(make_tel: Any, otlp_receiver: OtlpReceiver) -> None:
     tel = make_tel(push_metrics=True)
     call = Call(api="chat", operation="chat", model="gpt-4o", stream=True)
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        parent=None,
-        run_trace=None,
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "api.openai.com", 443))
     outcome = Outcome(status=200, usage=Usage(input_tokens=5, output_tokens=7), first_chunk_s=0.1)
     spans.end_call(tel, cs, CallRecord(
         cs.caller, call, outcome, cs.start_ns,
@@ -652,7 +566,7 @@ def test_a_traces_endpoint_never_gets_a_metrics_push(make_tel: Any, otlp_receive
     an endpoint for traces is not a place to push metrics to; /metrics still has them."""
     tel = make_tel(project_name="agents-prod")
     call = Call(api="chat", operation="chat", model="gpt-4o")
-    cs = spans.start_call(tel, CALLER, call, provider="openai", server_address="api.openai.com", server_port=443)
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "api.openai.com", 443))
     spans.end_call(tel, cs, CallRecord(cs.caller, call, Outcome(status=200, usage=Usage(5, 7)), cs.start_ns,
                                        cost_micros=42, usage_source="reported",
                    budget_remaining_micros=None, rewrites=[], repairs=[]))  # fmt: skip
@@ -667,16 +581,8 @@ def test_a_traces_endpoint_never_gets_a_metrics_push(make_tel: Any, otlp_receive
 def test_metric_labels_never_carry_run_or_response_ids(make_tel: Any) -> None:
     tel = make_tel()
     call = Call(api="chat", operation="chat", model="gpt-4o")
-    cs = spans.start_call(
-        tel,
-        CALLER,
-        call,
-        provider="openai",
-        server_address="api.openai.com",
-        server_port=443,
-        parent=None,
-        run_trace=spans.new_run_trace(),
-    )
+    cs = spans.start_call(tel, CALLER, call, spans.Peer("openai", "api.openai.com", 443),
+                          spans.Lineage(run_trace=spans.new_run_trace()))
     outcome = Outcome(status=200, response_id="chatcmpl-UNIQUE", usage=Usage(1, 1))
     spans.end_call(tel, cs, CallRecord(
         cs.caller, call, outcome, cs.start_ns,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import DEFAULT_POLICY, Settings
-from proxy.ledger.messages import call_ceiling, cost_ceiling, usd
+from proxy.ledger.messages import Tally, Who, call_ceiling, cost_ceiling, usd
 from proxy.ops import docgen
 from proxy.serve.siblings import WORKER_ATTRIBUTE, WORKER_SERIES
 from proxy.simulator.script import SCENARIO_HELP, SCENARIOS
@@ -32,11 +32,11 @@ def test_a_ceiling_from_a_request_header_says_to_change_the_header():
         "lower the tenant's ceiling, never raise it), or start a new run.")
     tenant = call_ceiling("acme", "r-1", 8, "tenant setting runs.max_llm_calls")
     assert tenant.endswith("Raise the ceiling for this tenant or start a new run.")
-    cost = cost_ceiling("run_cost", tenant="acme", run_id="r-1", window=None, tz="UTC", limit=10_000, spent=9_000,
-                        reserved=0, needed=2_000, origin="request header X-Run-Max-Cost-Usd")
+    cost = cost_ceiling("run_cost", Who("acme", "r-1"), Tally(limit=10_000, used=9_000, held=0, needed=2_000),
+                        window=None, tz="UTC", origin="request header X-Run-Max-Cost-Usd")
     assert "Raise X-Run-Max-Cost-Usd on this run's requests" in cost and "for this tenant" not in cost
-    assert cost_ceiling("run_cost", tenant="acme", run_id="r-1", window=None, tz="UTC", limit=10_000, spent=9_000,
-                        reserved=0, needed=2_000).endswith("Raise the ceiling for this tenant, or start a new run.")
+    assert cost_ceiling("run_cost", Who("acme", "r-1"), Tally(limit=10_000, used=9_000, held=0, needed=2_000),
+                        window=None, tz="UTC").endswith("Raise the ceiling for this tenant, or start a new run.")
 
 
 @pytest.mark.parametrize(("micros", "text"), [

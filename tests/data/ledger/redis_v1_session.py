@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from proxy.ledger.backends import open_store
-from proxy.ledger.store import Limits, Rate, Store, ToolTurn, Turn
+from proxy.ledger.store import Ask, Limits, Rate, Store, ToolTurn, Turn
 from tests.fixtures.redis import RedisServer
 
 OUT = Path(__file__).with_name("redis_v1.json")
@@ -35,27 +35,26 @@ async def session(store: Store) -> None:
     limits = Limits(day_budget=50_000_000, month_budget=900_000_000)
     # acme: a run of settled calls with totals, tool calls and a stored response; a key's scopes.
     for i in range(3):
-        a = await store.admit("acme", "r-1", min_reserve=10, max_reserve=5_000, limits=limits, now=T0,
-                              turn=Turn(key="k1k1k1k1", rates=(Rate("tenant", "requests", 100, 1),),
-                                        trace={"trace_id": 2**127 + i}))
+        a = await store.admit(Ask("acme", "r-1", T0, limits),
+                              Turn(reserve=(10, 5_000), key="k1k1k1k1", rates=(Rate("tenant", "requests", 100, 1),),
+                                   trace={"trace_id": 2**127 + i}))
         await store.settle(a, 1_000 + i, run_totals={"calls": 1, "input_tokens": 100 + i, "output_tokens": 7},
                            tools=[{"id": f"c{i}", "name": "search", "arguments": "{}", "sig": "search:x"}],
                            contexts={"response:resp_1": 4_000 + i})
-    await store.admit("acme", "r-1", min_reserve=10, max_reserve=5_000, limits=limits, now=T0,
-                      turn=Turn(results=(("c0", True),)))  # closes c0; stays in flight (reserved 5,000)
+    await store.admit(Ask("acme", "r-1", T0, limits),
+                      Turn(reserve=(10, 5_000), results=(("c0", True),)))  # closes c0; stays in flight (reserved 5,000)
     await store.budget_set("acme", 25_000_000, None)
-    await store.admit_tool("acme", "r-2", turn=ToolTurn(name="get_weather", sig="get_weather:oslo", cost=300),
-                           limits=limits, now=T0 + timedelta(seconds=30))  # an MCP call in flight
+    await store.admit_tool(Ask("acme", "r-2", T0 + timedelta(seconds=30), limits),
+                           ToolTurn(name="get_weather", sig="get_weather:oslo", cost=300))  # an MCP call in flight
     # beta: separators and braces in the tenant name; an ended run; another day and month.
-    b = await store.admit("beta:x/y{z}", "run:1/2", min_reserve=1, max_reserve=700, limits=Limits(), now=T0)
+    b = await store.admit(Ask("beta:x/y{z}", "run:1/2", T0, Limits()), Turn(reserve=(1, 700)))
     await store.settle(b, 650)
-    c = await store.admit("beta:x/y{z}", "run:1/2", min_reserve=1, max_reserve=700, limits=Limits(),
-                          now=T0 - timedelta(days=20))
+    c = await store.admit(Ask("beta:x/y{z}", "run:1/2", T0 - timedelta(days=20), Limits()), Turn(reserve=(1, 700)))
     await store.settle(c, 20)
     await store.run_end("beta:x/y{z}", "run:1/2")
     await store.budget_set("beta:x/y{z}", 1_000_000, 2_000_000)
     # gamma: a reservation that expired (charged in full) and was never settled.
-    await store.admit("gamma", "g-1", min_reserve=1, max_reserve=900, limits=Limits(), now=T0, ttl_s=60)
+    await store.admit(Ask("gamma", "g-1", T0, Limits(), ttl_s=60), Turn(reserve=(1, 900)))
     await store.expire(T0 + timedelta(seconds=61))
 
 
