@@ -1,8 +1,8 @@
 """Settings: defaults < YAML file (SPANMETER_CONFIG) < environment (SPANMETER_*).
 
-Policy is layered once more: global `policy` < the tenant's `policy` < request headers
-(which may only tighten). Every field has an environment variable: nested fields use
-`__`, e.g. `SPANMETER_POLICY__RUNS__MAX_LLM_CALLS=8`.
+Policy is layered once more: global `policy` < the tenant's `policy`; a key's own `policy`
+(under the tenant's `keys`) and request headers may only tighten it. Every field has an
+environment variable: nested fields use `__`, e.g. `SPANMETER_POLICY__RUNS__MAX_LLM_CALLS=8`.
 """
 
 from __future__ import annotations

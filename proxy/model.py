@@ -1,7 +1,11 @@
-"""The observation model: what spanmeter knows about a call, in plain frozen dataclasses.
+"""The observation model: what spanmeter knows about a call, as plain data.
 
 Stdlib only. Every layer may import this module; it imports nothing of ours.
 Provider adapters translate wire bytes into these types, policy and tracing read them.
+What is handed on is a frozen dataclass (`Call`, `Outcome`, `CallRecord`, `ToolRecord`,
+...); what one turn makes dozens of is a NamedTuple (`ToolSpec`, `InputPart`); the stream
+events and `Anatomy`, made per event and per call on the hot path, are slotted dataclasses
+left unfrozen for speed and treated as immutable all the same.
 
 `Call` is frozen once handed on: `providers.base.open_exchange` sets its two byte-derived
 fields (`body_bytes`, `cache_write`) right after the API module built it and before anything
@@ -104,7 +108,8 @@ class OutputSpec:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One model call as the request describes it. Built by `adapter.parse_request`."""
+    """One model call as the request describes it. Built by `adapter.parse_request`;
+    `providers.base.open_exchange` then sets `body_bytes` and `cache_write` in place."""
 
     api: Api
     operation: str  # gen_ai.operation.name: chat | generate_content | embeddings

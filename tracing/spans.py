@@ -1,7 +1,7 @@
 """Spans and metrics for model calls, tool executions and runs: the API the handler calls.
 
-Every public function here catches its own failures and logs them: telemetry never
-fails or slows a request (ending a span only queues it; see tracing/setup.py).
+Every function here that records telemetry catches its own failures and logs them:
+telemetry never fails or slows a request (ending a span only queues it; see tracing/setup.py).
 
 Bounded. Metric labels a caller can steer (models, error types, tool names) go through
 `tel.instruments.labels` (tracing/labels.py): known or bounded values, never a new one

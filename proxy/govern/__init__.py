@@ -1,1 +1,2 @@
-"""Per-call policy: ceilings, the loop guard, wrap-up notes, runs, the repair driver."""
+"""Per-call policy: ceilings, the loop guard, wrap-up notes, prompt-cache breakpoints, runs,
+the repair driver."""

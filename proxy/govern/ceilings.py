@@ -2,8 +2,9 @@
 
 The worst case is reserved before anything is sent upstream, on every scope the call
 touches (run, tenant day, tenant month, and the key's day and month), so concurrent
-calls can never overshoot. A request without a max-token field is clamped to what the
-remaining budget affords. Under runs.max_tokens the call's tokens are held the same way
+calls can never overshoot. Under a cost ceiling, a request without a max-token field is
+clamped to what the remaining budget affords, and one asking for more than the model's
+output cap to that cap. Under runs.max_tokens the call's tokens are held the same way
 (input bound + output bound, cut to what the run has left), and a request that asked
 for more output than the tokens held allow is clamped to them. The same store operation
 checks the run's calls and wall time, and draws on the rate buckets of the tenant and

@@ -1,8 +1,6 @@
 """The ledger: prices (pricing), the store protocol (store: the per-call Ledger and the read
-and admin Views), its backends (sqlite, redis, chosen by URL in backends), rate limits and
-refusal messages.
-
-from proxy.ledger.backends import open_store
-from proxy.ledger.pricing import PriceTable, cost, input_bound, reservation
-from proxy.ledger.store import Limits
+and admin Views), its backends (sqlite; redis with its Lua scripts in lua/, its pipelined
+connection in redis_pipe and the key-layout migration in redis_migrate; chosen by URL in
+backends, wrapped by failopen when the operator allows it), rate limits (rates), refusal
+messages (messages) and where a call's input went (anatomy).
 """

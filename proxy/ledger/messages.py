@@ -1,7 +1,8 @@
 """Refusal messages: which limit, the numbers, and how to raise it. Pure string building.
 
-Every message ends by saying that nothing was forwarded or charged, because an agent
-(or the human reading its log) otherwise cannot tell a refusal from a failed call.
+Every message says that the call was not forwarded (and, but for the loop guard's, that
+nothing was charged) before it says how to get past the limit, because an agent (or the
+human reading its log) otherwise cannot tell a refusal from a failed call.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""The ledger and run-state store: one protocol, two backends, one contract suite.
+"""The ledger and run-state store: one protocol (`Store`: the per-call `Ledger` and the
+read and admin `Views`), two backends, one contract suite (tests/ledger).
+
+An admission reads an `Ask` (whose run, the ceilings in force, the clock) and what the
+call asks of the run in the same atomic step: a `Turn` for a model call (its reservation's
+bounds, the tool results it carries, ...), a `ToolTurn` for an MCP request. Both backends
+judge it with the same `decide` over one `Standing`, and explain a refusal with `refusal`.
 
 Money is integer micro-USD everywhere. Scopes of a reservation:
 

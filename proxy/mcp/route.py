@@ -5,7 +5,10 @@
       -> POST: one JSON-RPC message (mcp/wire.py). A request gets a span; a
          tools/call is admitted first (Store.admit_tool: counted, its cost reserved,
          the model tool call it executes marked, the loop guard's streak) or refused
-         with a JSON-RPC error saying which limit and how to raise it
+         with a JSON-RPC error saying which limit and how to raise it. Any other
+         request goes through the same admission only to draw on the tenant's and the
+         key's requests-per-minute limits, or to fix the run's trace ids when neither
+         this process nor a traceparent gives them
       -> upstream.send with the server's own credential (never the caller's key)
       -> relay: a JSON answer whole, an SSE answer event by event as each completes;
          GET streams and DELETE pass through as they come

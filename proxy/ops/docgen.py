@@ -4,7 +4,7 @@
     python -m proxy.ops.docgen --check  exit 1 if a committed doc differs from its rendering
 
 Each generated part sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->` in
-its file; tests/unit/test_docs.py holds the committed files to the rendering:
+its file; tests/unit/test_operator_texts.py holds the committed files to the rendering:
 
 - `config-reference` (docs/operations.md): every setting of `proxy.config.Settings`,
   with its environment variable, type, bounds and default from the model, and its

@@ -1,5 +1,7 @@
-"""The tasks that do the bookkeeping after the answer (serve/bookkeeping.py), kept per run,
-off the caller's critical path.
+"""The tasks that do the bookkeeping after the answer, kept per run, off the caller's
+critical path: a model call's settlement, spans and run totals (serve/bookkeeping.py), the
+end of a refused call's run when it was made for that one call (govern/runs.py), and an
+MCP request's settlement and totals (proxy/mcp/route.py).
 
 The caller gets its answer before the ledger commit, and a keep-alive connection is free
 for its next request at once. Two rules keep this safe:

@@ -3,9 +3,10 @@
 A scenario is named in the last user message as `SCENARIO:<name>[:<arg>]`. Renderers
 (one module per dialect) turn a `Script` into that dialect's exact wire format.
 
-spanmeter's wrap-up note (proxy/govern/wrapup.py) starts with `WRAP_UP_MARK`. A request whose
-last user turn carries it is marked `notice`, and the note is not "what the user said":
-the scenario comes from the user text before it. `SCENARIO:wrap_up` is an agent that
+spanmeter's wrap-up note starts with `WRAP_UP_MARK` (a copy of proxy/govern/wrapup.py's
+`MARK`: the simulator imports nothing of the proxy; tests/unit/test_wrap_up.py holds the
+two equal). A request whose last user turn carries it is marked `notice`, and the note is
+not "what the user said": the scenario comes from the user text before it. `SCENARIO:wrap_up` is an agent that
 keeps calling its first tool (a new argument each turn) until a request carries the note,
 and then answers.
 """
