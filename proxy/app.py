@@ -28,9 +28,9 @@ from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.mcp.route import MCP_PREFIX, handle_mcp
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
+from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
 from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
 from proxy.serve.background import Background
@@ -46,7 +46,7 @@ __all__ = ["create_app"]
 log = logging.getLogger("spanmeter")
 # The dialect a request's errors are answered in. aiohttp 3.14 added typed request keys and
 # warns on a str key; the releases before it (down to our floor) take a str.
-ADAPTER: Final[Any] = (web.RequestKey("adapter", ProviderAdapter) if hasattr(web, "RequestKey")
+ADAPTER: Final[Any] = (web.RequestKey("adapter", Api) if hasattr(web, "RequestKey")
                        else "spanmeter.adapter")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -123,7 +123,7 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     raise unknown_route(request.method, request.path)
 
 
-def _guess_dialect(request: web.Request) -> ProviderAdapter:
+def _guess_dialect(request: web.Request) -> Api:
     h = request.headers
     if "anthropic-version" in h or request.path.startswith("/v1/messages"):
         return ANTHROPIC
@@ -170,7 +170,7 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
 
 
 def render(request: web.Request, exc: ProxyError) -> web.Response:
-    adapter: ProviderAdapter = request.get(ADAPTER) or _guess_dialect(request)
+    adapter: Api = request.get(ADAPTER) or _guess_dialect(request)
     request_id = "req_" + uuid.uuid4().hex[:24]
     headers = {**exc.headers(), "x-request-id": request_id}
     response = web.Response(body=adapter.render_error(exc, request_id), status=exc.status,

@@ -57,6 +57,7 @@ from proxy.providers.base import string as _str
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
+from proxy.providers.translator import Opens
 
 __all__ = ["ANTHROPIC", "AnthropicAdapter", "anthropic_error_body", "anthropic_usage"]
 
@@ -270,7 +271,7 @@ def _plain_delta(event: SseEvent) -> bool:
             and isinstance(delta, dict) and delta.get("type") == "text_delta")
 
 
-class AnthropicAdapter:
+class AnthropicAdapter(Opens):
     api = "messages"
     dialect = "anthropic"
     provider = "anthropic"

@@ -238,6 +238,45 @@ class Exchange:
         self._edited = False
         self._sent: bytes | None = None  # request_bytes, until the next patch
 
+    # The patches the shared code asks for, each in this API's own shape.
+
+    def prepare(self) -> list[Rewrite]:
+        """Patch what this API needs to report the call (e.g. chat's include_usage); say what changed."""
+        return self.adapter.prepare(self)
+
+    def clamp(self, value: int) -> None:
+        """Write a max-output-tokens value in the field this model family takes."""
+        self.adapter.set_max_tokens(self, value)
+
+    def note(self, text: str) -> bool:
+        """Place a note for the model after the request's last message, leaving every earlier
+        byte as it was; False when the request has no conversation to add it to."""
+        return self.adapter.append_note(self, text)
+
+    def history(self) -> list[HistoryCall]:
+        """Every tool call of the conversation, in the order the model made them."""
+        return self.adapter.tool_history(self.body)
+
+    # Readers of this API's request shapes (content capture, cost anatomy).
+
+    @property
+    def api(self) -> str:
+        return self.adapter.api
+
+    def input_messages(self) -> Messages:
+        """The instructions and conversation in the gen_ai semconv shapes (content capture)."""
+        return self.adapter.input_messages(self.body)
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        """`body` (this request's, or a part of one) split into parts in prompt order."""
+        return self.adapter.input_parts(body)
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        """The tool calls of `body` (this request's, or a part of one)."""
+        return self.adapter.tool_history(body)
+
+    # Byte-exact edits, for the API module's patches and the shared ones above.
+
     def set_top(self, key: str, value: Any) -> None:
         """Set a top-level field of the request."""
         if key in self.body and key not in self._added:

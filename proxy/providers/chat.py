@@ -53,6 +53,7 @@ from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_us
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
+from proxy.providers.translator import Opens
 
 __all__ = ["CHAT", "ChatAdapter", "OpenAIFamily", "openai_error_body", "openai_stream_error", "openai_usage"]
 
@@ -290,7 +291,7 @@ def openai_stream_error(error: ProxyError) -> bytes:
     return b"data: " + openai_error_body(error) + b"\n\n"
 
 
-class OpenAIFamily:
+class OpenAIFamily(Opens):
     """What OpenAI's APIs share: their upstream and key, and their error shapes."""
 
     dialect = "openai"

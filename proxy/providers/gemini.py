@@ -67,6 +67,7 @@ from proxy.providers.gemini_stream import GeminiStreamRepair
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
+from proxy.providers.translator import Opens
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
 
@@ -349,7 +350,7 @@ def _plain_chunk(event: SseEvent) -> bool:
     return True  # GeminiStreamRepair reads no chunk while the text is not repaired
 
 
-class GeminiAdapter:
+class GeminiAdapter(Opens):
     api = "gemini"
     dialect = "gemini"
     provider = "gcp.gemini"

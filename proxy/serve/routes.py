@@ -11,11 +11,11 @@ from proxy.config import Settings
 from proxy.errors import ConfigError, UnknownRoute
 from proxy.model import Caller
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter
 from proxy.providers.chat import CHAT
 from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
+from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
 
 __all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "match", "provider_name", "target_for"]
@@ -32,7 +32,7 @@ SUPPORTED = (
     "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
 )
 
-_FIXED: dict[str, ProviderAdapter] = {
+_FIXED: dict[str, Api] = {
     "/v1/chat/completions": CHAT,
     "/v1/responses": RESPONSES,
     "/v1/messages": ANTHROPIC,
@@ -51,7 +51,7 @@ _AMBIGUOUS = re.compile(r"(?:^|/)\.{1,2}(?:/|$)|//|\\|%(?:2[fFeE3]|5[cC]|3[fF])"
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    adapter: ProviderAdapter | None  # None: not a metered route
+    adapter: Api | None  # None: not a metered route
     upstream_name: str | None  # from an /upstreams/{name}/ prefix
     path: str  # the path as it goes upstream, prefix removed, exactly as received
     mcp: str | None = None  # the MCP server of /mcp/{name}
@@ -92,7 +92,7 @@ def match(raw_path: str) -> Route:
 _FIXED_ROUTES = {path: Route(adapter, None, path) for path, adapter in _FIXED.items()}
 
 
-def adapter_for(path: str) -> ProviderAdapter | None:
+def adapter_for(path: str) -> Api | None:
     """The adapter for a metered path (already stripped of any /upstreams/{name} prefix)."""
     found = _FIXED.get(path)
     if found is not None:
@@ -155,7 +155,7 @@ _KNOWN_SUFFIXES = (
 )
 
 
-def provider_name(adapter: ProviderAdapter, host: str, configured: str | None = None) -> str:
+def provider_name(adapter: Api, host: str, configured: str | None = None) -> str:
     """gen_ai.provider.name for a call of `adapter`'s API to `host` (semconv v1.41.1)."""
     return _provider(adapter.provider, host, configured)
 
@@ -173,7 +173,7 @@ def _provider(default: str, host: str, configured: str | None) -> str:
     return default
 
 
-def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
+def target_for(settings: Settings, adapter: Api, caller: Caller, upstream_name: str | None) -> Target:
     dialect = adapter.dialect
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
@@ -202,7 +202,7 @@ def _endpoint(default_provider: str, base: str, configured: str | None) -> tuple
     return base.rstrip("/"), _provider(default_provider, host, configured), host, port
 
 
-def _auth(settings: Settings, adapter: ProviderAdapter, caller: Caller, key_env: str | None) -> dict[str, str]:
+def _auth(settings: Settings, adapter: Api, caller: Caller, key_env: str | None) -> dict[str, str]:
     if settings.open_mode:
         return adapter.auth_headers(caller.upstream_key) if caller.upstream_key else {}
     if not key_env:
