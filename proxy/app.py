@@ -27,9 +27,7 @@ from proxy.ledger.failopen import FailOpenStore
 from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.mcp.route import MCP_PREFIX, handle_mcp
-from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.chat import CHAT
-from proxy.providers.gemini import GEMINI
+from proxy.providers.apis import answering
 from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
 from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
@@ -110,12 +108,12 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     try:
         route = match(request.raw_path.partition("?")[0])
     except ProxyError:
-        request[ADAPTER] = _guess_dialect(request)  # the refusal is answered and logged in it
+        request[ADAPTER] = _answering(request)  # the refusal is answered and logged in it
         raise
     adapter, upstream_name = route.adapter, route.upstream_name
     request.match_info["tail"] = route.path.removeprefix("/")
     # The dialect errors are answered in: the route's, guessed only off the metered routes.
-    request[ADAPTER] = adapter if adapter is not None else _guess_dialect(request)
+    request[ADAPTER] = adapter if adapter is not None else _answering(request)
     if adapter is not None and request.method == "POST":
         return await handle_call(request, adapter, upstream_name)
     if (request.method == "GET" and route.path == "/v1/models") or request.app[SETTINGS].allow_passthrough:
@@ -123,13 +121,8 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     raise unknown_route(request.method, request.path)
 
 
-def _guess_dialect(request: web.Request) -> Api:
-    h = request.headers
-    if "anthropic-version" in h or request.path.startswith("/v1/messages"):
-        return ANTHROPIC
-    if "x-goog-api-key" in h or request.path.startswith("/v1beta"):
-        return GEMINI
-    return CHAT
+def _answering(request: web.Request) -> Api:
+    return answering(request.path, request.headers)
 
 
 @web.middleware
@@ -170,7 +163,7 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
 
 
 def render(request: web.Request, exc: ProxyError) -> web.Response:
-    adapter: Api = request.get(ADAPTER) or _guess_dialect(request)
+    adapter: Api = request.get(ADAPTER) or _answering(request)
     request_id = "req_" + uuid.uuid4().hex[:24]
     headers = {**exc.headers(), "x-request-id": request_id}
     response = web.Response(body=adapter.render_error(exc, request_id), status=exc.status,

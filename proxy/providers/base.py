@@ -11,7 +11,7 @@ The handler parses the request body once (orjson) and hands the dict to
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,6 +24,7 @@ from proxy.providers.sse import SseEvent
 
 if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
     from proxy.providers.answer import ArgumentSlot, EventRewrite, Slot, StreamEdits
+    from proxy.providers.cache import CacheScope
     from proxy.providers.parts import Messages
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "open_exchange",
     "string",
     "text_of",
+    "vocabulary",
 ]
 
 # The largest max-token value any API accepts is far below this; larger values are refused
@@ -184,6 +186,11 @@ class ProviderAdapter(Protocol):
         """Headers carrying an upstream key in this dialect's own scheme."""
         ...
 
+    def cache_points(self, ex: Exchange, scope: CacheScope) -> list[Rewrite]:
+        """Add what makes the provider's prompt cache pay (proxy/govern/caching.py says when),
+        in this API's own shape; say what changed."""
+        ...
+
 
 def open_exchange(adapter: ProviderAdapter, raw: bytes, path: str) -> Exchange:
     """The exchange of one call: the body parsed once, the facts read, bad values refused."""
@@ -252,6 +259,11 @@ class Exchange:
         """Place a note for the model after the request's last message, leaving every earlier
         byte as it was; False when the request has no conversation to add it to."""
         return self.adapter.append_note(self, text)
+
+    def cache(self, scope: CacheScope) -> list[Rewrite]:
+        """Prompt-cache breakpoints or keys where this API reads them (govern/caching.py's
+        policy); what changed. A breakpoint also raises `call.cache_write`."""
+        return self.adapter.cache_points(self, scope)
 
     def history(self) -> list[HistoryCall]:
         """Every tool call of the conversation, in the order the model made them."""
@@ -482,6 +494,16 @@ class History:
         last = self._turns
         return [HistoryCall(cid, name, args, path, answered == last > 0, made)
                 for cid, name, args, path, answered, made in self._calls]
+
+
+def vocabulary(error: ProxyError, words: Mapping[type[ProxyError], str]) -> str:
+    """`error` in a dialect's error vocabulary: the word of its nearest class in `words`
+    (which lists ProxyError itself, so every error has one)."""
+    for cls in type(error).__mro__:
+        word = words.get(cls)
+        if word is not None:
+            return word
+    raise KeyError(f"{type(error).__name__} has no word in this vocabulary: list ProxyError")
 
 
 def integer(value: Any) -> int | None:

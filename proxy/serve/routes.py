@@ -1,4 +1,4 @@
-"""Paths -> adapters, and where each call goes upstream with which credentials. No I/O."""
+"""Paths -> APIs (proxy/providers/apis.py), and where each call goes upstream with which credentials. No I/O."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ from dataclasses import dataclass
 from proxy.config import Settings
 from proxy.errors import ConfigError, UnknownRoute
 from proxy.model import Caller
-from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.chat import CHAT
-from proxy.providers.embeddings import EMBEDDINGS
-from proxy.providers.gemini import GEMINI
-from proxy.providers.responses import RESPONSES
+from proxy.providers.apis import FIXED_PATHS, for_path
 from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
 
@@ -32,17 +28,6 @@ SUPPORTED = (
     "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
 )
 
-_FIXED: dict[str, Api] = {
-    "/v1/chat/completions": CHAT,
-    "/v1/responses": RESPONSES,
-    "/v1/messages": ANTHROPIC,
-    "/v1/embeddings": EMBEDDINGS,
-}
-
-
-# Gemini carries the model in the path: the whole path must be this, character for
-# character, so the model charged is the model the upstream runs.
-_GEMINI = re.compile(r"/v1(?:beta)?/models/[A-Za-z0-9][A-Za-z0-9._-]*:(?:generateContent|streamGenerateContent)")
 _UPSTREAM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 # What an HTTP client or server may rewrite before the upstream sees the path: dot
 # segments, empty segments, encoded slashes, dots, backslashes, `?` and `#`.
@@ -89,15 +74,12 @@ def match(raw_path: str) -> Route:
 
 
 # The routes of the fixed paths, as match would build them (none is ambiguous).
-_FIXED_ROUTES = {path: Route(adapter, None, path) for path, adapter in _FIXED.items()}
+_FIXED_ROUTES = {path: Route(api, None, path) for path, api in FIXED_PATHS.items()}
 
 
 def adapter_for(path: str) -> Api | None:
-    """The adapter for a metered path (already stripped of any /upstreams/{name} prefix)."""
-    found = _FIXED.get(path)
-    if found is not None:
-        return found
-    return GEMINI if _GEMINI.fullmatch(path) else None
+    """The API of a metered path (already stripped of any /upstreams/{name} prefix)."""
+    return for_path(path)
 
 
 # Served paths as an SDK whose base URL lacks `/v1` sends them (OpenAI's SDK appends only
