@@ -1,12 +1,13 @@
-"""The adapter seam: one adapter per wire format, pure functions over parsed bodies.
+"""What every API module is built from: its dialect object's shape (`Dialect`), the
+request side of a call (`Exchange`: facts and byte-exact patches) and the readers they share.
 
-An adapter never does I/O, never reads a clock and never touches globals, so it is
-tested from recorded fixtures alone (tests/data/<dialect>/).
-
-The handler parses the request body once (orjson) and hands the dict to
-`parse_request`; responses come back as `StreamEvent`s, from a whole body
-(`parse_response`) or one SSE event at a time (`parse_event`), and one shared
-`Observer` folds either into an `Outcome`.
+A dialect object is the stateless part of an API module: pure functions over parsed bodies
+and events that never do I/O, never read a clock and never touch globals, so they are
+tested from recorded fixtures alone (tests/data/<dialect>/). The shared code never sees it:
+it opens a call (proxy/providers/translator.py) and talks to the `Translator`, whose
+request side is the `Exchange` below and whose answer side folds the dialect's
+`StreamEvent`s (from a whole body, `parse_response`, or one SSE event at a time,
+`parse_event`) into an `Outcome`.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
 __all__ = [
     "MAX_OUTPUT_MULTIPLIER",
     "MAX_TOKENS_LIMIT",
+    "Dialect",
     "Exchange",
     "History",
     "HistoryCall",
     "Path",
-    "ProviderAdapter",
     "TextShape",
     "array",
     "count_field",
@@ -85,8 +86,9 @@ class HistoryCall:
     turn: int = 0  # the model turn (answer) that made the call, counted from 1: parallel calls share one
 
 
-class ProviderAdapter(Protocol):
-    """What the rest of spanmeter needs from a wire format; nothing else knows one.
+class Dialect(Protocol):
+    """The per-format work behind a translator: one object per API module, stateless.
+    Only proxy/providers/ calls it; the shared code goes through `Translator` and `Api`.
 
     Example (chat)::
 
@@ -192,7 +194,7 @@ class ProviderAdapter(Protocol):
         ...
 
 
-def open_exchange(adapter: ProviderAdapter, raw: bytes, path: str) -> Exchange:
+def open_exchange(adapter: Dialect, raw: bytes, path: str) -> Exchange:
     """The exchange of one call: the body parsed once, the facts read, bad values refused."""
     try:
         body = orjson.loads(raw)
@@ -214,7 +216,7 @@ def open_exchange(adapter: ProviderAdapter, raw: bytes, path: str) -> Exchange:
     return Exchange(adapter, call, raw, body)
 
 
-def _cache_write(adapter: ProviderAdapter, raw: bytes) -> str:
+def _cache_write(adapter: Dialect, raw: bytes) -> str:
     """The dearest cache write the request may cause: a byte scan (the body is JSON text,
     so a breakpoint's key appears verbatim; a false positive only reserves more)."""
     if adapter.cache_marker is None or adapter.cache_marker not in raw:
@@ -233,10 +235,10 @@ class Exchange:
     the provider's cached prefix, is kept to the byte. `body` is kept equal to what is sent.
     """
 
-    __slots__ = ("_added", "_edited", "_edits", "_sent", "adapter", "body", "call", "raw")
+    __slots__ = ("_added", "_dialect", "_edited", "_edits", "_sent", "body", "call", "raw")
 
-    def __init__(self, adapter: ProviderAdapter, call: Call, raw: bytes, body: dict[str, Any]) -> None:
-        self.adapter = adapter
+    def __init__(self, adapter: Dialect, call: Call, raw: bytes, body: dict[str, Any]) -> None:
+        self._dialect = adapter
         self.call = call
         self.raw = raw
         self.body = body
@@ -249,43 +251,43 @@ class Exchange:
 
     def prepare(self) -> list[Rewrite]:
         """Patch what this API needs to report the call (e.g. chat's include_usage); say what changed."""
-        return self.adapter.prepare(self)
+        return self._dialect.prepare(self)
 
     def clamp(self, value: int) -> None:
         """Write a max-output-tokens value in the field this model family takes."""
-        self.adapter.set_max_tokens(self, value)
+        self._dialect.set_max_tokens(self, value)
 
     def note(self, text: str) -> bool:
         """Place a note for the model after the request's last message, leaving every earlier
         byte as it was; False when the request has no conversation to add it to."""
-        return self.adapter.append_note(self, text)
+        return self._dialect.append_note(self, text)
 
     def cache(self, scope: CacheScope) -> list[Rewrite]:
         """Prompt-cache breakpoints or keys where this API reads them (govern/caching.py's
         policy); what changed. A breakpoint also raises `call.cache_write`."""
-        return self.adapter.cache_points(self, scope)
+        return self._dialect.cache_points(self, scope)
 
     def history(self) -> list[HistoryCall]:
         """Every tool call of the conversation, in the order the model made them."""
-        return self.adapter.tool_history(self.body)
+        return self._dialect.tool_history(self.body)
 
     # Readers of this API's request shapes (content capture, cost anatomy).
 
     @property
     def api(self) -> str:
-        return self.adapter.api
+        return self._dialect.api
 
     def input_messages(self) -> Messages:
         """The instructions and conversation in the gen_ai semconv shapes (content capture)."""
-        return self.adapter.input_messages(self.body)
+        return self._dialect.input_messages(self.body)
 
     def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
         """`body` (this request's, or a part of one) split into parts in prompt order."""
-        return self.adapter.input_parts(body)
+        return self._dialect.input_parts(body)
 
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         """The tool calls of `body` (this request's, or a part of one)."""
-        return self.adapter.tool_history(body)
+        return self._dialect.tool_history(body)
 
     # Byte-exact edits, for the API module's patches and the shared ones above.
 
@@ -307,7 +309,7 @@ class Exchange:
 
     def prefix_tool_result(self, call_id: str, text: str) -> bool:
         """Prefix `text` to the last tool result for `call_id`, in the dialect's own shape."""
-        slots = self.adapter.tool_result_slots(self.body, call_id)
+        slots = self._dialect.tool_result_slots(self.body, call_id)
         if not slots:
             return False
         holder, key = slots[-1]
@@ -335,7 +337,7 @@ class Exchange:
             self._add_edit(path[:-1], lambda old: old[:-1] + member + old[-1])
             return True
         value = holder[key]
-        part = {"type": self.adapter.text_part, "text": text}
+        part = {"type": self._dialect.text_part, "text": text}
         if isinstance(value, str):
             if value.startswith(text):
                 return False

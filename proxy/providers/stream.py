@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from proxy.model import StreamEvent
-from proxy.providers.base import ProviderAdapter
+from proxy.providers.base import Dialect
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.shortcut import TextShortcut
@@ -37,7 +37,7 @@ class StreamRelay:
 
     __slots__ = ("_adapter", "_framer", "_hooks", "_observer", "_shortcut", "taken")
 
-    def __init__(self, adapter: ProviderAdapter, observer: Observer, hooks: Hooks) -> None:
+    def __init__(self, adapter: Dialect, observer: Observer, hooks: Hooks) -> None:
         self._adapter = adapter
         self._observer = observer
         self._hooks = hooks

@@ -27,7 +27,7 @@ import orjson
 from proxy.errors import ProxyError
 from proxy.model import Call, Outcome, StreamError
 from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
-from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
+from proxy.providers.base import Dialect, Exchange, open_exchange
 from proxy.providers.hooks import Hooks, recorded_when_done
 from proxy.providers.observer import Observer
 from proxy.providers.stream import StreamRelay, safely_parsed
@@ -95,7 +95,7 @@ class Opens:
 
     __slots__ = ()
 
-    def open(self: ProviderAdapter, raw: bytes, path: str) -> Translator:
+    def open(self: Dialect, raw: bytes, path: str) -> Translator:
         return _Translator(self, open_exchange(self, raw, path))
 
 
@@ -104,7 +104,7 @@ class _Translator:
 
     __slots__ = ("_dialect", "request")
 
-    def __init__(self, dialect: ProviderAdapter, request: Exchange) -> None:
+    def __init__(self, dialect: Dialect, request: Exchange) -> None:
         self._dialect = dialect
         self.request = request
 
@@ -137,7 +137,7 @@ class Answer:
     __slots__ = ("_dialect", "_observer", "call", "chunk_gaps_s", "complete", "delivered_ns", "first_chunk_s",
                  "hooks", "status")
 
-    def __init__(self, dialect: ProviderAdapter, call: Call, hooks: Hooks) -> None:
+    def __init__(self, dialect: Dialect, call: Call, hooks: Hooks) -> None:
         self._dialect = dialect
         self._observer = Observer()
         self.call = call

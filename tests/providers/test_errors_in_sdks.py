@@ -24,7 +24,7 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.providers.anthropic import ANTHROPIC, anthropic_error_type
-from proxy.providers.base import ProviderAdapter
+from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI, google_status
 from proxy.providers.responses import RESPONSES
@@ -81,7 +81,7 @@ async def server() -> AsyncIterator[tuple[ErrorServer, str]]:
     await runner.cleanup()
 
 
-def _serve(fake: ErrorServer, adapter: ProviderAdapter, error: ProxyError) -> None:
+def _serve(fake: ErrorServer, adapter: Dialect, error: ProxyError) -> None:
     fake.reply = Reply(error.status, adapter.render_error(error, "req_spanmeter_1"),
                        error.headers())
 

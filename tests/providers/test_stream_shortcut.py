@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from proxy.config import DEFAULT_POLICY
 from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
-from proxy.providers.base import ProviderAdapter
+from proxy.providers.base import Dialect
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.sse import Framer, SseEvent, parse_sse_event
@@ -61,7 +61,7 @@ def _hooks(dialect: str, request: str) -> Hooks:
     return _answer(dialect, request).hooks
 
 
-def _relay(adapter: ProviderAdapter, dialect: str, request: str, chunks: list[bytes], *, full: bool) -> Relayed:
+def _relay(adapter: Dialect, dialect: str, request: str, chunks: list[bytes], *, full: bool) -> Relayed:
     answer = _answer(dialect, request)
     hooks = answer.hooks
     assert not hooks.reads_text  # no structured output asked: the shortcut may run
@@ -74,7 +74,7 @@ def _relay(adapter: ProviderAdapter, dialect: str, request: str, chunks: list[by
     return Relayed(sent, answer.outcome(), records, relay.taken)
 
 
-def _reference(adapter: ProviderAdapter, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
+def _reference(adapter: Dialect, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
     """The stream relayed as the spec frames it, every event parsed, the first hook that
     claims an event deciding its bytes: what the relay must do however the stream is cut."""
     hooks, observer, sent = _hooks(dialect, request), Observer(), []
