@@ -137,9 +137,9 @@ _KNOWN_SUFFIXES = (
 )
 
 
-def provider_name(adapter: Api, host: str, configured: str | None = None) -> str:
-    """gen_ai.provider.name for a call of `adapter`'s API to `host` (semconv v1.41.1)."""
-    return _provider(adapter.provider, host, configured)
+def provider_name(api: Api, host: str, configured: str | None = None) -> str:
+    """gen_ai.provider.name for a call of `api`'s API to `host` (semconv v1.41.1)."""
+    return _provider(api.provider, host, configured)
 
 
 def _provider(default: str, host: str, configured: str | None) -> str:
@@ -155,8 +155,8 @@ def _provider(default: str, host: str, configured: str | None) -> str:
     return default
 
 
-def target_for(settings: Settings, adapter: Api, caller: Caller, upstream_name: str | None) -> Target:
-    dialect = adapter.dialect
+def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None) -> Target:
+    dialect = api.dialect
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
     key_env: str | None
@@ -170,10 +170,10 @@ def target_for(settings: Settings, adapter: Api, caller: Caller, upstream_name: 
             )
         base, key_env, configured = up.base_url, up.key_env, up.provider_name
     else:
-        base = getattr(settings, adapter.upstream_setting)
+        base = getattr(settings, api.upstream_setting)
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
-    url, provider, host, port = _endpoint(adapter.provider, base, configured)
-    return Target(url, _auth(settings, adapter, caller, key_env), provider, host, port)
+    url, provider, host, port = _endpoint(api.provider, base, configured)
+    return Target(url, _auth(settings, api, caller, key_env), provider, host, port)
 
 
 @functools.lru_cache(maxsize=256)
@@ -184,16 +184,16 @@ def _endpoint(default_provider: str, base: str, configured: str | None) -> tuple
     return base.rstrip("/"), _provider(default_provider, host, configured), host, port
 
 
-def _auth(settings: Settings, adapter: Api, caller: Caller, key_env: str | None) -> dict[str, str]:
+def _auth(settings: Settings, api: Api, caller: Caller, key_env: str | None) -> dict[str, str]:
     if settings.open_mode:
-        return adapter.auth_headers(caller.upstream_key) if caller.upstream_key else {}
+        return api.auth_headers(caller.upstream_key) if caller.upstream_key else {}
     if not key_env:
         return {}
     key = os.environ.get(key_env)
     if key is None:
         raise ConfigError(
-            f"This proxy has no key for the {adapter.dialect} API: the upstream key for tenant {caller.tenant!r} "
+            f"This proxy has no key for the {api.dialect} API: the upstream key for tenant {caller.tenant!r} "
             f"is read from the environment variable {key_env}, which is not set in the proxy's environment. "
             f"Set {key_env} and restart spanmeter (or call an API whose key is set)."
         )
-    return adapter.auth_headers(key) if key else {}
+    return api.auth_headers(key) if key else {}
