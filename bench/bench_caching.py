@@ -32,11 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiohttp
 import orjson
 
-from proxy.govern.caching import PrefixMemory, anthropic_breakpoints
 from proxy.model import Caller
 from proxy.ops.demo import serve_on_free_port
 from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.anthropic_cache import anthropic_breakpoints
 from proxy.providers.base import open_exchange
+from proxy.providers.cache import PrefixMemory
 from proxy.simulator import create_simulator
 from tests.fixtures.anthropic_cache import PRICES, PromptCache, input_micros
 

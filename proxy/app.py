@@ -27,10 +27,8 @@ from proxy.ledger.failopen import FailOpenStore
 from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.mcp.route import MCP_PREFIX, handle_mcp
-from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter
-from proxy.providers.chat import CHAT
-from proxy.providers.gemini import GEMINI
+from proxy.providers.apis import answering
+from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
 from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
 from proxy.serve.background import Background
@@ -46,7 +44,7 @@ __all__ = ["create_app"]
 log = logging.getLogger("spanmeter")
 # The dialect a request's errors are answered in. aiohttp 3.14 added typed request keys and
 # warns on a str key; the releases before it (down to our floor) take a str.
-ADAPTER: Final[Any] = (web.RequestKey("adapter", ProviderAdapter) if hasattr(web, "RequestKey")
+ADAPTER: Final[Any] = (web.RequestKey("adapter", Api) if hasattr(web, "RequestKey")
                        else "spanmeter.adapter")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -110,26 +108,21 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     try:
         route = match(request.raw_path.partition("?")[0])
     except ProxyError:
-        request[ADAPTER] = _guess_dialect(request)  # the refusal is answered and logged in it
+        request[ADAPTER] = _answering(request)  # the refusal is answered and logged in it
         raise
-    adapter, upstream_name = route.adapter, route.upstream_name
+    api, upstream_name = route.adapter, route.upstream_name
     request.match_info["tail"] = route.path.removeprefix("/")
     # The dialect errors are answered in: the route's, guessed only off the metered routes.
-    request[ADAPTER] = adapter if adapter is not None else _guess_dialect(request)
-    if adapter is not None and request.method == "POST":
-        return await handle_call(request, adapter, upstream_name)
+    request[ADAPTER] = api if api is not None else _answering(request)
+    if api is not None and request.method == "POST":
+        return await handle_call(request, api, upstream_name)
     if (request.method == "GET" and route.path == "/v1/models") or request.app[SETTINGS].allow_passthrough:
         return await admin.passthrough(request, request[ADAPTER], upstream_name)
     raise unknown_route(request.method, request.path)
 
 
-def _guess_dialect(request: web.Request) -> ProviderAdapter:
-    h = request.headers
-    if "anthropic-version" in h or request.path.startswith("/v1/messages"):
-        return ANTHROPIC
-    if "x-goog-api-key" in h or request.path.startswith("/v1beta"):
-        return GEMINI
-    return CHAT
+def _answering(request: web.Request) -> Api:
+    return answering(request.path, request.headers)
 
 
 @web.middleware
@@ -161,19 +154,19 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
     call's own line, written by its bookkeeping or the refusal path, says it)."""
     if accesslog.request_logged():
         return
-    adapter = request.get(ADAPTER)
-    if adapter is None:  # the admin API and run control: not a model call
+    api = request.get(ADAPTER)
+    if api is None:  # the admin API and run control: not a model call
         log.log(logging.ERROR if exc.status >= 500 else logging.INFO, "%s %s answered %d %s: %s",
                 request.method, json.dumps(request.path), exc.status, exc.error_type, exc.message)
         return
-    accesslog.before_call(adapter.api, exc.status, exc.error_type, exc.message)
+    accesslog.before_call(api.api, exc.status, exc.error_type, exc.message)
 
 
 def render(request: web.Request, exc: ProxyError) -> web.Response:
-    adapter: ProviderAdapter = request.get(ADAPTER) or _guess_dialect(request)
+    api: Api = request.get(ADAPTER) or _answering(request)
     request_id = "req_" + uuid.uuid4().hex[:24]
     headers = {**exc.headers(), "x-request-id": request_id}
-    response = web.Response(body=adapter.render_error(exc, request_id), status=exc.status,
+    response = web.Response(body=api.render_error(exc, request_id), status=exc.status,
                             content_type="application/json", headers=headers)
     if request.content.exception() is not None:
         # The body broke on the way in (labelled gzip, not gzip): the rest of it cannot be

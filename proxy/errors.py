@@ -21,8 +21,9 @@
         +-- UpstreamProtocolError 502 upstream broke the protocol
         +-- UpstreamRedirect      502 upstream answered 3xx (never followed, never passed on)
 
-Adapters turn any of these into their dialect's error body (`render_error`). Errors
-raised by the upstream are never wrapped: they pass through unchanged.
+Each API module renders these in its own words (its error body, its `error.type` or
+`status` vocabulary: proxy/providers/); nothing here knows a dialect. Errors raised by
+the upstream are never wrapped: they pass through unchanged.
 """
 
 from __future__ import annotations
@@ -61,10 +62,6 @@ NOT_ECHOED = "the value sent is not one (it is not repeated here: a header may h
 class ProxyError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "spanmeter_error"
-    # Dialect vocabularies: OpenAI error.type, Anthropic error.type, Google status.
-    openai_type: ClassVar[str] = "server_error"
-    anthropic_type: ClassVar[str] = "api_error"
-    google_status: ClassVar[str] = "INTERNAL"
     retryable: ClassVar[bool] = False
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
@@ -78,7 +75,7 @@ class ProxyError(Exception):
         return f"spanmeter.{self.code}"
 
     def headers(self) -> dict[str, str]:
-        # Stainless SDKs (openai, anthropic) honour x-should-retry over the status code.
+        # The Stainless-generated SDKs honour x-should-retry over the status code.
         return {"x-should-retry": "true" if self.retryable else "false"}
 
 
@@ -89,23 +86,16 @@ class ConfigError(ProxyError):
 class RequestError(ProxyError):
     status = 400
     code = "invalid_request"
-    openai_type = "invalid_request_error"
-    anthropic_type = "invalid_request_error"
-    google_status = "INVALID_ARGUMENT"
 
 
 class Unauthorized(RequestError):
     status = 401
     code = "invalid_api_key"
-    anthropic_type = "authentication_error"
-    google_status = "UNAUTHENTICATED"
 
 
 class BodyTimeout(RequestError):
     status = 408
     code = "body_timeout"
-    anthropic_type = "timeout_error"
-    google_status = "DEADLINE_EXCEEDED"
 
 
 class MalformedBody(RequestError):
@@ -125,14 +115,11 @@ class UndecodableBody(MalformedBody):
 class UnknownRoute(RequestError):
     status = 404
     code = "unknown_route"
-    anthropic_type = "not_found_error"
-    google_status = "NOT_FOUND"
 
 
 class BodyTooLarge(RequestError):
     status = 413
     code = "body_too_large"
-    anthropic_type = "request_too_large"
 
 
 class SchemaViolation(RequestError):
@@ -143,9 +130,6 @@ class SchemaViolation(RequestError):
 class Refusal(ProxyError):
     status = 402
     code = "refused"
-    openai_type = "spanmeter_refusal"
-    anthropic_type = "billing_error"
-    google_status = "RESOURCE_EXHAUSTED"
     # Set by the ledger's admission, which closes the tool calls the request answers and
     # fixes the run's trace ids even when it refuses the call: their spans still follow.
     closed: tuple[dict[str, Any], ...] = ()
@@ -156,7 +140,6 @@ class CeilingReached(Refusal):
     """A run or tenant ceiling would be crossed. 402: in no SDK's retry list."""
 
     code = "budget_exceeded"
-    openai_type = "budget_exceeded"
 
     def __init__(self, message: str, *, limit: str) -> None:
         super().__init__(message)
@@ -166,21 +149,15 @@ class CeilingReached(Refusal):
 class LoopRefused(Refusal):
     status = 409
     code = "loop_detected"
-    openai_type = "loop_detected"
-    anthropic_type = "invalid_request_error"
-    google_status = "ABORTED"
 
 
 class RateLimited(Refusal):
     """A rate limit per minute is used up. 429, which SDKs retry after `Retry-After`; the
-    `x-ratelimit-*` headers follow OpenAI's format. A call too large to ever fit the limit
+    `x-ratelimit-*` headers are the de facto standard ones. A call too large to ever fit the limit
     (`wait_ms` None) is refused with `x-should-retry: false`: waiting would not help."""
 
     status = 429
     code = "rate_limit_exceeded"
-    openai_type = "rate_limit_exceeded"
-    anthropic_type = "rate_limit_error"
-    google_status = "RESOURCE_EXHAUSTED"
 
     def __init__(self, message: str, *, limit: str, wait_ms: int | None,
                  rate_headers: dict[str, str] | None = None) -> None:
@@ -206,20 +183,15 @@ class ServiceError(ProxyError):
 class StoreUnavailable(ServiceError):
     status = 503
     code = "ledger_unavailable"
-    anthropic_type = "api_error"
-    google_status = "UNAVAILABLE"
 
 
 class UpstreamConnectError(ServiceError):
     code = "upstream_unreachable"
-    google_status = "UNAVAILABLE"
 
 
 class UpstreamTimeout(ServiceError):
     status = 504
     code = "upstream_timeout"
-    anthropic_type = "timeout_error"
-    google_status = "DEADLINE_EXCEEDED"
 
 
 class UpstreamProtocolError(ServiceError):

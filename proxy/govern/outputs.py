@@ -2,7 +2,7 @@
 
 Applies only when the request asked for structured output (`Call.output`) or declared
 tools; plain text is never touched. Whole bodies are repaired in place, at the slots the
-call's API module points to; streams are rewritten event by event by the module's own
+call's answer reader points to; streams are rewritten event by event by its API's own
 rewriter, which hands this module the text and arguments as they stream (`StreamEdits`)
 and sends what it gets back: a `StreamRepairer` each, holding back only what it must.
 Every repair is recorded (`Hooks.repairs`, and `x-spanmeter-rewrites` for bodies).
@@ -20,9 +20,9 @@ from proxy.config import Policy, RepairPolicy
 from proxy.errors import SchemaViolation
 from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent
 from proxy.providers.answer import CallKey, Json
-from proxy.providers.base import ProviderAdapter
-from proxy.providers.hooks import EventHook, Hooks, recorded_when_done
+from proxy.providers.hooks import EventHook, Hooks
 from proxy.providers.sse import SseEvent
+from proxy.providers.translator import Answer
 from proxy.repair import StreamRepairer, problems, repair_arguments, repair_output, violation_feedback
 
 __all__ = ["HOLD_LIMIT", "install", "response_hooks"]
@@ -35,14 +35,15 @@ log = logging.getLogger("spanmeter.outputs")
 HOLD_LIMIT = 64 * 1024
 
 
-def install(adapter: ProviderAdapter, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
-    """Add the body and stream hooks this call needs, if any."""
+def install(answer: Answer, policy: RepairPolicy) -> None:
+    """Add the body and stream hooks this call's answer needs, if any."""
+    call, hooks = answer.call, answer.hooks
     if policy.mode == "off" or (call.output is None and not call.tools):
         return
-    hooks.on_body.append(_BodyRepair(adapter, call, policy, hooks))
+    hooks.on_body.append(_BodyRepair(answer, call, policy, hooks))
     if call.stream and policy.mode == "repair":
         edits = _StreamEdits(call, policy, hooks)
-        rewriter = adapter.stream_rewriter(edits)
+        rewriter = answer.rewriter(edits)
         if rewriter is not None:
             held = _HeldStream(rewriter, edits, hooks)
             hooks.on_event.append(held)
@@ -76,8 +77,8 @@ def _record(hooks: Hooks, policy: RepairPolicy, rep: Repair | None, changed: boo
 class _BodyRepair:
     """A whole answer: its text and each call's arguments, where the API module says they are."""
 
-    def __init__(self, adapter: ProviderAdapter, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
-        self.adapter, self.call, self.policy, self.hooks = adapter, call, policy, hooks
+    def __init__(self, answer: Answer, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
+        self.answer, self.call, self.policy, self.hooks = answer, call, policy, hooks
 
     def __call__(self, parsed: object) -> bytes | None:
         if not isinstance(parsed, dict):
@@ -85,12 +86,12 @@ class _BodyRepair:
         changed = False
         if self.call.output is not None:
             changed |= self._output(parsed, self.call.output)
-        for holder, key, call_id, name in self.adapter.argument_slots(parsed):
+        for holder, key, call_id, name in self.answer.argument_slots(parsed):
             changed |= self._arguments(holder, key, call_id, name)
         return orjson.dumps(parsed) if changed else None
 
     def _output(self, parsed: Json, spec: OutputSpec) -> bool:
-        slots = self.adapter.text_slots(parsed)
+        slots = self.answer.text_slots(parsed)
         if not slots:
             return False
         text = "".join(h[k] for h, k in slots)
@@ -264,10 +265,10 @@ class _HeldStream:
             self._hooks.rewrites.append(Rewrite("repair", "stream"))
 
 
-def response_hooks(adapter: ProviderAdapter, call: Call, policy: Policy, hooks: Hooks, *, retry: bool = False) -> None:
-    for rewrite, record in adapter.stream_filters(call):
-        hooks.on_event.append(recorded_when_done(rewrite, record, hooks))
+def response_hooks(answer: Answer, policy: Policy, *, retry: bool = False) -> None:
+    """The repair this call's answer gets under the tenant's policy (after the API's own
+    stream filters, which the answer installed when it was opened)."""
     repair = policy.repair
-    if retry or call.stream:  # one retry at most; a stream's status line is gone before the verdict
+    if retry or answer.call.stream:  # one retry at most; a stream's status line is gone before the verdict
         repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
-    install(adapter, call, repair, hooks)
+    install(answer, repair)

@@ -5,7 +5,7 @@ A run that reaches a ceiling is refused (402) and ends without an answer. With
 share of one of its ceilings (calls, cost, tokens or wall time), and the last call the
 call ceiling allows, carries a short note for the model saying what is left, so it can
 finish with what it has. The note goes after the request's last message, in the dialect's
-own shape (`adapter.append_note`): never into the system prompt or an earlier turn, so
+own shape (`Exchange.note`): never into the system prompt or an earlier turn, so
 the provider's prompt cache keeps matching the prefix the agent sent before. It always
 starts with `MARK`, which the simulator (proxy/simulator/script.py) also looks for.
 
@@ -141,7 +141,7 @@ def apply(ex: Exchange, admitted: Admitted, tel: Telemetry, caller: Caller, cs: 
     left = remaining(limits, adm, now_s)
     spans.record_remaining(cs, left)
     note = notice(limits, adm, admitted.wrap_up_at, now_s)
-    if note is None or not ex.adapter.append_note(ex, note.text):
+    if note is None or not ex.note(note.text):
         return [], left.headers()
     spans.record_wrap_up(tel, caller, note.reason, cs=cs)
     return [Rewrite("wrap_up", note.reason)], left.headers()

@@ -1,4 +1,4 @@
-"""The answer's side of an exchange, shared by every API module. Pure.
+"""What the API modules share for the answer side of a call. Pure.
 
 An API module knows where its answer's text and each tool call's arguments are, in a
 whole body and in its stream's own framing; the repair (proxy/govern/outputs.py) knows what

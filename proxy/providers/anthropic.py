@@ -9,11 +9,22 @@ streams as `input_json_delta` fragments; results are `tool_result` blocks with `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
-from proxy.errors import ProxyError
+from proxy.errors import (
+    BodyTimeout,
+    BodyTooLarge,
+    LoopRefused,
+    ProxyError,
+    RateLimited,
+    Refusal,
+    RequestError,
+    Unauthorized,
+    UnknownRoute,
+    UpstreamTimeout,
+)
 from proxy.model import (
     Call,
     Finish,
@@ -41,6 +52,7 @@ from proxy.providers.answer import (
     append_turns,
     dicts,
 )
+from proxy.providers.anthropic_cache import anthropic_breakpoints
 from proxy.providers.anthropic_stream import AnthropicStreamRepair
 from proxy.providers.base import (
     MAX_TOKENS_LIMIT,
@@ -51,12 +63,15 @@ from proxy.providers.base import (
     count_field,
     number,
     text_of,
+    vocabulary,
 )
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
+from proxy.providers.cache import CacheScope
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
+from proxy.providers.translator import Opens
 
 __all__ = ["ANTHROPIC", "AnthropicAdapter", "anthropic_error_body", "anthropic_usage"]
 
@@ -256,9 +271,28 @@ def _input_messages(body: Json) -> Messages:
     return text_of(body.get("system")), out
 
 
+# spanmeter's errors in Anthropic's `error.type` words (the SDK raises by status; the type is shown).
+_ANTHROPIC_TYPES: Final[dict[type[ProxyError], str]] = {
+    ProxyError: "api_error",
+    RequestError: "invalid_request_error",
+    Unauthorized: "authentication_error",
+    BodyTimeout: "timeout_error",
+    UnknownRoute: "not_found_error",
+    BodyTooLarge: "request_too_large",
+    Refusal: "billing_error",
+    LoopRefused: "invalid_request_error",
+    RateLimited: "rate_limit_error",
+    UpstreamTimeout: "timeout_error",
+}
+
+
+def anthropic_error_type(error: ProxyError) -> str:
+    return vocabulary(error, _ANTHROPIC_TYPES)
+
+
 def anthropic_error_body(error: ProxyError, request_id: str) -> bytes:
     return orjson.dumps({"type": "error",
-                         "error": {"type": error.anthropic_type, "message": error.message},
+                         "error": {"type": anthropic_error_type(error), "message": error.message},
                          "request_id": request_id})
 
 
@@ -270,7 +304,7 @@ def _plain_delta(event: SseEvent) -> bool:
             and isinstance(delta, dict) and delta.get("type") == "text_delta")
 
 
-class AnthropicAdapter:
+class AnthropicAdapter(Opens):
     api = "messages"
     dialect = "anthropic"
     provider = "anthropic"
@@ -408,8 +442,11 @@ class AnthropicAdapter:
     def render_stream_error(self, error: ProxyError) -> bytes:
         # The SDK skips events without an event name: the `event:` line is required.
         payload = {"type": "error",
-                   "error": {"type": error.anthropic_type, "message": error.message}}
+                   "error": {"type": anthropic_error_type(error), "message": error.message}}
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def cache_points(self, ex: Exchange, scope: CacheScope) -> list[Rewrite]:
+        return anthropic_breakpoints(ex, scope.caller, scope.memory, scope.now)
 
     def auth_headers(self, key: str) -> dict[str, str]:
         return {"x-api-key": key}

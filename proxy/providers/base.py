@@ -1,17 +1,18 @@
-"""The adapter seam: one adapter per wire format, pure functions over parsed bodies.
+"""What every API module is built from: its dialect object's shape (`Dialect`), the
+request side of a call (`Exchange`: facts and byte-exact patches) and the readers they share.
 
-An adapter never does I/O, never reads a clock and never touches globals, so it is
-tested from recorded fixtures alone (tests/data/<dialect>/).
-
-The handler parses the request body once (orjson) and hands the dict to
-`parse_request`; responses come back as `StreamEvent`s, from a whole body
-(`parse_response`) or one SSE event at a time (`parse_event`), and one shared
-`Observer` folds either into an `Outcome`.
+A dialect object is the stateless part of an API module: pure functions over parsed bodies
+and events that never do I/O, never read a clock and never touch globals, so they are
+tested from recorded fixtures alone (tests/data/<dialect>/). The shared code never sees it:
+it opens a call (proxy/providers/translator.py) and talks to the `Translator`, whose
+request side is the `Exchange` below and whose answer side folds the dialect's
+`StreamEvent`s (from a whole body, `parse_response`, or one SSE event at a time,
+`parse_event`) into an `Outcome`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,16 +25,17 @@ from proxy.providers.sse import SseEvent
 
 if TYPE_CHECKING:  # the answer's side builds on SseEvent, below
     from proxy.providers.answer import ArgumentSlot, EventRewrite, Slot, StreamEdits
+    from proxy.providers.cache import CacheScope
     from proxy.providers.parts import Messages
 
 __all__ = [
     "MAX_OUTPUT_MULTIPLIER",
     "MAX_TOKENS_LIMIT",
+    "Dialect",
     "Exchange",
     "History",
     "HistoryCall",
     "Path",
-    "ProviderAdapter",
     "TextShape",
     "array",
     "count_field",
@@ -42,6 +44,7 @@ __all__ = [
     "open_exchange",
     "string",
     "text_of",
+    "vocabulary",
 ]
 
 # The largest max-token value any API accepts is far below this; larger values are refused
@@ -83,8 +86,9 @@ class HistoryCall:
     turn: int = 0  # the model turn (answer) that made the call, counted from 1: parallel calls share one
 
 
-class ProviderAdapter(Protocol):
-    """What the rest of spanmeter needs from a wire format; nothing else knows one.
+class Dialect(Protocol):
+    """The per-format work behind a translator: one object per API module, stateless.
+    Only proxy/providers/ calls it; the shared code goes through `Translator` and `Api`.
 
     Example (chat)::
 
@@ -184,8 +188,13 @@ class ProviderAdapter(Protocol):
         """Headers carrying an upstream key in this dialect's own scheme."""
         ...
 
+    def cache_points(self, ex: Exchange, scope: CacheScope) -> list[Rewrite]:
+        """Add what makes the provider's prompt cache pay (proxy/govern/caching.py says when),
+        in this API's own shape; say what changed."""
+        ...
 
-def open_exchange(adapter: ProviderAdapter, raw: bytes, path: str) -> Exchange:
+
+def open_exchange(adapter: Dialect, raw: bytes, path: str) -> Exchange:
     """The exchange of one call: the body parsed once, the facts read, bad values refused."""
     try:
         body = orjson.loads(raw)
@@ -207,7 +216,7 @@ def open_exchange(adapter: ProviderAdapter, raw: bytes, path: str) -> Exchange:
     return Exchange(adapter, call, raw, body)
 
 
-def _cache_write(adapter: ProviderAdapter, raw: bytes) -> str:
+def _cache_write(adapter: Dialect, raw: bytes) -> str:
     """The dearest cache write the request may cause: a byte scan (the body is JSON text,
     so a breakpoint's key appears verbatim; a false positive only reserves more)."""
     if adapter.cache_marker is None or adapter.cache_marker not in raw:
@@ -226,10 +235,10 @@ class Exchange:
     the provider's cached prefix, is kept to the byte. `body` is kept equal to what is sent.
     """
 
-    __slots__ = ("_added", "_edited", "_edits", "_sent", "adapter", "body", "call", "raw")
+    __slots__ = ("_added", "_dialect", "_edited", "_edits", "_sent", "body", "call", "raw")
 
-    def __init__(self, adapter: ProviderAdapter, call: Call, raw: bytes, body: dict[str, Any]) -> None:
-        self.adapter = adapter
+    def __init__(self, adapter: Dialect, call: Call, raw: bytes, body: dict[str, Any]) -> None:
+        self._dialect = adapter
         self.call = call
         self.raw = raw
         self.body = body
@@ -237,6 +246,50 @@ class Exchange:
         self._edits: dict[Path, Edit] = {}
         self._edited = False
         self._sent: bytes | None = None  # request_bytes, until the next patch
+
+    # The patches the shared code asks for, each in this API's own shape.
+
+    def prepare(self) -> list[Rewrite]:
+        """Patch what this API needs to report the call (e.g. chat's include_usage); say what changed."""
+        return self._dialect.prepare(self)
+
+    def clamp(self, value: int) -> None:
+        """Write a max-output-tokens value in the field this model family takes."""
+        self._dialect.set_max_tokens(self, value)
+
+    def note(self, text: str) -> bool:
+        """Place a note for the model after the request's last message, leaving every earlier
+        byte as it was; False when the request has no conversation to add it to."""
+        return self._dialect.append_note(self, text)
+
+    def cache(self, scope: CacheScope) -> list[Rewrite]:
+        """Prompt-cache breakpoints or keys where this API reads them (govern/caching.py's
+        policy); what changed. A breakpoint also raises `call.cache_write`."""
+        return self._dialect.cache_points(self, scope)
+
+    def history(self) -> list[HistoryCall]:
+        """Every tool call of the conversation, in the order the model made them."""
+        return self._dialect.tool_history(self.body)
+
+    # Readers of this API's request shapes (content capture, cost anatomy).
+
+    @property
+    def api(self) -> str:
+        return self._dialect.api
+
+    def input_messages(self) -> Messages:
+        """The instructions and conversation in the gen_ai semconv shapes (content capture)."""
+        return self._dialect.input_messages(self.body)
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
+        """`body` (this request's, or a part of one) split into parts in prompt order."""
+        return self._dialect.input_parts(body)
+
+    def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
+        """The tool calls of `body` (this request's, or a part of one)."""
+        return self._dialect.tool_history(body)
+
+    # Byte-exact edits, for the API module's patches and the shared ones above.
 
     def set_top(self, key: str, value: Any) -> None:
         """Set a top-level field of the request."""
@@ -256,7 +309,7 @@ class Exchange:
 
     def prefix_tool_result(self, call_id: str, text: str) -> bool:
         """Prefix `text` to the last tool result for `call_id`, in the dialect's own shape."""
-        slots = self.adapter.tool_result_slots(self.body, call_id)
+        slots = self._dialect.tool_result_slots(self.body, call_id)
         if not slots:
             return False
         holder, key = slots[-1]
@@ -284,7 +337,7 @@ class Exchange:
             self._add_edit(path[:-1], lambda old: old[:-1] + member + old[-1])
             return True
         value = holder[key]
-        part = {"type": self.adapter.text_part, "text": text}
+        part = {"type": self._dialect.text_part, "text": text}
         if isinstance(value, str):
             if value.startswith(text):
                 return False
@@ -443,6 +496,16 @@ class History:
         last = self._turns
         return [HistoryCall(cid, name, args, path, answered == last > 0, made)
                 for cid, name, args, path, answered, made in self._calls]
+
+
+def vocabulary(error: ProxyError, words: Mapping[type[ProxyError], str]) -> str:
+    """`error` in a dialect's error vocabulary: the word of its nearest class in `words`
+    (which lists ProxyError itself, so every error has one)."""
+    for cls in type(error).__mro__:
+        word = words.get(cls)
+        if word is not None:
+            return word
+    raise KeyError(f"{type(error).__name__} has no word in this vocabulary: list ProxyError")
 
 
 def integer(value: Any) -> int | None:

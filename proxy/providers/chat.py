@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
-from proxy.errors import ProxyError
+from proxy.errors import CeilingReached, LoopRefused, ProxyError, RateLimited, Refusal, RequestError
 from proxy.model import (
     Call,
     Finish,
@@ -46,15 +47,19 @@ from proxy.providers.base import (
     count_field,
     number,
     text_of,
+    vocabulary,
 )
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
+from proxy.providers.cache import CacheScope
 from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_usage_chunk
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
+from proxy.providers.translator import Opens
 
-__all__ = ["CHAT", "ChatAdapter", "OpenAIFamily", "openai_error_body", "openai_stream_error", "openai_usage"]
+__all__ = ["CHAT", "OPENAI_HOSTS", "ChatAdapter", "OpenAIFamily", "openai_cache_key", "openai_error_body",
+           "openai_error_type", "openai_stream_error", "openai_usage"]
 
 
 def _tools(raw: Any) -> tuple[ToolSpec, ...]:
@@ -280,8 +285,23 @@ def _answer(body: Json) -> Any:
     return first(body.get("choices"), "message")
 
 
+# spanmeter's errors in OpenAI's `error.type` words (the SDKs raise by status; the type is shown).
+_OPENAI_TYPES: Final[dict[type[ProxyError], str]] = {
+    ProxyError: "server_error",
+    RequestError: "invalid_request_error",
+    Refusal: "spanmeter_refusal",
+    CeilingReached: "budget_exceeded",
+    LoopRefused: "loop_detected",
+    RateLimited: "rate_limit_exceeded",
+}
+
+
+def openai_error_type(error: ProxyError) -> str:
+    return vocabulary(error, _OPENAI_TYPES)
+
+
 def openai_error_body(error: ProxyError) -> bytes:
-    return orjson.dumps({"error": {"message": error.message, "type": error.openai_type,
+    return orjson.dumps({"error": {"message": error.message, "type": openai_error_type(error),
                                    "code": error.code, "param": error.param}})
 
 
@@ -290,8 +310,26 @@ def openai_stream_error(error: ProxyError) -> bytes:
     return b"data: " + openai_error_body(error) + b"\n\n"
 
 
-class OpenAIFamily:
-    """What OpenAI's APIs share: their upstream and key, and their error shapes."""
+# OpenAI's own API only: an OpenAI-compatible server may refuse a field it does not know.
+OPENAI_HOSTS: Final = frozenset({"api.openai.com"})
+
+
+def openai_cache_key(ex: Exchange, tenant: str, run_id: str, agent: str | None) -> list[Rewrite]:
+    """A `prompt_cache_key` stable for the run (or the agent, when it names itself), so the
+    run's calls land on the same cache; a client's own key is kept. Hashed: neither the
+    tenant nor the run id leaves as itself."""
+    if "prompt_cache_key" in ex.body:
+        return []
+    scope = f"agent:{agent}" if agent else f"run:{run_id}"
+    key = "sm-" + hashlib.sha256(f"{tenant}\0{scope}".encode()).hexdigest()[:32]
+    ex.set_top("prompt_cache_key", key)
+    return [Rewrite("prompt_cache_key", "agent" if agent else "run")]
+
+
+class OpenAIFamily(Opens):
+    """What OpenAI's APIs share: their upstream and key, their error shapes, the prompt cache key."""
+
+    cache_key = False  # the API takes `prompt_cache_key` (chat and responses)
 
     dialect = "openai"
     provider = "openai"
@@ -308,6 +346,12 @@ class OpenAIFamily:
     def auth_headers(self, key: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {key}"}
 
+    def cache_points(self, ex: Exchange, scope: CacheScope) -> list[Rewrite]:
+        if not self.cache_key or scope.server_address not in OPENAI_HOSTS:
+            return []
+        caller = scope.caller
+        return openai_cache_key(ex, caller.tenant, caller.run_id, caller.agent_name)
+
 
 def _plain_chunk(event: SseEvent) -> bool:
     """One choice whose delta is its text alone, unfinished: what ChatStreamRepair passes."""
@@ -321,6 +365,7 @@ def _plain_chunk(event: SseEvent) -> bool:
 
 class ChatAdapter(OpenAIFamily):
     api = "chat"
+    cache_key = True
     text_part = "text"
     # `obfuscation` pads each chunk to a random length (include_obfuscation, on by default).
     text_shape: TextShape | None = TextShape(b'"content":', _plain_chunk, ignored=(b'"obfuscation":',))

@@ -26,11 +26,22 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
-from proxy.errors import ProxyError
+from proxy.errors import (
+    BodyTimeout,
+    LoopRefused,
+    ProxyError,
+    Refusal,
+    RequestError,
+    StoreUnavailable,
+    Unauthorized,
+    UnknownRoute,
+    UpstreamConnectError,
+    UpstreamTimeout,
+)
 from proxy.model import (
     Call,
     Finish,
@@ -59,14 +70,17 @@ from proxy.providers.base import (
     count_field,
     number,
     text_of,
+    vocabulary,
 )
 from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
+from proxy.providers.cache import CacheScope
 from proxy.providers.gemini_stream import GeminiStreamRepair
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
+from proxy.providers.translator import Opens
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
 
@@ -338,18 +352,37 @@ def _answer_parts(body: Json) -> list[Json]:
     return dicts(content.get("parts") if isinstance(content, dict) else None)
 
 
+# spanmeter's errors in Google's canonical `status` words (google-genai raises by status code).
+_GOOGLE_STATUSES: Final[dict[type[ProxyError], str]] = {
+    ProxyError: "INTERNAL",
+    RequestError: "INVALID_ARGUMENT",
+    Unauthorized: "UNAUTHENTICATED",
+    BodyTimeout: "DEADLINE_EXCEEDED",
+    UnknownRoute: "NOT_FOUND",
+    Refusal: "RESOURCE_EXHAUSTED",
+    LoopRefused: "ABORTED",
+    StoreUnavailable: "UNAVAILABLE",
+    UpstreamConnectError: "UNAVAILABLE",
+    UpstreamTimeout: "DEADLINE_EXCEEDED",
+}
+
+
+def google_status(error: ProxyError) -> str:
+    return vocabulary(error, _GOOGLE_STATUSES)
+
+
 def gemini_error_body(error: ProxyError, request_id: str) -> bytes:
     info = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": error.code.upper(),
             "domain": "spanmeter", "metadata": {"request_id": request_id}}
     return orjson.dumps({"error": {"code": error.status, "message": error.message,
-                                   "status": error.google_status, "details": [info]}})
+                                   "status": google_status(error), "details": [info]}})
 
 
 def _plain_chunk(event: SseEvent) -> bool:
     return True  # GeminiStreamRepair reads no chunk while the text is not repaired
 
 
-class GeminiAdapter:
+class GeminiAdapter(Opens):
     api = "gemini"
     dialect = "gemini"
     provider = "gcp.gemini"
@@ -461,8 +494,11 @@ class GeminiAdapter:
     def render_stream_error(self, error: ProxyError) -> bytes:
         # google-genai's stream parser wants exactly `data: `; CRLF framing as the real API.
         payload = {"error": {"code": error.status, "message": error.message,
-                             "status": error.google_status}}
+                             "status": google_status(error)}}
         return b"data: " + orjson.dumps(payload) + b"\r\n\r\n"
+
+    def cache_points(self, ex: Exchange, scope: CacheScope) -> list[Rewrite]:
+        return []  # implicit caching by prefix; the explicit cache is a stored resource (govern/caching.py)
 
     def auth_headers(self, key: str) -> dict[str, str]:
         return {"x-goog-api-key": key}

@@ -1,5 +1,6 @@
 """Per-call response rewriting: the hooks a call's answer passes through on its way to the
-client, and what the relay learnt so far. Every change a hook makes is recorded."""
+client (its `Answer` runs them; the repair driver and the API's stream filters add them).
+Every change a hook makes is recorded."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.model import Outcome, Repair, Rewrite, StreamEvent
-from proxy.providers.observer import Observer
+from proxy.model import Repair, Rewrite, StreamEvent
 from proxy.providers.sse import SseEvent
 
-__all__ = ["BodyHook", "EventHook", "Flow", "Holder", "Hooks", "recorded_when_done"]
+__all__ = ["BodyHook", "EventHook", "Holder", "Hooks", "recorded_when_done"]
 
 EventHook = Callable[[SseEvent, list[StreamEvent]], bytes | None]
 """Returns replacement bytes for an event (b"" drops it) or None to forward it unchanged.
@@ -34,21 +34,6 @@ class Holder(Protocol):
 
 BodyHook = Callable[[object], bytes | None]
 """Given the parsed JSON body, returns a replacement body or None."""
-
-
-@dataclass
-class Flow:
-    """What the relay learnt so far; owned by the handler so a cancelled relay loses nothing."""
-
-    observer: Observer = field(default_factory=Observer)
-    status: int = 0
-    complete: bool = False
-    first_chunk_s: float | None = None
-    delivered_ns: int = 0
-    chunk_gaps_s: list[float] = field(default_factory=list)  # time_per_output_chunk samples
-
-    def outcome(self) -> Outcome:
-        return self.observer.finish(self.status, complete=self.complete, first_chunk_s=self.first_chunk_s)
 
 
 @dataclass

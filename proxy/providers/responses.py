@@ -280,6 +280,7 @@ class ResponsesAdapter(OpenAIFamily):
     text_shape: TextShape | None = TextShape(b'"delta":', _plain_delta,
                                              ignored=(b'"sequence_number":', b'"item_id":', b'"obfuscation":'))
     api = "responses"
+    cache_key = True
     text_part = "input_text"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

@@ -28,7 +28,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.model import MetaEvent, StreamEvent, TextDelta, UsageEvent
-from proxy.providers.base import ProviderAdapter, TextShape
+from proxy.providers.base import Dialect, TextShape
 from proxy.providers.observer import Observer
 from proxy.providers.sse import SseEvent, parse_sse_event
 
@@ -76,7 +76,7 @@ class TextShortcut:
 
     __slots__ = ("_adapter", "_last", "_learns", "_observer", "_shape", "_templates")
 
-    def __init__(self, adapter: ProviderAdapter, shape: TextShape, observer: Observer) -> None:
+    def __init__(self, adapter: Dialect, shape: TextShape, observer: Observer) -> None:
         self._adapter = adapter
         self._shape = shape
         self._observer = observer

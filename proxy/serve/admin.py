@@ -11,7 +11,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.config import MAX_USD
 from proxy.errors import RequestError, Unauthorized
-from proxy.providers.base import ProviderAdapter
+from proxy.providers.translator import Api
 from proxy.serve.appkeys import KEYS, RUNS, SETTINGS, STORE, UPSTREAM
 from proxy.serve.routes import target_for
 from proxy.serve.tenants import identify, presented_key
@@ -162,11 +162,11 @@ async def end_run(request: web.Request) -> web.Response:
     return web.json_response({"run_id": run_id, "ended": ended})
 
 
-async def passthrough(request: web.Request, adapter: ProviderAdapter, upstream_name: str | None) -> web.StreamResponse:
+async def passthrough(request: web.Request, api: Api, upstream_name: str | None) -> web.StreamResponse:
     """Unmetered forwarding: GET /v1/models always, anything else only when allowed."""
     settings = request.app[SETTINGS]
     caller = identify(request.headers, request.query, settings, request.app[KEYS])
-    target = target_for(settings, adapter, caller, upstream_name)
+    target = target_for(settings, api, caller, upstream_name)
     path = request.match_info.get("tail")
     url = forward_url(target.base_url, "/" + path if path is not None else request.path,
                       request.rel_url.raw_query_string, presented_key(request.headers, request.query))

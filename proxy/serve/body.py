@@ -1,4 +1,4 @@
-"""The request's body: read whole within its limit and its time, opened as an exchange of its API."""
+"""The request's body: read whole within its limit and its time, opened as a call of its API."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.errors import BodyTimeout, BodyTooLarge
-from proxy.providers.base import Exchange, ProviderAdapter, open_exchange
+from proxy.providers.translator import Api, Translator
 from proxy.serve.appkeys import SETTINGS
 from proxy.serve.upstream import unreadable_body
 
 __all__ = ["open_call", "read_body"]
 
 
-async def open_call(request: web.Request, adapter: ProviderAdapter, limit: int) -> Exchange:
-    """The request's body, read whole (within `limit`), opened as an exchange of its API."""
+async def open_call(request: web.Request, api: Api, limit: int) -> Translator:
+    """The request's body, read whole (within `limit`), opened as one call of its API."""
     raw = await read_body(request, limit)
     # The path as routed: exactly what goes upstream (see routes.match).
-    return open_exchange(adapter, raw, "/" + request.match_info.get("tail", ""))
+    return api.open(raw, "/" + request.match_info.get("tail", ""))
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

@@ -26,8 +26,8 @@ from proxy.govern.runs import pending_tools
 from proxy.ledger.anatomy import shares, split_of
 from proxy.ledger.pricing import cache_savings, cache_write_premium
 from proxy.model import Anatomy, Call, Caller, CallRecord, Outcome, Usage
-from proxy.providers.base import Exchange
-from proxy.providers.hooks import Flow, Hooks
+from proxy.providers.hooks import Hooks
+from proxy.providers.translator import Answer, Translator
 from proxy.serve import accesslog, content
 from proxy.serve.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
 from tracing import anatomy as anatomy_attrs
@@ -81,24 +81,23 @@ async def finish_safely(*args: Any) -> None:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-async def finish(request: web.Request, ex: Exchange, admitted: Admitted, cs: Any, flow: Flow, hooks: Hooks,
-                 ) -> None:
-    app, caller, call = request.app, cs.caller, ex.call
-    outcome = flow.outcome()
+async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: Any, answer: Answer) -> None:
+    app, caller, call, hooks = request.app, cs.caller, tr.call, answer.hooks
+    outcome = answer.outcome()
     admitted = _priced_as_run(app, admitted, outcome.response_model)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
-                                   failed_before_output=failed and not flow.observer.text()
+                                   failed_before_output=failed and not outcome.text
                                    and not outcome.tool_calls, input_only=not call.generates_output)
     # The call's one record: the settle's totals, the span, the metrics and the access line read it.
     record = CallRecord(
-        caller, call, outcome, cs.start_ns, flow.delivered_ns, cost_micros=amount, usage_source=source,
+        caller, call, outcome, cs.start_ns, answer.delivered_ns, cost_micros=amount, usage_source=source,
         budget_remaining_micros=_remaining(admitted, amount), saved_micros=_saved(admitted, outcome.usage, source),
         premium_micros=_premium(admitted, outcome.usage, source), rewrites=hooks.rewrites, repairs=hooks.repairs,
-        chunk_gaps_s=flow.chunk_gaps_s, delivered_text=hooks.delivered_text,
+        chunk_gaps_s=answer.chunk_gaps_s, delivered_text=hooks.delivered_text,
         delivered_arguments=hooks.delivered_arguments,
-        capture=_capture(app, app[SETTINGS].policy_for(caller.tenant), ex, outcome, hooks),
-        anatomy=_anatomy(app, caller, ex, admitted, outcome, source))
+        capture=_capture(app, app[SETTINGS].policy_for(caller.tenant), tr, outcome, hooks),
+        anatomy=_anatomy(app, caller, tr, admitted, outcome, source))
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
         totals = _totals(record, admitted.admission.closed)
@@ -108,9 +107,9 @@ async def finish(request: web.Request, ex: Exchange, admitted: Admitted, cs: Any
         if record.anatomy is not None:
             totals |= anatomy_attrs.call_totals(record.anatomy, outcome.tool_calls)
         overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
-                                            tools=pending_tools(outcome, flow.delivered_ns, cs.ref,
+                                            tools=pending_tools(outcome, answer.delivered_ns, cs.ref,
                                                                 hooks.delivered_arguments) or None,
-                                            contexts=ex.adapter.stored_sizes(call, outcome) or None)
+                                            contexts=answer.stored_sizes(outcome) or None)
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         _report_budgets(app, caller, admitted, amount)
     except ProxyError:
@@ -126,21 +125,22 @@ async def finish(request: web.Request, ex: Exchange, admitted: Admitted, cs: Any
     await app[RUNS].after_call(caller, end=end)
 
 
-def _anatomy(app: web.Application, caller: Caller, ex: Exchange, admitted: Admitted, outcome: Outcome, source: str,
-             ) -> Anatomy | None:
+def _anatomy(app: web.Application, caller: Caller, tr: Translator, admitted: Admitted, outcome: Outcome,
+             source: str) -> Anatomy | None:
     """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY)."""
     if not app[SETTINGS].anatomy or source not in ("reported", "unpriced") or outcome.usage.input_tokens is None:
         return None
     try:
         splits = app[SPLITS]
         # A run's next request resends this one: its split is kept for it (proxy/ledger/anatomy.py).
+        ex = tr.request  # it reads the request's parts in its API's shapes
         key = (caller.tenant, caller.run_id, ex.call.api) if caller.run_id_source != "generated" else None
-        sp = split_of(ex.adapter, ex.raw, ex.body, splits.get(key) if key else None)
+        sp = split_of(ex, ex.raw, ex.body, splits.get(key) if key else None)
         if key:
             splits.put(key, sp)
         return shares(sp, outcome.usage, admitted.price)
     except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
-        log.warning("could not split the input of a call of run %s", ex.call.model, exc_info=True)
+        log.warning("could not split the input of a call of run %s", tr.call.model, exc_info=True)
         return None
 
 
@@ -166,12 +166,12 @@ def _final_usage(outcome: Outcome) -> Usage:
 _MAYBE_BILLED = frozenset({UpstreamTimeout("").error_type, UpstreamProtocolError("").error_type})
 
 
-def _capture(app: web.Application, policy: Policy, ex: Exchange, outcome: Outcome, hooks: Hooks) -> Any:
+def _capture(app: web.Application, policy: Policy, tr: Translator, outcome: Outcome, hooks: Hooks) -> Any:
     """Message content for the span, only when the process captures it and the tenant allows:
     the model's answer and, if a repair changed it, the answer the agent received."""
     if app[TEL].config.capture_content != "SPAN_ONLY" or policy.capture_content == "NO_CONTENT":
         return None
-    return content.capture(ex.adapter, ex.body, outcome, delivered_text=hooks.delivered_text,
+    return content.capture(tr.request.input_messages(), outcome, delivered_text=hooks.delivered_text,
                            delivered_arguments=hooks.delivered_arguments)
 
 

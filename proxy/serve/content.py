@@ -3,7 +3,7 @@
 `gen_ai.input.messages` / `gen_ai.output.messages` are lists of
 `{"role", "parts": [{"type": "text", "content"} | {"type": "tool_call", "id", "name", "arguments"}
 | {"type": "tool_call_response", "id", "response"}]}`; system text goes to
-`gen_ai.system_instructions` when the API carries it separately. The call's API module
+`gen_ai.system_instructions` when the API carries it separately. The call's translator
 reads its request into these shapes (`input_messages`); the answer comes from the outcome.
 
 Repair changes what the agent receives, never what the model said: `output_messages` is
@@ -19,17 +19,17 @@ from dataclasses import replace
 
 from proxy.model import Outcome
 from proxy.providers.answer import Json
-from proxy.providers.base import ProviderAdapter
-from proxy.providers.parts import arguments, call_part, text_part
+from proxy.providers.parts import Messages, arguments, call_part, text_part
 
 __all__ = ["capture"]
 
 
-def capture(adapter: ProviderAdapter, body: Json, outcome: Outcome, *, delivered_text: str | None = None,
+def capture(given: Messages, outcome: Outcome, *, delivered_text: str | None = None,
             delivered_arguments: Mapping[str, str] | None = None) -> Json:
-    """`delivered_*`: the answer's text and tool-call arguments (by call id) as the agent
-    received them, where a repair changed them."""
-    system, messages = adapter.input_messages(body)
+    """`given`: the request's instructions and messages, as its translator reads them
+    (`Exchange.input_messages`). `delivered_*`: the answer's text and tool-call arguments
+    (by call id) as the agent received them, where a repair changed them."""
+    system, messages = given
     out: Json = {"input_messages": messages, "output_messages": [_output(outcome)]}
     if system:
         out["system_instructions"] = [{"type": "text", "content": system}]

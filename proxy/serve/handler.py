@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import orjson
 from aiohttp import web
 
 from proxy.config import KeyPolicy, Policy
@@ -16,9 +15,9 @@ from proxy.govern.ceilings import Candidate, admit, plan
 from proxy.govern.outputs import response_hooks
 from proxy.govern.runs import results_ok
 from proxy.ledger.store import Turn
-from proxy.model import Caller, Rewrite, StreamError
-from proxy.providers.base import Exchange, ProviderAdapter
-from proxy.providers.hooks import Flow, Hooks
+from proxy.model import Call, Caller, Rewrite
+from proxy.providers.hooks import Hooks
+from proxy.providers.translator import Api, Translator
 from proxy.serve import accesslog, bookkeeping
 from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.serve.body import open_call
@@ -34,27 +33,24 @@ __all__ = ["handle_call"]
 CLAMP_BYTES = 64
 
 
-async def handle_call(request: web.Request, adapter: ProviderAdapter, upstream_name: str | None) -> web.StreamResponse:
+async def handle_call(request: web.Request, api: Api, upstream_name: str | None) -> web.StreamResponse:
     app, settings = request.app, request.app[SETTINGS]
     arrived = time.time_ns()
     caller = identify(request.headers, request.query, settings, app[KEYS])
     accesslog.identified(caller.tenant, caller.run_id)
-    ex = await open_call(request, adapter, settings.max_body_bytes)
-    target = target_for(settings, adapter, caller, upstream_name)
+    tr = await open_call(request, api, settings.max_body_bytes)
+    target = target_for(settings, api, caller, upstream_name)
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     await app[BACKGROUND].settled((caller.tenant, caller.run_id))  # the run's previous call is recorded
     fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id))
-    turn = Turn(results=results_ok(ex.call), guard=guard.rule(policy.guard),
+    turn = Turn(results=results_ok(tr.call), guard=guard.rule(policy.guard),
                 trace=app[RUNS].candidate(caller, parent, arrived))
-    response, hooks = await fwd.send(ex, turn)
+    response, hooks = await fwd.send(tr, turn)
     if hooks.retry_feedback is None:
         return response
     # repair.on_invalid=retry: ask once more, the problems fed back; it counts as a call.
-    body = adapter.retry_body(ex.body, hooks.retry_output, hooks.retry_feedback)
-    raw = orjson.dumps(body)
-    retry = Exchange(adapter, replace(ex.call, body_bytes=len(raw)), raw, body)  # its own size bounds its input
-    response, _ = await fwd.send(retry, Turn(), retry=True)
+    response, _ = await fwd.send(tr.retry(hooks.retry_output, hooks.retry_feedback), Turn(), retry=True)
     return response
 
 
@@ -70,13 +66,13 @@ class Forward:
     arrived_ns: int
     key: KeyPolicy | None = None  # the caller's key's own limits
 
-    async def send(self, ex: Exchange, turn: Turn, retry: bool = False) -> tuple[web.StreamResponse, Hooks]:
-        request, caller, policy = self.request, self.caller, self.policy
+    async def send(self, tr: Translator, turn: Turn, retry: bool = False) -> tuple[web.StreamResponse, Hooks]:
+        request, caller, policy, ex = self.request, self.caller, self.policy, tr.request
         app = request.app
         hooks = Hooks(rewrites=[Rewrite("repair_retry", "schema")] if retry else [])
         # Patches that need no ledger go first: what they add is input the reservation covers.
         reminded = guard.remind(ex, policy.guard)
-        hooks.rewrites += ex.adapter.prepare(ex)
+        hooks.rewrites += ex.prepare()
         # Cache breakpoints change the call's cache-write premium: the call is read after them.
         hooks.rewrites += caching.add(ex, policy.prompt_cache, caller, self.target.server_address, app[PREFIXES],
                                       time.monotonic())
@@ -88,46 +84,45 @@ class Forward:
             admitted = await admit(app[STORE], app[PRICES], candidate, tz=app[SETTINGS].timezone)
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
-            cs = self._start(ex, closed, stored)
+            cs = self._start(call, closed, stored)
             await bookkeeping.refused(app, call, cs, exc)
             raise
         except asyncio.CancelledError:
-            bookkeeping.abandoned(app, call, self._start(ex, (), None))  # the client left before the call was forwarded
+            bookkeeping.abandoned(app, call, self._start(call, (), None))  # the client left before it was forwarded
             raise
-        cs = self._start(ex, admitted.admission.closed, admitted.admission.trace)
+        cs = self._start(call, admitted.admission.closed, admitted.admission.trace)
         notes, left = wrapup.apply(ex, admitted, app[TEL], caller, cs)  # what is left, and the note if due
         hooks.rewrites += guard.record(reminded, app[TEL], caller, cs) + notes + list(admitted.rewrites)
         if admitted.clamp_to is not None:
-            ex.adapter.set_max_tokens(ex, admitted.clamp_to)
-        response_hooks(ex.adapter, call, policy, hooks, retry=retry)
-        flow = Flow()
+            ex.clamp(admitted.clamp_to)
+        answer = tr.answer(hooks)
+        response_hooks(answer, policy, retry=retry)
         started = time.perf_counter()
         try:
             async with app[UPSTREAM].send(_upstream_url(self.target, request), ex.request_bytes(),
                                           request_headers(request.headers, self.target.auth)) as upstream:
                 extra = {"x-spanmeter-run-id": caller.run_id, **left}
-                return await relay(request, upstream, ex.adapter, extra, hooks, flow, started), hooks
+                return await relay(request, upstream, answer, extra, started), hooks
         except ProxyError as exc:
-            accesslog.answered(exc.status, flow.status)  # before flow.status takes exc.status
-            flow.observer.feed([StreamError(exc.error_type, exc.message)])
-            flow.status = flow.status or exc.status
+            accesslog.answered(exc.status, answer.status)  # before the answer's status takes exc.status
+            answer.failed(exc)
             raise
         finally:
-            flow.delivered_ns = time.time_ns()
+            answer.delivered_ns = time.time_ns()
             # A task of its own: the answer does not wait for the ledger, and a client that
             # disconnects cancels the relay, never the settlement.
             app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(
-                request, ex, admitted, cs, flow, hooks))
+                request, tr, admitted, cs, answer))
 
-    def _start(self, ex: Exchange, closed: tuple[dict[str, object], ...], stored: dict[str, object] | None,
+    def _start(self, call: Call, closed: tuple[dict[str, object], ...], stored: dict[str, object] | None,
                ) -> spans.CallSpan:
         """The run's trace, the spans of the tool calls this request closed, and the call's span."""
         app, caller, policy = self.request.app, self.caller, self.policy
         lineage = spans.Lineage(self.parent, app[RUNS].trace(caller, stored, self.parent))
-        app[RUNS].close_tools(caller, ex.call, closed, lineage, self.arrived_ns,
+        app[RUNS].close_tools(caller, call, closed, lineage, self.arrived_ns,
                               capture=policy.capture_content != "NO_CONTENT")
         peer = spans.Peer(self.target.provider, self.target.server_address, self.target.server_port)
-        return spans.start_call(app[TEL], caller, ex.call, peer, lineage, start_ns=self.arrived_ns)
+        return spans.start_call(app[TEL], caller, call, peer, lineage, start_ns=self.arrived_ns)
 
 
 def _upstream_url(target: Target, request: web.Request) -> str:

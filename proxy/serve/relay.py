@@ -1,101 +1,66 @@
-"""Moves the upstream response to the client, feeding the observer on the way.
+"""Moves the upstream response to the client through the call's answer reader
+(proxy/providers/translator.py `Answer`): the I/O and the timings live here, everything
+about the API's bytes in the reader.
 
-Bytes go to the client before the observer sees them only in the sense that
-observation never delays or fails the write: a parse failure becomes an observer
-note, never an exception into the stream. Streams are forwarded event by event,
-as soon as each event is complete; everything read in one upstream chunk goes
-out in one write.
+Bytes go to the client before they are observed only in the sense that observation never
+delays or fails the write. Streams are forwarded event by event, as soon as each event is
+complete; everything read in one upstream chunk goes out in one write.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.errors import ProxyError
-from proxy.model import StreamError, StreamEvent
-from proxy.providers.base import ProviderAdapter
-from proxy.providers.hooks import Flow, Hooks
-from proxy.providers.observer import Observer
-from proxy.providers.shortcut import TextShortcut
-from proxy.providers.sse import Framer, parse_sse_event
+from proxy.providers.hooks import Hooks
+from proxy.providers.translator import Answer
 from proxy.serve.upstream import UpstreamResponse, response_headers
 
-__all__ = ["StreamRelay", "relay"]
+__all__ = ["relay"]
 
-T = TypeVar("T")
-log = logging.getLogger("spanmeter.relay")
 
 async def relay(
-    request: web.Request,
-    upstream: UpstreamResponse,
-    adapter: ProviderAdapter,
-    extra_headers: dict[str, str],
-    hooks: Hooks,
-    flow: Flow,
-    started: float,
+    request: web.Request, upstream: UpstreamResponse, answer: Answer, extra_headers: dict[str, str], started: float,
 ) -> web.StreamResponse:
     headers = response_headers(upstream.headers)
     headers.update(extra_headers)
-    flow.status = upstream.status
+    answer.status = upstream.status
     if upstream.is_sse and upstream.status < 300:
-        return await _stream(request, upstream, adapter, headers, hooks, flow, started)
-    return await _whole(upstream, adapter, headers, hooks, flow)
+        return await _stream(request, upstream, answer, headers, started)
+    return await _whole(upstream, answer, headers)
 
 
-async def _whole(
-    upstream: UpstreamResponse, adapter: ProviderAdapter, headers: CIMultiDict[str], hooks: Hooks, flow: Flow,
-) -> web.StreamResponse:
+async def _whole(upstream: UpstreamResponse, answer: Answer, headers: CIMultiDict[str]) -> web.StreamResponse:
     raw = await upstream.read()
-    observer = flow.observer
     if upstream.status < 300:
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            observer.note("unparsed_body")
-        else:
-            observer.feed(_safe(adapter.parse_response, parsed, observer))
-            for hook in hooks.on_body:
-                try:
-                    replaced = hook(parsed)
-                except ProxyError:
-                    raise  # a decision (repair.on_invalid=error), not a failure
-                except Exception:  # a rewrite that fails leaves the answer as it came
-                    log.exception("response rewrite failed; forwarding the body unchanged")
-                    observer.note("rewrite_failed")
-                    continue
-                if replaced is not None:
-                    raw = replaced
-    _stamp(headers, hooks)
-    flow.complete = True
+        raw = answer.body(raw)
+    _stamp(headers, answer.hooks)
+    answer.complete = True
     return web.Response(body=raw, status=upstream.status, headers=headers)
 
 
 async def _stream(
-    request: web.Request, upstream: UpstreamResponse, adapter: ProviderAdapter,
-    headers: CIMultiDict[str], hooks: Hooks, flow: Flow, started: float,
+    request: web.Request, upstream: UpstreamResponse, answer: Answer, headers: CIMultiDict[str], started: float,
 ) -> web.StreamResponse:
     # Headers leave before the body, so rewrites decided up front are all that can be
     # listed here; stream repairs are recorded on the span.
-    _stamp(headers, hooks)
+    _stamp(headers, answer.hooks)
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
-    stream = StreamRelay(adapter, flow.observer, hooks)
+    stream = answer.stream()
+    gaps = answer.chunk_gaps_s
     last = 0.0
     try:
         async for chunk in upstream.chunks():
             now = time.perf_counter()
-            if flow.first_chunk_s is None:
-                flow.first_chunk_s = now - started
+            if answer.first_chunk_s is None:
+                answer.first_chunk_s = now - started
             else:
-                flow.chunk_gaps_s.append(now - last)
+                gaps.append(now - last)
             last = now
             out = stream.feed(chunk)
             if out:
@@ -103,118 +68,13 @@ async def _stream(
         out = stream.flush()
         if out:
             await resp.write(out)
-        flow.complete = True
+        answer.complete = True
     except ProxyError as exc:
         # The status line is gone already: end the stream with the dialect's error event,
         # after what was held back of the answer.
-        flow.observer.feed([_stream_error(exc)])
-        await _try_write(resp, stream.release() + adapter.render_stream_error(exc))
+        await _try_write(resp, stream.release() + answer.cut(exc))
     await _try_eof(resp)
     return resp
-
-
-class StreamRelay:
-    """What relaying one stream does between the upstream's chunks and the client's writes:
-    frame the events, feed the observer, let the hooks rewrite.
-
-    While no hook reads the answer's text (`Hooks.reads_text`), a text delta whose shape
-    this stream has shown before is taken by its bytes (proxy/providers/shortcut.py): no
-    parse, no event objects, its bytes forwarded as they came. Every other event is parsed
-    and offered to the hooks.
-    """
-
-    __slots__ = ("_adapter", "_framer", "_hooks", "_observer", "_shortcut", "taken")
-
-    def __init__(self, adapter: ProviderAdapter, observer: Observer, hooks: Hooks) -> None:
-        self._adapter = adapter
-        self._observer = observer
-        self._hooks = hooks
-        self._framer = Framer()
-        shape = adapter.text_shape
-        self._shortcut = None if shape is None or hooks.reads_text else TextShortcut(adapter, shape, observer)
-        self.taken = 0  # events taken by their bytes, unparsed
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The bytes to send the client for what `chunk` completes."""
-        shortcut = self._shortcut
-        if self._framer.single(chunk):
-            if shortcut is not None and not self._holding() and shortcut.take(chunk, 0, len(chunk)):
-                self.taken += 1
-                return chunk
-            out = self._event(chunk)
-            return chunk if out is None else out
-        ends = self._framer.begin(chunk)
-        buf = ends.buf
-        parts: list[bytes] = []
-        sent, start = 0, ends.first  # buf[sent:start] goes out as it came
-        while (end := ends.after(start)) != -1:
-            if shortcut is not None and not self._holding() and shortcut.take(buf, start, end):
-                self.taken += 1
-            else:
-                out = self._event(buf[start:end])
-                if out is not None:
-                    parts += (buf[sent:start], out)
-                    sent = end
-            start = end
-        self._framer.keep(ends, start)
-        if not parts:
-            return buf[:start]
-        parts.append(buf[sent:start])
-        return b"".join(parts)
-
-    def flush(self) -> bytes:
-        """The bytes for an unterminated last event and what the hooks still hold, at the
-        stream's end."""
-        raw = self._framer.flush_raw()
-        if raw is None:
-            last = b""
-        elif not raw.strip():
-            last = raw  # line ends after the last event: no event, forwarded as they came
-        else:
-            out = self._event(raw)
-            last = raw if out is None else out
-        return last + self.release()
-
-    def release(self) -> bytes:
-        """What the hooks hold, as they hold it: the stream ends."""
-        return b"".join(h.release() for h in self._hooks.holds)
-
-    def _holding(self) -> bool:
-        holds = self._hooks.holds
-        return bool(holds) and any(h.held for h in holds)
-
-    def _event(self, raw: bytes) -> bytes | None:
-        """An event parsed in full, fed and offered to the hooks: its replacement, or None."""
-        observer = self._observer
-        event = parse_sse_event(raw)
-        parsed = _safe(self._adapter.parse_event, event, observer)
-        observer.feed(parsed)
-        if self._shortcut is not None:
-            self._shortcut.learn(event, parsed)
-        # The first hook that claims an event decides its bytes; the hooks of one call never
-        # claim the same events (the usage-only chunk has no text to repair).
-        for hook in self._hooks.on_event:
-            try:
-                out = hook(event, parsed)
-            except Exception:  # never cut a client's stream over a rewrite
-                log.exception("stream rewrite failed; forwarding the event unchanged")
-                observer.note("rewrite_failed")
-                continue
-            if out is not None:
-                return out
-        return None
-
-
-def _safe(fn: Callable[[T], list[StreamEvent]], arg: T, observer: Observer) -> list[StreamEvent]:
-    try:
-        return fn(arg)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
-        observer.note("unparsed_event")
-        return []
-
-
-def _stream_error(exc: ProxyError) -> StreamEvent:
-    return StreamError(exc.error_type, exc.message)
 
 
 def _stamp(headers: CIMultiDict[str], hooks: Hooks) -> None:

@@ -1,4 +1,4 @@
-"""Paths -> adapters, and where each call goes upstream with which credentials. No I/O."""
+"""Paths -> APIs (proxy/providers/apis.py), and where each call goes upstream with which credentials. No I/O."""
 
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ from dataclasses import dataclass
 from proxy.config import Settings
 from proxy.errors import ConfigError, UnknownRoute
 from proxy.model import Caller
-from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter
-from proxy.providers.chat import CHAT
-from proxy.providers.embeddings import EMBEDDINGS
-from proxy.providers.gemini import GEMINI
-from proxy.providers.responses import RESPONSES
+from proxy.providers.apis import FIXED_PATHS, for_path
+from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
 
 __all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "match", "provider_name", "target_for"]
@@ -32,17 +28,6 @@ SUPPORTED = (
     "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
 )
 
-_FIXED: dict[str, ProviderAdapter] = {
-    "/v1/chat/completions": CHAT,
-    "/v1/responses": RESPONSES,
-    "/v1/messages": ANTHROPIC,
-    "/v1/embeddings": EMBEDDINGS,
-}
-
-
-# Gemini carries the model in the path: the whole path must be this, character for
-# character, so the model charged is the model the upstream runs.
-_GEMINI = re.compile(r"/v1(?:beta)?/models/[A-Za-z0-9][A-Za-z0-9._-]*:(?:generateContent|streamGenerateContent)")
 _UPSTREAM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 # What an HTTP client or server may rewrite before the upstream sees the path: dot
 # segments, empty segments, encoded slashes, dots, backslashes, `?` and `#`.
@@ -51,7 +36,7 @@ _AMBIGUOUS = re.compile(r"(?:^|/)\.{1,2}(?:/|$)|//|\\|%(?:2[fFeE3]|5[cC]|3[fF])"
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    adapter: ProviderAdapter | None  # None: not a metered route
+    adapter: Api | None  # None: not a metered route
     upstream_name: str | None  # from an /upstreams/{name}/ prefix
     path: str  # the path as it goes upstream, prefix removed, exactly as received
     mcp: str | None = None  # the MCP server of /mcp/{name}
@@ -89,15 +74,12 @@ def match(raw_path: str) -> Route:
 
 
 # The routes of the fixed paths, as match would build them (none is ambiguous).
-_FIXED_ROUTES = {path: Route(adapter, None, path) for path, adapter in _FIXED.items()}
+_FIXED_ROUTES = {path: Route(api, None, path) for path, api in FIXED_PATHS.items()}
 
 
-def adapter_for(path: str) -> ProviderAdapter | None:
-    """The adapter for a metered path (already stripped of any /upstreams/{name} prefix)."""
-    found = _FIXED.get(path)
-    if found is not None:
-        return found
-    return GEMINI if _GEMINI.fullmatch(path) else None
+def adapter_for(path: str) -> Api | None:
+    """The API of a metered path (already stripped of any /upstreams/{name} prefix)."""
+    return for_path(path)
 
 
 # Served paths as an SDK whose base URL lacks `/v1` sends them (OpenAI's SDK appends only
@@ -155,9 +137,9 @@ _KNOWN_SUFFIXES = (
 )
 
 
-def provider_name(adapter: ProviderAdapter, host: str, configured: str | None = None) -> str:
-    """gen_ai.provider.name for a call of `adapter`'s API to `host` (semconv v1.41.1)."""
-    return _provider(adapter.provider, host, configured)
+def provider_name(api: Api, host: str, configured: str | None = None) -> str:
+    """gen_ai.provider.name for a call of `api`'s API to `host` (semconv v1.41.1)."""
+    return _provider(api.provider, host, configured)
 
 
 def _provider(default: str, host: str, configured: str | None) -> str:
@@ -173,8 +155,8 @@ def _provider(default: str, host: str, configured: str | None) -> str:
     return default
 
 
-def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, upstream_name: str | None) -> Target:
-    dialect = adapter.dialect
+def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None) -> Target:
+    dialect = api.dialect
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
     key_env: str | None
@@ -188,10 +170,10 @@ def target_for(settings: Settings, adapter: ProviderAdapter, caller: Caller, ups
             )
         base, key_env, configured = up.base_url, up.key_env, up.provider_name
     else:
-        base = getattr(settings, adapter.upstream_setting)
+        base = getattr(settings, api.upstream_setting)
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
-    url, provider, host, port = _endpoint(adapter.provider, base, configured)
-    return Target(url, _auth(settings, adapter, caller, key_env), provider, host, port)
+    url, provider, host, port = _endpoint(api.provider, base, configured)
+    return Target(url, _auth(settings, api, caller, key_env), provider, host, port)
 
 
 @functools.lru_cache(maxsize=256)
@@ -202,16 +184,16 @@ def _endpoint(default_provider: str, base: str, configured: str | None) -> tuple
     return base.rstrip("/"), _provider(default_provider, host, configured), host, port
 
 
-def _auth(settings: Settings, adapter: ProviderAdapter, caller: Caller, key_env: str | None) -> dict[str, str]:
+def _auth(settings: Settings, api: Api, caller: Caller, key_env: str | None) -> dict[str, str]:
     if settings.open_mode:
-        return adapter.auth_headers(caller.upstream_key) if caller.upstream_key else {}
+        return api.auth_headers(caller.upstream_key) if caller.upstream_key else {}
     if not key_env:
         return {}
     key = os.environ.get(key_env)
     if key is None:
         raise ConfigError(
-            f"This proxy has no key for the {adapter.dialect} API: the upstream key for tenant {caller.tenant!r} "
+            f"This proxy has no key for the {api.dialect} API: the upstream key for tenant {caller.tenant!r} "
             f"is read from the environment variable {key_env}, which is not set in the proxy's environment. "
             f"Set {key_env} and restart spanmeter (or call an API whose key is set)."
         )
-    return adapter.auth_headers(key) if key else {}
+    return api.auth_headers(key) if key else {}

@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from proxy.config import hash_key
-from proxy.govern.caching import MARKER
 from proxy.ops.demo import serve_on_free_port
+from proxy.providers.anthropic_cache import MARKER
 from proxy.providers.splice import locate
 from proxy.serve.appkeys import RUNS, STORE
 from tests.fixtures.anthropic_cache import CACHE, create_caching_anthropic

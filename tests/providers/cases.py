@@ -19,7 +19,7 @@ from typing import Any
 
 from proxy.model import Call, Outcome
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter
+from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
 from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
@@ -27,7 +27,7 @@ from proxy.providers.responses import RESPONSES
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-ADAPTERS: dict[str, ProviderAdapter] = {
+ADAPTERS: dict[str, Dialect] = {
     "chat": CHAT, "responses": RESPONSES, "anthropic": ANTHROPIC, "gemini": GEMINI,
     "embeddings": EMBEDDINGS,
 }
@@ -41,7 +41,7 @@ class Case:
     expected: dict[str, Any]
 
     @property
-    def adapter(self) -> ProviderAdapter:
+    def adapter(self) -> Dialect:
         return ADAPTERS[self.dialect]
 
     def __str__(self) -> str:

@@ -23,10 +23,10 @@ from proxy.errors import (
     UnknownRoute,
     UpstreamTimeout,
 )
-from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter
+from proxy.providers.anthropic import ANTHROPIC, anthropic_error_type
+from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
-from proxy.providers.gemini import GEMINI
+from proxy.providers.gemini import GEMINI, google_status
 from proxy.providers.responses import RESPONSES
 
 BUDGET = CeilingReached("Run R has spent $5.02 of its $5.00 limit. Raise the run budget "
@@ -81,7 +81,7 @@ async def server() -> AsyncIterator[tuple[ErrorServer, str]]:
     await runner.cleanup()
 
 
-def _serve(fake: ErrorServer, adapter: ProviderAdapter, error: ProxyError) -> None:
+def _serve(fake: ErrorServer, adapter: Dialect, error: ProxyError) -> None:
     fake.reply = Reply(error.status, adapter.render_error(error, "req_spanmeter_1"),
                        error.headers())
 
@@ -132,7 +132,7 @@ async def test_anthropic_raises_its_usual_class_with_our_message(server, error) 
     assert type(info.value) is ANTHROPIC_CLASSES[error.status]
     assert error.message in str(info.value)
     body: Any = info.value.body
-    assert body["error"]["type"] == error.anthropic_type
+    assert body["error"]["type"] == anthropic_error_type(error)
     assert body["request_id"] == "req_spanmeter_1"
 
 
@@ -146,7 +146,7 @@ async def test_google_genai_raises_client_or_server_error_with_our_message(serve
         await client.aio.models.generate_content(model="gemini-2.5-flash", contents="x")
     assert info.value.code == error.status
     assert info.value.message == error.message
-    assert info.value.status == error.google_status
+    assert info.value.status == google_status(error)
 
 
 async def test_a_chat_stream_error_raises_api_error_with_our_message(server) -> None:

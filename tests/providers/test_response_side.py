@@ -12,19 +12,19 @@ from proxy.config import Policy, RepairPolicy
 from proxy.errors import ProxyError
 from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
-from proxy.providers.base import open_exchange
 from proxy.providers.hooks import Hooks
 from proxy.providers.sse import Framer
+from proxy.providers.translator import open_call
 from proxy.serve import content
 from tests.providers.cases import Case, input_message_cases, normalised, repair_cases, retry_cases
 
 
 def _hooks(case: Case) -> tuple[Hooks, Any]:
     req = case.input["request"]
-    ex = open_exchange(case.adapter, orjson.dumps(req["body"]), req["path"])
+    tr = open_call(case.adapter, orjson.dumps(req["body"]), req["path"])
     hooks = Hooks()
-    response_hooks(case.adapter, ex.call, Policy(repair=RepairPolicy(**case.input["policy"])), hooks)
-    return hooks, ex
+    response_hooks(tr.answer(hooks), Policy(repair=RepairPolicy(**case.input["policy"])))
+    return hooks, tr.request
 
 
 def _stream(case: Case, hooks: Hooks, sse: str) -> str:
@@ -78,6 +78,6 @@ def test_a_retry_asks_again_with_the_answer_and_the_problems_as_the_last_turns(c
 
 @pytest.mark.parametrize("case", input_message_cases(), ids=str)
 def test_captured_input_is_in_the_semconv_shapes(case: Case) -> None:
-    got = content.capture(case.adapter, case.input, Outcome())
+    got = content.capture(case.adapter.input_messages(case.input), Outcome())
     got.pop("output_messages")
     assert got == case.expected

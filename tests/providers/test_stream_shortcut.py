@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from proxy.config import DEFAULT_POLICY
 from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
-from proxy.providers.base import ProviderAdapter, open_exchange
+from proxy.providers.base import Dialect
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.sse import Framer, SseEvent, parse_sse_event
-from proxy.serve.relay import StreamRelay
+from proxy.providers.translator import Answer, open_call
 from tests.providers.cases import ADAPTERS, DATA, Case, stream_cases
 
 DIALECTS = ("chat", "anthropic", "responses", "gemini")
@@ -41,35 +41,40 @@ class Relayed:
     taken: int
 
 
-def _hooks(dialect: str, request: str) -> Hooks:
+def _answer(dialect: str, request: str) -> Answer:
     req = orjson.loads((DATA / dialect / f"{request}.request.json").read_bytes())
     body, path = req["body"], req["path"]
     if dialect == "gemini":
         path = path.replace(":generateContent", ":streamGenerateContent")
     else:
         body = {**body, "stream": True}
-    adapter = ADAPTERS[dialect]
-    ex = open_exchange(adapter, orjson.dumps(body), path)
-    assert ex.call.stream
+    tr = open_call(ADAPTERS[dialect], orjson.dumps(body), path)
+    assert tr.call.stream
     hooks = Hooks()
-    hooks.rewrites += adapter.prepare(ex)
-    response_hooks(adapter, ex.call, DEFAULT_POLICY, hooks)
-    return hooks
+    hooks.rewrites += tr.request.prepare()
+    answer = tr.answer(hooks)
+    response_hooks(answer, DEFAULT_POLICY)
+    return answer
 
 
-def _relay(adapter: ProviderAdapter, dialect: str, request: str, chunks: list[bytes], *, full: bool) -> Relayed:
-    hooks = _hooks(dialect, request)
+def _hooks(dialect: str, request: str) -> Hooks:
+    return _answer(dialect, request).hooks
+
+
+def _relay(adapter: Dialect, dialect: str, request: str, chunks: list[bytes], *, full: bool) -> Relayed:
+    answer = _answer(dialect, request)
+    hooks = answer.hooks
     assert not hooks.reads_text  # no structured output asked: the shortcut may run
     hooks.reads_text = full
-    observer = Observer()
-    relay = StreamRelay(adapter, observer, hooks)
+    relay = answer.stream()
     sent = b"".join([*(relay.feed(c) for c in chunks), relay.flush()])
     records = ([r.header_value() for r in hooks.rewrites], hooks.repairs, hooks.delivered_text,
                hooks.delivered_arguments)
-    return Relayed(sent, observer.finish(200), records, relay.taken)
+    answer.status, answer.complete = 200, True  # as the relay leaves a whole stream
+    return Relayed(sent, answer.outcome(), records, relay.taken)
 
 
-def _reference(adapter: ProviderAdapter, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
+def _reference(adapter: Dialect, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
     """The stream relayed as the spec frames it, every event parsed, the first hook that
     claims an event deciding its bytes: what the relay must do however the stream is cut."""
     hooks, observer, sent = _hooks(dialect, request), Observer(), []

@@ -153,7 +153,8 @@ def _read(data: bytes, d: Dialect, piece: int) -> Any:
     adapter = adapter_for(d.path(False).split("?")[0])
     assert adapter is not None
     request = _Request(data, d.path(False), piece)
-    return _LOOP.run_until_complete(open_call(request, adapter, 64 * 1024))  # type: ignore[arg-type]
+    # The call's request side: what the reader read, and what goes upstream.
+    return _LOOP.run_until_complete(open_call(request, adapter, 64 * 1024)).request  # type: ignore[arg-type]
 
 
 _LOOP = asyncio.new_event_loop()  # one loop for all examples: a loop per example is most of the cost

@@ -34,7 +34,7 @@ from proxy.ledger.anatomy import (
 from proxy.ledger.pricing import Price, PriceTable, cost
 from proxy.model import Anatomy, InputPart, ToolCall, Usage, UsageEvent
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter, open_exchange
+from proxy.providers.base import Dialect, open_exchange
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
@@ -43,7 +43,7 @@ from tracing.anatomy import call_totals, run_anatomy
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
 PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"
-ADAPTERS: dict[str, ProviderAdapter] = {"chat": CHAT, "responses": RESPONSES, "messages": ANTHROPIC, "gemini": GEMINI}
+ADAPTERS: dict[str, Dialect] = {"chat": CHAT, "responses": RESPONSES, "messages": ANTHROPIC, "gemini": GEMINI}
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
          "gemini": "/v1beta/models/m:generateContent"}
 
@@ -213,7 +213,7 @@ def test_parts_add_up_in_every_dialect(dialect: str, system: str, tools: list[st
                                        usage: Usage, price: Price | None) -> None:
     body = BUILDERS[dialect](system, tools, turns)
     ex = open_exchange(ADAPTERS[dialect], orjson.dumps(body), PATHS[dialect])
-    parts = ex.adapter.input_parts(ex.body)
+    parts = ex.input_parts(ex.body)
     assert sum(1 for p in parts if p.kind == "tools") == len(tools)
     assert sum(1 for p in parts if p.kind == "tool_result") == sum(1 for k, _ in turns if k == "result")
     _assert_adds_up(anatomy(parts, usage, price), usage, price)
@@ -228,7 +228,7 @@ def _pairs() -> list[dict[str, Any]]:
     return [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
 
 
-def _usage_of(adapter: ProviderAdapter, pair: dict[str, Any]) -> Usage:
+def _usage_of(adapter: Dialect, pair: dict[str, Any]) -> Usage:
     resp = pair["response"]
     raw = base64.b64decode(resp.get("decoded_b64") or resp["body_b64"])
     if pair["stream"]:
@@ -254,7 +254,7 @@ def test_parts_add_up_on_every_recorded_pair() -> None:
         usage = _usage_of(adapter, pair)
         if usage.input_tokens is None:
             continue
-        parts = ex.adapter.input_parts(ex.body)
+        parts = ex.input_parts(ex.body)
         price = prices.price(ex.call.model)
         _assert_adds_up(anatomy(parts, usage, price), usage, price)
         tool_results = [p for p in parts if p.kind == "tool_result"]
@@ -334,7 +334,7 @@ def test_the_written_out_path_shares_as_the_general_one(dialect: str, system: st
     usage = replace(usage, cache_write_tokens=0, cache_write_1h_tokens=0)
     body = BUILDERS[dialect](system, tools, turns)
     ex = open_exchange(ADAPTERS[dialect], orjson.dumps(body), PATHS[dialect])
-    sp = split_parts(ex.adapter.input_parts(ex.body))
+    sp = split_parts(ex.input_parts(ex.body))
     fast = shares(sp, usage, price)
     general = shares_general(sp, usage, price)
     assert fast == general

@@ -4,6 +4,7 @@ below it, and no module imports itself back through another. Read from the code'
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -102,3 +103,47 @@ def test_no_module_imports_itself_back() -> None:
         if module not in state:
             visit(module)
     assert not cycles, f"import cycles: {cycles}"
+
+
+# What a wire format is lives in its API module (issue 27): the shared code knows a call
+# through proxy.providers.translator and a path through proxy.providers.apis, nothing more.
+API_MODULES = {m for m in MODULES if m.startswith("proxy.providers.") and m.rpartition(".")[2].partition("_")[0]
+               in ("chat", "responses", "anthropic", "gemini", "embeddings")}
+DIALECT_WORDS = re.compile(r"openai|anthropic|gemini|google", re.IGNORECASE)
+
+
+def _code_words(path: Path) -> list[str]:
+    """The names and strings of a module's code; its prose (docstrings, comments) may tell
+    what the providers do."""
+    tree = ast.parse(path.read_text())
+    prose = {id(n.body[0].value) for n in ast.walk(tree)
+             if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body
+             and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    words: list[str] = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose:
+            words.append(n.value)
+        elif isinstance(n, ast.Name):
+            words.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            words.append(n.attr)
+        elif isinstance(n, ast.alias):
+            words += [n.name, n.asname or ""]
+        elif isinstance(n, ast.ImportFrom):
+            words.append(n.module or "")
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            words.append(n.name)
+    return words
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _room(m) not in ("proxy.providers", "proxy.simulator")))
+def test_only_the_providers_import_an_api_module(module: str) -> None:
+    named = sorted(GRAPH[module] & API_MODULES)
+    assert not named, f"{module} imports {named}: go through proxy.providers.translator (a call) or .apis (a path)"
+
+
+@pytest.mark.parametrize("module", ["proxy.errors", "proxy.app", "proxy.govern.caching", "proxy.govern.outputs",
+                                    "proxy.serve.handler", "proxy.serve.relay", "proxy.serve.bookkeeping"])
+def test_the_shared_code_names_no_dialect(module: str) -> None:
+    found = sorted({m.group(0).lower() for word in _code_words(MODULES[module]) for m in DIALECT_WORDS.finditer(word)})
+    assert not found, f"{module} names {found}: that knowledge belongs in the API's module under proxy/providers/"
