@@ -158,16 +158,7 @@ def encode_span(span: ReadableSpan, scopes: dict[int, tuple[str, str | None, str
 
 
 def _attributes(span: ReadableSpan) -> dict[str, Any]:
-    # dict(span.attributes) walks the SDK's BoundedAttributes through its Python-level
-    # __iter__/__getitem__: ~2.7 µs for a call span's 26 attributes, half of the whole
-    # encoding. The plain dict inside it copies in ~0.1 µs; the public way is the fallback.
-    raw = getattr(span, "_attributes", None)
-    if type(raw) is dict:  # a span of tracing/lean.py: its plain dict, never changed once ended
-        return raw.copy()
-    inner = getattr(raw, "_dict", None)
-    if type(inner) is dict:
-        return inner.copy()
-    return dict(span.attributes or {})
+    return dict(span.attributes or {})  # a lean span's: a plain dict's copy, at C speed
 
 
 def _state(state: Any) -> tuple[tuple[str, str], ...] | None:

@@ -54,7 +54,7 @@ from tracing.aggregate import MetricsOut, PushLoop, Scope
 from tracing.batching import DropCounter, DropCountingProcessor, QueueLimits
 from tracing.export_process import ChildExporter, ExportProcessProcessor
 from tracing.labels import KnownModel
-from tracing.lean import LeanTracer
+from tracing.lean import Spans, spans_for
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
 
@@ -313,7 +313,8 @@ class Telemetry:
         self.instruments = instruments
         self.ids = ids
         self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
-        self.lean = LeanTracer(self.tracer)  # call and tool spans: tracing/lean.py
+        # Call and tool spans: lean when the SDK's internals are as expected (tracing/lean.py).
+        self.lean: Spans = spans_for(self.tracer)
         self._closed = False
 
     def metrics_text(self) -> bytes:
