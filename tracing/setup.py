@@ -436,12 +436,9 @@ def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Reso
     # The hand-off needs no long delay (the child's processors batch again); it waits at
     # most the local file's, so a long OTLP delay does not hold spans in this process.
     delay = min(cfg.local_schedule_delay_ms, *(e.schedule_delay_ms for e in exporters))
-    return ExportProcessProcessor(
-        exporters, resource_attributes=dict(resource.attributes), resource_schema_url=resource.schema_url,
-        max_queue=cfg.max_queue, max_queue_bytes=cfg.max_queue_bytes, max_export_batch=cfg.max_export_batch,
-        schedule_delay_ms=delay,
-        # The SDK's processor bounds its shutdown at ~30 s plus one export.
-        shutdown_timeout_s=30 + cfg.export_timeout, counter=counter)
+    limits = QueueLimits(cfg.max_queue, cfg.max_queue_bytes, cfg.max_export_batch, delay)
+    # The SDK's processor bounds its shutdown at ~30 s plus one export.
+    return ExportProcessProcessor(exporters, resource, limits, counter, shutdown_timeout_s=30 + cfg.export_timeout)
 
 
 def _signal_url(base: str, signal: str) -> str:
