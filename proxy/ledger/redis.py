@@ -26,6 +26,9 @@ issued in one loop iteration in one write, replies matched in order), to the Clu
 that owns the tenant's slot in redis-py's slot map; a MOVED, ASK, TRYAGAIN or CLUSTERDOWN
 reply (the script did not run) hands that call to redis-py's Cluster client, which follows
 the redirection and updates the map. Reads, sweeps and admin commands use redis-py's pool.
+Those connections use redis-py internals (proxy/ledger/redis_compat.py, checked when the
+store is made); when they moved, or with SPANMETER_REDIS_INTERNALS=off, the scripts go as
+redis-py's own pipelines (standalone) or through its Cluster client, with the same replies.
 
 Every redis error becomes StoreUnavailable here and nowhere else (fail closed: the
 handler answers 503 unless the operator chose fail-open). redis-py's own retries are
