@@ -108,6 +108,16 @@ DESCRIPTIONS = {
     "sm-workers2": "sm-full with --workers 2: a supervisor and 2 workers on CPUs 0-1, sharing CPU 1 with wrk and "
                    "the upstream",
     "sm-before": "sm-full run from another checkout (--baseline DIR): the code before a change, side by side",
+    # The library bypasses against their public paths (proxy/ledger/redis_compat.py, tracing/otel_compat.py):
+    "sm-inproc": "sm-full with spans encoded and sent in-process (SPANMETER_EXPORT_PROCESS=off), not by a child",
+    "sm-public": "sm-full through the libraries' public APIs only (SDK start_span, no lean spans)",
+    "sm-redis-public": "sm-redis through redis-py's public pipelines (SPANMETER_REDIS_INTERNALS=off)",
+}
+# Settings that make a bypass target what its description says.
+BYPASS_ENV = {
+    "sm-inproc": {"SPANMETER_EXPORT_PROCESS": "off"},
+    "sm-public": {"SPANMETER_OTEL_INTERNALS": "off"},
+    "sm-redis-public": {"SPANMETER_REDIS_INTERNALS": "off"},
 }
 # The proxy's CPUs per target: one process on CPU 0, except the workers, which get both
 # cores (the kernel places them); on a 2-core machine that is the load generator's core too.
@@ -168,9 +178,10 @@ def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_p
         "OPENAI_API_KEY": UPSTREAM_KEY,
         "PYTHONUNBUFFERED": "1",
     }
-    if name in ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before"):
+    if name in ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before", *BYPASS_ENV):
         env["SPANMETER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
-    if name == "sm-redis":
+    env.update(BYPASS_ENV.get(name, {}))
+    if name in ("sm-redis", "sm-redis-public"):
         env["SPANMETER_LEDGER_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     if name == "sm-cluster" and cluster_url is not None:
         env["SPANMETER_LEDGER_URL"] = cluster_url
@@ -214,14 +225,14 @@ def start_targets(procs: Procs, plan: Plan, upstream: Proc, baseline: Path | Non
     sink = free_port()
     procs.start("otlp-sink", [PY, str(HERE / "otlp_sink.py"), "--port", str(sink)], cpu=LOAD_CPU, port=sink)
     redis_port = None
-    if "sm-redis" in names:
+    if "sm-redis" in names or "sm-redis-public" in names:
         if shutil.which("redis-server"):
             redis_port = free_port()
             procs.start("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                                   "--appendonly", "no", "--dir", str(procs.tmp)], cpu=LOAD_CPU, port=redis_port)
         else:
-            print("redis-server not found: skipping sm-redis")
-            names.remove("sm-redis")
+            print("redis-server not found: skipping sm-redis and sm-redis-public")
+            names = [n for n in names if n not in ("sm-redis", "sm-redis-public")]
     cluster_url = None
     if "sm-cluster" in names:
         if shutil.which("redis-server") and shutil.which("redis-cli"):

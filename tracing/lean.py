@@ -26,12 +26,18 @@ What the SDK would do that is kept, and why the rest can go:
 - A disabled tracer (OTEL_SDK_DISABLED, a tracer configurator) records nothing.
 - The SDK's own span-count metrics (`otel.sdk.span.*`) go to the global MeterProvider,
   which spanmeter never sets (tracing/setup.py): a no-op there, skipped here.
+
+The tracer's private state this reads is read through tracing/otel_compat.py, which checks
+it at start-up. `spans_for(tracer)` gives the lean path when those internals are as
+expected, else `SdkSpans`: the same interface over the SDK's public `Tracer.start_span`,
+`Span.set_attributes`, `Span.end` (SPANMETER_OTEL_INTERNALS=off chooses it too).
+tests/tracing/test_lean_spans.py shows both export the same bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
@@ -51,7 +57,9 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-__all__ = ["LeanSpan", "LeanTracer"]
+from tracing import otel_compat
+
+__all__ = ["LeanSpan", "LeanTracer", "SdkSpans", "Spans", "spans_for"]
 
 Attrs = dict[str, AttributeValue]
 
@@ -68,22 +76,45 @@ _FLAGS: Final = {
 }
 
 
-class LeanSpan:
-    """An open span: who it is, and its attributes as a plain dict until it ends."""
+class LeanSpan(Protocol):
+    """An open span, as tracing/spans.py and tracing/mcp.py use it (either path's)."""
+
+    @property
+    def context(self) -> SpanContext: ...
+
+    def set_attributes(self, attrs: Mapping[str, AttributeValue]) -> None: ...
+
+    def set_status(self, status: Status) -> None: ...
+
+    def parent_context(self) -> Context: ...
+
+
+class Spans(Protocol):
+    """Opens and ends spans: `LeanTracer`, or `SdkSpans` (the SDK's public API)."""
+
+    def open(self, name: str, parent: SpanContext | None, kind: SpanKind, attributes: Attrs, start_ns: int,
+             links: Sequence[Link] = ()) -> LeanSpan: ...
+
+    def end(self, span: LeanSpan, end_ns: int) -> None: ...
+
+
+class _Lean:
+    """An open span: who it is, and its attributes as a plain dict until it ends.
+    `attributes` None: a span that records nothing (the sampler dropped it)."""
 
     __slots__ = ("attributes", "context", "kind", "links", "name", "parent", "recording", "start_ns", "status")
 
     def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
-                 start_ns: int, attributes: Attrs, links: Sequence[Link], *, recording: bool) -> None:
+                 start_ns: int, attributes: Attrs | None) -> None:
         self.name = name
         self.context = context
         self.parent = parent
         self.kind = kind
         self.start_ns = start_ns
-        self.attributes = attributes
-        self.links = links
+        self.attributes: Attrs = {} if attributes is None else attributes
+        self.links: Sequence[Link] = ()
         self.status = _UNSET
-        self.recording = recording  # False once ended, and for spans the sampler dropped
+        self.recording = attributes is not None  # False once ended, and for spans the sampler dropped
 
     def set_attributes(self, attrs: Mapping[str, AttributeValue]) -> None:
         if not self.recording:
@@ -105,38 +136,34 @@ class LeanSpan:
         return trace.set_span_in_context(NonRecordingSpan(self.context), Context())
 
 
-INVALID: Final = LeanSpan("", INVALID_SPAN_CONTEXT, None, SpanKind.INTERNAL, 0, {}, (), recording=False)
+INVALID: Final[LeanSpan] = _Lean("", INVALID_SPAN_CONTEXT, None, SpanKind.INTERNAL, 0, None)
 
 
 class LeanTracer:
     """Opens and ends `LeanSpan`s with what `tracer` (an SDK tracer) would use."""
 
-    def __init__(self, tracer: trace.Tracer) -> None:
-        sdk = tracer if isinstance(tracer, SdkTracer) else None
+    def __init__(self, sdk: SdkTracer) -> None:
+        """`sdk` is a tracer `otel_compat.internals` said yes to."""
         self._sdk = sdk
-        if sdk is not None:
-            self._ids = sdk.id_generator
-            self._sampler = sdk.sampler
-            self._default_sampler = sdk.sampler is DEFAULT_ON
-            self._processor = sdk.span_processor
-            self._resource = sdk.resource
-            self._scope = sdk._instrumentation_scope
-            self._info = sdk.instrumentation_info
-            limits: SpanLimits = sdk._span_limits
-            self._max_attributes = limits.max_span_attributes
-            self._max_length = limits.max_attribute_length
-            self._max_links = limits.max_links
-            self._max_link_attributes = limits.max_link_attributes
+        self._ids = sdk.id_generator
+        self._sampler = sdk.sampler
+        self._default_sampler = sdk.sampler is DEFAULT_ON
+        self._processor = sdk.span_processor
+        self._resource = sdk.resource
+        self._scope = otel_compat.scope(sdk)
+        self._info = sdk.instrumentation_info
+        self._limits: SpanLimits = otel_compat.span_limits(sdk)
+        self._max_attributes = self._limits.max_span_attributes
+        self._max_length = self._limits.max_attribute_length
 
     def open(self, name: str, parent: SpanContext | None, kind: SpanKind, attributes: Attrs, start_ns: int,
              links: Sequence[Link] = ()) -> LeanSpan:
         """A span's identity, as `Tracer.start_span(name, parent, kind, attributes, links)` decides it.
 
         `attributes` is kept (not copied): the caller hands it over."""
-        sdk = self._sdk
-        if sdk is None or not sdk._is_enabled():
+        if not otel_compat.tracer_enabled(self._sdk):
             # The SDK's disabled tracer answers with the parent's span, recording nothing.
-            return LeanSpan(name, parent or INVALID_SPAN_CONTEXT, None, kind, start_ns, {}, (), recording=False)
+            return _Lean(name, parent or INVALID_SPAN_CONTEXT, None, kind, start_ns, None)
         if parent is not None and not parent.is_valid:
             parent = None
         trace_id = self._ids.generate_trace_id() if parent is None else parent.trace_id
@@ -156,18 +183,17 @@ class LeanTracer:
         flags = _FLAGS[sampled, bool(random)]
         context = SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=flags,
                               trace_state=trace_state)
-        if not recording:
-            return LeanSpan(name, context, parent, kind, start_ns, {}, (), recording=False)
-        return LeanSpan(name, context, parent, kind, start_ns, attributes,
-                        self._links(links) if links else (), recording=True)
+        span = _Lean(name, context, parent, kind, start_ns, attributes if recording else None)
+        if recording and links:
+            span.links = self._links(links)
+        return span
 
     def end(self, span: LeanSpan, end_ns: int) -> None:
         """Finish `span` and hand it to the span processors, once."""
+        assert isinstance(span, _Lean)  # opened here
         if not span.recording:
             return
         span.recording = False
-        sdk = self._sdk
-        assert sdk is not None  # a recording span comes from an SDK tracer
         readable = ReadableSpan(
             name=span.name,
             context=span.context,
@@ -196,13 +222,51 @@ class LeanTracer:
 
     def _links(self, links: Sequence[Link]) -> Sequence[Link]:
         # As `_Span._new_links`: valid links only, their attributes bounded, at most max_links.
-        from opentelemetry.sdk.trace import _is_valid_link
         from opentelemetry.sdk.util import BoundedList
 
-        kept = []
-        for link in links:
-            if link and _is_valid_link(link.context, link.attributes):
-                link._attributes = BoundedAttributes(
-                    self._max_link_attributes, link.attributes, max_value_len=self._max_length, immutable=True)
-                kept.append(link)
-        return BoundedList.from_seq(self._max_links, kept)
+        kept = [link for link in links if otel_compat.bound_link(link, self._limits)]
+        return BoundedList.from_seq(self._limits.max_links, kept)
+
+
+class _SdkSpan:
+    """The SDK's own span behind the `LeanSpan` interface."""
+
+    __slots__ = ("context", "span")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.context = span.get_span_context()
+
+    def set_attributes(self, attrs: Mapping[str, AttributeValue]) -> None:
+        self.span.set_attributes(attrs)
+
+    def set_status(self, status: Status) -> None:
+        self.span.set_status(status)
+
+    def parent_context(self) -> Context:
+        return trace.set_span_in_context(NonRecordingSpan(self.context), Context())
+
+
+class SdkSpans:
+    """The public path: every span started, filled and ended by the SDK's tracer."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    def open(self, name: str, parent: SpanContext | None, kind: SpanKind, attributes: Attrs, start_ns: int,
+             links: Sequence[Link] = ()) -> LeanSpan:
+        ctx = trace.set_span_in_context(NonRecordingSpan(parent), Context()) if parent else Context()
+        return _SdkSpan(self._tracer.start_span(name, context=ctx, kind=kind, attributes=attributes,
+                                                links=links or None, start_time=start_ns))
+
+    def end(self, span: LeanSpan, end_ns: int) -> None:
+        assert isinstance(span, _SdkSpan)  # opened here
+        span.span.end(end_time=end_ns)
+
+
+def spans_for(tracer: trace.Tracer) -> Spans:
+    """The lean path when `tracer`'s internals are as tracing/otel_compat.py expects (and it
+    is not turned off), else the SDK's public API."""
+    if isinstance(tracer, SdkTracer) and otel_compat.internals(tracer):
+        return LeanTracer(tracer)
+    return SdkSpans(tracer)

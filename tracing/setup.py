@@ -54,7 +54,7 @@ from tracing.aggregate import MetricsOut, PushLoop, Scope
 from tracing.batching import DropCounter, DropCountingProcessor, QueueLimits
 from tracing.export_process import ChildExporter, ExportProcessProcessor
 from tracing.labels import KnownModel
-from tracing.lean import LeanTracer
+from tracing.lean import Spans, spans_for
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
 
@@ -313,7 +313,8 @@ class Telemetry:
         self.instruments = instruments
         self.ids = ids
         self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
-        self.lean = LeanTracer(self.tracer)  # call and tool spans: tracing/lean.py
+        # Call and tool spans: lean when the SDK's internals are as expected (tracing/lean.py).
+        self.lean: Spans = spans_for(self.tracer)
         self._closed = False
 
     def metrics_text(self) -> bytes:
@@ -435,12 +436,9 @@ def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Reso
     # The hand-off needs no long delay (the child's processors batch again); it waits at
     # most the local file's, so a long OTLP delay does not hold spans in this process.
     delay = min(cfg.local_schedule_delay_ms, *(e.schedule_delay_ms for e in exporters))
-    return ExportProcessProcessor(
-        exporters, resource_attributes=dict(resource.attributes), resource_schema_url=resource.schema_url,
-        max_queue=cfg.max_queue, max_queue_bytes=cfg.max_queue_bytes, max_export_batch=cfg.max_export_batch,
-        schedule_delay_ms=delay,
-        # The SDK's processor bounds its shutdown at ~30 s plus one export.
-        shutdown_timeout_s=30 + cfg.export_timeout, counter=counter)
+    limits = QueueLimits(cfg.max_queue, cfg.max_queue_bytes, cfg.max_export_batch, delay)
+    # The SDK's processor bounds its shutdown at ~30 s plus one export.
+    return ExportProcessProcessor(exporters, resource, limits, counter, shutdown_timeout_s=30 + cfg.export_timeout)
 
 
 def _signal_url(base: str, signal: str) -> str:

@@ -26,6 +26,9 @@ issued in one loop iteration in one write, replies matched in order), to the Clu
 that owns the tenant's slot in redis-py's slot map; a MOVED, ASK, TRYAGAIN or CLUSTERDOWN
 reply (the script did not run) hands that call to redis-py's Cluster client, which follows
 the redirection and updates the map. Reads, sweeps and admin commands use redis-py's pool.
+Those connections use redis-py internals (proxy/ledger/redis_compat.py, checked when the
+store is made); when they moved, or with SPANMETER_REDIS_INTERNALS=off, the scripts go as
+redis-py's own pipelines (standalone) or through its Cluster client, with the same replies.
 
 Every redis error becomes StoreUnavailable here and nowhere else (fail closed: the
 handler answers 503 unless the operator chose fail-open). redis-py's own retries are
@@ -54,8 +57,6 @@ from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
-from redis._parsers import AsyncCommandsParser
-from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -73,8 +74,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.errors import ConfigError, StoreUnavailable
+from proxy.ledger import redis_compat
 from proxy.ledger.rates import RateState, epoch_ms
-from proxy.ledger.redis_pipe import Pipe, pack
+from proxy.ledger.redis_pipe import Batched, Pipe, Scripts
 from proxy.ledger.store import (
     CONTEXT_KEPT_S,
     NO_TURN,
@@ -172,11 +174,15 @@ class RedisStore(DerivedOps):
         self.cluster = is_cluster_url(url)
         self._timeout_s = timeout_s
         self._gate: asyncio.Semaphore | None = None
-        self._pipe: Pipe | None = None  # standalone: the scripts' connection
+        self._pipe: Scripts | None = None  # standalone: the scripts' connection
         self._pipes: dict[str, Pipe] = {}  # Cluster: one per node, by name
+        # redis-py's internals as proxy/ledger/redis_compat.py expects them: the scripts on
+        # our own pipelined connections; else through redis-py's public API only.
+        self._internals = redis_compat.internals()
         self._redis: Any
         if self.cluster:
-            self._redis = _cluster_client(url, max_connections=max_connections, timeout_s=timeout_s)
+            self._redis = _cluster_client(url, max_connections=max_connections, timeout_s=timeout_s,
+                                          failover=self._internals)
             # The Cluster client refuses (MaxConnectionsError) past max_connections per node
             # instead of waiting: the gate makes it wait, as the standalone pool does.
             self._gate = asyncio.Semaphore(max_connections)
@@ -193,7 +199,7 @@ class RedisStore(DerivedOps):
             self._redis = aioredis.Redis(connection_pool=pool)
             # The scripts of every call (admit, settle, ...) go on one pipelined connection
             # made with the pool's settings; the other operations (reads, sweeps, admin) on the pool.
-            self._pipe = Pipe(pool.make_connection, timeout_s=timeout_s, parse_error=BaseParser.parse_error)
+            self._pipe = Pipe(pool.make_connection, timeout_s=timeout_s) if self._internals else Batched(self._redis)
         self._scripts = {p.stem: _Script(_script_text(p)) for p in _LUA.glob("*.lua")}
         self._registered: dict[str, float] = {}  # tenant -> when this process last registered it
         self._registering: set[str] = set()
@@ -254,13 +260,12 @@ class RedisStore(DerivedOps):
     async def _script(self, name: str, keys: list[str], args: list[Any], *, repeatable: bool,
                       tenant: str | None = None) -> Any:
         script = self._scripts[name]
-        packed = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
 
-        async def piped(pipe: Pipe) -> Any:
+        async def piped(pipe: Scripts) -> Any:
             try:
-                return await pipe.call(packed)
+                return await pipe.call(("EVALSHA", script.sha, len(keys), *keys, *args))
             except NoScriptError:  # this node has not seen the script (yet, or since a restart)
-                return await pipe.call(pack(("EVAL", script.text, len(keys), *keys, *args)))
+                return await pipe.call(("EVAL", script.text, len(keys), *keys, *args))
 
         if self._pipe is not None:
             standalone = self._pipe
@@ -272,6 +277,8 @@ class RedisStore(DerivedOps):
             except NoScriptError:
                 return await self._redis.eval(script.text, len(keys), *keys, *args)
 
+        if not self._internals:  # redis-py's Cluster client routes it, as any other command
+            return await self._call(pooled, repeatable=repeatable, tenant=tenant)
         slot = key_slot(keys[0].encode())  # every key of a script shares its tenant's hash tag
 
         async def clustered() -> Any:
@@ -289,7 +296,7 @@ class RedisStore(DerivedOps):
                 # As redis-py's client does: the layout is learnt again before the next
                 # command (a replica may have taken over the node's slots).
                 self._redis.nodes_manager.move_node_to_end_of_cached_nodes(node.name)  # asked last for it
-                self._redis._initialize = True
+                redis_compat.relearn_layout(self._redis)
                 raise
 
         return await self._call(clustered, repeatable=repeatable, tenant=tenant, gated=False)
@@ -301,8 +308,7 @@ class RedisStore(DerivedOps):
                 # As redis-py's client makes its nodes' connections: no retry below ours.
                 return node.connection_class(**{**node.connection_kwargs, "retry": Retry(NoBackoff(), 0)})
 
-            pipe = self._pipes[node.name] = Pipe(connection, timeout_s=self._timeout_s,
-                                                 parse_error=BaseParser.parse_error)
+            pipe = self._pipes[node.name] = Pipe(connection, timeout_s=self._timeout_s)
         return pipe
 
     async def _admitting(self, tenant: str, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -769,35 +775,11 @@ class _Script:
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
 
-class _CommandsParser(AsyncCommandsParser):
-    """redis-py's Cluster client asks the first primary of its layout for COMMAND whenever it
-    (re)learns the layout, and fails as a whole when that primary is down: no command would
-    go out, not even for the keys of the shards that are up. This one asks the other
-    primaries in turn, and makes the one that answered the client's default node."""
-
-    def __init__(self, client: RedisCluster) -> None:
-        super().__init__()
-        self._client = client
-
-    async def initialize(self, node: ClusterNode | None = None) -> None:
-        primaries = self._client.get_primaries()
-        error: BaseException | None = None
-        for candidate in [node, *(n for n in primaries if n is not node)]:
-            if candidate is None:
-                continue
-            try:
-                await super().initialize(candidate)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                error = exc
-                continue
-            self._client.nodes_manager.default_node = candidate
-            return
-        raise error or RedisConnectionError("no primary of the cluster answers")
-
-
-def _cluster_client(url: str, *, max_connections: int, timeout_s: float) -> RedisCluster:
+def _cluster_client(url: str, *, max_connections: int, timeout_s: float, failover: bool) -> RedisCluster:
     """redis-py's Cluster client from redis+cluster://[user:password@]host:port[,host:port...]:
-    the nodes are where it learns the cluster's layout (any one that answers will do)."""
+    the nodes are where it learns the cluster's layout (any one that answers will do).
+    `failover`: it asks another primary for COMMAND when the first is down
+    (redis_compat.FailoverCommandsParser)."""
     scheme, _, rest = url.partition("://")
     base = "rediss" if scheme.startswith("rediss") else "redis"
     netloc, sep, tail = rest.partition("/")
@@ -828,7 +810,8 @@ def _cluster_client(url: str, *, max_connections: int, timeout_s: float) -> Redi
         decode_responses=True,
         retry=Retry(NoBackoff(), 0),
     )
-    client.commands_parser = _CommandsParser(client)
+    if failover:
+        client.commands_parser = redis_compat.FailoverCommandsParser(client)
     return client
 
 

@@ -8,7 +8,10 @@ sends in order, are matched to their callers in order; hiredis packs and parses 
 
 The connection itself (TLS, unix sockets, AUTH, SELECT, the handshake) is made by
 redis-py's own Connection class from the pool's settings; once it is up, its streams are
-read and written here and nowhere else.
+taken (proxy/ledger/redis_compat.py, which checks that redis-py still keeps them where
+this expects) and read and written here and nowhere else. When it does not, or
+SPANMETER_REDIS_INTERNALS=off, `Batched` is used instead: the commands of one loop
+iteration go as one of redis-py's own pipelines on a pooled connection.
 
 Failure semantics are those of the pooled client: a command whose reply has not come
 `timeout_s` after it was written fails with TimeoutError, and so does every command
@@ -24,17 +27,20 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import hiredis
+import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Pipe", "pack"]
+from proxy.ledger import redis_compat
 
-pack = hiredis.pack_command  # (name, *args) -> RESP bytes; str, bytes, int and float args
+__all__ = ["Batched", "Pipe", "Scripts"]
+
+Command = tuple[str | bytes | int | float, ...]  # (name, *args)
 
 _READ_SIZE = 65536
 
@@ -42,19 +48,15 @@ _READ_SIZE = 65536
 class _Link:
     """One open connection: what was written on it and awaits its reply, in order."""
 
-    def __init__(self, conn: AbstractConnection, parse_error: Callable[[str], RedisError],
-                 timeout_s: float, on_dead: Callable[[_Link], None]) -> None:
-        reader, writer = conn._reader, conn._writer  # made by redis-py's handshake
-        assert reader is not None and writer is not None
-        # Ours from here: redis-py's Connection lets go of them (it would close them, or warn
-        # that they are open, when it is collected).
-        conn._reader = conn._writer = None
+    def __init__(self, conn: AbstractConnection, timeout_s: float, on_dead: Callable[[_Link], None]) -> None:
+        reader, writer = redis_compat.take_streams(conn)  # made by redis-py's handshake; ours from here
         self.reader: asyncio.StreamReader = reader
         self.writer: asyncio.StreamWriter = writer
         self.loop = asyncio.get_running_loop()
         self.timeout_s = timeout_s
         self.where = f"{getattr(conn, 'host', getattr(conn, 'path', '?'))}:{getattr(conn, 'port', '')}"
-        self.parser = hiredis.Reader(protocolError=InvalidResponse, replyError=parse_error, encoding="utf-8")
+        self.parser = hiredis.Reader(protocolError=InvalidResponse, replyError=redis_compat.parse_error,
+                                     encoding="utf-8")
         self.pending: deque[tuple[asyncio.Future[Any], float]] = deque()  # (caller, reply deadline)
         self.out: list[bytes] = []
         self.flush_due = False
@@ -141,25 +143,32 @@ class _Link:
             await self.writer.wait_closed()
 
 
+class Scripts(Protocol):
+    """Where the ledger's per-call scripts go: `Pipe` or `Batched`."""
+
+    async def call(self, command: Command) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
 class Pipe:
     """Commands to one server on one connection, pipelined; opened on first use and again
     after it is lost. `connection()` makes an unconnected redis-py Connection."""
 
-    def __init__(self, connection: Callable[[], AbstractConnection], *, timeout_s: float,
-                 parse_error: Callable[[str], RedisError]) -> None:
+    def __init__(self, connection: Callable[[], AbstractConnection], *, timeout_s: float) -> None:
         self._connection = connection
         self._timeout_s = timeout_s
-        self._parse_error = parse_error
         self._link: _Link | None = None
         self._opening: asyncio.Future[_Link] | None = None
         self._closed = False
 
-    async def call(self, packed: bytes) -> Any:
-        """Send one packed command; its reply, or the server's error reply raised."""
+    async def call(self, command: Command) -> Any:
+        """Send one command; its reply, or the server's error reply raised."""
         link = self._link
         if link is None:
             link = await self._open()
-        reply = await link.send(packed)
+        # The stub types its argument as a 1-tuple; it takes (name, *args).
+        reply = await link.send(hiredis.pack_command(command))  # type: ignore[arg-type]
         if isinstance(reply, RedisError):
             raise reply
         return reply
@@ -181,7 +190,11 @@ class Pipe:
         except BaseException:
             await conn.disconnect()
             raise
-        link = _Link(conn, self._parse_error, self._timeout_s, self._dropped)
+        try:
+            link = _Link(conn, self._timeout_s, self._dropped)
+        except BaseException:
+            await conn.disconnect()
+            raise
         if self._closed:
             await link.close()
             raise RedisConnectionError("The ledger's Redis connection is closed.")
@@ -203,3 +216,54 @@ class Pipe:
             await asyncio.gather(self._opening, return_exceptions=True)
         if self._link is not None:
             await self._link.close()
+
+
+class Batched:
+    """The public path: the commands issued in one event-loop iteration go as one of
+    redis-py's pipelines (no transaction) on a connection of `client`'s pool; each caller
+    gets its own reply, or its error reply raised. A failure of the pipeline (connection
+    lost, timeout) fails every command in it, as `Pipe` fails what is in flight."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+        self._batch: list[tuple[Command, asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def call(self, command: Command) -> Any:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if not self._batch:
+            loop.call_soon(self._flush)
+        self._batch.append((command, fut))
+        return await fut
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[Command, asyncio.Future[Any]]]) -> None:
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for command, _ in batch:
+                    pipe.execute_command(*command)
+                replies = await pipe.execute(raise_on_error=False)
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, fut), reply in zip(batch, replies, strict=True):
+            if fut.done():
+                continue
+            if isinstance(reply, Exception):
+                fut.set_exception(reply)
+            else:
+                fut.set_result(reply)
+
+    async def aclose(self) -> None:
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
