@@ -20,7 +20,7 @@ from proxy.errors import Refusal
 from proxy.ledger import redis_compat
 from proxy.ledger.redis import RedisStore
 from proxy.ledger.redis_pipe import Batched, Pipe
-from proxy.ledger.store import Limits, Turn
+from proxy.ledger.store import Ask, Limits, Turn
 from tests.fixtures.redis import BINARY, SKIP_REASON
 from tests.fixtures.redis_cluster import CLI, CLUSTER_SKIP_REASON
 
@@ -35,18 +35,17 @@ async def _story(store: RedisStore, tenant: str) -> list[Any]:
     and tool calls, concurrent admissions, reads. Every answer, ids left out."""
     seen: list[Any] = []
     tools = [{"id": "call_1", "name": "search", "arguments": '{"q": "x"}', "delivered_ns": 1, "link": None}]
-    a = await store.admit(tenant, "run-1", min_reserve=10, max_reserve=9_000, limits=LIMITS, now=T0,
-                          turn=Turn(trace=TRACE))
+    a = await store.admit(Ask(tenant, "run-1", T0, LIMITS), Turn(trace=TRACE, reserve=(10, 9_000)))
     seen.append((a.reserved, a.calls, a.remaining, a.day_key, a.month_key, a.closed, a.trace))
     seen.append(await store.settle(a, 1_234, run_totals={"calls": 1, "input_tokens": 812}, tools=tools))
-    many = await asyncio.gather(*(store.admit(tenant, f"run-{i}", min_reserve=1, max_reserve=100 + i, limits=LIMITS,
-                                              now=T0 + timedelta(seconds=i)) for i in range(2, 40)))
+    many = await asyncio.gather(*(store.admit(Ask(tenant, f"run-{i}", T0 + timedelta(seconds=i), LIMITS),
+                                              Turn(reserve=(1, 100 + i))) for i in range(2, 40)))
     # Concurrent: the tenant's windows depend on the order they arrive in; the runs' do not.
     seen.append([(m.reserved, m.calls, m.remaining["run_cost"]) for m in many])
     seen.append(await asyncio.gather(*(store.settle(m, 50, run_totals={"calls": 1}) for m in many)))
     for _ in range(3):  # the run's call ceiling (3) refuses the third
         try:
-            b = await store.admit(tenant, "run-1", min_reserve=10, max_reserve=9_000, limits=LIMITS, now=T0)
+            b = await store.admit(Ask(tenant, "run-1", T0, LIMITS), Turn(reserve=(10, 9_000)))
             seen.append((b.reserved, b.calls))
             seen.append(await store.settle(b, 2_000, run_totals={"calls": 1}))
         except Refusal as exc:
@@ -124,7 +123,7 @@ async def test_public_replies_stay_with_their_calls_when_callers_go_away(redis_s
     store = RedisStore(redis_server.url)
     try:
         async def admit(i: int) -> int:
-            a = await store.admit("batched", f"r-{i}", min_reserve=1, max_reserve=1000 + i, limits=Limits(), now=T0)
+            a = await store.admit(Ask("batched", f"r-{i}", T0, Limits()), Turn(reserve=(1, 1000 + i)))
             return a.reserved
 
         tasks = [asyncio.ensure_future(admit(i)) for i in range(60)]
@@ -150,7 +149,7 @@ async def test_a_moved_internal_is_said_once_and_the_public_path_taken(
         assert len(said) == 1, said
         assert "RedisCluster._initialize" in said[0]
         assert f"redis-py {importlib.metadata.version('redis')}" in said[0]
-        a = await stores[0].admit("moved", "r", min_reserve=1, max_reserve=10, limits=Limits(), now=T0)
+        a = await stores[0].admit(Ask("moved", "r", T0, Limits()), Turn(reserve=(1, 10)))
         assert await stores[0].settle(a, 3, run_totals={"calls": 1}) == 0
     finally:
         for s in stores:

@@ -19,8 +19,6 @@ MAX_PARAMETERS = 6
 
 # Functions being shrunk on other branches this session; the lead empties this at merge.
 ALLOWED = {
-    "tracing/export_process.py:ExportProcessProcessor.__init__",  # the compat modules (issue 27 item 4)
-    "tracing/lean.py:LeanSpan.__init__",  # the compat modules (issue 27 item 4)
     "proxy/ledger/anatomy.py:_top",  # the input anatomy (issue 28)
 }
 
