@@ -129,6 +129,13 @@ class Proc:
                     out[key] = out.get(key, 0) + int(value.split()[0])
         return out
 
+    def reset_peak_rss(self) -> None:
+        """Start VmHWM again from the current RSS (clear_refs 5), for the process and its
+        children, so the next reading is the peak of what ran since."""
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+
     def fds(self) -> int:
         return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in self.pids())
 
