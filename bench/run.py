@@ -620,8 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, help="repetitions per scenario (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per measurement (default 3, quick 2)")
     p.add_argument("--targets", help="comma-separated subset of: " + ", ".join(FULL.targets))
+    p.add_argument("--scenarios", help="comma-separated subset of: " + ", ".join(BY_NAME))
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of sm-full")
     p.add_argument("--profile-only", action="store_true", help="only start sm-full and profile it")
+    p.add_argument("--profile-c1", action="store_true",
+                   help="only start sm-full and profile it at 1 connection: every thread and the export child, "
+                        "wall time (JSON, stream, back-to-back calls of a run)")
     p.add_argument("--soak", type=int, metavar="N", help="run the reliability soak of N requests instead")
     p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     p.add_argument("--baseline", type=Path, metavar="DIR",
@@ -634,6 +638,12 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     plan = Plan(args.reps or plan.reps, args.duration or plan.duration_s, plan.warmup_s,
                 args.targets.split(",") if args.targets else plan.targets, plan.ttfb_n, plan.profile_s)
+    if args.scenarios:
+        wanted = args.scenarios.split(",")
+        unknown = [n for n in wanted if n not in BY_NAME]
+        if unknown:
+            p.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(BY_NAME)}")
+        SCENARIOS[:] = [s for s in SCENARIOS if s.name in wanted]
     if "direct" not in plan.targets:
         plan.targets.insert(0, "direct")
     if args.baseline is not None and "sm-before" not in plan.targets:
@@ -650,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0 if report["ok"] else 1
             if args.profile_only:
                 return _profile_only(procs, plan)
+            if args.profile_c1:
+                return _profile_c1(procs, plan)
             return _bench(procs, plan, args, started)
         finally:
             procs.close()
@@ -720,6 +732,24 @@ def _profile_only(procs: Procs, plan: Plan) -> int:
                              {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
     print(render_profile(profile))
     _write(HERE / "results" / "profile.json", profile)
+    return 0
+
+
+def _profile_c1(procs: Procs, plan: Plan) -> int:
+    from profile_hot import profile_one_connection, render_threads
+
+    upstream, _ = start_upstream(procs)
+    targets = start_targets(procs, Plan(1, 1, 1, ["direct", "sm-full"], 0, plan.profile_s), upstream)
+    full = targets[-1]
+    assert full.proc is not None
+    smoke(targets)
+    chosen = {n: BY_NAME[n] for n in ("json_c1", "sse_c1", "chain_c1")}
+    for sc in chosen.values():
+        measure(full, sc, plan.warmup_s, procs.tmp, f"w{sc.name}")
+    profile = profile_one_connection(full.proc, lambda sc, d: wrk(full, sc, d, procs.tmp, f"p{sc.name}"), chosen,
+                                     plan.profile_s, procs.tmp)
+    print(render_threads(profile))
+    _write(HERE / "results" / "profile-c1.json", profile)
     return 0
 
 
