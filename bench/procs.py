@@ -136,6 +136,20 @@ class Proc:
             with contextlib.suppress(OSError):
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
 
+    def peaks_by_process(self) -> dict[str, int]:
+        """VmHWM in kB of each process (the serving one first, then its children by PID)."""
+        out: dict[str, int] = {}
+        for pid in self.pids():
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+                kind = "export child" if not _serves(pid) else "serving"
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith("VmHWM:"):
+                    out[f"{kind} {pid}"] = int(line.split()[1])
+        return out
+
     def fds(self) -> int:
         return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in self.pids())
 

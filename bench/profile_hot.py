@@ -146,10 +146,11 @@ def profile_target(proc: Any, drive: Callable[[Any, int], dict[str, Any]], scena
 
 
 # Leaf frames where a thread waits rather than works (py-spy --idle samples them too).
-WAITS = [
-    ("waiting for work (event loop poll)", ("run_forever", "select (selectors.py)", "_run_once", "run (uvloop")),
-    ("waiting for work (ledger queue)", ("get (queue.py)", "_serve (proxy/ledger/sqlite.py)")),
-    ("waiting for work (export queue / pipe)", ("recv_bytes", "_recv", "wait (threading.py)", "poll (")),
+WAITS = [  # a leaf frame that is a call into C which blocks
+    ("waiting for I/O (event loop poll)", ("run_app (", "run_forever", "run_until_complete", "select (selectors.py)")),
+    ("waiting for work (ledger queue)", ("SqliteStore._serve (", "SqliteStore._next_job (", "get (queue.py)")),
+    ("waiting for work (a queue, a pipe or a condition)", ("Condition.wait", "_read_exactly", "_Offloaded._write",
+                                                           "Event.wait", "recv_bytes", "_recv (")),
 ]
 
 

@@ -54,6 +54,7 @@ UPSTREAM_KEY = "sk-bench-upstream"
 SLOW_IDEAL_RPS = 256 / 0.05  # 256 connections, each waiting 50 ms per call
 # Settings the bench's own shell might carry; each spanmeter gets exactly the ones set below.
 INHERITED_CONFIG = [k for k in os.environ if k.startswith(("SPANMETER_", "OTEL_"))]
+SM_ENV: dict[str, str] = {}  # --sm-env: set for every spanmeter target, after the bench's own
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_p
     }
     if name in ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before"):
         env["SPANMETER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
+    env.update(SM_ENV)
     if name == "sm-redis":
         env["SPANMETER_LEDGER_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     if name == "sm-cluster" and cluster_url is not None:
@@ -314,6 +316,7 @@ def measure(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str,
         r["cpu_ms_per_req"] = cpu_ms / max(r["requests"], 1)
         r["loop_cpu_ms_per_req"] = (t.proc.main_thread_ticks() - loop_before) * 1000 / HZ / max(r["requests"], 1)
         r["peak_rss_kb"] = t.proc.status().get("VmHWM", 0)
+        r["peak_rss_kb_by_process"] = t.proc.peaks_by_process()
     if upstream:
         r["upstream_cpu_ms_per_req"] = (upstream.cpu_ticks() - up_before) * 1000 / HZ / max(r["requests"], 1)
     # A proxy on both cores (sm-workers2) cannot be told apart from other work on CPU 0.
@@ -628,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
                         "wall time (JSON, stream, back-to-back calls of a run)")
     p.add_argument("--soak", type=int, metavar="N", help="run the reliability soak of N requests instead")
     p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
+    p.add_argument("--sm-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every spanmeter target (repeatable), e.g. SPANMETER_GC_TUNING=false")
     p.add_argument("--baseline", type=Path, metavar="DIR",
                    help="another checkout (e.g. a git worktree of the previous commit) run as target sm-before "
                         "beside sm-full, so a change is measured side by side in one run")
@@ -638,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     plan = Plan(args.reps or plan.reps, args.duration or plan.duration_s, plan.warmup_s,
                 args.targets.split(",") if args.targets else plan.targets, plan.ttfb_n, plan.profile_s)
+    SM_ENV.update(kv.split("=", 1) for kv in args.sm_env)  # type: ignore[arg-type]
     if args.scenarios:
         wanted = args.scenarios.split(",")
         unknown = [n for n in wanted if n not in BY_NAME]
