@@ -7,9 +7,14 @@ every target in turn (alternating), and the reported figure is the median over
 repetitions.
 
     python bench/run.py              # full run, < 8 minutes on 2 cores
-    python bench/run.py --quick      # fewer targets, 1 repetition, < 2 minutes
+    python bench/run.py --quick      # direct, bare, sm-full, sm-local, 1 repetition, ~2-3 minutes
+    python bench/run.py --quick --scenarios json_c1,chain_c1   # only those scenarios
     python bench/run.py --soak 100000   # reliability soak instead (see soak.py)
     python bench/run.py --no-profile    # skip the py-spy profile
+    python bench/run.py --profile-c1    # sm-full at 1 connection: wall time per thread and export child
+
+It ends with issue 29's targets, met or not, per spanmeter target, beside the bare
+pass-through's figure of the same run.
 """
 
 from __future__ import annotations
@@ -619,7 +624,7 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fewer targets, one repetition (< 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="fewer targets, one repetition (~2-3 minutes)")
     p.add_argument("--reps", type=int, help="repetitions per scenario (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per measurement (default 3, quick 2)")
     p.add_argument("--targets", help="comma-separated subset of: " + ", ".join(FULL.targets))
