@@ -5,7 +5,7 @@
 Each stream is a 50-event answer as its API sends it (chat: the benchmark's own stream,
 bench/payloads.py; Anthropic, Responses, Gemini: their recorded fixtures in tests/data,
 the text deltas repeated to 50 events). The request goes through `open_exchange` and
-`prepare` and the response hooks are chosen by `steps.response_hooks`, as the proxy does
+`prepare` and the response hooks are chosen by `outputs.response_hooks`, as the proxy does
 (chat without stream_options: include_usage injected, the usage chunk dropped); then the
 upstream's bytes go through the relay's per-chunk code and the observer's outcome, as
 `relay._stream` runs them. Two deliveries: the whole stream in one chunk (what the load
@@ -47,6 +47,7 @@ import orjson
 
 from bench.payloads import REQUEST_SSE, SSE_EVENTS
 from proxy.config import DEFAULT_POLICY
+from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import ProviderAdapter, open_exchange
@@ -56,7 +57,7 @@ from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.responses import RESPONSES
 from proxy.providers.sse import Framer
-from proxy.serve import relay, steps
+from proxy.serve import relay
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 EVENTS = 50
@@ -121,7 +122,7 @@ def _hooks(adapter: ProviderAdapter, dialect: str) -> Hooks:
     ex = open_exchange(adapter, *_request(dialect))
     hooks = Hooks()
     hooks.rewrites += adapter.prepare(ex)
-    steps.response_hooks(adapter, ex.call, DEFAULT_POLICY, hooks)
+    response_hooks(adapter, ex.call, DEFAULT_POLICY, hooks)
     return hooks
 
 
