@@ -189,3 +189,24 @@ def test_the_stream_benchmark_relays_each_dialects_answer_whole() -> None:
         assert len(outcome.text) > 200, dialect  # every delta's text
         # What the client gets is what came, but for the usage chunk chat drops (not asked for).
         assert (body == b"".join(events)) == (dialect != "chat"), dialect
+
+
+def test_each_scenario_has_its_own_peak_rss(tmp_path: Path) -> None:
+    """A real process that held 80 MB and let it go: after the reset its peak is what it
+    holds now, not the 80 MB of before."""
+    script = ("import time\n"
+              "block = bytearray(80 << 20)\n"
+              "del block\n"
+              "time.sleep(30)\n")
+    procs = Procs(tmp_path)
+    try:
+        proc = procs.start("peak", [sys.executable, "-c", script], cpu=None, port=None)
+        deadline = time.monotonic() + 10
+        while proc.status().get("VmHWM", 0) < 80 << 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.status()["VmHWM"] >= 80 << 10  # kB
+        proc.reset_peak_rss()
+        assert proc.status()["VmHWM"] < 40 << 10
+        assert list(proc.peaks_by_process().values()) == [proc.status()["VmHWM"]]
+    finally:
+        procs.close()
