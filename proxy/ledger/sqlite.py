@@ -275,7 +275,9 @@ class SqliteStore(DerivedOps):
 
     def _commit(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
         """Run a batch in one transaction, fsynced unless no op in it needs that now (FULL only)."""
-        level = min(job[3] for job in batch) if self._synchronous == "FULL" and self.path != ":memory:" else NOW
+        level = min(job[3] for job in batch) if self._synchronous == "FULL" else NOW
+        if level == SOON and self.path == ":memory:":
+            level = LAZY  # no file to fsync later
         lazy = level != NOW
         if lazy != self._lazy:
             try:  # outside any transaction: SQLite refuses to change it inside one
