@@ -104,10 +104,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kinds", default="otlp,local", help="which exports: otlp, local or both")
     args = ap.parse_args()
     sink, endpoint = start_sink()
     try:
-        for kind in ("otlp", "local"):
+        for kind in args.kinds.split(","):
             best: dict[str, tuple[float, float, float]] = {}
             for _ in range(args.repeats):
                 for mode in ("off", "on"):

@@ -5,7 +5,7 @@
 Each stream is a 50-event answer as its API sends it (chat: the benchmark's own stream,
 bench/payloads.py; Anthropic, Responses, Gemini: their recorded fixtures in tests/data,
 the text deltas repeated to 50 events). The request goes through `open_exchange` and
-`prepare` and the response hooks are chosen by `steps.response_hooks`, as the proxy does
+`prepare` and the response hooks are chosen by `outputs.response_hooks`, as the proxy does
 (chat without stream_options: include_usage injected, the usage chunk dropped); then the
 upstream's bytes go through the relay's per-chunk code and the observer's outcome, as
 `relay._stream` runs them. Two deliveries: the whole stream in one chunk (what the load
@@ -47,16 +47,15 @@ import orjson
 
 from bench.payloads import REQUEST_SSE, SSE_EVENTS
 from proxy.config import DEFAULT_POLICY
+from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import ProviderAdapter, open_exchange
+from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.hooks import Hooks
-from proxy.providers.observer import Observer
 from proxy.providers.responses import RESPONSES
-from proxy.providers.sse import Framer
-from proxy.serve import relay, steps
+from proxy.providers.translator import Answer, open_call
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 EVENTS = 50
@@ -109,7 +108,7 @@ def _request(dialect: str) -> tuple[bytes, str]:
     return orjson.dumps(req["body"]), req["path"]
 
 
-STREAMS: list[tuple[str, ProviderAdapter, list[bytes]]] = [
+STREAMS: list[tuple[str, Dialect, list[bytes]]] = [
     ("chat", CHAT, SSE_EVENTS),
     ("anthropic", ANTHROPIC, _anthropic()),
     ("responses", RESPONSES, _responses()),
@@ -117,41 +116,33 @@ STREAMS: list[tuple[str, ProviderAdapter, list[bytes]]] = [
 ]
 
 
-def _hooks(adapter: ProviderAdapter, dialect: str) -> Hooks:
-    ex = open_exchange(adapter, *_request(dialect))
+def _answer(adapter: Dialect, dialect: str) -> Answer:
+    """A streaming call's answer, opened as the handler opens it: prepared, repair hooks on."""
+    tr = open_call(adapter, *_request(dialect))
     hooks = Hooks()
-    hooks.rewrites += adapter.prepare(ex)
-    steps.response_hooks(adapter, ex.call, DEFAULT_POLICY, hooks)
-    return hooks
+    hooks.rewrites += tr.request.prepare()
+    answer = tr.answer(hooks)
+    response_hooks(answer, DEFAULT_POLICY)
+    return answer
 
 
-def _relay_once(adapter: ProviderAdapter, hooks: Hooks, chunks: list[bytes]) -> tuple[bytes, Outcome]:
+def _relay_once(answer: Answer, chunks: list[bytes]) -> tuple[bytes, Outcome]:
     """What `relay._stream` does between the upstream's chunks and the client's writes."""
-    observer = Observer()
-    out: list[bytes] = []
-    if hasattr(relay, "StreamRelay"):  # this branch
-        sr = relay.StreamRelay(adapter, observer, hooks)
-        for chunk in chunks:
-            out.append(sr.feed(chunk))
-        out.append(sr.flush())
-    else:  # before: Framer + _events
-        framer = Framer()
-        for chunk in chunks:
-            out.append(relay._events(framer.feed(chunk), adapter, observer, hooks))
-        tail = framer.flush()
-        if tail is not None:
-            out.append(relay._events([tail], adapter, observer, hooks))
-    return b"".join(out), observer.finish(200)
+    relay = answer.stream()
+    out = [relay.feed(chunk) for chunk in chunks]
+    out.append(relay.flush())
+    answer.status, answer.complete = 200, True
+    return b"".join(out), answer.outcome()
 
 
-def _measure(adapter: ProviderAdapter, dialect: str, chunks: list[bytes], n: int, repeats: int) -> float:
+def _measure(adapter: Dialect, dialect: str, chunks: list[bytes], n: int, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
-        hooks = [_hooks(adapter, dialect) for _ in range(n)]
+        answers = [_answer(adapter, dialect) for _ in range(n)]
         gc.collect()
         t0 = time.thread_time_ns()
-        for h in hooks:
-            _relay_once(adapter, h, chunks)
+        for answer in answers:
+            _relay_once(answer, chunks)
         best = min(best, (time.thread_time_ns() - t0) / n / 1e3)
     return best
 
@@ -166,7 +157,7 @@ def main() -> None:
         assert len(events) == EVENTS, (dialect, len(events))
         whole = _measure(adapter, dialect, [b"".join(events)], args.streams, args.repeats)
         each = _measure(adapter, dialect, events, args.streams, args.repeats)
-        body, outcome = _relay_once(adapter, _hooks(adapter, dialect), events)
+        body, outcome = _relay_once(_answer(adapter, dialect), events)
         summary: dict[str, Any] = {"chars": len(outcome.text), "finish": outcome.finish_reasons,
                                    "out_tokens": outcome.usage.output_tokens, "bytes": len(body)}
         print(f"{dialect:<24}{whole:>12.1f}{each:>12.1f}   {summary}")

@@ -8,9 +8,13 @@ chunk (`choices: []`) and `[DONE]`.
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 
-__all__ = ["JSON_BODY", "MODEL", "REQUEST_AGENT", "REQUEST_JSON", "REQUEST_SSE", "SSE_EVENTS", "STREAM_EVENTS"]
+__all__ = ["CALL_ID", "CHAIN_FIRST_JSON", "CHAIN_FIRST_SSE", "CHAIN_NEXT_JSON", "CHAIN_NEXT_SSE", "JSON_BODY", "MODEL",
+           "REQUEST_AGENT", "REQUEST_JSON", "REQUEST_SSE", "SSE_EVENTS", "STREAM_EVENTS", "TOOL_JSON_BODY",
+           "TOOL_SSE_EVENTS"]
 
 MODEL = "gpt-4o-mini"
 STREAM_EVENTS = 50
@@ -103,3 +107,67 @@ def _events() -> list[bytes]:
 
 SSE_EVENTS = _events()
 assert len(SSE_EVENTS) == STREAM_EVENTS
+
+
+# ---------------------------------------------------------------- a run of chained calls
+#
+# Back-to-back calls of one run, as an agent loop makes them: each answer asks for one tool
+# call, and the next request carries that call and its result. The upstream gives every
+# answer a fresh tool call id (nginx's $request_id) and wrk's script puts the id it read
+# into the next request, so spanmeter matches a real pending tool call on every call.
+
+CALL_ID = "@CALL_ID@"  # where the id goes: the upstream's answers and wrk's next request
+_LOOKUP = {"type": "function", "function": {
+    "name": "lookup", "description": "Look a topic up in the team's notes.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+_ARGS = orjson.dumps({"q": "connection pooling for many short requests to one upstream"}).decode()
+
+
+def _chain_request(stream: bool, carries_result: bool) -> bytes:
+    messages: list[dict[str, object]] = [*_MESSAGES]
+    if carries_result:
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": CALL_ID, "type": "function", "function": {"name": "lookup", "arguments": _ARGS}}]},
+            {"role": "tool", "tool_call_id": CALL_ID,
+             "content": orjson.dumps({"ok": True, "notes": ["pools skip the TCP handshake",
+                                                            "keep-alive needs a bounded idle time"]}).decode()}]
+    body: dict[str, object] = {"model": MODEL, "messages": messages, "tools": [_LOOKUP], "max_tokens": 256,
+                               "temperature": 0.2}
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
+
+
+CHAIN_FIRST_JSON = _chain_request(stream=False, carries_result=False)
+CHAIN_NEXT_JSON = _chain_request(stream=False, carries_result=True)
+CHAIN_FIRST_SSE = _chain_request(stream=True, carries_result=False)
+CHAIN_NEXT_SSE = _chain_request(stream=True, carries_result=True)
+_TOOL_USAGE = {"prompt_tokens": 96, "completion_tokens": 24, "total_tokens": 120}
+
+TOOL_JSON_BODY = orjson.dumps({
+    "id": _ID, "object": "chat.completion", "created": _CREATED, "model": MODEL + "-2024-07-18",
+    "system_fingerprint": "fp_bench",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
+        {"id": CALL_ID, "type": "function", "function": {"name": "lookup", "arguments": _ARGS}}]},
+        "logprobs": None, "finish_reason": "tool_calls"}],
+    "usage": _TOOL_USAGE,
+})
+
+
+def _tool_events() -> list[bytes]:
+    # 50 events: the call's id and name, its arguments in 46 pieces, finish, usage, [DONE].
+    out = [_chunk({"role": "assistant", "content": None, "tool_calls": [
+        {"index": 0, "id": CALL_ID, "type": "function", "function": {"name": "lookup", "arguments": ""}}]})]
+    n = STREAM_EVENTS - 4
+    cuts = [len(_ARGS) * i // n for i in range(n + 1)]
+    out += [_chunk({"tool_calls": [{"index": 0, "function": {"arguments": _ARGS[a:b]}}]})
+            for a, b in itertools.pairwise(cuts)]
+    out.append(_chunk({}, finish="tool_calls"))
+    out.append(_chunk({}, usage=_TOOL_USAGE, empty=True))
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+TOOL_SSE_EVENTS = _tool_events()
+assert len(TOOL_SSE_EVENTS) == STREAM_EVENTS

@@ -129,6 +129,27 @@ class Proc:
                     out[key] = out.get(key, 0) + int(value.split()[0])
         return out
 
+    def reset_peak_rss(self) -> None:
+        """Start VmHWM again from the current RSS (clear_refs 5), for the process and its
+        children, so the next reading is the peak of what ran since."""
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+    def peaks_by_process(self) -> dict[str, int]:
+        """VmHWM in kB of each process (the serving one first, then its children by PID)."""
+        out: dict[str, int] = {}
+        for pid in self.pids():
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+                kind = "export child" if not _serves(pid) else "serving"
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith("VmHWM:"):
+                    out[f"{kind} {pid}"] = int(line.split()[1])
+        return out
+
     def fds(self) -> int:
         return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in self.pids())
 

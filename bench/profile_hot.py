@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fold", "profile_target", "render_profile"]
+__all__ = ["fold", "fold_threads", "profile_one_connection", "profile_target", "render_profile", "render_threads"]
 
 FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^:()]*)(?::(?P<line>\d+))?\)$")
 AREAS = [  # first match wins; matched against the file path of a frame
@@ -143,6 +143,123 @@ def profile_target(proc: Any, drive: Callable[[Any, int], dict[str, Any]], scena
         (Path(__file__).parent / "results").mkdir(exist_ok=True)
         (Path(__file__).parent / "results" / f"profile-{name}.collapsed").write_text(raw.read_text())
     return out
+
+
+# Leaf frames where a thread waits rather than works (py-spy --idle samples them too).
+WAITS = [  # a leaf frame that is a call into C which blocks
+    ("waiting for I/O (event loop poll)", ("run_app (", "run_forever", "run_until_complete", "select (selectors.py)")),
+    ("waiting for work (ledger queue)", ("SqliteStore._serve (", "SqliteStore._next_job (", "get (queue.py)")),
+    ("waiting for work (a queue, a pipe or a condition)", ("Condition.wait", "_read_exactly", "_Offloaded._write",
+                                                           "Event.wait", "recv_bytes", "_recv (")),
+]
+
+
+def fold_threads(collapsed: str, top: int = 12) -> dict[str, Any]:
+    """Wall-clock stacks (`--idle`, no `--gil`) -> per thread: its share of samples, and
+    within it the leaf frames (self) and our frames (inclusive), in percent of that thread."""
+    per: dict[str, Counter[str]] = {}
+    incl: dict[str, Counter[str]] = {}
+    totals: Counter[str] = Counter()
+    for line in collapsed.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        frames = stack.split(";")
+        name = "MainThread"
+        if frames and frames[0].startswith(("thread ", "process ")):
+            name = frames[0].partition("): ")[2] or frames[0]
+            frames = frames[1:]
+        if not frames:
+            continue
+        count = int(n)
+        labels = [_label(f)[0] for f in frames]
+        totals[name] += count
+        per.setdefault(name, Counter())[labels[-1]] += count
+        mine = incl.setdefault(name, Counter())
+        for lbl in {x for x in labels if x.split("(")[-1].startswith(("proxy/", "tracing/"))}:
+            mine[lbl] += count
+    out: dict[str, Any] = {}
+    for name, total in totals.most_common():
+        waits: Counter[str] = Counter()
+        for leaf, c in per[name].items():
+            for what, markers in WAITS:
+                if any(m in leaf for m in markers):
+                    waits[what] += c
+                    break
+        out[name] = {"samples": total, "busy_pct": round(100 * (total - sum(waits.values())) / total, 1),
+                     "waits": {k: round(100 * v / total, 1) for k, v in waits.items()},
+                     "self": [(k, round(100 * v / total, 1)) for k, v in per[name].most_common(top)],
+                     "ours": [(k, round(100 * v / total, 1)) for k, v in incl[name].most_common(top)]}
+    return out
+
+
+def profile_one_connection(proc: Any, drive: Callable[[Any, int], dict[str, Any]], scenarios: dict[str, Any],
+                           seconds: int, tmp: Path) -> dict[str, Any]:
+    """Where one call's wall time goes at one connection: py-spy on every thread of the
+    serving process and, apart, on its span-export child, idle samples included (so the
+    ledger thread's fsync and the loop's waits show)."""
+    spy = _py_spy()
+    if spy is None:
+        print("py-spy not installed (.venv/bin/pip install -e '.[bench]'): no profile", flush=True)
+        return {}
+    from procs import children
+
+    def export_child() -> int | None:
+        for pid in children(proc.pid):
+            try:
+                if b"export_process" in Path(f"/proc/{pid}/cmdline").read_bytes() or \
+                        b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
+        return None
+
+    out: dict[str, Any] = {}
+    for name, sc in scenarios.items():
+        spies = []
+        for who, pid in (("serving", proc.pid), ("export child", export_child())):
+            if pid is None:
+                continue
+            raw = tmp / f"profile1-{name}-{pid}.txt"
+            cmd = ["taskset", "-c", "1", spy, "record", "--pid", str(pid), "--duration", str(seconds + 1),
+                   "--rate", "500", "--format", "raw", "--threads", "--idle", "--full-filenames", "--nonblocking",
+                   "--output", str(raw)]
+            spies.append((who, raw, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+        loaded: dict[str, Any] = {}
+        t = threading.Thread(target=lambda sc=sc, loaded=loaded: loaded.update(drive(sc, seconds)))
+        t.start()
+        t.join()
+        result: dict[str, Any] = {"calls_per_s": loaded.get("requests", 0) / seconds,
+                                  "p50_ms": loaded.get("latency_us", {}).get("p50", 0) / 1000}
+        for who, raw, sp in spies:
+            try:
+                sp.communicate(timeout=seconds + 30)
+            except subprocess.TimeoutExpired:
+                sp.kill()
+                sp.communicate()
+            if raw.exists():
+                text = raw.read_text()
+                result[who] = fold_threads(text)
+                (Path(__file__).parent / "results").mkdir(exist_ok=True)
+                (Path(__file__).parent / "results" / f"profile-c1-{name}-{who.replace(' ', '-')}.collapsed"
+                 ).write_text(text)
+        out[name] = result
+    return out
+
+
+def render_threads(profile: dict[str, Any]) -> str:
+    lines = []
+    for name, p in profile.items():
+        lines.append(f"\nWall time at 1 connection, {name}: {p['calls_per_s']:.0f} calls/s, p50 {p['p50_ms']:.2f} ms "
+                     "(py-spy --idle, per thread, % of that thread's samples)")
+        for who in ("serving", "export child"):
+            for thread, t in p.get(who, {}).items():
+                waits = ", ".join(f"{k} {v}%" for k, v in t["waits"].items())
+                lines.append(f"  [{who}] {thread}: busy {t['busy_pct']}%" + (f"; {waits}" if waits else ""))
+                lines += [f"      {v:5.1f}%  {k}" for k, v in t["self"][:8]]
+                if t["ours"]:
+                    lines.append("      ours, inclusive: " + "; ".join(f"{k} {v}%" for k, v in t["ours"][:8]))
+    return "\n".join(lines)
 
 
 def render_profile(profile: dict[str, Any]) -> str:

@@ -7,9 +7,14 @@ every target in turn (alternating), and the reported figure is the median over
 repetitions.
 
     python bench/run.py              # full run, < 8 minutes on 2 cores
-    python bench/run.py --quick      # fewer targets, 1 repetition, < 2 minutes
+    python bench/run.py --quick      # direct, bare, sm-full, sm-local, 1 repetition, ~2-3 minutes
+    python bench/run.py --quick --scenarios json_c1,chain_c1   # only those scenarios
     python bench/run.py --soak 100000   # reliability soak instead (see soak.py)
     python bench/run.py --no-profile    # skip the py-spy profile
+    python bench/run.py --profile-c1    # sm-full at 1 connection: wall time per thread and export child
+
+It ends with issue 29's targets, met or not, per spanmeter target, beside the bare
+pass-through's figure of the same run.
 """
 
 from __future__ import annotations
@@ -34,7 +39,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from payloads import REQUEST_AGENT, REQUEST_JSON, REQUEST_SSE  # noqa: E402
+from payloads import (  # noqa: E402
+    CHAIN_FIRST_JSON,
+    CHAIN_FIRST_SSE,
+    CHAIN_NEXT_JSON,
+    CHAIN_NEXT_SSE,
+    REQUEST_AGENT,
+    REQUEST_JSON,
+    REQUEST_SSE,
+)
 from procs import HZ, Proc, Procs, cpu_times, free_port, http_post  # noqa: E402
 from upstream import nginx_available, nginx_conf  # noqa: E402
 
@@ -46,6 +59,7 @@ UPSTREAM_KEY = "sk-bench-upstream"
 SLOW_IDEAL_RPS = 256 / 0.05  # 256 connections, each waiting 50 ms per call
 # Settings the bench's own shell might carry; each spanmeter gets exactly the ones set below.
 INHERITED_CONFIG = [k for k in os.environ if k.startswith(("SPANMETER_", "OTEL_"))]
+SM_ENV: dict[str, str] = {}  # --sm-env: set for every spanmeter target, after the bench's own
 
 
 @dataclass(frozen=True)
@@ -55,12 +69,17 @@ class Scenario:
     query: str
     conns: int
     what: str
+    next_body: bytes | None = None  # a chained run: every call after a run's first carries the last tool call
 
 
 SCENARIOS = [
     Scenario("json_c1", REQUEST_JSON, "", 1, "non-stream, 1 connection"),
     Scenario("sse_c1", REQUEST_SSE, "?s=sse", 1, "50-event stream (one upstream write), 1 connection"),
     Scenario("sse50_c1", REQUEST_SSE, "?s=sse50", 1, "50-event stream, one upstream write per event, 1 connection"),
+    Scenario("chain_c1", CHAIN_FIRST_JSON, "?s=tool", 1, "back-to-back calls of one run, each carrying the previous "
+             "answer's tool call and result (JSON), 1 connection", CHAIN_NEXT_JSON),
+    Scenario("chainsse_c1", CHAIN_FIRST_SSE, "?s=toolsse", 1, "back-to-back calls of one run, each carrying the "
+             "previous answer's tool call and result (50-event stream), 1 connection", CHAIN_NEXT_SSE),
     Scenario("json_c64", REQUEST_JSON, "", 64, "non-stream, 64 connections"),
     Scenario("sse_c64", REQUEST_SSE, "?s=sse", 64, "50-event stream (one upstream write), 64 connections"),
     Scenario("slow_c256", REQUEST_JSON, "?s=slow", 256, "50 ms upstream, 256 connections"),
@@ -80,6 +99,7 @@ class Target:
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     ttfb: list[dict[str, float]] = field(default_factory=list)
     peak_rss_kb: int = 0
+    peak_rss_kb_by_scenario: dict[str, int] = field(default_factory=dict)  # the highest of any repetition
 
 
 @dataclass
@@ -95,7 +115,7 @@ class Plan:
 FULL = Plan(reps=3, duration_s=3, warmup_s=2, ttfb_n=300, profile_s=6,
             targets=["direct", "bare", "sm-full", "sm-redis", "sm-cluster", "sm-local", "sm-off", "sm-workers2"])
 QUICK = Plan(reps=1, duration_s=2, warmup_s=1, ttfb_n=150, profile_s=4,
-             targets=["direct", "bare", "sm-full", "sm-off"])
+             targets=["direct", "bare", "sm-full", "sm-local"])
 
 DESCRIPTIONS = {
     "direct": "wrk -> upstream (no proxy)",
@@ -181,6 +201,7 @@ def spanmeter_env(name: str, tmp: Path, upstream_port: int, config: Path, sink_p
     if name in ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before", *BYPASS_ENV):
         env["SPANMETER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
     env.update(BYPASS_ENV.get(name, {}))
+    env.update(SM_ENV)
     if name in ("sm-redis", "sm-redis-public"):
         env["SPANMETER_LEDGER_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     if name == "sm-cluster" and cluster_url is not None:
@@ -260,9 +281,11 @@ def start_targets(procs: Procs, plan: Plan, upstream: Proc, baseline: Path | Non
 def smoke(targets: list[Target]) -> None:
     """One call of each kind through each target, so a broken setup fails loudly up front."""
     for t in targets:
-        for sc in (BY_NAME["json_c1"], BY_NAME["sse_c1"], BY_NAME["sse50_c1"]):
+        for sc in (BY_NAME["json_c1"], BY_NAME["sse_c1"], BY_NAME["sse50_c1"], BY_NAME["chain_c1"],
+                   BY_NAME["chainsse_c1"]):
             status, body = http_post(t.port, "/v1/chat/completions" + sc.query, sc.body, t.key)
-            if status != 200 or (sc.query and b"[DONE]" not in body):
+            if status != 200 or ("sse" in sc.query and b"[DONE]" not in body) or \
+                    (sc.next_body is not None and b'"call_' not in body):
                 raise RuntimeError(f"{t.name} answered {status} to {sc.name}: {body[:400]!r}\n"
                                    f"{t.proc.tail() if t.proc else ''}")
 
@@ -277,6 +300,11 @@ def wrk(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str) -> dict[
     result = tmp / f"wrk-{seed}.json"
     env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": "/v1/chat/completions" + sc.query,
            "BENCH_KEY": t.key, "BENCH_RESULT": str(result), "BENCH_SEED": seed}
+    if sc.next_body is not None:
+        following = tmp / f"body-{sc.name}-next.json"
+        if not following.exists():
+            following.write_bytes(sc.next_body)
+        env["BENCH_NEXT"] = str(following)
     cmd = ["taskset", "-c", str(LOAD_CPU), "wrk", "-t1", f"-c{sc.conns}", f"-d{duration_s}s", "--timeout", "10s",
            "-s", str(HERE / "wrk.lua"), f"http://127.0.0.1:{t.port}"]
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=duration_s + 60)
@@ -290,6 +318,8 @@ def measure(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str,
     before = t.proc.cpu_ticks() if t.proc else 0
     loop_before = t.proc.main_thread_ticks() if t.proc else 0
     up_before = upstream.cpu_ticks() if upstream else 0
+    if t.proc:
+        t.proc.reset_peak_rss()  # this scenario's own peak, not the highest since start
     machine_before = cpu_times()
     r = wrk(t, sc, duration_s, tmp, seed)
     machine_after = cpu_times()
@@ -301,6 +331,8 @@ def measure(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str,
         cpu_ms = (t.proc.cpu_ticks() - before) * 1000 / HZ
         r["cpu_ms_per_req"] = cpu_ms / max(r["requests"], 1)
         r["loop_cpu_ms_per_req"] = (t.proc.main_thread_ticks() - loop_before) * 1000 / HZ / max(r["requests"], 1)
+        r["peak_rss_kb"] = t.proc.status().get("VmHWM", 0)
+        r["peak_rss_kb_by_process"] = t.proc.peaks_by_process()
     if upstream:
         r["upstream_cpu_ms_per_req"] = (upstream.cpu_ticks() - up_before) * 1000 / HZ / max(r["requests"], 1)
     # A proxy on both cores (sm-workers2) cannot be told apart from other work on CPU 0.
@@ -360,8 +392,9 @@ def run_load(targets: list[Target], plan: Plan, tmp: Path, upstream: Proc) -> No
                       flush=True)
             t.ttfb.append(ttfb(t, plan.ttfb_n, tmp))
     for t in targets:
-        if t.proc:
-            t.peak_rss_kb = t.proc.status()["VmHWM"]
+        for sc_name, runs in t.runs.items():
+            t.peak_rss_kb_by_scenario[sc_name] = max(r.get("peak_rss_kb", 0) for r in runs)
+        t.peak_rss_kb = max(t.peak_rss_kb_by_scenario.values(), default=0)
 
 
 # ---------------------------------------------------------------- summary
@@ -392,6 +425,8 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
                 m[f"{sc_name}.foreign_cpu0_pct"] = _median([r.get("foreign_cpu0_pct", 0) for r in runs])
             m[f"{sc_name}.cpu1_busy_pct"] = _median([r.get("cpu1_busy_pct", 0) for r in runs])
             m[f"{sc_name}.cpu0_busy_pct"] = _median([r.get("cpu0_busy_pct", 0) for r in runs])
+            if t.peak_rss_kb_by_scenario.get(sc_name):
+                m[f"{sc_name}.peak_rss_mb"] = t.peak_rss_kb_by_scenario[sc_name] / 1024
         if t.ttfb:
             m["ttfb.p50_ms"] = _median([x["first_p50_us"] for x in t.ttfb]) / 1000
             m["ttfb.p99_ms"] = _median([x["first_p99_us"] for x in t.ttfb]) / 1000
@@ -401,7 +436,8 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
     direct = out["direct"]
     for m in out.values():  # what the proxy adds over calling the upstream directly
         for k in ("json_c1.p50_ms", "json_c1.p99_ms", "sse_c1.p50_ms", "sse_c1.p99_ms", "sse50_c1.p50_ms",
-                  "sse50_c1.p99_ms", "ttfb.p50_ms", "ttfb.p99_ms", "agent_c1.p50_ms"):
+                  "sse50_c1.p99_ms", "ttfb.p50_ms", "ttfb.p99_ms", "agent_c1.p50_ms", "chain_c1.p50_ms",
+                  "chain_c1.p99_ms", "chainsse_c1.p50_ms", "chainsse_c1.p99_ms"):
             if k in m and k in direct:
                 m["added." + k] = m[k] - direct[k]
         if "slow_c256.rps" in m:
@@ -429,6 +465,7 @@ TABLES = [
      [("JSON p50", "added.json_c1.p50_ms", 3), ("JSON p99", "added.json_c1.p99_ms", 3),
       ("SSE p50", "added.sse_c1.p50_ms", 3), ("SSE p99", "added.sse_c1.p99_ms", 3),
       ("SSE/50 writes p50", "added.sse50_c1.p50_ms", 3), ("SSE/50 writes p99", "added.sse50_c1.p99_ms", 3),
+      ("run chain JSON p50", "added.chain_c1.p50_ms", 3), ("run chain SSE p50", "added.chainsse_c1.p50_ms", 3),
       ("first event p50", "added.ttfb.p50_ms", 3), ("first event p99", "added.ttfb.p99_ms", 3)]),
     ("64 connections: requests/s and latency, ms (ratio to bare)",
      [("JSON req/s", "json_c64.rps", 0), ("JSON p50", "json_c64.p50_ms", 2), ("JSON p99", "json_c64.p99_ms", 2),
@@ -444,6 +481,9 @@ TABLES = [
      [("CPU agent c64", "agent_c64.cpu_ms", 3), ("agent req/s c64", "agent_c64.rps", 0),
       ("agent p50 c64", "agent_c64.p50_ms", 2), ("CPU agent c1", "agent_c1.cpu_ms", 3),
       ("added p50 agent c1", "added.agent_c1.p50_ms", 3)]),
+    ("Peak RSS of the proxy (its processes together, export child included) per scenario, MB",
+     [(name, f"{name}.peak_rss_mb", 0) for name in ("json_c1", "sse_c1", "chain_c1", "chainsse_c1", "json_c64",
+                                                    "sse_c64", "slow_c256", "agent_c64")]),
     ("Is the bench itself sound? Other work on the proxy's CPU 0 (%, median) and load on CPU 1 (%, median)",
      [("foreign CPU0 JSON c64", "json_c64.foreign_cpu0_pct", 0),
       ("foreign CPU0 SSE c64", "sse_c64.foreign_cpu0_pct", 0),
@@ -522,28 +562,52 @@ def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str,
     return "\n".join(lines) + render_workers(summary) + render_before(summary)
 
 
+# Issue 29's targets. kind: "added" is ms over direct (at most), "ratio" CPU over bare's in
+# the same run (at most), "ratio_min" a rate over bare's (at least), "max_scenarios" the
+# highest per-scenario value (at most; only for targets with OTLP export on).
 TARGETS_CHECKED = [
-    ("CPU/request JSON <= 2x bare", "json_c64.cpu_ms", "ratio", 2.0),
-    ("CPU/request SSE <= 2x bare", "sse_c64.cpu_ms", "ratio", 2.0),
-    ("CPU/request SSE, 50 writes, c1 <= 2x bare", "sse50_c1.cpu_ms", "ratio", 2.0),
-    ("added p50 JSON <= 0.5 ms", "added.json_c1.p50_ms", "value", 0.5),
-    ("added p50 SSE <= 0.5 ms", "added.sse_c1.p50_ms", "value", 0.5),
-    ("in-flight at 256c >= 80% of bare", "slow_c256.rps", "ratio_min", 0.8),
+    ("added p50, 1 connection, JSON <= 0.5 ms", "added.json_c1.p50_ms", "added", 0.5),
+    ("added p50, 1 connection, 50-event stream <= 0.5 ms", "added.sse_c1.p50_ms", "added", 0.5),
+    ("added p50, back-to-back calls of a run with tool results, JSON <= 0.5 ms", "added.chain_c1.p50_ms", "added",
+     0.5),
+    ("added p50, back-to-back calls of a run with tool results, stream <= 0.5 ms", "added.chainsse_c1.p50_ms",
+     "added", 0.5),
+    ("CPU per request JSON, 64 connections <= 2.5x bare", "json_c64.cpu_ms", "ratio", 2.5),
+    ("CPU per request 50-event stream, 64 connections <= 3x bare", "sse_c64.cpu_ms", "ratio", 3.0),
+    ("throughput, 256 connections, 50 ms upstream >= 50% of bare", "slow_c256.rps", "ratio_min", 0.5),
+    ("peak RSS <= 150 MB in every scenario (OTLP export on)", "peak_rss_mb", "max_scenarios", 150.0),
 ]
+OTLP_ON = ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before")
 
 
 def verdicts(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, float]]) -> dict[str, list[str]]:
+    """Per spanmeter target: each target met or not, with bare's figure from the same run beside it."""
+    bare = summary.get("bare", {})
     out: dict[str, list[str]] = {}
     for name in summary:
         if not name.startswith("sm-"):
             continue
         rows = []
         for label, key, kind, limit in TARGETS_CHECKED:
-            v = summary[name].get(key) if kind == "value" else rat[name].get(key)
-            if v is None:
-                continue
+            m = summary[name]
+            if kind == "max_scenarios":
+                if name not in OTLP_ON or key not in m:
+                    continue
+                v, unit = m[key], " MB"
+                worst = max((k for k in m if k.endswith(".peak_rss_mb")), key=lambda k: m[k], default="")
+                side = f" (highest in {worst.split('.')[0]}; bare {bare.get(key, 0):.0f} MB)"
+            elif kind == "added":
+                if key not in m:
+                    continue
+                v, unit, side = m[key], " ms", f" (bare +{bare[key]:.3f} ms)" if key in bare else ""
+            else:
+                if key not in rat.get(name, {}):
+                    continue
+                v, unit = rat[name][key], "x bare"
+                side = f" ({m[key]:,.3f} vs bare {bare[key]:,.3f})" if "cpu" in key else \
+                    f" ({m[key]:,.0f} vs bare {bare[key]:,.0f} req/s)"
             ok = v >= limit if kind == "ratio_min" else v <= limit
-            rows.append(f"{'PASS' if ok else 'MISS'} {label}: {v:.2f}" + ("" if kind == "value" else "x"))
+            rows.append(f"{'met    ' if ok else 'NOT MET'} {label}: {v:.3f}{unit}{side}")
         out[name] = rows
     return out
 
@@ -571,14 +635,20 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fewer targets, one repetition (< 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="fewer targets, one repetition (~2-3 minutes)")
     p.add_argument("--reps", type=int, help="repetitions per scenario (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per measurement (default 3, quick 2)")
     p.add_argument("--targets", help="comma-separated subset of: " + ", ".join(FULL.targets))
+    p.add_argument("--scenarios", help="comma-separated subset of: " + ", ".join(BY_NAME))
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of sm-full")
     p.add_argument("--profile-only", action="store_true", help="only start sm-full and profile it")
+    p.add_argument("--profile-c1", action="store_true",
+                   help="only start sm-full and profile it at 1 connection: every thread and the export child, "
+                        "wall time (JSON, stream, back-to-back calls of a run)")
     p.add_argument("--soak", type=int, metavar="N", help="run the reliability soak of N requests instead")
     p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
+    p.add_argument("--sm-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every spanmeter target (repeatable), e.g. SPANMETER_GC_TUNING=false")
     p.add_argument("--baseline", type=Path, metavar="DIR",
                    help="another checkout (e.g. a git worktree of the previous commit) run as target sm-before "
                         "beside sm-full, so a change is measured side by side in one run")
@@ -589,6 +659,13 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     plan = Plan(args.reps or plan.reps, args.duration or plan.duration_s, plan.warmup_s,
                 args.targets.split(",") if args.targets else plan.targets, plan.ttfb_n, plan.profile_s)
+    SM_ENV.update(kv.split("=", 1) for kv in args.sm_env)  # type: ignore[arg-type]
+    if args.scenarios:
+        wanted = args.scenarios.split(",")
+        unknown = [n for n in wanted if n not in BY_NAME]
+        if unknown:
+            p.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(BY_NAME)}")
+        SCENARIOS[:] = [s for s in SCENARIOS if s.name in wanted]
     if "direct" not in plan.targets:
         plan.targets.insert(0, "direct")
     if args.baseline is not None and "sm-before" not in plan.targets:
@@ -605,6 +682,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0 if report["ok"] else 1
             if args.profile_only:
                 return _profile_only(procs, plan)
+            if args.profile_c1:
+                return _profile_c1(procs, plan)
             return _bench(procs, plan, args, started)
         finally:
             procs.close()
@@ -675,6 +754,24 @@ def _profile_only(procs: Procs, plan: Plan) -> int:
                              {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
     print(render_profile(profile))
     _write(HERE / "results" / "profile.json", profile)
+    return 0
+
+
+def _profile_c1(procs: Procs, plan: Plan) -> int:
+    from profile_hot import profile_one_connection, render_threads
+
+    upstream, _ = start_upstream(procs)
+    targets = start_targets(procs, Plan(1, 1, 1, ["direct", "sm-full"], 0, plan.profile_s), upstream)
+    full = targets[-1]
+    assert full.proc is not None
+    smoke(targets)
+    chosen = {n: BY_NAME[n] for n in ("json_c1", "sse_c1", "chain_c1")}
+    for sc in chosen.values():
+        measure(full, sc, plan.warmup_s, procs.tmp, f"w{sc.name}")
+    profile = profile_one_connection(full.proc, lambda sc, d: wrk(full, sc, d, procs.tmp, f"p{sc.name}"), chosen,
+                                     plan.profile_s, procs.tmp)
+    print(render_threads(profile))
+    _write(HERE / "results" / "profile-c1.json", profile)
     return 0
 
 

@@ -12,11 +12,20 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from payloads import JSON_BODY, SSE_EVENTS, STREAM_EVENTS
+from payloads import CALL_ID, CHAIN_NEXT_JSON, JSON_BODY, SSE_EVENTS, STREAM_EVENTS, TOOL_JSON_BODY, TOOL_SSE_EVENTS
 from procs import Proc, Procs
 from profile_hot import fold
-from run import Target, _contention, ratios, render_before, render_workers, summarise, workers_vs_one
-from upstream import nginx_conf
+from run import (
+    Target,
+    _contention,
+    ratios,
+    render_before,
+    render_workers,
+    summarise,
+    verdicts,
+    workers_vs_one,
+)
+from upstream import NGINX_TOKEN, nginx_conf
 
 STACKS = (
     "thread (1): MainThread;run_app (/v/site-packages/aiohttp/web.py:502);"
@@ -73,6 +82,35 @@ def test_payloads_and_nginx_config(tmp_path: Path) -> None:
     conf = nginx_conf(tmp_path, 12345)
     assert "listen 127.0.0.1:12345" in conf and JSON_BODY.decode() in conf
     assert (tmp_path / "sse.txt").read_bytes() == b"".join(SSE_EVENTS)
+
+
+def test_chained_calls_carry_the_call_id_the_upstream_made(tmp_path: Path) -> None:
+    """Every tool call id the upstream answers with is nginx's fresh $request_id, and the
+    next request has two places for it: the assistant's call and the tool's result."""
+    assert CHAIN_NEXT_JSON.count(CALL_ID.encode()) == 2
+    assert TOOL_JSON_BODY.count(CALL_ID.encode()) == 1 and b"".join(TOOL_SSE_EVENTS).count(CALL_ID.encode()) == 1
+    conf = nginx_conf(tmp_path, 12345)
+    assert CALL_ID not in conf and conf.count("call_${request_id}") == 2
+    # nginx reads a quoted string into a 4 KB buffer: every echo of the stream fits
+    echoes = [ln for ln in conf.splitlines() if "echo -n" in ln]
+    assert echoes and max(len(ln) for ln in echoes) < NGINX_TOKEN + 200
+
+
+def test_verdicts_say_met_or_not_with_bare_beside() -> None:
+    summary = {"bare": {"json_c64.cpu_ms": 0.2, "sse_c64.cpu_ms": 0.2, "slow_c256.rps": 1000.0,
+                        "added.json_c1.p50_ms": 0.2, "peak_rss_mb": 50.0},
+               "sm-full": {"json_c64.cpu_ms": 0.4, "sse_c64.cpu_ms": 0.8, "slow_c256.rps": 400.0,
+                           "added.json_c1.p50_ms": 0.7, "peak_rss_mb": 140.0, "json_c1.peak_rss_mb": 100.0,
+                           "agent_c64.peak_rss_mb": 140.0},
+               "sm-local": {"peak_rss_mb": 200.0}}
+    out = verdicts(summary, ratios(summary))
+    full = "\n".join(out["sm-full"])
+    assert "NOT MET added p50, 1 connection, JSON <= 0.5 ms: 0.700 ms (bare +0.200 ms)" in full
+    assert "met     CPU per request JSON, 64 connections <= 2.5x bare: 2.000x bare (0.400 vs bare 0.200)" in full
+    assert "NOT MET CPU per request 50-event stream" in full
+    assert "NOT MET throughput, 256 connections, 50 ms upstream >= 50% of bare: 0.400x" in full
+    assert "met     peak RSS <= 150 MB in every scenario (OTLP export on): 140.000 MB (highest in agent_c64" in full
+    assert out["sm-local"] == []  # without OTLP export the memory target does not apply
 
 
 def test_a_proxy_on_both_cores_has_no_foreign_share_of_cpu0() -> None:
@@ -145,9 +183,30 @@ def test_the_stream_benchmark_relays_each_dialects_answer_whole() -> None:
     import bench_stream
 
     for dialect, adapter, events in bench_stream.STREAMS:
-        body, outcome = bench_stream._relay_once(adapter, bench_stream._hooks(adapter, dialect), events)
+        body, outcome = bench_stream._relay_once(bench_stream._answer(adapter, dialect), events)
         assert len(events) == bench_stream.EVENTS
         assert outcome.finish_reasons and outcome.usage.output_tokens, dialect
         assert len(outcome.text) > 200, dialect  # every delta's text
         # What the client gets is what came, but for the usage chunk chat drops (not asked for).
         assert (body == b"".join(events)) == (dialect != "chat"), dialect
+
+
+def test_each_scenario_has_its_own_peak_rss(tmp_path: Path) -> None:
+    """A real process that held 80 MB and let it go: after the reset its peak is what it
+    holds now, not the 80 MB of before."""
+    script = ("import time\n"
+              "block = bytearray(80 << 20)\n"
+              "del block\n"
+              "time.sleep(30)\n")
+    procs = Procs(tmp_path)
+    try:
+        proc = procs.start("peak", [sys.executable, "-c", script], cpu=None, port=None)
+        deadline = time.monotonic() + 10
+        while proc.status().get("VmHWM", 0) < 80 << 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.status()["VmHWM"] >= 80 << 10  # kB
+        proc.reset_peak_rss()
+        assert proc.status()["VmHWM"] < 40 << 10
+        assert list(proc.peaks_by_process().values()) == [proc.status()["VmHWM"]]
+    finally:
+        procs.close()

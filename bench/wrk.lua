@@ -5,6 +5,8 @@
 --   BENCH_KEY     API key sent as Authorization: Bearer (spanmeter tenant key or upstream key)
 --   BENCH_RESULT  file the summary is written to as JSON (latency in microseconds)
 --   BENCH_SEED    makes run ids unique per wrk invocation
+--   BENCH_NEXT    (optional) a chained run: the body of a run's every call after its first, with
+--                 @CALL_ID@ where the tool call id of the previous answer goes (its call and result)
 
 local f = assert(io.open(os.getenv("BENCH_BODY"), "rb"))
 local body = f:read("*a")
@@ -13,6 +15,17 @@ local path = os.getenv("BENCH_PATH") or "/v1/chat/completions"
 local key = os.getenv("BENCH_KEY") or "sk-bench"
 local seed = os.getenv("BENCH_SEED") or "0"
 local threads = 0
+local next_head, last_id = nil, nil
+if os.getenv("BENCH_NEXT") then
+  local n = assert(io.open(os.getenv("BENCH_NEXT"), "rb"))
+  local template = n:read("*a")
+  n:close()
+  -- split on the placeholder: head .. id .. middle .. id .. tail (the call and its result)
+  next_head = {}
+  for piece in (template .. "@CALL_ID@"):gmatch("(.-)@CALL_ID@") do
+    next_head[#next_head + 1] = piece
+  end
+end
 counter = 0
 prefix = "r"
 
@@ -22,13 +35,24 @@ function setup(thread)
 end
 
 function request()
-  counter = counter + 1
   local headers = {
     ["Content-Type"] = "application/json",
     ["Authorization"] = "Bearer " .. key,
     ["X-Run-Id"] = prefix .. "-" .. tostring(math.floor(counter / 20)),
   }
-  return wrk.format("POST", path, headers, body)
+  local payload = body
+  if next_head and counter % 20 ~= 0 and last_id then
+    payload = table.concat(next_head, last_id)
+  end
+  counter = counter + 1
+  return wrk.format("POST", path, headers, payload)
+end
+
+if next_head then
+  -- the next call carries the tool call this answer asked for (one connection: in order)
+  function response(status, headers, resp)
+    last_id = resp:match('"(call_%x+)"')
+  end
 end
 
 function done(summary, latency, requests)

@@ -28,7 +28,15 @@ the write). The settings differ in what survives an OS crash or a power cut:
             call is forwarded. The WAL is one file written in order, so the next fsync
             (a later batch writing anything not lazy, or a checkpoint) makes every lazy
             settle before it durable too: a power cut loses at most the lazy settles
-            committed since the last fsync.
+            committed since the last fsync. A settle that would be lazy but for the
+            tool calls it leaves open is *durable soon*: it commits without waiting for
+            the fsync too, and the WAL is fsynced at most `SYNC_WITHIN_S` (2 ms) after
+            that commit, or sooner by the next batch that waits for its own (every
+            admission is fsynced before its call is forwarded, so the run's next call,
+            which closes those tool calls, is never forwarded before they are durable).
+            The caller had its answer before the settle began, so the window in which a
+            power cut loses them is about what it was; but the run's next call, which
+            waits for the settle's commit, no longer waits for two fsyncs in a row.
     NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
             fsynced only at checkpoints. An OS crash or power loss may roll back the
             last transactions before the latest checkpoint, admissions and overshoots
@@ -42,6 +50,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import os
 import queue
 import secrets
 import sqlite3
@@ -89,11 +99,20 @@ from proxy.ledger.store import (
     with_budgets,
 )
 
-__all__ = ["SYNCHRONOUS", "SqliteStore"]
+__all__ = ["SYNCHRONOUS", "SYNC_WITHIN_S", "SqliteStore"]
+
+log = logging.getLogger("spanmeter.ledger")
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
-_Job = tuple[Op, asyncio.AbstractEventLoop, "asyncio.Future[Any]", bool]  # (op, its loop, its future, lazy)
+# How long a commit may wait for its fsync: NOW (before its result is handed back), SOON
+# (within SYNC_WITHIN_S) or LAZY (when anything next fsyncs; losing it can only over-count).
+NOW, SOON, LAZY = 0, 1, 2
+_Job = tuple[Op, asyncio.AbstractEventLoop, "asyncio.Future[Any]", int]  # (op, its loop, its future, durability)
+# A durable-soon commit is fsynced within this, unless a batch that waits fsyncs it first.
+# About one fsync's own time on a busy disk: the settle is durable about when it was before,
+# without the run's next admission queueing behind that fsync.
+SYNC_WITHIN_S = 0.002
 
 _BATCH = 256
 # Prepared statements kept per connection: every distinct SQL text of this module (about
@@ -167,6 +186,8 @@ class SqliteStore(DerivedOps):
         self._closed = False
         self._lazy = False  # the connection is at synchronous=NORMAL for a lazy batch (writer thread only)
         self.operations = 0  # store operations submitted since start (one transaction step each)
+        self.deferred_syncs = 0  # WAL fsyncs made for durable-soon commits no later batch covered
+        self._sync_due: float | None = None  # when the durable-soon commits must be fsynced (writer thread only)
         self._thread = threading.Thread(target=self._serve, name="spanmeter-ledger", daemon=True)
         self._thread.start()
 
@@ -204,7 +225,7 @@ class SqliteStore(DerivedOps):
             failure = exc
         stop = False
         while not stop:
-            job = self._jobs.get()
+            job = self._next_job()
             if job is None:
                 break
             batch = [job]
@@ -222,19 +243,56 @@ class SqliteStore(DerivedOps):
             else:
                 results = self._commit(conn, batch)
             self._deliver(batch, results)
+        if self._sync_due is not None:
+            self._sync_wal()
         if conn is not None:
             conn.close()
 
+    def _next_job(self) -> _Job | None:
+        """The next job; while durable-soon commits wait for an fsync, it is made when due."""
+        while self._sync_due is not None:
+            wait = self._sync_due - time.monotonic()
+            if wait > 0:
+                try:
+                    return self._jobs.get(timeout=wait)
+                except queue.Empty:
+                    pass
+            self._sync_wal()
+        return self._jobs.get()
+
+    def _sync_wal(self) -> None:
+        """fsync the WAL file: every commit written to it so far survives a power cut.
+        (fsync works on the file, whichever descriptor: SQLite's own commit does the same.)"""
+        self._sync_due = None
+        try:
+            fd = os.open(self.path + "-wal", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.deferred_syncs += 1
+        except OSError as exc:
+            log.error("could not fsync the ledger's WAL %s-wal (%s): the last settles are durable only once the "
+                      "next admission commits", self.path, exc)
+
     def _commit(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
-        """Run a batch in one transaction, fsynced unless every op in it is lazy (FULL only)."""
-        lazy = self._synchronous == "FULL" and all(job[3] for job in batch)
+        """Run a batch in one transaction, fsynced unless no op in it needs that now (FULL only)."""
+        level = min(job[3] for job in batch) if self._synchronous == "FULL" else NOW
+        if level == SOON and self.path == ":memory:":
+            level = LAZY  # no file to fsync later
+        lazy = level != NOW
         if lazy != self._lazy:
             try:  # outside any transaction: SQLite refuses to change it inside one
                 conn.execute(f"PRAGMA synchronous={'NORMAL' if lazy else 'FULL'}")
             except sqlite3.Error as exc:
                 return [(False, exc)] * len(batch)
             self._lazy = lazy
-        return _run_batch(conn, [job[0] for job in batch], self._patience)
+        results = _run_batch(conn, [job[0] for job in batch], self._patience)
+        if not lazy:
+            self._sync_due = None  # this commit's fsync made every commit before it durable too
+        elif level == SOON and self._sync_due is None:
+            self._sync_due = time.monotonic() + SYNC_WITHIN_S
+        return results
 
     def _deliver(self, batch: list[_Job], results: list[tuple[bool, Any]]) -> None:
         """Hand a batch's results back with one wake-up of each waiting event loop."""
@@ -262,20 +320,21 @@ class SqliteStore(DerivedOps):
                 # zero is its true cost (rather than expiring at its reserved amount).
                 release_soon(self, value)
 
-    async def _do(self, op: Op, *, lazy: bool = False) -> Any:
-        return await self._submit(op, lazy)
+    async def _do(self, op: Op, *, lazy: bool = False, soon: bool = False) -> Any:
+        return await self._submit(op, lazy, soon)
 
-    def _submit(self, op: Op, lazy: bool = False) -> asyncio.Future[Any]:
+    def _submit(self, op: Op, lazy: bool = False, soon: bool = False) -> asyncio.Future[Any]:
         """Queue `op` for the writer thread; the future resolves on the caller's loop.
 
         `lazy`: losing this op's commit to a power cut can only over-count spend (see the
-        module docstring), so a batch made only of such ops may skip the fsync."""
+        module docstring), so a batch made only of such ops may skip the fsync. `soon`: the
+        op's result need not wait for the fsync, which follows within SYNC_WITHIN_S."""
         if self._closed:
             raise StoreUnavailable(f"The ledger {self.path} is closed.")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self.operations += 1
-        self._jobs.put((op, loop, fut, lazy))
+        self._jobs.put((op, loop, fut, LAZY if lazy else SOON if soon else NOW))
         return fut
 
     # --- ledger ----------------------------------------------------------------------
@@ -458,7 +517,11 @@ class SqliteStore(DerivedOps):
                 _remember(conn, tenant, seen, time.time())
             return max(0, actual - int(amount))
 
-        result: int = await self._do(op, lazy=_lazy_settle(admission, actual, totals, encoded, seen))
+        lazy = _lazy_settle(admission, actual, totals, encoded, seen)
+        # Lazy but for its open tool calls: those are durable soon, not before the hand-back.
+        # The run's next call reads them, and its admission's fsync comes before it is forwarded.
+        soon = not lazy and bool(encoded) and _lazy_settle(admission, actual, totals, [], seen)
+        result: int = await self._do(op, lazy=lazy, soon=soon)
         return result
 
     async def expire(self, now: datetime) -> int:
