@@ -90,7 +90,7 @@ class Split:
     where its conversation ends, its item count and last item). Never changed once made:
     a next request's split copies what it changes."""
 
-    __slots__ = ("definitions", "end", "ends", "inherited", "items", "last_item", "name_bytes", "name_id",
+    __slots__ = ("cum", "definitions", "end", "ends", "inherited", "items", "last_item", "name_bytes", "name_id",
                  "names", "new_parts", "per_part", "raw", "result_at", "result_name", "result_size", "sizes", "top",
                  "unit_bytes", "unit_kind", "units")
 
@@ -99,6 +99,7 @@ class Split:
         self.ends: list[int] = []  # cumulative bytes at each part's end
         self.units: list[int] = []
         self.per_part = per_part
+        self.cum: list[tuple[int, ...]] = []  # the units' bytes before each part (kind units only)
         self.unit_kind: list[str] = [] if per_part else list(_KIND_UNITS)
         self.unit_bytes: list[int] = [] if per_part else [0] * len(_KIND_UNITS)
         self.result_at: list[int] = []  # the tool results' part indexes, their bytes and tool (name id)
@@ -115,17 +116,6 @@ class Split:
         self.end: int | None = None  # byte offset of the conversation's end in raw, once known
         self.items = 0
         self.last_item: Any = None
-
-    @property
-    def cum(self) -> list[tuple[int, ...]]:
-        """The units' bytes before each part. Not kept: a tuple per part cost more to copy
-        and recount on every call than the arithmetic saves (it walks from the cache's end
-        instead, `_before_mark`)."""
-        out, ub = [], [0] * len(self.unit_bytes)
-        for size, unit in zip(self.sizes, self.units, strict=True):
-            out.append(tuple(ub))
-            ub[unit] += size
-        return out
 
     def _add(self, parts: Sequence[InputPart], per_part: bool) -> None:
         sizes, units, ub, start = self.sizes, self.units, self.unit_bytes, len(self.sizes)
@@ -150,6 +140,8 @@ class Split:
                 self.new_parts.append(i)
             sizes.append(size)
             units.append(unit)
+            if not per_part:
+                self.cum.append(tuple(ub))
             ub[unit] += size
         self.ends += accumulate(sizes[start:], initial=self.ends[-1] if self.ends else 0)
         del self.ends[start]  # the initial value accumulate repeats
@@ -172,12 +164,21 @@ class Split:
         self.result_size.append(size)
         self.result_name.append(nid)
 
+    def _recount(self, start: int) -> None:
+        """The running unit bytes again from part `start` on, after parts changed unit."""
+        ub = list(self.cum[start])
+        cum, units, sizes = self.cum, self.units, self.sizes
+        for i in range(start, len(sizes)):
+            cum[i] = tuple(ub)
+            ub[units[i]] += sizes[i]
+
     def _next(self) -> Split:
         """A copy to extend (list copies: C loops, no Python one per part)."""
         sp = Split.__new__(Split)
         sp.per_part, sp.unit_kind = False, self.unit_kind
         sp.sizes, sp.ends, sp.units, sp.unit_bytes = (self.sizes.copy(), self.ends.copy(), self.units.copy(),
                                                       self.unit_bytes.copy())
+        sp.cum = self.cum.copy()
         sp.result_at, sp.result_size, sp.result_name = (self.result_at.copy(), self.result_size.copy(),
                                                         self.result_name.copy())
         sp.names, sp.name_bytes, sp.name_id = self.names.copy(), self.name_bytes.copy(), self.name_id.copy()
@@ -227,6 +228,7 @@ def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | N
                     units[i] = _HISTORY
                     ub[_NEW] -= sizes[i]
                     ub[_HISTORY] += sizes[i]
+                sp._recount(sp.new_parts[0])
                 sp.new_parts = []
             sp._add(tail, per_part=False)
             return _remember(sp, raw, end, items)
@@ -448,21 +450,9 @@ def _results_read(sp: Split, mark: int, total: int, money: tuple[int, int, int, 
 
 
 def _units_before(sp: Split, k: int, at: int, total: int) -> list[int]:
-    """Each unit's bytes before position `at` (bytes * total), which falls in part k: summed
-    from the nearer end of the parts (an agent's cache ends in its newest few)."""
-    units, sizes, ends = sp.units, sp.sizes, sp.ends
-    n = len(sizes)
-    if 2 * k >= n:
-        ub = [b * total for b in sp.unit_bytes]
-        ub[units[k]] -= ends[k] * total - at
-        for i in range(k + 1, n):
-            ub[units[i]] -= sizes[i] * total
-        return ub
-    ub = [0] * len(sp.unit_bytes)
-    for i in range(k):
-        ub[units[i]] += sizes[i]
-    ub = [b * total for b in ub]
-    ub[units[k]] += at - (ends[k - 1] if k else 0) * total
+    """Each unit's bytes before position `at` (bytes * total), which falls in part k."""
+    ub = [b * total for b in sp.cum[k]]
+    ub[sp.units[k]] += at - (sp.ends[k - 1] if k else 0) * total
     return ub
 
 
