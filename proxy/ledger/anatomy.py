@@ -372,7 +372,7 @@ def shares_general(sp: Split, usage: Usage, price: Price | None) -> Anatomy | No
     else:
         results = dict.fromkeys(sp.names, 0)
     return Anatomy([(k, "") for k in sp.unit_kind], tokens, windows[0], costs, total, whole, kinds,
-                   _top(sp, amounts, total, size, rates, whole, pre), sp.definitions, results, not sp.inherited)
+                   _top(sp, amounts, total, rates, whole, pre), sp.definitions, results, not sp.inherited)
 
 
 def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, size: int) -> Anatomy:
@@ -544,17 +544,18 @@ def _input_cost(price: Price, usage: Usage, amounts: tuple[int, int, int, int],
     return -(-micro * factor.numerator // (1_000_000 * factor.denominator))
 
 
-def _top(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int, rates: tuple[int, int, int, int],
+def _top(sp: Split, amounts: tuple[int, int, int, int], total: int, rates: tuple[int, int, int, int],
          whole: int, pre: int) -> list[tuple[str, str, int, int, int]]:
     """The largest results one by one: (tool, call id, bytes, tokens, micro-USD), each
     priced by the windows its bytes lie in (a listing, not shares: not rounded to add up)."""
+    ends = sp.ends
+    size = ends[-1]  # the prompt's bytes
     if not sp.top or size <= 0:
         return [(name, cid, b, 0, 0) for b, _, name, cid in sp.top]
     bounds = [0]
     for a in amounts:
         bounds.append(bounds[-1] + a * size)
     out = []
-    ends = sp.ends
     for b, i, name, cid in sp.top:
         hi = ends[i] * total
         lo = hi - b * total
