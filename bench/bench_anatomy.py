@@ -12,12 +12,13 @@ after a warm-up, each step apart and then the whole of what a call adds:
 
     python bench/bench_anatomy.py [--calls N] [--before REV]
 
-`--before REV` first runs REV's own bench_anatomy.py on REV's code (exported with `git
-archive` to a temporary directory), then this one: before and after in one run, on the
-same machine and load.
+`--before REV` first runs this bench on REV's code (exported with `git archive` to a
+temporary directory), then on this tree's: before and after in one run, by one method, on
+the same machine and load.
 
-The target is 20 us for the whole per call in a run (the feature is on by default since it
-meets it). bench/run.py reports the same figure beside the others.
+The target is 20 us for the whole per call in a run; the anatomy is on by default only
+once it meets it (`SPANMETER_ANATOMY`). bench/run.py reports the same figure beside the
+others (`make bench`).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def main() -> None:
             archive = subprocess.run(["git", "-C", str(root), "archive", args.before, "proxy", "tracing", "bench"],
                                      check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            (Path(tmp) / "bench" / "bench_anatomy.py").write_bytes(Path(__file__).read_bytes())  # one method
             print(f"before ({args.before}): ", end="", flush=True)
             subprocess.run([sys.executable, "bench/bench_anatomy.py", "--calls", str(args.calls)], cwd=tmp, check=True)
         print("after (this tree):  ", end="", flush=True)
