@@ -12,12 +12,13 @@ after a warm-up, each step apart and then the whole of what a call adds:
 
     python bench/bench_anatomy.py [--calls N] [--before REV]
 
-`--before REV` first runs REV's own bench_anatomy.py on REV's code (exported with `git
-archive` to a temporary directory), then this one: before and after in one run, on the
-same machine and load.
+`--before REV` first runs this bench on REV's code (exported with `git archive` to a
+temporary directory), then on this tree's: before and after in one run, by one method, on
+the same machine and load.
 
-The target is 20 us for the whole per call in a run (the feature is on by default since it
-meets it). bench/run.py reports the same figure beside the others.
+The target is 20 us for the whole per call in a run; the anatomy is on by default only
+once it meets it (`SPANMETER_ANATOMY`). bench/run.py reports the same figure beside the
+others (`make bench`).
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ TARGET_US = 20.0
 
 
 def _per_call_us(fn: Callable[[], object], calls: int) -> float:
+    """CPU microseconds per call: the best of `calls` split into batches of 100. The machine
+    is shared: a short batch fits in one time slice, and the fastest is the least disturbed."""
     for _ in range(min(calls, 1000)):
         fn()
     best = float("inf")
-    for _ in range(5):  # the best of five: the machine is shared, the fastest run is the least disturbed
-        t0 = time.process_time()
-        for _ in range(calls):
+    for _ in range(max(5, calls // 100)):
+        t0 = time.process_time_ns()
+        for _ in range(100):
             fn()
-        best = min(best, (time.process_time() - t0) / calls * 1e6)
+        best = min(best, (time.process_time_ns() - t0) / 100 / 1e3)
     return best
 
 
@@ -110,6 +113,7 @@ def main() -> None:
             archive = subprocess.run(["git", "-C", str(root), "archive", args.before, "proxy", "tracing", "bench"],
                                      check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            (Path(tmp) / "bench" / "bench_anatomy.py").write_bytes(Path(__file__).read_bytes())  # one method
             print(f"before ({args.before}): ", end="", flush=True)
             subprocess.run([sys.executable, "bench/bench_anatomy.py", "--calls", str(args.calls)], cwd=tmp, check=True)
         print("after (this tree):  ", end="", flush=True)

@@ -90,36 +90,44 @@ def _definition_totals(defs: dict[str, int]) -> dict[str, int]:
 def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
     """The run-total counters one call adds (module docstring)."""
     out: dict[str, int] = {}
-    for kind, row in an.kinds.items():
+    for kind, (tokens, cached, micros) in an.kinds.items():
         keys = _TOTAL_KEYS.get(kind)
         if keys is not None:
-            out.update(zip(keys, row, strict=True))
+            out[keys[0]], out[keys[1]], out[keys[2]] = tokens, cached, micros
     if an.definitions_new:
         out.update(_definition_totals(an.definitions))
-    for name, micros in an.results.items():  # bounded already (proxy/ledger/anatomy.py)
-        out[_keys(name)[0]] = micros
+    results = an.results  # bounded already (proxy/ledger/anatomy.py)
+    out.update(zip(_result_keys(tuple(results)), results.values(), strict=True))
     for tc in tool_calls:
         key = _keys(tc.name)[2]
         out[key] = out.get(key, 0) + 1
     for name, cid, size, _, micros in an.top:
-        k_micros, k_sends, k_bytes = _top_keys(name, cid)
-        out[k_micros] = micros
-        out[k_sends] = 1
-        out[k_bytes] = size
+        k_micros, k_sends, k_bytes = _TOP_KEYS.get((name, cid)) or _top_keys(name, cid)
+        out[k_micros], out[k_sends], out[k_bytes] = micros, 1, size
     return out
+
+
+_RESULT_KEYS: dict[tuple[str, ...], list[str]] = {}  # a run's result tools grow by a few a turn, not per call
+
+
+def _result_keys(names: tuple[str, ...]) -> list[str]:
+    found = _RESULT_KEYS.get(names)
+    if found is None:
+        if len(_RESULT_KEYS) > 1024:
+            _RESULT_KEYS.clear()
+        found = _RESULT_KEYS[names] = [_keys(name)[0] for name in names]
+    return found
 
 
 _TOP_KEYS: dict[tuple[str, str], tuple[str, str, str]] = {}  # a run's largest results stay its largest
 
 
 def _top_keys(name: str, cid: str) -> tuple[str, str, str]:
-    found = _TOP_KEYS.get((name, cid))
-    if found is None:
-        if len(_TOP_KEYS) > 4096:
-            _TOP_KEYS.clear()
-        safe = _keys(name)[0][len(_PREFIX) + 7:-7]  # the tool's name as its keys spell it
-        base = f"{_PREFIX}top|{safe}|{cid[:_NAME_LIMIT].replace('|', '_')}|"
-        found = _TOP_KEYS[(name, cid)] = (base + "micros", base + "sends", base + "bytes")
+    if len(_TOP_KEYS) > 4096:
+        _TOP_KEYS.clear()
+    safe = _keys(name)[0][len(_PREFIX) + 7:-7]  # the tool's name as its keys spell it
+    base = f"{_PREFIX}top|{safe}|{cid[:_NAME_LIMIT].replace('|', '_')}|"
+    found = _TOP_KEYS[(name, cid)] = (base + "micros", base + "sends", base + "bytes")
     return found
 
 
@@ -129,17 +137,31 @@ def call_attrs(an: Anatomy) -> dict[str, AttributeValue]:
     for kind, (tokens, cached, micros) in an.kinds.items():
         keys = _ATTR_KEYS.get(kind)
         if keys is not None:
-            attrs[keys[0]] = tokens
-            attrs[keys[1]] = cached
-            attrs[keys[2]] = micros / 1e6
+            attrs[keys[0]], attrs[keys[1]], attrs[keys[2]] = tokens, cached, micros / 1e6
     if an.definitions:
         attrs[A.SPANMETER_INPUT_TOOLS_DECLARED] = len(an.definitions)
     if an.top:
-        attrs[A.SPANMETER_INPUT_TOP_RESULTS] = orjson.dumps([
-            {"tool": name[:_NAME_LIMIT], "call_id": cid[:_NAME_LIMIT], "bytes": size, "tokens": tokens,
-             "cost_usd": micros / 1e6}
-            for name, cid, size, tokens, micros in sorted(an.top, key=lambda t: -t[4])]).decode()
+        # JSON written out: each result's tool and call id are quoted once per run, not per call.
+        attrs[A.SPANMETER_INPUT_TOP_RESULTS] = "[" + ",".join([
+            f'{_TOP_JSON.get((name, cid)) or _top_json(name, cid)}{size},"tokens":{tokens},'
+            f'"cost_usd":{micros / 1e6!r}}}'
+            for name, cid, size, tokens, micros in sorted(an.top, key=_by_cost, reverse=True)]) + "]"
     return attrs
+
+
+def _by_cost(top: tuple[str, str, int, int, int]) -> int:
+    return top[4]
+
+
+_TOP_JSON: dict[tuple[str, str], str] = {}
+
+
+def _top_json(name: str, cid: str) -> str:
+    if len(_TOP_JSON) > 4096:
+        _TOP_JSON.clear()
+    found = _TOP_JSON[(name, cid)] = orjson.dumps({"tool": name[:_NAME_LIMIT], "call_id": cid[:_NAME_LIMIT],
+                                                   "bytes": 0}).decode()[:-2]
+    return found
 
 
 def run_anatomy(totals: Mapping[str, int]) -> dict[str, Any] | None:

@@ -44,10 +44,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from heapq import nlargest
 from itertools import accumulate
+from math import gcd
 from operator import sub
 from typing import Any, Final
 
-from proxy.ledger.pricing import Price, cost
+from proxy.ledger.pricing import _ONE, Price, cost
 from proxy.model import Anatomy, InputPart, Usage
 
 __all__ = ["OTHER", "TOP_RESULTS", "Split", "Splits", "anatomy", "apportion", "shares", "shares_general",
@@ -120,8 +121,7 @@ class Split:
         sizes, units, ub, start = self.sizes, self.units, self.unit_bytes, len(self.sizes)
         results: list[tuple[int, int, str, str]] = []
         defs: dict[str, int] | None = None  # copied before a change: a previous split may share it
-        for i, p in enumerate(parts, start):
-            kind, size = p.kind, p.size
+        for i, (kind, size, name, call_id) in enumerate(parts, start):
             if per_part:
                 unit = len(ub)
                 self.unit_kind.append(kind)
@@ -129,13 +129,13 @@ class Split:
             else:
                 unit = _UNIT.get(kind, _NEW)
             if kind == "tool_result":
-                results.append((size, i, p.name, p.call_id))
-                self._result(i, size, p.name)
+                results.append((size, i, name, call_id))
+                self._result(i, size, name)
             elif kind == "tools":
                 if defs is None:
                     defs = self.definitions = dict(self.definitions)
                     self.inherited = False
-                defs[p.name] = defs.get(p.name, 0) + size
+                defs[name] = defs.get(name, 0) + size
             elif unit == _NEW or kind == "new":
                 self.new_parts.append(i)
             sizes.append(size)
@@ -143,7 +143,7 @@ class Split:
             if not per_part:
                 self.cum.append(tuple(ub))
             ub[unit] += size
-        self.ends += accumulate([p.size for p in parts], initial=self.ends[-1] if self.ends else 0)
+        self.ends += accumulate(sizes[start:], initial=self.ends[-1] if self.ends else 0)
         del self.ends[start]  # the initial value accumulate repeats
         top = self.top
         if results and (len(top) < TOP_RESULTS or any(r[0] > top[-1][0] for r in results)):
@@ -167,15 +167,18 @@ class Split:
     def _recount(self, start: int) -> None:
         """The running unit bytes again from part `start` on, after parts changed unit."""
         ub = list(self.cum[start])
-        for i in range(start, len(self.sizes)):
-            self.cum[i] = tuple(ub)
-            ub[self.units[i]] += self.sizes[i]
+        cum, units, sizes = self.cum, self.units, self.sizes
+        for i in range(start, len(sizes)):
+            cum[i] = tuple(ub)
+            ub[units[i]] += sizes[i]
 
     def _next(self) -> Split:
-        """A copy to extend."""
-        sp = Split()
-        sp.sizes, sp.ends, sp.units, sp.cum = self.sizes.copy(), self.ends.copy(), self.units.copy(), self.cum.copy()
-        sp.unit_bytes = self.unit_bytes.copy()
+        """A copy to extend (list copies: C loops, no Python one per part)."""
+        sp = Split.__new__(Split)
+        sp.per_part, sp.unit_kind = False, self.unit_kind
+        sp.sizes, sp.ends, sp.units, sp.unit_bytes = (self.sizes.copy(), self.ends.copy(), self.units.copy(),
+                                                      self.unit_bytes.copy())
+        sp.cum = self.cum.copy()
         sp.result_at, sp.result_size, sp.result_name = (self.result_at.copy(), self.result_size.copy(),
                                                         self.result_name.copy())
         sp.names, sp.name_bytes, sp.name_id = self.names.copy(), self.name_bytes.copy(), self.name_id.copy()
@@ -211,15 +214,21 @@ def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | N
                 return previous
             sp = previous._next()
             tail = adapter.input_parts({key: items[previous.items:]})
-            if any(p.kind == "tool_result" and not p.name and p.call_id for p in tail):
+            answered = unnamed = False
+            for p in tail:
+                if p.kind == "history":
+                    answered = True
+                elif p.kind == "tool_result" and not p.name and p.call_id:
+                    unnamed = True
+            if unnamed:
                 tail = _named(adapter, body, tail)  # a result of a call made before the new items
-            if any(p.kind == "history" for p in tail):  # the model answered: last turn's new is history now
+            if answered and sp.new_parts:  # the model answered: last turn's new is history now
+                units, sizes, ub = sp.units, sp.sizes, sp.unit_bytes
                 for i in sp.new_parts:
-                    sp.units[i] = _HISTORY
-                    sp.unit_bytes[_NEW] -= sp.sizes[i]
-                    sp.unit_bytes[_HISTORY] += sp.sizes[i]
-                if sp.new_parts:
-                    sp._recount(sp.new_parts[0])
+                    units[i] = _HISTORY
+                    ub[_NEW] -= sizes[i]
+                    ub[_HISTORY] += sizes[i]
+                sp._recount(sp.new_parts[0])
                 sp.new_parts = []
             sp._add(tail, per_part=False)
             return _remember(sp, raw, end, items)
@@ -363,57 +372,106 @@ def shares_general(sp: Split, usage: Usage, price: Price | None) -> Anatomy | No
     else:
         results = dict.fromkeys(sp.names, 0)
     return Anatomy([(k, "") for k in sp.unit_kind], tokens, windows[0], costs, total, whole, kinds,
-                   _top(sp, amounts, total, size, rates, whole, pre), sp.definitions, results, not sp.inherited)
+                   _top(sp, amounts, total, rates, whole, pre), sp.definitions, results, not sp.inherited)
 
 
 def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, size: int) -> Anatomy:
     """`shares` of a call with no cache writes (all but Anthropic's cache-making calls), by
     kind of part: the same arithmetic with two windows (read, the rest) written out, since
-    it runs on every call."""
+    it runs on every call. Written to keep its integers small: past 2**30 CPython's
+    arithmetic leaves its one-digit fast path, and that was most of this function's time."""
     rest = total - read
     ub = sp.unit_bytes
-    rates = _rates(price, usage, total)
-    r_read, r_in = rates[0], rates[3]
-    names = sp.names
+    r_in, r_cached, _, _ = price.rates(total)
+    factor = price.multiplier(usage)
+    micro = read * r_cached + rest * r_in
+    whole = (-(-micro // 1_000_000) if factor is _ONE
+             else -(-micro * factor.numerator // (1_000_000 * factor.denominator)))
+    pre = micro * size  # the call's exact input cost, * size
     if read == 0 or rest == 0:
         tokens = apportion(total, ub)
         cached = tokens if rest == 0 else [0] * len(ub)
-        name_cached = [b * total for b in sp.name_bytes] if rest == 0 else [0] * len(names)
+        mark = total * size if rest == 0 else 0  # where the cached bytes end (bytes * total)
     else:
-        at = read * size
-        k = bisect_right(sp.ends, at // total)  # the part the cache's end falls in
-        partial = at - (sp.ends[k - 1] if k else 0) * total
-        before = [b * total for b in sp.cum[k]]
-        before[sp.units[k]] += partial
-        cached = apportion(read, before)
-        after = apportion(rest, [b * total - c for b, c in zip(ub, before, strict=True)])
-        tokens = [c + u for c, u in zip(cached, after, strict=True)]
-        name_cached = _names_before(sp, k, partial, total) if names else []
-    factor = price.multiplier(usage)
-    whole = -(-(read * r_read + rest * r_in) * factor.numerator // (1_000_000 * factor.denominator))
-    d = r_in - r_read
-    exact = [t * r_in - c * d for t, c in zip(tokens, cached, strict=True)]
+        # The cached tokens are apportion(read, bytes * total before the mark), whose weights
+        # sum to read * size: each running mark is read * c // (read * size), that is c // size.
+        mark = read * size
+        k = bisect_right(sp.ends, mark // total)  # the part the cache's end falls in
+        before = _units_before(sp, k, mark, total)
+        c0 = before[0]
+        c1 = c0 + before[1]
+        c2 = c1 + before[2]
+        c3 = c2 + before[3]
+        m0, m1, m2, m3 = c0 // size, c1 // size, c2 // size, c3 // size
+        cached = [m0, m1 - m0, m2 - m1, m3 - m2, read - m3]
+        # The rest likewise: weights bytes * total - before, summing to rest * size.
+        c0 = ub[0] * total - c0
+        c1 = c0 + ub[1] * total - before[1]
+        c2 = c1 + ub[2] * total - before[2]
+        c3 = c2 + ub[3] * total - before[3]
+        m0, m1, m2, m3 = c0 // size, c1 // size, c2 // size, c3 // size
+        tokens = [cached[0] + m0, cached[1] + m1 - m0, cached[2] + m2 - m1, cached[3] + m3 - m2,
+                  cached[4] + rest - m3]
+    # Costs by the exact costs, t * r_in - c * (r_in - r_cached): with the rates' common
+    # factor taken out, which changes no running mark.
+    g = gcd(r_in, r_cached) or 1
+    r_i, d = r_in // g, (r_in - r_cached) // g
+    exact = [t * r_i - c * d for t, c in zip(tokens, cached, strict=True)]
     costs = apportion(whole, exact if any(exact) else tokens)
     kinds = {k: (t, c, m) for k, t, c, m, b in zip(_KIND_UNITS, tokens, cached, costs, ub, strict=True) if t or b}
-    pre = (read * r_read + rest * r_in) * size
-    results = ({name: (b * total * r_in - c * d) * whole // pre
-                for name, b, c in zip(names, sp.name_bytes, name_cached, strict=True)}
-               if pre else dict.fromkeys(names, 0))
     return Anatomy(_KIND_GROUPS, tokens, cached, costs, total, whole, kinds,
-                   _top(sp, (read, 0, 0, rest), total, size, rates, whole, pre), sp.definitions, results,
-                   not sp.inherited)
+                   _top_read(sp, mark, total, (r_cached, r_in, whole, pre)), sp.definitions,
+                   _results_read(sp, mark, total, (r_cached, r_in, whole, pre)), not sp.inherited)
 
 
-def _names_before(sp: Split, k: int, partial: int, total: int) -> list[int]:
-    """Each result tool's bytes before part k and `partial` into it (bytes * total)."""
-    nb = sp.name_bytes.copy()
-    j = bisect_left(sp.result_at, k)
-    for s, nid in zip(sp.result_size[j:], sp.result_name[j:], strict=True):
-        nb[nid] -= s
-    nb = [b * total for b in nb]
-    if j < len(sp.result_at) and sp.result_at[j] == k:
-        nb[sp.result_name[j]] += partial
-    return nb
+def _results_read(sp: Split, mark: int, total: int, money: tuple[int, int, int, int]) -> dict[str, int]:
+    """Micro-USD of each tool's results, rounded down: exactly (bytes * total * r_cached +
+    uncached * (r_in - r_cached)) * whole / pre, with uncached their bytes after the mark
+    (bytes * total: the prompt's `size` bytes map onto its `total` tokens without fractions)."""
+    names = sp.names
+    r_cached, r_in, whole, pre = money
+    if not (names and pre and whole):
+        return dict.fromkeys(names, 0)
+    g = gcd(whole * total, pre)  # the fraction reduced once, not each tool's product
+    num, den = whole * total // g, pre // g
+    values = [b * r_cached * num // den for b in sp.name_bytes]
+    if mark < sp.ends[-1] * total:  # the results the mark is in or before: priced apart (an agent's newest few)
+        k = bisect_right(sp.ends, mark // total)
+        j = bisect_left(sp.result_at, k)
+        late: dict[int, int] = {}  # name id -> its results' bytes after the mark (bytes * total)
+        for nid, b in zip(sp.result_name[j:], sp.result_size[j:], strict=True):
+            late[nid] = late.get(nid, 0) + b * total
+        if j < len(sp.result_at) and sp.result_at[j] == k:
+            late[sp.result_name[j]] -= mark - (sp.ends[k - 1] if k else 0) * total
+        nb, d = sp.name_bytes, r_in - r_cached
+        for nid, a in late.items():
+            values[nid] = (nb[nid] * total * r_cached + a * d) * whole // pre
+    return dict(zip(names, values, strict=True))
+
+
+def _units_before(sp: Split, k: int, at: int, total: int) -> list[int]:
+    """Each unit's bytes before position `at` (bytes * total), which falls in part k."""
+    ub = [b * total for b in sp.cum[k]]
+    ub[sp.units[k]] += at - (sp.ends[k - 1] if k else 0) * total
+    return ub
+
+
+def _top_read(sp: Split, mark: int, total: int, money: tuple[int, int, int, int],
+              ) -> list[tuple[str, str, int, int, int]]:
+    """`_top` with two windows: cached up to `mark` (bytes * total), then uncached. `money`:
+    (cached rate, input rate, the call's input micro-USD, its exact cost * size)."""
+    r_cached, r_in, whole, pre = money
+    ends, size = sp.ends, sp.ends[-1]
+    if not pre:
+        return [(name, cid, b, b * total // size, 0) for b, _, name, cid in sp.top]
+    out = []
+    for b, i, name, cid in sp.top:
+        width = b * total
+        cached = mark - ends[i] * total + width  # its bytes before the mark, clipped to [0, width] below
+        exact = width * r_in if cached <= 0 else width * r_cached if cached >= width else (
+            cached * r_cached + (width - cached) * r_in)
+        out.append((name, cid, b, width // size, exact * whole // pre))
+    return out
 
 
 def _windows(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int,
@@ -452,9 +510,9 @@ def _before(sp: Split, at: int, total: int) -> tuple[list[int], list[int]]:
     partial = at - (sp.ends[k - 1] if k else 0) * total
     if sp.per_part:
         ub = [s * total for s in sp.sizes[:k]] + [0] * (len(sp.sizes) - k)
+        ub[sp.units[k]] += partial
     else:
-        ub = [b * total for b in sp.cum[k]]
-    ub[sp.units[k]] += partial
+        ub = _units_before(sp, k, at, total)
     nb = sp.name_bytes.copy()
     j = bisect_left(sp.result_at, k)  # the results from part k on
     for s, nid in zip(sp.result_size[j:], sp.result_name[j:], strict=True):
@@ -486,17 +544,18 @@ def _input_cost(price: Price, usage: Usage, amounts: tuple[int, int, int, int],
     return -(-micro * factor.numerator // (1_000_000 * factor.denominator))
 
 
-def _top(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int, rates: tuple[int, int, int, int],
+def _top(sp: Split, amounts: tuple[int, int, int, int], total: int, rates: tuple[int, int, int, int],
          whole: int, pre: int) -> list[tuple[str, str, int, int, int]]:
     """The largest results one by one: (tool, call id, bytes, tokens, micro-USD), each
     priced by the windows its bytes lie in (a listing, not shares: not rounded to add up)."""
+    ends = sp.ends
+    size = ends[-1]  # the prompt's bytes
     if not sp.top or size <= 0:
         return [(name, cid, b, 0, 0) for b, _, name, cid in sp.top]
     bounds = [0]
     for a in amounts:
         bounds.append(bounds[-1] + a * size)
     out = []
-    ends = sp.ends
     for b, i, name, cid in sp.top:
         hi = ends[i] * total
         lo = hi - b * total
