@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from proxy.ledger.sqlite import SYNC_WITHIN_S, SqliteStore
-from proxy.ledger.store import Admission, Limits
+from proxy.ledger.store import Admission, Ask, Limits, Turn
 from tests.ledger.test_sqlite_ledger import one_batch
 
 T0 = datetime(2026, 5, 14, 12, 0, tzinfo=UTC)
@@ -32,8 +32,7 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
 
 
 async def admit(store: SqliteStore, run_id: str, **kw: Any) -> Admission:
-    kw.setdefault("limits", Limits())
-    return await store.admit("acme", run_id, min_reserve=10, max_reserve=100, now=T0, **kw)
+    return await store.admit(Ask("acme", run_id, T0, **kw), Turn(reserve=(10, 100)))
 
 
 def _level(conn: sqlite3.Connection) -> int:
