@@ -36,7 +36,8 @@ the write). The settings differ in what survives an OS crash or a power cut:
             which closes those tool calls, is never forwarded before they are durable).
             The caller had its answer before the settle began, so the window in which a
             power cut loses them is about what it was; but the run's next call, which
-            waits for the settle's commit, no longer waits for two fsyncs in a row.
+            used to wait for the settle's commit (it is admitted once the settle is
+            queued now, `settle_in_order`), no longer waits for two fsyncs in a row.
     NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
             fsynced only at checkpoints. An OS crash or power loss may roll back the
             last transactions before the latest checkpoint, admissions and overshoots
