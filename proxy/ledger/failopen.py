@@ -9,11 +9,11 @@ through unmetered is logged at ERROR with the operation that failed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.errors import StoreUnavailable
-from proxy.ledger.store import Admission, Ask, Store
+from proxy.ledger.store import Admission, Ask, Store, done_future
 
 __all__ = ["FailOpenStore"]
 
@@ -79,6 +79,13 @@ class FailOpenStore:
         if tools:
             await self.tools_put(admission.tenant, admission.run_id, tools)
         return 0
+
+    async def settle_in_order(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
+                              tools: list[dict[str, Any]] | None = None,
+                              contexts: dict[str, int] | None = None) -> Awaitable[int]:
+        # Ordered once done: the settle of an unmetered admission is two operations, and a
+        # failure must be answered neutrally, not surface when the result is awaited.
+        return done_future(await self.settle(admission, actual, run_totals=run_totals, tools=tools, contexts=contexts))
 
 
 def _guarded(name: str, target: Callable[..., Any], fallback: Callable[..., Any]) -> Callable[..., Any]:

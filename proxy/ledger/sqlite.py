@@ -36,7 +36,8 @@ the write). The settings differ in what survives an OS crash or a power cut:
             which closes those tool calls, is never forwarded before they are durable).
             The caller had its answer before the settle began, so the window in which a
             power cut loses them is about what it was; but the run's next call, which
-            waits for the settle's commit, no longer waits for two fsyncs in a row.
+            used to wait for the settle's commit (it is admitted once the settle is
+            queued now, `settle_in_order`), no longer waits for two fsyncs in a row.
     NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
             fsynced only at checkpoints. An OS crash or power loss may roll back the
             last transactions before the latest checkpoint, admissions and overshoots
@@ -57,7 +58,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -485,6 +486,20 @@ class SqliteStore(DerivedOps):
         tools: list[dict[str, Any]] | None = None,
         contexts: dict[str, int] | None = None,
     ) -> int:
+        done = await self.settle_in_order(admission, actual, run_totals=run_totals, tools=tools, contexts=contexts)
+        return await done
+
+    async def settle_in_order(
+        self,
+        admission: Admission,
+        actual: int,
+        *,
+        run_totals: dict[str, int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        contexts: dict[str, int] | None = None,
+    ) -> Awaitable[int]:
+        # Ordered once queued: the one writer thread runs jobs in the order they were put,
+        # within a batch too, so any operation submitted after this one sees its writes.
         if actual < 0:
             raise ValueError(f"a call cannot cost less than nothing (actual={actual})")
         totals = [(name, int(v)) for name, v in (run_totals or {}).items()]
@@ -521,8 +536,7 @@ class SqliteStore(DerivedOps):
         # Lazy but for its open tool calls: those are durable soon, not before the hand-back.
         # The run's next call reads them, and its admission's fsync comes before it is forwarded.
         soon = not lazy and bool(encoded) and _lazy_settle(admission, actual, totals, [], seen)
-        result: int = await self._do(op, lazy=lazy, soon=soon)
-        return result
+        return self._submit(op, lazy, soon)
 
     async def expire(self, now: datetime) -> int:
         ts = now.timestamp()

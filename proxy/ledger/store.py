@@ -70,6 +70,7 @@ __all__ = [
     "Turn",
     "Views",
     "decide",
+    "done_future",
     "rate_refusal",
     "refusal",
     "release_if_cancelled",
@@ -528,6 +529,24 @@ class Ledger(Protocol):
         admission is a no-op as a whole."""
         ...
 
+    async def settle_in_order(
+        self,
+        admission: Admission,
+        actual: int,
+        *,
+        run_totals: dict[str, int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        contexts: dict[str, int] | None = None,
+    ) -> Awaitable[int]:
+        """`settle` in two steps: returns once every operation this process submits after it
+        will see its effect, with the settle's own result (the overshoot) to await.
+
+        What lets a run's next call be admitted before its previous call's settle is done.
+        A store that applies operations in the order they were submitted (SQLite's one
+        writer) returns at once; one that cannot promise that order (Redis: a retry after a
+        lost connection may land after a later operation) returns once the settle is done."""
+        ...
+
     async def release(self, admission: Admission) -> None: ...
 
     async def expire(self, now: datetime) -> int:
@@ -604,6 +623,12 @@ class DerivedOps:
                      tools: list[dict[str, Any]] | None = None, contexts: dict[str, int] | None = None) -> int:
         raise NotImplementedError
 
+    async def settle_in_order(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
+                              tools: list[dict[str, Any]] | None = None,
+                              contexts: dict[str, int] | None = None) -> Awaitable[int]:
+        # Ordered once done: true of any store.
+        return done_future(await self.settle(admission, actual, run_totals=run_totals, tools=tools, contexts=contexts))
+
     async def spend(
         self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None,
         key_id: str | None = None,
@@ -612,6 +637,12 @@ class DerivedOps:
 
     async def release(self, admission: Admission) -> None:
         await self.settle(admission, 0)
+
+
+def done_future(result: int) -> asyncio.Future[int]:
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    fut.set_result(result)
+    return fut
 
 
 @dataclass(frozen=True, slots=True)

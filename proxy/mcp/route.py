@@ -241,7 +241,7 @@ class _Call:
     async def _admit(self, policy: Policy, key: KeyPolicy | None, limits: Limits, rates: tuple[Rate, ...],
                      parent: TraceParent | None) -> Admission:
         app, msg, caller = self.request.app, self.msg, self.caller
-        await app[BACKGROUND].settled((caller.tenant, caller.run_id))  # the model call's tool calls are stored
+        await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the model call's tool calls are stored
         turn = ToolTurn(trace=app[RUNS].candidate(caller, parent, self.arrived_ns), key=caller.key_id, rates=rates)
         if msg.tool is not None:
             turn = replace(turn, name=msg.tool, sig=f"{msg.tool}:{canonical_sha256(msg.arguments)}",

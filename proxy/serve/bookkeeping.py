@@ -83,6 +83,7 @@ async def finish_safely(*args: Any) -> None:
 
 async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: Any, answer: Answer) -> None:
     app, caller, call, hooks = request.app, cs.caller, tr.call, answer.hooks
+    end = request.headers.get("x-run-end", "").lower() == "true"
     outcome = answer.outcome()
     admitted = _priced_as_run(app, admitted, outcome.response_model)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
@@ -106,10 +107,13 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
             totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
         if record.anatomy is not None:
             totals |= anatomy_attrs.call_totals(record.anatomy, outcome.tool_calls)
-        overshoot = await app[STORE].settle(admitted.admission, amount, run_totals=totals,
-                                            tools=pending_tools(outcome, answer.delivered_ns, cs.ref,
-                                                                hooks.delivered_arguments) or None,
-                                            contexts=answer.stored_sizes(outcome) or None)
+        settling = await app[STORE].settle_in_order(
+            admitted.admission, amount, run_totals=totals,
+            tools=pending_tools(outcome, answer.delivered_ns, cs.ref, hooks.delivered_arguments) or None,
+            contexts=answer.stored_sizes(outcome) or None)
+        if not end:  # a run that ends here is waited for to its end (govern/runs.py)
+            app[BACKGROUND].mark_ordered((caller.tenant, caller.run_id))  # its next call may be admitted now
+        overshoot = await settling
         spans.record_ledger_overshoot(app[TEL], caller, overshoot)
         _report_budgets(app, caller, admitted, amount)
     except ProxyError:
@@ -119,7 +123,6 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
     # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, record)
     accesslog.access(record, parts=app[SETTINGS].access_log_anatomy)
-    end = request.headers.get("x-run-end", "").lower() == "true"
     if end:
         app[SPLITS].forget((caller.tenant, caller.run_id, call.api))  # no next request to split
     await app[RUNS].after_call(caller, end=end)

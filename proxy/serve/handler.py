@@ -42,7 +42,7 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
     target = target_for(settings, api, caller, upstream_name)
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
-    await app[BACKGROUND].settled((caller.tenant, caller.run_id))  # the run's previous call is recorded
+    await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the run's previous settle is ordered
     fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id))
     turn = Turn(results=results_ok(tr.call), guard=guard.rule(policy.guard),
                 trace=app[RUNS].candidate(caller, parent, arrived))

@@ -50,6 +50,15 @@ async def test_a_combined_settle_answers_zero_while_the_ledger_is_away(
         await away.settle(metered, 40, run_totals={"calls": 1})
 
 
+async def test_a_settle_in_order_answers_zero_while_the_ledger_is_away(away: Store) -> None:
+    """The bookkeeping's settle (`settle_in_order`) is guarded too: neither its call nor
+    the result it hands back raises, where the bare store's result does."""
+    metered = Admission("abc", "acme", "r-1", 100, 1, {}, "2026-05-14", "2026-05")
+    assert await (await FailOpenStore(away).settle_in_order(metered, 40, tools=[TOOL])) == 0
+    with pytest.raises(StoreUnavailable):
+        await (await away.settle_in_order(metered, 40, tools=[TOOL]))
+
+
 @pytest.mark.redis
 @pytest.mark.skipif(BINARY is None, reason=SKIP_REASON)
 async def test_an_unmetered_call_settled_after_the_ledger_returns_keeps_its_totals(tmp_path: Path) -> None:

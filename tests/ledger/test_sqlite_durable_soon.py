@@ -31,8 +31,8 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
     await s.aclose()
 
 
-async def admit(store: SqliteStore, run_id: str, limits: Limits | None = None) -> Admission:
-    return await store.admit(Ask("acme", run_id, T0, limits or Limits()), Turn(reserve=(10, 100)))
+async def admit(store: SqliteStore, run_id: str, **kw: Any) -> Admission:
+    return await store.admit(Ask("acme", run_id, T0, **kw), Turn(reserve=(10, 100)))
 
 
 def _level(conn: sqlite3.Connection) -> int:

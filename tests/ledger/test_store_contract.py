@@ -165,6 +165,23 @@ async def test_settle_records_run_totals_and_tool_calls_in_the_same_step(store: 
     assert await store.tools_pending(tenant + ":x", "r-1") == []
 
 
+async def test_an_admission_submitted_once_a_settle_is_in_order_sees_it(store: Store, tenant: str) -> None:
+    """What lets a run's next call skip waiting for its previous settle to finish
+    (proxy/serve/background.py): once `settle_in_order` returns, the next admission counts
+    the real cost (not the reservation) and closes the tool calls, even with the settle's
+    own result not awaited yet."""
+    limits = Limits(run_max_cost=150)
+    first = await admit(store, tenant, limits=limits)
+    assert first.reserved == 100
+    done = await store.settle_in_order(first, 40, run_totals={"model_calls": 1}, tools=[_tool("c1")])
+    nxt = await admit(store, tenant, limits=limits, turn=Turn(results=(("c1", True),)))
+    assert (nxt.reserved, nxt.remaining["run_cost"]) == (100, 10), "150 - 40 settled, not - 100 reserved"
+    assert [c["id"] for c in nxt.closed] == ["c1"]
+    assert await done == 0
+    assert await store.run_totals(tenant, "r-1") == {"model_calls": 1}
+    assert await store.tools_pending(tenant, "r-1") == []
+
+
 async def test_settle_keeps_the_order_of_tool_calls_put_before(store: Store, tenant: str) -> None:
     await store.tools_put(tenant, "r-1", [_tool("c1"), _tool("c2")])
     a = await admit(store, tenant)
