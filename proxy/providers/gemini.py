@@ -468,9 +468,6 @@ class GeminiAdapter(Opens):
             return []
         return _chunk_events(event.json())
 
-    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
-        return []  # `prepare` changes nothing
-
     def text_slots(self, body: Json) -> list[Slot]:
         return [Slot(p, "text") for p in _answer_parts(body) if isinstance(p.get("text"), str) and not p.get("thought")]
 
