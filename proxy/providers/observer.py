@@ -70,10 +70,6 @@ class Observer:
 
     def _tool(self, e: ToolCallDelta) -> None:
         slot = self._calls.get(e.index)
-        if slot is not None and e.complete and e.id and slot[0] and slot[0] != e.id:
-            # Gemini sends each whole call in its own chunk, all at index 0.
-            e = ToolCallDelta(max(self._calls) + 1, e.id, e.name, e.arguments, True)
-            slot = None
         if slot is None:
             slot = self._calls[e.index] = [None, None]
             self._args[e.index] = []
