@@ -144,12 +144,12 @@ class Answer:
     this answer alone when the module's events depend on the ones before. The repair driver
     adds its hooks at `text_slots`, `argument_slots` and `rewriter`."""
 
-    __slots__ = ("_dialect", "_events", "_observer", "call", "chunk_gaps_s", "complete", "delivered_ns",
+    __slots__ = ("_dialect", "_observer", "call", "chunk_gaps_s", "complete", "delivered_ns", "events",
                  "first_chunk_s", "hooks", "status")
 
     def __init__(self, dialect: Dialect, call: Call, hooks: Hooks, events: Events) -> None:
         self._dialect = dialect
-        self._events = events
+        self.events = events
         self._observer = Observer()
         self.call = call
         self.hooks = hooks
@@ -163,7 +163,7 @@ class Answer:
 
     def stream(self) -> StreamRelay:
         """The reader of this answer's stream, bound once: the relay feeds it each chunk."""
-        return StreamRelay(self._dialect, self._events, self._observer, self.hooks)
+        return StreamRelay(self._dialect, self.events, self._observer, self.hooks)
 
     def body(self, raw: bytes) -> bytes:
         """A whole successful answer, observed and rewritten by the body hooks: what to send."""
@@ -173,7 +173,7 @@ class Answer:
         except orjson.JSONDecodeError:
             observer.note("unparsed_body")
             return raw
-        observer.feed(safely_parsed(self._events.parse_response, parsed, observer))
+        observer.feed(safely_parsed(self.events.parse_response, parsed, observer))
         for hook in self.hooks.on_body:
             try:
                 replaced = hook(parsed)
