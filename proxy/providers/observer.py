@@ -24,7 +24,9 @@ class Observer:
     """Accumulates what a response says, event by event.
 
     Text is kept as a list of pieces (joined once at the end) so a long stream costs
-    linear time. Tool-call arguments are assembled per index from their fragments.
+    linear time. Tool-call arguments are assembled per index from their fragments; the
+    indexes are the answer's own, as its API module's reader numbers them (no dialect rule
+    lives here).
     """
 
     __slots__ = ("_args", "_calls", "_error", "_finish", "_id", "_model", "_notes", "_text", "_usage")

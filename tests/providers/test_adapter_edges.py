@@ -181,3 +181,16 @@ def test_gemini_model_and_stream_come_from_the_path_in_both_versions() -> None:
     b = gemini.parse_request({}, "/v1/models/gemini-3.8-flash:generateContent")
     assert (a.model, a.stream, b.model, b.stream) == (
         "gemini-3.8-flash", True, "gemini-3.8-flash", False)
+
+
+def test_a_retried_call_keeps_its_modules_own_state() -> None:
+    """A retry is the same call once more: chat still knows its client did not ask for usage
+    (the retried body carries the usage request `prepare` added) and still drops the chunk."""
+    tr = open_call(ADAPTERS["chat"], b'{"model":"m","stream":true}', "/v1/chat/completions")
+    tr.request.prepare()
+    again = tr.retry("{", "close the object")
+    assert type(again) is type(tr) and again.request.body["stream_options"] == {"include_usage": True}
+    hooks = Hooks()
+    relay = again.answer(hooks).stream()
+    assert relay.feed(b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1}}\n\n') + relay.flush() == b""
+    assert [r.header_value() for r in hooks.rewrites] == ["usage_chunk=dropped"]
