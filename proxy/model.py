@@ -119,7 +119,6 @@ class Call:
     tools: tuple[ToolSpec, ...] = ()
     tool_results: tuple[ToolResult, ...] = ()
     output: OutputSpec | None = None
-    include_usage: bool = False  # chat: the client itself asked for stream usage
     temperature: float | None = None
     top_p: float | None = None
     top_k: float | None = None

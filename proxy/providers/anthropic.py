@@ -416,9 +416,6 @@ class AnthropicAdapter(Opens):
             return [_error(data.get("error"))]
         return []  # ping, content_block_stop, message_stop, and what we do not know
 
-    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
-        return []  # `prepare` changes nothing
-
     def text_slots(self, body: Json) -> list[Slot]:
         return [Slot(b, "text") for b in dicts(body.get("content"))
                 if b.get("type") == "text" and isinstance(b.get("text"), str)]

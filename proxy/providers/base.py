@@ -32,6 +32,7 @@ __all__ = [
     "MAX_OUTPUT_MULTIPLIER",
     "MAX_TOKENS_LIMIT",
     "Dialect",
+    "Events",
     "Exchange",
     "History",
     "HistoryCall",
@@ -84,6 +85,20 @@ class HistoryCall:
     result: Path | None  # path of the result's value in the body; None: no result in this request
     latest: bool = False  # the result is new in this request: it follows the model's last turn
     turn: int = 0  # the model turn (answer) that made the call, counted from 1: parallel calls share one
+
+
+class Events(Protocol):
+    """The reader of one answer's events. A dialect object is one for every answer; a module
+    whose events depend on the ones before opens one per answer (Gemini numbers a stream's
+    tool calls across its chunks)."""
+
+    def parse_response(self, body: Any) -> list[StreamEvent]:
+        """A whole answer's events."""
+        ...
+
+    def parse_event(self, event: SseEvent) -> list[StreamEvent]:
+        """One SSE event's events, read after every earlier one of the same stream."""
+        ...
 
 
 class Dialect(Protocol):
@@ -147,11 +162,6 @@ class Dialect(Protocol):
     def parse_response(self, body: Any) -> list[StreamEvent]: ...
 
     def parse_event(self, event: SseEvent) -> list[StreamEvent]: ...
-
-    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
-        """Rewrites of the answer's stream that undo what `prepare` changed, each with its
-        record (chat: the usage-only chunk a client that did not ask for usage must not see)."""
-        ...
 
     def text_slots(self, body: dict[str, Any]) -> list[Slot]:
         """Where a whole answer's text is, in order (the first choice or candidate only)."""

@@ -46,6 +46,7 @@ from proxy.providers.base import (
     TextShape,
     count_field,
     number,
+    open_exchange,
     text_of,
     vocabulary,
 )
@@ -53,10 +54,11 @@ from proxy.providers.base import array as _list
 from proxy.providers.base import integer as _int
 from proxy.providers.cache import CacheScope
 from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_usage_chunk
+from proxy.providers.hooks import Hooks, recorded_when_done
 from proxy.providers.parts import Messages, arguments, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
-from proxy.providers.translator import Opens
+from proxy.providers.translator import Answer, CallTranslator, Opens, Translator
 
 __all__ = ["CHAT", "OPENAI_HOSTS", "ChatAdapter", "OpenAIFamily", "openai_cache_key", "openai_error_body",
            "openai_error_type", "openai_stream_error", "openai_usage"]
@@ -374,7 +376,6 @@ class ChatAdapter(OpenAIFamily):
         messages = body.get("messages")
         messages = messages if isinstance(messages, list) else []
         tools = _tools(body.get("tools"))
-        so = body.get("stream_options")
         stop = body.get("stop")
         model = body.get("model") if isinstance(body.get("model"), str) else None
         max_out, field = _max_tokens(body, model)
@@ -392,7 +393,6 @@ class ChatAdapter(OpenAIFamily):
             tools=tools,
             tool_results=_tool_results(messages),
             output=_output(body, tools),
-            include_usage=isinstance(so, dict) and so.get("include_usage") is True,
             temperature=number(body.get("temperature")),
             top_p=number(body.get("top_p")),
             seed=_int(body.get("seed")),
@@ -402,12 +402,16 @@ class ChatAdapter(OpenAIFamily):
             presence_penalty=number(body.get("presence_penalty")),
         )
 
+    def open(self, raw: bytes, path: str) -> Translator:
+        request = open_exchange(self, raw, path)
+        return _ChatCall(self, request, asked_usage=_asks_usage(request.body))
+
     def prepare(self, ex: Exchange) -> list[Rewrite]:
-        if not ex.call.stream or ex.call.include_usage:
+        so = ex.body.get("stream_options")
+        if not ex.call.stream or _asks_usage(ex.body):
             return []
         # Without it a chat stream never reports usage, and unknown usage can only be
         # settled at the reservation. The usage-only chunk is dropped on the way back.
-        so = ex.body.get("stream_options")
         ex.set_top("stream_options", {**(so if isinstance(so, dict) else {}), "include_usage": True})
         return [Rewrite("include_usage", "injected")]
 
@@ -466,11 +470,6 @@ class ChatAdapter(OpenAIFamily):
             events.append(_error(chunk["error"]))
         return events
 
-    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
-        if not call.stream or call.include_usage:
-            return []
-        return [(drop_usage_chunk, USAGE_DROPPED)]  # the usage `prepare` asked for, unasked by the client
-
     def text_slots(self, body: Json) -> list[Slot]:
         msg = _answer(body)
         return [Slot(msg, "content")] if isinstance(msg, dict) and isinstance(msg.get("content"), str) else []
@@ -489,6 +488,30 @@ class ChatAdapter(OpenAIFamily):
 
     def input_messages(self, body: Json) -> Messages:
         return _input_messages(body)
+
+
+def _asks_usage(body: Json) -> bool:
+    """Whether the request asks for the stream's usage (`stream_options.include_usage`)."""
+    so = body.get("stream_options")
+    return isinstance(so, dict) and so.get("include_usage") is True
+
+
+class _ChatCall(CallTranslator):
+    """A chat call, and whether its client asked for the stream's usage itself: read when the
+    call is opened, before `prepare` asks for it on the client's behalf."""
+
+    __slots__ = ("_asked_usage",)
+
+    def __init__(self, dialect: ChatAdapter, request: Exchange, *, asked_usage: bool) -> None:
+        super().__init__(dialect, request)
+        self._asked_usage = asked_usage
+
+    def answer(self, hooks: Hooks) -> Answer:
+        answer = super().answer(hooks)
+        if self.call.stream and not self._asked_usage:
+            # The usage chunk `prepare` asked for, which this client did not: it must not see it.
+            hooks.on_event.append(recorded_when_done(drop_usage_chunk, USAGE_DROPPED, hooks))
+        return answer
 
 
 CHAT = ChatAdapter()

@@ -88,9 +88,6 @@ class EmbeddingsAdapter(OpenAIFamily):
 
     # An embedding has no answer to repair, ask for again or capture.
 
-    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
-        return []
-
     def text_slots(self, body: Json) -> list[Slot]:
         return []
 

@@ -11,6 +11,12 @@ first call of that name in a turn, `name#2`, `name#3`, ... for repeats, counted 
 part order. A model turn's calls and the next user turn's responses use the same
 rule, so a call and its result match.
 
+A stream's chunks each list their own calls from 0, and some models send each parallel
+call in a chunk of its own. A streamed answer is one model turn, so its calls are numbered
+(and named, when they carry no id) across its chunks, as the whole answer would number
+them: `parse_event` reads one chunk alone, and the call's translator opens a reader per
+answer (`_AnswerEvents`) that keeps the turn's count.
+
 Usage (`usageMetadata`, repeated on stream chunks with running totals):
 - input = promptTokenCount (+ toolUsePromptTokenCount, tokens of tool results the
   API fed back itself, billed as input); promptTokenCount already includes the cached
@@ -69,6 +75,7 @@ from proxy.providers.base import (
     TextShape,
     count_field,
     number,
+    open_exchange,
     text_of,
     vocabulary,
 )
@@ -77,10 +84,11 @@ from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 from proxy.providers.cache import CacheScope
 from proxy.providers.gemini_stream import GeminiStreamRepair
+from proxy.providers.hooks import Hooks
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.sizes import json_size, size_of
 from proxy.providers.sse import SseEvent
-from proxy.providers.translator import Opens
+from proxy.providers.translator import Answer, CallTranslator, Opens, Translator
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error_body", "gemini_usage", "json_schema_of"]
 
@@ -178,9 +186,10 @@ def _output(body: dict[str, Any], tools: tuple[ToolSpec, ...]) -> OutputSpec | N
     return None
 
 
-def _name_ids(parts: list[Any], key: str) -> list[tuple[dict[str, Any], str]]:
-    """(call-or-response, id) for each `key` part, ids per the module docstring."""
-    seen: dict[str, int] = {}
+def _name_ids(parts: list[Any], key: str, seen: dict[str, int] | None = None) -> list[tuple[dict[str, Any], str]]:
+    """(call-or-response, id) for each `key` part, ids per the module docstring; `seen` counts
+    the names of the turn's earlier parts (a stream's earlier chunks)."""
+    seen = {} if seen is None else seen
     out = []
     for part in parts:
         item = _get(part, key)
@@ -291,23 +300,34 @@ def _is_answer_text(part: Any) -> bool:
     return isinstance(part, dict) and isinstance(part.get("text"), str) and not part.get("thought")
 
 
-def _candidate_events(index: int, candidate: dict[str, Any]) -> list[StreamEvent]:
+class _Turn:
+    """The tool calls of one answer's model turn read so far: how many, and each name's count."""
+
+    __slots__ = ("calls", "names")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.names: dict[str, int] = {}
+
+
+def _candidate_events(index: int, candidate: dict[str, Any], turn: _Turn) -> list[StreamEvent]:
     events: list[StreamEvent] = []
     parts = _list(_get(candidate.get("content"), "parts"))
     # Thought summaries are not the answer; only candidate 0's text and calls are kept,
     # as in chat.
     if index == 0:
         events += [TextDelta(p["text"]) for p in parts if _is_answer_text(p)]
-        for i, (call, call_id) in enumerate(_name_ids(parts, "functionCall")):
+        for call, call_id in _name_ids(parts, "functionCall", turn.names):
             args = orjson.dumps(call.get("args") or {}).decode()
-            events.append(ToolCallDelta(i, call_id, _str(call.get("name")), args, complete=True))
+            events.append(ToolCallDelta(turn.calls, call_id, _str(call.get("name")), args, complete=True))
+            turn.calls += 1
     reason = _get(candidate, "finishReason")
     if isinstance(reason, str):
         events.append(Finish(reason, index))
     return events
 
 
-def _chunk_events(chunk: Any) -> list[StreamEvent]:
+def _chunk_events(chunk: Any, turn: _Turn) -> list[StreamEvent]:
     if not isinstance(chunk, dict):
         return []
     if isinstance(chunk.get("error"), dict):
@@ -320,7 +340,7 @@ def _chunk_events(chunk: Any) -> list[StreamEvent]:
         events.append(MetaEvent(rid, version))
     for i, cand in enumerate(_list(chunk.get("candidates"))):
         if isinstance(cand, dict):
-            events += _candidate_events(_int(cand.get("index")) or i, cand)
+            events += _candidate_events(_int(cand.get("index")) or i, cand, turn)
     usage = _get(chunk, "usageMetadata")
     if isinstance(usage, dict):
         events.append(UsageEvent(gemini_usage(usage)))
@@ -422,6 +442,9 @@ class GeminiAdapter(Opens):
             presence_penalty=number(_get(config, "presencePenalty")),
         )
 
+    def open(self, raw: bytes, path: str) -> Translator:
+        return _GeminiCall(self, open_exchange(self, raw, path))
+
     def prepare(self, ex: Exchange) -> list[Rewrite]:
         return []  # usageMetadata is always sent
 
@@ -461,15 +484,12 @@ class GeminiAdapter(Opens):
     def parse_response(self, body: Any) -> list[StreamEvent]:
         # Without ?alt=sse, streamGenerateContent answers with a JSON array of chunks.
         chunks = body if isinstance(body, list) else [body]
-        return [e for chunk in chunks for e in _chunk_events(chunk)]
+        turn = _Turn()
+        return [e for chunk in chunks for e in _chunk_events(chunk, turn)]
 
     def parse_event(self, event: SseEvent) -> list[StreamEvent]:
-        if not event.data:
-            return []
-        return _chunk_events(event.json())
-
-    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
-        return []  # `prepare` changes nothing
+        """One chunk alone: its calls numbered from 0 (an answer's stream is read by `_AnswerEvents`)."""
+        return _chunk_events(event.json(), _Turn()) if event.data else []
 
     def text_slots(self, body: Json) -> list[Slot]:
         return [Slot(p, "text") for p in _answer_parts(body) if isinstance(p.get("text"), str) and not p.get("thought")]
@@ -502,6 +522,32 @@ class GeminiAdapter(Opens):
 
     def auth_headers(self, key: str) -> dict[str, str]:
         return {"x-goog-api-key": key}
+
+
+class _AnswerEvents:
+    """The reader of one answer: a stream's chunks read as one turn (the module docstring)."""
+
+    __slots__ = ("_turn",)
+
+    def __init__(self) -> None:
+        self._turn = _Turn()
+
+    def parse_response(self, body: Any) -> list[StreamEvent]:
+        return GEMINI.parse_response(body)
+
+    def parse_event(self, event: SseEvent) -> list[StreamEvent]:
+        if not event.data:
+            return []
+        return _chunk_events(event.json(), self._turn)
+
+
+class _GeminiCall(CallTranslator):
+    """A Gemini call: each answer is read by a reader of its own (`_AnswerEvents`)."""
+
+    __slots__ = ()
+
+    def answer(self, hooks: Hooks) -> Answer:
+        return Answer(self._dialect, self.call, hooks, _AnswerEvents())
 
 
 GEMINI = GeminiAdapter()

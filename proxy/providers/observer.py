@@ -24,7 +24,9 @@ class Observer:
     """Accumulates what a response says, event by event.
 
     Text is kept as a list of pieces (joined once at the end) so a long stream costs
-    linear time. Tool-call arguments are assembled per index from their fragments.
+    linear time. Tool-call arguments are assembled per index from their fragments; the
+    indexes are the answer's own, as its API module's reader numbers them (no dialect rule
+    lives here).
     """
 
     __slots__ = ("_args", "_calls", "_error", "_finish", "_id", "_model", "_notes", "_text", "_usage")
@@ -70,10 +72,6 @@ class Observer:
 
     def _tool(self, e: ToolCallDelta) -> None:
         slot = self._calls.get(e.index)
-        if slot is not None and e.complete and e.id and slot[0] and slot[0] != e.id:
-            # Gemini sends each whole call in its own chunk, all at index 0.
-            e = ToolCallDelta(max(self._calls) + 1, e.id, e.name, e.arguments, True)
-            slot = None
         if slot is None:
             slot = self._calls[e.index] = [None, None]
             self._args[e.index] = []

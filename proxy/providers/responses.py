@@ -389,9 +389,6 @@ class ResponsesAdapter(OpenAIFamily):
             return [StreamError(str(data.get("code") or "error"), str(data.get("message") or ""))]
         return []
 
-    def stream_filters(self, call: Call) -> list[tuple[EventRewrite, Rewrite]]:
-        return []  # `prepare` changes nothing
-
     def text_slots(self, body: Json) -> list[Slot]:
         return [Slot(p, "text") for item in dicts(body.get("output")) if item.get("type") == "message"
                 for p in dicts(item.get("content"))

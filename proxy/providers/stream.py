@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from proxy.model import StreamEvent
-from proxy.providers.base import Dialect
+from proxy.providers.base import Dialect, Events
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.shortcut import TextShortcut
@@ -35,10 +35,10 @@ class StreamRelay:
     and offered to the hooks.
     """
 
-    __slots__ = ("_adapter", "_framer", "_hooks", "_observer", "_shortcut", "taken")
+    __slots__ = ("_events", "_framer", "_hooks", "_observer", "_shortcut", "taken")
 
-    def __init__(self, adapter: Dialect, observer: Observer, hooks: Hooks) -> None:
-        self._adapter = adapter
+    def __init__(self, adapter: Dialect, events: Events, observer: Observer, hooks: Hooks) -> None:
+        self._events = events  # this answer's reader of events (Answer's `events`)
         self._observer = observer
         self._hooks = hooks
         self._framer = Framer()
@@ -99,7 +99,7 @@ class StreamRelay:
         """An event parsed in full, fed and offered to the hooks: its replacement, or None."""
         observer = self._observer
         event = parse_sse_event(raw)
-        parsed = safely_parsed(self._adapter.parse_event, event, observer)
+        parsed = safely_parsed(self._events.parse_event, event, observer)
         observer.feed(parsed)
         if self._shortcut is not None:
             self._shortcut.learn(event, parsed)

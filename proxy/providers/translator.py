@@ -10,6 +10,11 @@ An API module (chat, responses, anthropic, gemini, embeddings) is opened once pe
   and where the repair driver may rewrite the answer's text and arguments;
 - its errors, in the API's own words (`error`), and the repair's retry (`retry`).
 
+Most modules' calls are `CallTranslator`s. A module whose calls carry state of their own
+subclasses it from its `open`: chat keeps whether the client itself asked for the stream's
+usage (and drops the usage chunk it did not ask for), Gemini reads each answer's stream with
+a reader of its own that numbers tool calls across chunks.
+
 The shared code (serve/handler, serve/relay, govern/outputs, serve/bookkeeping) knows a call
 through `Translator` and `Answer` alone, and a route through `Api`: what a wire format is
 (its dialect object, with the pure per-format functions the table tests drive) stays in its
@@ -18,6 +23,7 @@ module.
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import replace
 from typing import Protocol
@@ -27,12 +33,12 @@ import orjson
 from proxy.errors import ProxyError
 from proxy.model import Call, Outcome, StreamError
 from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
-from proxy.providers.base import Dialect, Exchange, open_exchange
-from proxy.providers.hooks import Hooks, recorded_when_done
+from proxy.providers.base import Dialect, Events, Exchange, open_exchange
+from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.stream import StreamRelay, safely_parsed
 
-__all__ = ["Answer", "Api", "Opens", "Translator", "open_call"]
+__all__ = ["Answer", "Api", "CallTranslator", "Opens", "Translator", "open_call"]
 
 log = logging.getLogger("spanmeter.relay")
 
@@ -96,11 +102,12 @@ class Opens:
     __slots__ = ()
 
     def open(self: Dialect, raw: bytes, path: str) -> Translator:
-        return _Translator(self, open_exchange(self, raw, path))
+        return CallTranslator(self, open_exchange(self, raw, path))
 
 
-class _Translator:
-    """The one translator class: an API module's dialect object does the per-format work."""
+class CallTranslator:
+    """The translator of one call: its module's dialect object does the per-format work.
+    A module whose calls carry state of their own subclasses it (see the module docstring)."""
 
     __slots__ = ("_dialect", "request")
 
@@ -113,7 +120,7 @@ class _Translator:
         return self.request.call
 
     def answer(self, hooks: Hooks) -> Answer:
-        return Answer(self._dialect, self.request.call, hooks)
+        return Answer(self._dialect, self.request.call, hooks, self._dialect)
 
     def error(self, exc: ProxyError, request_id: str, *, streaming: bool) -> bytes:
         if streaming:
@@ -124,21 +131,25 @@ class _Translator:
         ex = self.request
         body = self._dialect.retry_body(ex.body, answer, feedback)
         raw = orjson.dumps(body)
+        again = copy.copy(self)  # the same call once more: a subclass's own state goes with it
         # Its own size bounds its input.
-        return _Translator(self._dialect, Exchange(self._dialect, replace(ex.call, body_bytes=len(raw)), raw, body))
+        again.request = Exchange(self._dialect, replace(ex.call, body_bytes=len(raw)), raw, body)
+        return again
 
 
 class Answer:
     """The answer of one call as it is read: observed, rewritten through the call's hooks,
     and what the relay learnt on the way (the handler holds it, so a cancelled relay loses
-    nothing). The API's own stream filters (what undoes `prepare`) are installed on opening;
-    the repair driver adds its hooks at `text_slots`, `argument_slots` and `rewriter`."""
+    nothing). `events` reads the answer's events: the dialect object itself, or a reader of
+    this answer alone when the module's events depend on the ones before. The repair driver
+    adds its hooks at `text_slots`, `argument_slots` and `rewriter`."""
 
-    __slots__ = ("_dialect", "_observer", "call", "chunk_gaps_s", "complete", "delivered_ns", "first_chunk_s",
-                 "hooks", "status")
+    __slots__ = ("_dialect", "_observer", "call", "chunk_gaps_s", "complete", "delivered_ns", "events",
+                 "first_chunk_s", "hooks", "status")
 
-    def __init__(self, dialect: Dialect, call: Call, hooks: Hooks) -> None:
+    def __init__(self, dialect: Dialect, call: Call, hooks: Hooks, events: Events) -> None:
         self._dialect = dialect
+        self.events = events
         self._observer = Observer()
         self.call = call
         self.hooks = hooks
@@ -147,14 +158,12 @@ class Answer:
         self.first_chunk_s: float | None = None
         self.delivered_ns = 0
         self.chunk_gaps_s: list[float] = []  # time_per_output_chunk samples
-        for rewrite, record in dialect.stream_filters(call):
-            hooks.on_event.append(recorded_when_done(rewrite, record, hooks))
 
     # The relay's side.
 
     def stream(self) -> StreamRelay:
         """The reader of this answer's stream, bound once: the relay feeds it each chunk."""
-        return StreamRelay(self._dialect, self._observer, self.hooks)
+        return StreamRelay(self._dialect, self.events, self._observer, self.hooks)
 
     def body(self, raw: bytes) -> bytes:
         """A whole successful answer, observed and rewritten by the body hooks: what to send."""
@@ -164,7 +173,7 @@ class Answer:
         except orjson.JSONDecodeError:
             observer.note("unparsed_body")
             return raw
-        observer.feed(safely_parsed(self._dialect.parse_response, parsed, observer))
+        observer.feed(safely_parsed(self.events.parse_response, parsed, observer))
         for hook in self.hooks.on_body:
             try:
                 replaced = hook(parsed)

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from proxy.errors import CeilingReached, UpstreamTimeout
 from proxy.model import Call, Finish, MetaEvent, StreamError, TextDelta, ToolCallDelta, UsageEvent
 from proxy.providers.base import open_exchange
+from proxy.providers.hooks import Hooks
 from proxy.providers.sse import Framer, SseEvent
+from proxy.providers.translator import open_call
 from tests.providers.cases import ADAPTERS
 
 ALL = list(ADAPTERS.items())
@@ -149,18 +151,28 @@ def test_error_bodies_are_each_dialects_native_shape() -> None:
         "param": None}}
 
 
+def _chat_stream(body: dict[str, Any], stream: bytes) -> tuple[bytes, list[str]]:
+    """What a chat call's answer sends its client of `stream`, and the rewrites it recorded."""
+    tr = open_call(ADAPTERS["chat"], orjson.dumps(body), "/v1/chat/completions")
+    hooks = Hooks()
+    tr.request.prepare()
+    relay = tr.answer(hooks).stream()
+    sent = relay.feed(stream) + relay.flush()
+    return sent, [r.header_value() for r in hooks.rewrites]
+
+
 def test_the_usage_only_chat_chunk_is_dropped_when_the_client_did_not_ask_for_usage() -> None:
     usage_only = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1}}\n\n'
     normal = b'data: {"id":"c","choices":[{"index":0,"delta":{}}],"usage":null}\n\n'
-    chat = ADAPTERS["chat"]
     spaced = b'data: {"id": "c", "choices": [], "usage": {"prompt_tokens": 1}}\n\n'
-    events = Framer().feed(usage_only + normal + spaced)
-    [(drop, record)] = chat.stream_filters(Call(api="chat", operation="chat", model="m", stream=True))
-    assert [drop(e, chat.parse_event(e)) for e in events] == [b"", None, b""]
-    assert record.header_value() == "usage_chunk=dropped"
-    asked = Call(api="chat", operation="chat", model="m", stream=True, include_usage=True)
-    assert chat.stream_filters(asked) == [], "a client that asked for usage gets its chunk"
-    assert chat.stream_filters(Call(api="chat", operation="chat", model="m")) == []
+    stream = usage_only + normal + spaced
+    assert _chat_stream({"model": "m", "stream": True}, stream) == (normal, ["usage_chunk=dropped"])
+    # The client's own wish is read when the call opens, before `prepare` asks for usage for it.
+    asked = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+    assert _chat_stream(asked, stream) == (stream, []), "a client that asked for usage gets its chunk"
+    assert _chat_stream({"model": "m", "stream": True, "stream_options": {"include_usage": False}},
+                        stream) == (normal, ["usage_chunk=dropped"])
+    assert _chat_stream({"model": "m"}, stream) == (stream, []), "a whole answer has no stream to filter"
 
 
 def test_gemini_model_and_stream_come_from_the_path_in_both_versions() -> None:
@@ -169,3 +181,16 @@ def test_gemini_model_and_stream_come_from_the_path_in_both_versions() -> None:
     b = gemini.parse_request({}, "/v1/models/gemini-3.8-flash:generateContent")
     assert (a.model, a.stream, b.model, b.stream) == (
         "gemini-3.8-flash", True, "gemini-3.8-flash", False)
+
+
+def test_a_retried_call_keeps_its_modules_own_state() -> None:
+    """A retry is the same call once more: chat still knows its client did not ask for usage
+    (the retried body carries the usage request `prepare` added) and still drops the chunk."""
+    tr = open_call(ADAPTERS["chat"], b'{"model":"m","stream":true}', "/v1/chat/completions")
+    tr.request.prepare()
+    again = tr.retry("{", "close the object")
+    assert type(again) is type(tr) and again.request.body["stream_options"] == {"include_usage": True}
+    hooks = Hooks()
+    relay = again.answer(hooks).stream()
+    assert relay.feed(b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1}}\n\n') + relay.flush() == b""
+    assert [r.header_value() for r in hooks.rewrites] == ["usage_chunk=dropped"]

@@ -77,11 +77,12 @@ def _relay(adapter: Dialect, dialect: str, request: str, chunks: list[bytes], *,
 def _reference(adapter: Dialect, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
     """The stream relayed as the spec frames it, every event parsed, the first hook that
     claims an event deciding its bytes: what the relay must do however the stream is cut."""
-    hooks, observer, sent = _hooks(dialect, request), Observer(), []
+    answer = _answer(dialect, request)
+    hooks, observer, sent = answer.hooks, Observer(), []
     for raw in _reference_events(stream):
         event = _reference_parse(raw)
         try:
-            parsed = adapter.parse_event(event)
+            parsed = answer.events.parse_event(event)  # this answer's reader: Gemini numbers calls per stream
         except (ValueError, TypeError, KeyError, AttributeError, IndexError):
             observer.note("unparsed_event")
             parsed = []
