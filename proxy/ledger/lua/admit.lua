@@ -177,24 +177,15 @@ gcra_draw(r, held_of, last_of)
 scopes_reserve(amount, 10, has_key)
 calls = redis.call('HINCRBY', KEYS[1], 'calls', 1)
 redis.call('HINCRBY', KEYS[1], 'tokens_held', tokens)
-redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[7])
-redis.call('HSET', KEYS[1], 'last_seen', ARGV[7], 'run_id', ARGV[9])
+runseen_note(7, 9)
 redis.call('HSET', KEYS[5], 'amount', amount, 'calls', calls, 'expired', '0', 'tokens', tokens,
   'run', KEYS[1], 'day', KEYS[2], 'month', KEYS[3], 'total', KEYS[4])
 if has_key then
   redis.call('HSET', KEYS[5], 'keyday', KEYS[12], 'keymonth', KEYS[13])
 end
 redis.call('ZADD', KEYS[6], ARGV[8], KEYS[5])
-redis.call('ZADD', KEYS[7], ARGV[7], ARGV[9])
-if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-  redis.call('ZADD', KEYS[8], ARGV[7], ARGV[9])
-end
 
-local left = {}
-for i = 1, 5 do
-  -- %d, not tostring: tostring prints large numbers as 1e+15
-  if head[i] == nil then left[i] = 'none' else left[i] = string.format('%d', head[i] - amount) end
-end
+local left = scopes_left(head, amount)
 return {'ok', closed, trace, budgets[1], budgets[2], string.format('%d', amount), calls,
         left[1], left[2], left[3], context_tokens, left[4], left[5], string.format('%d', run_tokens),
         started, states, string.format('%d', tokens)}

@@ -131,18 +131,10 @@ if matched == '' then
 else
   redis.call('HINCRBY', KEYS[11], 'tool_calls', 0)
 end
-redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[8])
-redis.call('HSET', KEYS[1], 'last_seen', ARGV[8], 'run_id', ARGV[10])
+runseen_note(8, 10)
 redis.call('HSET', KEYS[5], 'amount', amount, 'calls', count, 'expired', '0', 'entry', matched,
   'streak', streak, 'run', KEYS[1], 'day', KEYS[2], 'month', KEYS[3], 'total', KEYS[4])
 redis.call('ZADD', KEYS[6], ARGV[9], KEYS[5])
-redis.call('ZADD', KEYS[7], ARGV[8], ARGV[10])
-if redis.call('HGET', KEYS[1], 'ended') ~= '1' then
-  redis.call('ZADD', KEYS[8], ARGV[8], ARGV[10])
-end
-local left = {}
-for i = 1, 5 do
-  if head[i] == nil then left[i] = 'none' else left[i] = string.format('%d', head[i] - amount) end
-end
+local left = scopes_left(head, amount)
 return {'ok', matched, streak, trace, budgets[1], budgets[2], string.format('%d', amount), count,
         left[1], left[2], left[3], left[4], left[5], started, states}

@@ -18,3 +18,14 @@ local function scopes_reserve(amount, ttl_at, has_key)
   end
 end
 
+
+-- What each of the five limited scopes has left once `amount` is held ('none': no limit), as
+-- decimal text: string.format('%d'), since tostring prints large numbers as 1e+15.
+local function scopes_left(head, amount)
+  local left = {}
+  for i = 1, 5 do
+    if head[i] == nil then left[i] = 'none' else left[i] = string.format('%d', head[i] - amount) end
+  end
+  return left
+end
+
