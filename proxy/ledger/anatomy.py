@@ -48,7 +48,7 @@ from math import gcd
 from operator import sub
 from typing import Any, Final
 
-from proxy.ledger.pricing import _ONE, Price, cost
+from proxy.ledger.pricing import STANDARD_FACTOR, Price, cost
 from proxy.model import Anatomy, InputPart, Usage
 
 __all__ = ["OTHER", "TOP_RESULTS", "Split", "Splits", "anatomy", "apportion", "shares", "shares_general",
@@ -385,7 +385,7 @@ def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, s
     r_in, r_cached, _, _ = price.rates(total)
     factor = price.multiplier(usage)
     micro = read * r_cached + rest * r_in
-    whole = (-(-micro // 1_000_000) if factor is _ONE
+    whole = (-(-micro // 1_000_000) if factor is STANDARD_FACTOR
              else -(-micro * factor.numerator // (1_000_000 * factor.denominator)))
     pre = micro * size  # the call's exact input cost, * size
     if read == 0 or rest == 0:

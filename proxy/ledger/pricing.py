@@ -62,6 +62,7 @@ from proxy.model import Call, Usage
 
 __all__ = [
     "PROVIDER_OVERHEAD_TOKENS",
+    "STANDARD_FACTOR",
     "LongContext",
     "Price",
     "PriceTable",
@@ -137,25 +138,27 @@ class Price:
         """The largest factor a call asking for `service_tier` may be billed at: a request
         without one (or `auto`) may run at any tier its project enables, and any geography."""
         if not self.service_tiers and not self.inference_geos:
-            return _ONE  # most models: no Fraction arithmetic on the hot path
+            return STANDARD_FACTOR  # most models: no Fraction arithmetic on the hot path
         return _reserve_factor(self.service_tiers, self.inference_geos, service_tier)
 
     def multiplier(self, usage: Usage) -> Fraction:
         """The factor on every rate for the tier and geography the usage was billed as."""
         if usage.service_tier is None and usage.inference_geo is None:
-            return _ONE
+            return STANDARD_FACTOR
         return _lookup(self.service_tiers, usage.service_tier) * _lookup(self.inference_geos, usage.inference_geo)
 
 
-_ONE = Fraction(1)
+# The factor of a call billed at standard rates; `multiplier` returns this very object, so
+# a caller may skip Fraction arithmetic with `is STANDARD_FACTOR`.
+STANDARD_FACTOR = Fraction(1)
 
 
 @functools.lru_cache(maxsize=1024)
 def _reserve_factor(tiers: tuple[tuple[str, Fraction], ...], geos: tuple[tuple[str, Fraction], ...],
                     service_tier: str | None) -> Fraction:
     chosen = [f for _, f in tiers] if service_tier in (None, "auto") else [_lookup(tiers, service_tier)]
-    geo = max([f for _, f in geos], default=_ONE)
-    return max([*chosen, _ONE]) * max(geo, _ONE)
+    geo = max([f for _, f in geos], default=STANDARD_FACTOR)
+    return max([*chosen, STANDARD_FACTOR]) * max(geo, STANDARD_FACTOR)
 
 
 class PriceTable:
