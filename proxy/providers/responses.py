@@ -113,7 +113,8 @@ def _stored_context(body: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _is_model_item(item: dict[str, Any]) -> bool:
-    return item.get("type") in _MODEL_ITEMS or item.get("role") == "assistant"
+    kind = item.get("type")  # any JSON value: a list or object is not hashable, so no set lookup
+    return (isinstance(kind, str) and kind in _MODEL_ITEMS) or item.get("role") == "assistant"
 
 
 def _input_parts(body: dict[str, Any]) -> list[InputPart]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import CeilingReached, UpstreamTimeout
@@ -40,6 +40,7 @@ json_values = st.recursive(
 @pytest.mark.parametrize(("dialect", "adapter"), ALL, ids=IDS)
 @settings(max_examples=150, deadline=None)
 @given(value=json_values)
+@example(value={"input": [{"type": []}]})  # an item type that is not a string (found at the floors)
 def test_any_json_shape_never_breaks_an_adapter(dialect: str, adapter: Any, value: Any) -> None:
     for events in (adapter.parse_event(SseEvent(b"", None, json.dumps(value))), adapter.parse_response(value)):
         assert isinstance(events, list) and all(isinstance(e, EVENT_TYPES) for e in events), events
