@@ -4,10 +4,12 @@ API. Resources live in cleanup contexts under AppKeys."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -32,6 +34,7 @@ from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
 from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
 from proxy.serve.background import Background
+from proxy.serve.bookkeeping import flush_anatomy
 from proxy.serve.handler import handle_call
 from proxy.serve.routes import match, unknown_route
 from proxy.serve.siblings import WORKER, WORKER_ATTRIBUTE, Worker, gather_metrics, worker_ctx
@@ -241,9 +244,34 @@ async def _runs_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     app[BACKGROUND] = background = Background()
     app[PREFIXES] = PrefixMemory()
-    app[SPLITS] = Splits()
+    app[SPLITS] = splits = Splits()
+    flusher = None
+    if app[SETTINGS].anatomy:
+        app[RUNS].before_end = lambda tenant, run_id: flush_anatomy(app, splits.of_run(tenant, run_id))
+        flusher = asyncio.get_running_loop().create_task(_flush_idle_chains(app, splits))
     yield
+    if flusher is not None:
+        flusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flusher
     await background.drain()
+    await flush_anatomy(app, list(splits.idle(float("inf"))))  # the store is still open
+
+
+# How long a run's calls pause before what its tool results cost is added to its totals on
+# its own (proxy/ledger/anatomy.py): well under any run's idle end.
+ANATOMY_IDLE_S = 1.0
+
+
+async def _flush_idle_chains(app: web.Application, splits: Splits) -> None:
+    while True:
+        await asyncio.sleep(ANATOMY_IDLE_S)
+        try:
+            chains = list(splits.idle(time.monotonic() - ANATOMY_IDLE_S))
+            if chains:
+                await flush_anatomy(app, chains)
+        except Exception:
+            log.warning("could not flush the cost anatomy of idle runs; will retry", exc_info=True)
 
 
 # Young-generation threshold while serving. A call allocates a few thousand container

@@ -28,6 +28,7 @@ __all__ = [
     "CallRecord",
     "Caller",
     "Finish",
+    "Flushed",
     "InputPart",
     "MetaEvent",
     "Outcome",
@@ -295,12 +296,12 @@ class InputPart(NamedTuple):
 @dataclass(slots=True)  # not frozen: made on every call, and a frozen init costs a setattr per field
 class Anatomy:
     """Where a call's billed input went, by unit (proxy/ledger/anatomy.py: a kind of part, or a
-    part): unit i, `groups[i]` = (kind, tool name), has `tokens[i]` of the billed input tokens, `cached[i]`
-    of them read from the prompt cache, and costs `costs[i]` micro-USD. The groups add up
-    exactly to `input_tokens` and `input_cost_micros` (the call's cost with its output
-    taken out). Parallel lists, not an object per group: this is made on every call."""
+    part): unit i, of kind `kinds_of_units[i]`, has `tokens[i]` of the billed input tokens,
+    `cached[i]` of them read from the prompt cache, and costs `costs[i]` micro-USD. The units
+    add up exactly to `input_tokens` and `input_cost_micros` (the call's cost with its output
+    taken out). Parallel lists, not an object per unit: this is made on every call."""
 
-    groups: list[tuple[str, str]]
+    kinds_of_units: list[str]
     tokens: list[int]
     cached: list[int]
     costs: list[int]
@@ -308,15 +309,27 @@ class Anatomy:
     input_cost_micros: int
     # (tokens, cached tokens, micro-USD) per kind of part, in the order the kinds first appear.
     kinds: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    # The largest tool results one by one: (tool, call id, bytes, tokens, micro-USD), largest first.
+    # The request's largest tool results: (tool, call id, bytes, tokens, micro-USD this call), largest first.
     top: list[tuple[str, str, int, int, int]] = field(default_factory=list)
     definitions: dict[str, int] = field(default_factory=dict)  # tool name -> its definition's bytes
-    # Tool name -> micro-USD of its results (each priced by the windows its bytes lie in,
-    # rounded down: a breakdown of the tool_result kind within a micro-USD per tool).
-    results: dict[str, int] = field(default_factory=dict)
     # False when the definitions are those of the run's last request, already counted in its
     # totals: they are counted once per tool list, not on every call (tracing/anatomy.py).
     definitions_new: bool = True
+    # What the run's chain prices its tool results with (proxy/ledger/anatomy.py `Chain`), in
+    # nano-micro-USD: a byte at the prompt's first window (its cached prefix, when it has one),
+    # and per result lying past that window (by part index) what it cost above that.
+    byte_cost: int = 0
+    late: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Flushed:
+    """What a run's tool results cost since its chain's last flush (proxy/ledger/anatomy.py
+    `Chain`): micro-USD per tool (grouped as the split groups them), and per tracked result
+    (tool, call id, bytes, micro-USD, sends)."""
+
+    tools: list[tuple[str, int]]
+    results: list[tuple[str, str, int, int, int]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,21 +4,23 @@ run's anatomy read back from its totals.
 A call adds bounded counters to its run's totals in the ledger (the settle's one store
 operation; the totals are name -> integer, summed), all named `anatomy|...`:
 
-    anatomy|part|<kind>|micros|tokens|cached    per kind of part
-    anatomy|result|<tool>|micros                what the tool's results cost this call
+    anatomy|part|<kind>|micros|tokens|cached    per kind of part, every call
     anatomy|def|<tool>|bytes                    the tool's definition's bytes, once per tool list
     anatomy|called|<tool>                       the tool calls the answer made
-    anatomy|top|<tool>|<call id>|micros|sends|bytes   the call's largest results
+    anatomy|result|<tool>|micros                what the tool's results cost, flushed from the chain
+    anatomy|top|<tool>|<call id>|micros|sends|bytes   one of the run's largest results, likewise
 
-Summed over the run's calls, a result's micros are everything it cost: its first send and
-every re-send after it. A definition's cost over the run is the run's tool-definition
-cost shared by the definitions' bytes (they are all in the same cached prefix, so they
-bill alike); the bytes are counted when a run's tool list is first seen (again after a
-request that was split whole), not on every call: about 20 fewer counters per call for the
-settle to store. Tool names are bounded per call (`MAX_TOOLS`, the rest `_OTHER`); the
-per-result counters only for each call's `TOP_RESULTS` largest results (by bytes, which
-do not change between sends, so a large result is counted on every send). The run span,
-`spanmeter runs` and the admin API read these back (`run_anatomy`).
+The last two come from the run's chain (proxy/ledger/anatomy.py `Chain`), which prices every
+result on every send without a per-call step per result: they arrive with a call every
+`FLUSH_EVERY` calls of the chain, with the run's last call, or on their own a moment after
+the run's calls pause (`flush_totals`). Summed over the run, a result's micros are
+everything it cost: its first send and every re-send after it; `bytes` is its size times
+its sends (a reader divides). A definition's cost over the run is the run's
+tool-definition cost shared by the definitions' bytes (they are all in the same cached
+prefix, so they bill alike); the bytes are counted when a run's tool list is first seen
+(again after a request that was split whole), not on every call. Tool names are bounded
+(`MAX_TOOLS`, the rest `_OTHER`). The run span, `spanmeter runs` and the admin API read
+these back (`run_anatomy`).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from typing import Any, Final
 import orjson
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Anatomy, ToolCall
+from proxy.model import Anatomy, Flushed, ToolCall
 from tracing import attributes as A
 
-__all__ = ["KINDS", "MAX_TOOLS", "TOP_RESULTS", "call_attrs", "call_totals", "kinds_of", "run_anatomy", "run_attrs"]
+__all__ = ["KINDS", "MAX_TOOLS", "TOP_RESULTS", "call_attrs", "call_totals", "flush_totals", "kinds_of", "run_anatomy",
+           "run_attrs"]
 
 KINDS: Final = ("system", "tools", "tool_result", "history", "new")
 MAX_TOOLS: Final = 64  # tool names per call in the run totals; the rest are `_OTHER`
@@ -96,27 +99,22 @@ def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
             out[keys[0]], out[keys[1]], out[keys[2]] = tokens, cached, micros
     if an.definitions_new:
         out.update(_definition_totals(an.definitions))
-    results = an.results  # bounded already (proxy/ledger/anatomy.py)
-    out.update(zip(_result_keys(tuple(results)), results.values(), strict=True))
     for tc in tool_calls:
         key = _keys(tc.name)[2]
         out[key] = out.get(key, 0) + 1
-    for name, cid, size, _, micros in an.top:
-        k_micros, k_sends, k_bytes = _TOP_KEYS.get((name, cid)) or _top_keys(name, cid)
-        out[k_micros], out[k_sends], out[k_bytes] = micros, 1, size
     return out
 
 
-_RESULT_KEYS: dict[tuple[str, ...], list[str]] = {}  # a run's result tools grow by a few a turn, not per call
-
-
-def _result_keys(names: tuple[str, ...]) -> list[str]:
-    found = _RESULT_KEYS.get(names)
-    if found is None:
-        if len(_RESULT_KEYS) > 1024:
-            _RESULT_KEYS.clear()
-        found = _RESULT_KEYS[names] = [_keys(name)[0] for name in names]
-    return found
+def flush_totals(flushed: Flushed) -> dict[str, int]:
+    """The run-total counters of what a chain's results cost since its last flush."""
+    out: dict[str, int] = {}
+    for name, micros in flushed.tools:
+        key = _keys(name)[0]
+        out[key] = out.get(key, 0) + micros
+    for name, cid, size, micros, sends in flushed.results:
+        k_micros, k_sends, k_bytes = _TOP_KEYS.get((name, cid)) or _top_keys(name, cid)
+        out[k_micros], out[k_sends], out[k_bytes] = micros, sends, size * sends
+    return out
 
 
 _TOP_KEYS: dict[tuple[str, str], tuple[str, str, str]] = {}  # a run's largest results stay its largest

@@ -48,7 +48,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Anatomy, Call, Caller, CallRecord, Outcome, Repair, ToolRecord
+from proxy.model import Anatomy, Call, Caller, CallRecord, Flushed, Outcome, Repair, ToolRecord
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import digests, lean, summaries
@@ -72,6 +72,7 @@ __all__ = [
     "record_guard_action",
     "record_ledger_overshoot",
     "record_remaining",
+    "record_tool_context",
     "run_span_name",
     "start_call",
     "tool_span",
@@ -539,7 +540,7 @@ def _record_cache_metrics(tel: Telemetry, cs: CallSpan, record: CallRecord, labe
 
 
 def _record_anatomy_metrics(tel: Telemetry, cs: CallSpan, call: Call, an: Anatomy) -> None:
-    """Input cost by kind of part (labelled as cost is) and by tool name of the results."""
+    """Input cost by kind of part (labelled as cost is)."""
     m = tel.instruments
     money = {A.SPANMETER_TENANT_ID: cs.caller.tenant}
     if cs.provider:
@@ -547,15 +548,21 @@ def _record_anatomy_metrics(tel: Telemetry, cs: CallSpan, call: Call, an: Anatom
     model = m.labels.model(call.model)
     if model is not None:
         money[A.GEN_AI_REQUEST_MODEL] = model
-    by_tool: dict[str, int] = {}
     for kind, (_, _, micros) in anatomy_attrs.kinds_of(an).items():
         m.input_cost.add(micros / 1e6, {**money, A.SPANMETER_INPUT_PART: kind}, context=cs.context)
-    for tool, micros in an.results.items():
+
+
+def record_tool_context(tel: Telemetry, tenant: str, flushed: Flushed) -> None:
+    """What a run's tool results cost since its chain's last flush, by tool name (the chain
+    prices them, proxy/ledger/anatomy.py; they arrive with its flushes, not per call)."""
+    m = tel.instruments
+    by_tool: dict[str, int] = {}
+    for tool, micros in flushed.tools:
         name = m.labels.tool(tool)
         by_tool[name] = by_tool.get(name, 0) + micros
     for name, micros in by_tool.items():
-        m.tool_context_cost.add(micros / 1e6, {A.SPANMETER_TENANT_ID: cs.caller.tenant, A.GEN_AI_TOOL_NAME: name},
-                                context=cs.context)
+        if micros > 0:
+            m.tool_context_cost.add(micros / 1e6, {A.SPANMETER_TENANT_ID: tenant, A.GEN_AI_TOOL_NAME: name})
 
 
 def _model_labels(call: Call, provider: str, model_label: str | None) -> Attrs:

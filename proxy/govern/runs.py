@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,8 @@ class Runs:
         # Runs this process has begun: their ids never change, so only a run's first call
         # here needs the store (a cache; any replica may begin or end any run).
         self._known: OrderedDict[tuple[str, str], spans.RunTrace] = OrderedDict()
+        # What must reach a run's totals before it ends (the cost anatomy's unflushed sums).
+        self.before_end: Callable[[str, str], Awaitable[None]] | None = None
 
     def candidate(self, caller: Caller, parent: spans.TraceParent | None, start_ns: int) -> dict[str, Any]:
         """Trace ids for the run (starting at its first call's arrival), kept by the
@@ -95,6 +97,8 @@ class Runs:
     async def end(self, tenant: str, run_id: str, status: str = "ended",
                   source: RunIdSource = "header") -> bool:
         self._known.pop((tenant, run_id), None)
+        if self.before_end is not None:
+            await self.before_end(tenant, run_id)
         rec = await self._store.run_end(tenant, run_id)
         if rec is None:
             return False  # already ended, by us or another replica

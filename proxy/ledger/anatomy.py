@@ -1,4 +1,5 @@
-"""Cost anatomy: a call's billed input tokens and input cost shared among its parts.
+"""Cost anatomy: a call's billed input tokens and input cost shared among its parts, and
+what each tool's results cost over a run.
 
 Pure arithmetic, no I/O. The API modules split a request into `InputPart`s in prompt
 order (proxy/providers/*: `input_parts`); this module shares the usage out:
@@ -21,13 +22,11 @@ order (proxy/providers/*: `input_parts`); this module shares the usage out:
 Integers are shared by cumulative rounding (`apportion`): each share is within one of its
 exact value and the shares always sum to the whole.
 
-**Units, and why.** What is reported is per kind of part and per tool, so the arithmetic
-runs on the five kinds (instructions, tool definitions, tool results, earlier turns, new
-content), not on each of an agent turn's dozens of parts: five integers per window instead
-of a list per part. Each tool's results and the largest results one by one are priced by
-where their bytes lie (`Anatomy.results`, `Anatomy.top`: rounded down, a breakdown rather
-than shares). `anatomy()` makes every part its own unit (the tests check the shares add up
-part by part).
+**Units, and why.** What a call reports is per kind of part, so the arithmetic runs on the
+five kinds (instructions, tool definitions, tool results, earlier turns, new content), not
+on each of an agent turn's dozens of parts: five integers per window instead of a list per
+part. `anatomy()` makes every part its own unit (the tests check the shares add up part
+by part).
 
 **Turn N+1 resends turn N.** An agent's next request is its last one with the new turn
 appended to the conversation, byte for byte. `Splits` keeps, per run, the last request's
@@ -35,36 +34,57 @@ split (bounded, in memory); when the new request is the old one with bytes inser
 the end of its conversation (checked on the raw bytes: the same prefix and suffix, a
 memory compare) only the new items are split and sized. Anything else (an edited history,
 a moved cache marker, two calls of a run at once) splits the request whole.
+
+**What a tool result costs over the run, without pricing every result on every call.**
+A result is re-sent on every later call, so its cost over the run is the sum, over the
+calls that carried it, of its bytes at the rate of the window they lay in. Priced per call
+that is work for every result of the conversation on every call (most of this module's
+time, before). A run's requests that extend one another form a `Chain`, and each call adds
+to it only one number for everything: what a byte of the prompt's first window cost
+(`Anatomy.byte_cost`; the cached prefix, where an agent's old results lie), summed over
+the chain's calls (`Chain.scale`). A result added when the sum was `s0` has cost
+`bytes * (scale - s0)` since, so per tool the chain keeps the bytes and the sum of
+`bytes * s0` of its results, updated only when a result arrives; results lying past the
+first window (the newest, not cached yet) add what they cost above it on that call
+(`Anatomy.late`). `Chain.flush` turns this into micro-USD per tool and for the run's
+largest results, as the difference from what it reported before: the bookkeeping adds it
+to the run's totals every `FLUSH_EVERY` calls of the chain, when the chain breaks, when
+the run ends, and for a chain idle a moment (proxy/serve/bookkeeping.py). All in
+nano-micro-USD integers: the rounding is one floor per flush, not per call.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from heapq import nlargest
-from itertools import accumulate
+from itertools import accumulate, count
 from math import gcd
 from operator import sub
 from typing import Any, Final
 
 from proxy.ledger.pricing import STANDARD_FACTOR, Price, cost
-from proxy.model import Anatomy, InputPart, Usage
+from proxy.model import Anatomy, Flushed, InputPart, Usage
 
-__all__ = ["OTHER", "TOP_RESULTS", "Split", "Splits", "anatomy", "apportion", "shares", "shares_general",
-           "split_of"]
+__all__ = ["FLUSH_EVERY", "NANO", "OTHER", "TOP_RESULTS", "Chain", "Split", "Splits", "anatomy",
+           "apportion", "shares", "shares_general", "split_of"]
 
-TOP_RESULTS: Final = 5  # results priced one by one, the largest by bytes
+TOP_RESULTS: Final = 5  # the largest results, by bytes, listed per call
+MAX_TRACKED: Final = 32  # results a chain prices one by one for the run's dearest (those ever in a call's top)
 MAX_RESULT_GROUPS: Final = 64  # tools whose results are grouped by name; the rest are `_OTHER`
+FLUSH_EVERY: Final = 16  # a chain's calls between flushes into the run's totals
+NANO: Final = 1_000_000_000  # a chain's sums are in nano-micro-USD
 OTHER: Final = "_OTHER"
 # The list of conversation items each API's body carries, which a next turn appends to.
 CONVERSATION: Final = {"chat": "messages", "responses": "input", "messages": "messages", "gemini": "contents"}
 
 # The units the arithmetic shares among: the kinds of parts (or each part, for `anatomy()`).
 _KIND_UNITS: Final = ("system", "tools", "history", "new", "tool_result")
+_KIND_UNITS_LIST: Final = list(_KIND_UNITS)
 _UNIT: Final = {k: i for i, k in enumerate(_KIND_UNITS)}
 _HISTORY, _NEW = _UNIT["history"], _UNIT["new"]
-_KIND_GROUPS: Final = [(k, "") for k in _KIND_UNITS]
+_GENERATION: Final = count(1)
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
@@ -90,11 +110,13 @@ class Split:
     where its conversation ends, its item count and last item). Never changed once made:
     a next request's split copies what it changes."""
 
-    __slots__ = ("cum", "definitions", "end", "ends", "inherited", "items", "last_item", "name_bytes", "name_id",
-                 "names", "new_parts", "per_part", "raw", "result_at", "result_name", "result_size", "sizes", "top",
-                 "unit_bytes", "unit_kind", "units")
+    __slots__ = ("cum", "definitions", "end", "ends", "gen", "inherited", "items", "last_item", "name_bytes",
+                 "name_id", "names", "new_parts", "parent", "per_part", "raw", "result_at", "result_name",
+                 "result_size", "sizes", "top", "unit_bytes", "unit_kind", "units")
 
     def __init__(self, per_part: bool = False) -> None:
+        self.gen = next(_GENERATION)  # which split this is, and which one it extends (0: none)
+        self.parent = 0
         self.sizes: list[int] = []
         self.ends: list[int] = []  # cumulative bytes at each part's end
         self.units: list[int] = []
@@ -175,6 +197,7 @@ class Split:
     def _next(self) -> Split:
         """A copy to extend (list copies: C loops, no Python one per part)."""
         sp = Split.__new__(Split)
+        sp.gen, sp.parent = next(_GENERATION), self.gen
         sp.per_part, sp.unit_kind = False, self.unit_kind
         sp.sizes, sp.ends, sp.units, sp.unit_bytes = (self.sizes.copy(), self.ends.copy(), self.units.copy(),
                                                       self.unit_bytes.copy())
@@ -278,35 +301,160 @@ def _common_prefix(a: bytes, b: memoryview) -> int:
     return lo
 
 
+@dataclass(slots=True)
+class Tracked:
+    """A result a chain prices one by one (one of its largest): its cost since it was
+    added is `size * (scale - scale0) + extra`, its sends `calls - calls0`."""
+
+    name: str
+    call_id: str
+    size: int
+    scale0: int
+    calls0: int
+    extra: int = 0
+    micros: int = 0  # flushed so far
+    sends: int = 0
+
+
+@dataclass(slots=True)
+class Chain:
+    """A run's requests in this process that extend one another (module docstring): the
+    last one's split, and the sums its tool results are priced from."""
+
+    split: Split
+    scale: int = 0  # a byte of the first window, summed over the chain's calls (nano-micro-USD)
+    calls: int = 0
+    base: list[int] = field(default_factory=list)  # per result group: sum of bytes * scale when added
+    extra: list[int] = field(default_factory=list)  # per result group: what lying past the first window added
+    flushed: list[int] = field(default_factory=list)  # per result group: micro-USD flushed so far
+    tracked: dict[int, Tracked] = field(default_factory=dict)  # by part index
+    unflushed: int = 0  # calls since the last flush
+    touched: float = 0.0  # when a call last added to it (monotonic seconds)
+
+    def extends(self, sp: Split) -> bool:
+        """Whether `sp` is the chain's last request, or it with items appended."""
+        return sp is self.split or sp.parent == self.split.gen
+
+    def add(self, sp: Split, an: Anatomy, now: float) -> None:
+        """One call of the chain: `sp` (which `extends` it, or the chain's first) priced as `an`."""
+        first = len(self.split.result_at) if sp is not self.split and sp.parent == self.split.gen else (
+            0 if self.calls == 0 else len(sp.result_at))
+        self.split = sp
+        n = len(sp.names)
+        if len(self.base) < n:
+            grow = [0] * (n - len(self.base))
+            self.base += grow
+            self.extra += grow
+            self.flushed += grow
+        scale, base = self.scale, self.base
+        if first < len(sp.result_at):
+            for nid, size in zip(sp.result_name[first:], sp.result_size[first:], strict=True):
+                base[nid] += size * scale
+            tracked = self.tracked
+            for size, i, name, cid in sp.top:
+                if i not in tracked and len(tracked) < MAX_TRACKED and i >= sp.result_at[first]:
+                    tracked[i] = Tracked(name, cid, size, scale, self.calls)
+        self.scale = scale + an.byte_cost
+        if an.late:
+            extra, tracked, at = self.extra, self.tracked, sp.result_at
+            j = bisect_left(at, min(an.late))  # the late results are the last ones
+            names = dict(zip(at[j:], sp.result_name[j:], strict=True))
+            for i, above in an.late.items():
+                extra[names[i]] += above
+                t = tracked.get(i)
+                if t is not None:
+                    t.extra += above
+        self.calls += 1
+        self.unflushed += 1
+        self.touched = now
+
+    def flush(self) -> Flushed:
+        """What the chain's results cost since the last flush (and it counts as flushed)."""
+        self.unflushed = 0
+        sp, scale = self.split, self.scale
+        tools = []
+        for nid, (name, size) in enumerate(zip(sp.names, sp.name_bytes, strict=True)):
+            now = (size * scale - self.base[nid] + self.extra[nid]) // NANO
+            if now != self.flushed[nid]:
+                tools.append((name, now - self.flushed[nid]))
+                self.flushed[nid] = now
+        results = []
+        for t in self.tracked.values():
+            micros, sends = (t.size * (scale - t.scale0) + t.extra) // NANO, self.calls - t.calls0
+            if sends != t.sends or micros != t.micros:
+                results.append((t.name, t.call_id, t.size, micros - t.micros, sends - t.sends))
+                t.micros, t.sends = micros, sends
+        return Flushed(tools, results)
+
+
 class Splits:
-    """The last request's split of each run, for its next request: bounded by runs and by
-    the raw bytes kept (least recently used out first). A process's own cache: a missing
-    or stale entry only means the next request is split whole."""
+    """Each run's chain, by (tenant, run id): its last request's split and its results' sums,
+    for its next request. Bounded by runs and by the raw bytes kept (least recently used
+    out first). A process's own cache: a missing entry only means the next request is split
+    whole. A chain pushed out with calls not flushed waits in `dropped` for `idle`."""
 
     def __init__(self, max_runs: int = 4096, max_bytes: int = 64 << 20) -> None:
-        self._runs: dict[tuple[str, ...], Split] = {}
+        self._runs: dict[tuple[str, ...], Chain] = {}
         self._bytes = 0
         self.max_runs, self.max_bytes = max_runs, max_bytes
+        self.dropped: list[tuple[tuple[str, ...], Chain]] = []
 
-    def get(self, key: tuple[str, ...]) -> Split | None:
+    def get(self, key: tuple[str, ...]) -> Chain | None:
         return self._runs.get(key)
 
-    def put(self, key: tuple[str, ...], sp: Split) -> None:
-        old = self._runs.pop(key, None)
-        if old is not None:
-            self._bytes -= len(old.raw)
-        if len(sp.raw) > self.max_bytes:
-            return
-        self._runs[key] = sp
+    def advance(self, key: tuple[str, ...], sp: Split, an: Anatomy, now: float) -> tuple[Chain, Chain | None]:
+        """The run's chain after a call of request `sp` priced as `an`: its own, or a new one
+        when `sp` does not extend it; and the chain that one replaced, if it has calls not
+        flushed (the caller flushes it)."""
+        chain = self._runs.pop(key, None)
+        replaced = None
+        if chain is not None:
+            self._bytes -= len(chain.split.raw)
+            if not chain.extends(sp):
+                replaced = chain if chain.unflushed else None
+                chain = None
+        if chain is None:
+            chain = Chain(sp)
+        chain.add(sp, an, now)
+        if len(sp.raw) > self.max_bytes:  # too large to keep: flushed a moment from now
+            self.dropped.append((key, chain))
+            return chain, replaced
+        self._runs[key] = chain
         self._bytes += len(sp.raw)
         while self._bytes > self.max_bytes or len(self._runs) > self.max_runs:
             first = next(iter(self._runs))
-            self._bytes -= len(self._runs.pop(first).raw)
+            old = self._runs.pop(first)
+            self._bytes -= len(old.split.raw)
+            if old.unflushed:
+                self.dropped.append((first, old))
+        return chain, replaced
 
-    def forget(self, key: tuple[str, ...]) -> None:
+    def forget(self, key: tuple[str, ...]) -> Chain | None:
+        """The run's chain, no longer kept (its run ended)."""
         old = self._runs.pop(key, None)
         if old is not None:
-            self._bytes -= len(old.raw)
+            self._bytes -= len(old.split.raw)
+        return old
+
+    def idle(self, before: float) -> Iterator[tuple[tuple[str, ...], Chain]]:
+        """The chains dropped, and those with calls not flushed that no call added to since
+        `before` (kept: their run may go on)."""
+        dropped, self.dropped = self.dropped, []
+        yield from dropped
+        for key, chain in list(self._runs.items()):
+            if chain.unflushed and chain.touched < before:
+                yield key, chain
+
+    def of_run(self, tenant: str, run_id: str) -> list[tuple[tuple[str, ...], Chain]]:
+        """The run's chain, no longer kept, and its chains dropped but not flushed yet."""
+        key: tuple[str, ...] = (tenant, run_id)
+        out = [(k, c) for k, c in self.dropped if k == key] if self.dropped else []
+        if out:
+            self.dropped = [(k, c) for k, c in self.dropped if k != key]
+        chain = self.forget(key)
+        if chain is not None:
+            out.append((key, chain))
+        return out
 
 
 def anatomy(parts: Sequence[InputPart], usage: Usage, price: Price | None) -> Anatomy | None:
@@ -343,9 +491,8 @@ def shares_general(sp: Split, usage: Usage, price: Price | None) -> Anatomy | No
         weights = [[0] * n for _ in range(4)]
         for w in range(4):
             weights[w][sp.units[-1]] = 1
-        names = [[0] * len(sp.names)] * 4
     else:
-        weights, names = _windows(sp, amounts, total, size)
+        weights = _windows(sp, amounts, total, size)
     zero = [0] * n
     windows = [apportion(a, w) if a else zero for a, w in zip(amounts, weights, strict=True)]
     if hour or five:
@@ -367,12 +514,12 @@ def shares_general(sp: Split, usage: Usage, price: Price | None) -> Anatomy | No
         row = kinds.get(kind)
         kinds[kind] = (t, c, m) if row is None else (row[0] + t, row[1] + c, row[2] + m)
     pre = (read * rates[0] + hour * rates[1] + five * rates[2] + amounts[3] * rates[3]) * size  # exact, * size
-    if sp.names and pre and whole:
-        results = {name: e * whole // pre for name, e in zip(sp.names, _exact(names, amounts, rates), strict=True)}
-    else:
-        results = dict.fromkeys(sp.names, 0)
-    return Anatomy([(k, "") for k in sp.unit_kind], tokens, windows[0], costs, total, whole, kinds,
-                   _top(sp, amounts, total, rates, whole, pre), sp.definitions, results, not sp.inherited)
+    bounds = [0]
+    for a in amounts:
+        bounds.append(bounds[-1] + a * size)
+    return _priced(Anatomy(sp.unit_kind, tokens, windows[0], costs, total, whole, kinds, [], sp.definitions,
+                           not sp.inherited), sp, pre,
+                   [(hi, r) for hi, a, r in zip(bounds[1:], amounts, rates, strict=True) if a])
 
 
 def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, size: int) -> Anatomy:
@@ -387,11 +534,9 @@ def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, s
     micro = read * r_cached + rest * r_in
     whole = (-(-micro // 1_000_000) if factor is STANDARD_FACTOR
              else -(-micro * factor.numerator // (1_000_000 * factor.denominator)))
-    pre = micro * size  # the call's exact input cost, * size
     if read == 0 or rest == 0:
         tokens = apportion(total, ub)
         cached = tokens if rest == 0 else [0] * len(ub)
-        mark = total * size if rest == 0 else 0  # where the cached bytes end (bytes * total)
     else:
         # The cached tokens are apportion(read, bytes * total before the mark), whose weights
         # sum to read * size: each running mark is read * c // (read * size), that is c // size.
@@ -419,34 +564,48 @@ def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, s
     exact = [t * r_i - c * d for t, c in zip(tokens, cached, strict=True)]
     costs = apportion(whole, exact if any(exact) else tokens)
     kinds = {k: (t, c, m) for k, t, c, m, b in zip(_KIND_UNITS, tokens, cached, costs, ub, strict=True) if t or b}
-    return Anatomy(_KIND_GROUPS, tokens, cached, costs, total, whole, kinds,
-                   _top_read(sp, mark, total, (r_cached, r_in, whole, pre)), sp.definitions,
-                   _results_read(sp, mark, total, (r_cached, r_in, whole, pre)), not sp.inherited)
+    windows = [(w, r) for w, r in ((read * size, r_cached), (total * size, r_in)) if w]
+    return _priced(Anatomy(_KIND_UNITS_LIST, tokens, cached, costs, total, whole, kinds, [], sp.definitions,
+                           not sp.inherited), sp, micro * size, windows)
 
 
-def _results_read(sp: Split, mark: int, total: int, money: tuple[int, int, int, int]) -> dict[str, int]:
-    """Micro-USD of each tool's results, rounded down: exactly (bytes * total * r_cached +
-    uncached * (r_in - r_cached)) * whole / pre, with uncached their bytes after the mark
-    (bytes * total: the prompt's `size` bytes map onto its `total` tokens without fractions)."""
-    names = sp.names
-    r_cached, r_in, whole, pre = money
-    if not (names and pre and whole):
-        return dict.fromkeys(names, 0)
-    g = gcd(whole * total, pre)  # the fraction reduced once, not each tool's product
-    num, den = whole * total // g, pre // g
-    values = [b * r_cached * num // den for b in sp.name_bytes]
-    if mark < sp.ends[-1] * total:  # the results the mark is in or before: priced apart (an agent's newest few)
-        k = bisect_right(sp.ends, mark // total)
-        j = bisect_left(sp.result_at, k)
-        late: dict[int, int] = {}  # name id -> its results' bytes after the mark (bytes * total)
-        for nid, b in zip(sp.result_name[j:], sp.result_size[j:], strict=True):
-            late[nid] = late.get(nid, 0) + b * total
-        if j < len(sp.result_at) and sp.result_at[j] == k:
-            late[sp.result_name[j]] -= mark - (sp.ends[k - 1] if k else 0) * total
-        nb, d = sp.name_bytes, r_in - r_cached
-        for nid, a in late.items():
-            values[nid] = (nb[nid] * total * r_cached + a * d) * whole // pre
-    return dict(zip(names, values, strict=True))
+def _priced(an: Anatomy, sp: Split, pre: int, windows: list[tuple[int, int]]) -> Anatomy:
+    """`an` with what its run's chain needs to price its tool results (`Chain.add`): a
+    byte's cost at the prompt's first window, and what the results lying past that window
+    cost above it; and the largest results' cost this call. `pre`: the call's exact input
+    cost * the prompt's bytes; `windows`: (end, rate) of the windows with tokens, in prompt
+    order, ends in bytes * total."""
+    total, whole, size = an.input_tokens, an.input_cost_micros, sp.ends[-1]
+    if not (whole and pre and windows):
+        an.top = [(name, cid, b, b * total // size if size else 0, 0) for b, _, name, cid in sp.top]
+        return an
+    per_byte = whole * NANO * total  # / pre: a byte's nano-micro-USD per unit of rate
+    end0, rate0 = windows[0]
+    unit = rate0 * per_byte // pre  # a byte in the first window
+    late: dict[int, int] = {}  # result part index -> what it cost above `unit`
+    at = sp.result_at
+    if end0 < size * total and at:
+        ends, sizes = sp.ends, sp.sizes
+        k = bisect_right(ends, end0 // total)  # the part the first window ends in
+        j = bisect_left(at, k)
+        if len(windows) == 2:  # the usual: the results past the cached prefix, at the input rate
+            above = (windows[1][1] - rate0) * per_byte // pre
+            late = {i: sizes[i] * above for i in at[j:]}
+            if j < len(at) and at[j] == k:  # the one the cache ends in: its bytes past the end
+                late[k] = (ends[k] - end0 // total) * above
+        else:
+            for i in at[j:]:
+                hi = ends[i] * total
+                lo = hi - sizes[i] * total
+                extra, start = 0, end0
+                for end, rate in windows[1:]:
+                    if hi > start and lo < end:
+                        extra += (min(hi, end) - max(lo, start)) // total * (rate - rate0)
+                    start = end
+                late[i] = extra * per_byte // pre
+    an.top = [(name, cid, b, b * total // size, (b * unit + late.get(i, 0)) // NANO) for b, i, name, cid in sp.top]
+    an.byte_cost, an.late = unit, late
+    return an
 
 
 def _units_before(sp: Split, k: int, at: int, total: int) -> list[int]:
@@ -456,71 +615,39 @@ def _units_before(sp: Split, k: int, at: int, total: int) -> list[int]:
     return ub
 
 
-def _top_read(sp: Split, mark: int, total: int, money: tuple[int, int, int, int],
-              ) -> list[tuple[str, str, int, int, int]]:
-    """`_top` with two windows: cached up to `mark` (bytes * total), then uncached. `money`:
-    (cached rate, input rate, the call's input micro-USD, its exact cost * size)."""
-    r_cached, r_in, whole, pre = money
-    ends, size = sp.ends, sp.ends[-1]
-    if not pre:
-        return [(name, cid, b, b * total // size, 0) for b, _, name, cid in sp.top]
-    out = []
-    for b, i, name, cid in sp.top:
-        width = b * total
-        cached = mark - ends[i] * total + width  # its bytes before the mark, clipped to [0, width] below
-        exact = width * r_in if cached <= 0 else width * r_cached if cached >= width else (
-            cached * r_cached + (width - cached) * r_in)
-        out.append((name, cid, b, width // size, exact * whole // pre))
-    return out
-
-
-def _windows(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int,
-             ) -> tuple[list[list[int]], list[list[int]]]:
-    """Each unit's and each result tool's bytes in each window (cache reads, 1-hour writes,
-    5-minute writes, the rest), scaled by `total` (bytes * total) so that the prompt's
-    `size` bytes map onto its `total` tokens without fractions. A window of no tokens
-    gets no weights (they are not read)."""
+def _windows(sp: Split, amounts: tuple[int, int, int, int], total: int, size: int) -> list[list[int]]:
+    """Each unit's bytes in each window (cache reads, 1-hour writes, 5-minute writes, the
+    rest), scaled by `total` (bytes * total) so that the prompt's `size` bytes map onto its
+    `total` tokens without fractions. A window of no tokens gets no weights (they are not read)."""
     full_u = [b * total for b in sp.unit_bytes]
-    full_n = [b * total for b in sp.name_bytes]
-    zero_u, zero_n = [0] * len(full_u), [0] * len(full_n)
+    zero_u = [0] * len(full_u)
     if amounts[3] == total:  # nothing cached or written: the usual first call
-        return [zero_u, zero_u, zero_u, full_u], [zero_n, zero_n, zero_n, full_n]
-    weights, names = [], []
-    lo_u, lo_n, mark = zero_u, zero_n, 0
+        return [zero_u, zero_u, zero_u, full_u]
+    weights = []
+    lo_u, mark = zero_u, 0
     for a in amounts:
         if not a:
             weights.append(zero_u)
-            names.append(zero_n)
             continue
         mark += a
-        hi_u, hi_n = (full_u, full_n) if mark >= total else _before(sp, mark * size, total)
+        hi_u = full_u if mark >= total else _before(sp, mark * size, total)
         weights.append(hi_u if lo_u is zero_u else _minus(hi_u, lo_u))
-        names.append(hi_n if lo_n is zero_n else _minus(hi_n, lo_n))
-        lo_u, lo_n = hi_u, hi_n
-    return weights, names
+        lo_u = hi_u
+    return weights
 
 
 def _minus(a: list[int], b: list[int]) -> list[int]:
     return [x - y for x, y in zip(a, b, strict=True)]
 
 
-def _before(sp: Split, at: int, total: int) -> tuple[list[int], list[int]]:
-    """Each unit's and each result tool's bytes before position `at` (in bytes * total)."""
+def _before(sp: Split, at: int, total: int) -> list[int]:
+    """Each unit's bytes before position `at` (in bytes * total)."""
     k = bisect_right(sp.ends, at // total)  # the part the position falls in
-    partial = at - (sp.ends[k - 1] if k else 0) * total
-    if sp.per_part:
-        ub = [s * total for s in sp.sizes[:k]] + [0] * (len(sp.sizes) - k)
-        ub[sp.units[k]] += partial
-    else:
-        ub = _units_before(sp, k, at, total)
-    nb = sp.name_bytes.copy()
-    j = bisect_left(sp.result_at, k)  # the results from part k on
-    for s, nid in zip(sp.result_size[j:], sp.result_name[j:], strict=True):
-        nb[nid] -= s
-    nb = [b * total for b in nb]
-    if j < len(sp.result_at) and sp.result_at[j] == k:
-        nb[sp.result_name[j]] += partial
-    return ub, nb
+    if not sp.per_part:
+        return _units_before(sp, k, at, total)
+    ub = [s * total for s in sp.sizes[:k]] + [0] * (len(sp.sizes) - k)
+    ub[sp.units[k]] += at - (sp.ends[k - 1] if k else 0) * total
+    return ub
 
 
 def _exact(windows: list[list[int]], amounts: tuple[int, int, int, int], rates: tuple[int, int, int, int],
@@ -542,29 +669,6 @@ def _input_cost(price: Price, usage: Usage, amounts: tuple[int, int, int, int],
     factor = price.multiplier(usage)
     micro = sum(a * r for a, r in zip(amounts, rates, strict=True))
     return -(-micro * factor.numerator // (1_000_000 * factor.denominator))
-
-
-def _top(sp: Split, amounts: tuple[int, int, int, int], total: int, rates: tuple[int, int, int, int],
-         whole: int, pre: int) -> list[tuple[str, str, int, int, int]]:
-    """The largest results one by one: (tool, call id, bytes, tokens, micro-USD), each
-    priced by the windows its bytes lie in (a listing, not shares: not rounded to add up)."""
-    ends = sp.ends
-    size = ends[-1]  # the prompt's bytes
-    if not sp.top or size <= 0:
-        return [(name, cid, b, 0, 0) for b, _, name, cid in sp.top]
-    bounds = [0]
-    for a in amounts:
-        bounds.append(bounds[-1] + a * size)
-    out = []
-    for b, i, name, cid in sp.top:
-        hi = ends[i] * total
-        lo = hi - b * total
-        if bounds[1] <= lo and bounds[3] <= lo:  # after the cache: all at the input rate
-            exact = (hi - lo) * rates[3]
-        else:
-            exact = sum(rates[w] * max(0, min(hi, bounds[w + 1]) - max(lo, bounds[w])) for w in range(4))
-        out.append((name, cid, b, b * total // size, exact * whole // pre if pre else 0))
-    return out
 
 
 def _classes(usage: Usage, total: int) -> tuple[int, int, int]:

@@ -23,9 +23,9 @@ from proxy.errors import (
 )
 from proxy.govern.ceilings import Admitted, settle_amount
 from proxy.govern.runs import pending_tools
-from proxy.ledger.anatomy import shares, split_of
-from proxy.ledger.pricing import cache_savings, cache_write_premium
-from proxy.model import Anatomy, Call, Caller, CallRecord, Outcome, Usage
+from proxy.ledger.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
+from proxy.ledger.pricing import Price, cache_savings, cache_write_premium
+from proxy.model import Anatomy, Call, Caller, CallRecord, Flushed, Outcome, Usage
 from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Answer, Translator
 from proxy.serve import accesslog, content
@@ -33,7 +33,7 @@ from proxy.serve.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, SPLITS, STOR
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
 
-__all__ = ["abandoned", "finish", "finish_safely", "refused"]
+__all__ = ["abandoned", "finish", "finish_safely", "flush_anatomy", "refused"]
 
 log = logging.getLogger("spanmeter.handler")
 
@@ -90,6 +90,8 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not outcome.text
                                    and not outcome.tool_calls, input_only=not call.generates_output)
+    reported = source in ("reported", "unpriced") and outcome.usage.input_tokens is not None
+    an, flushed = _anatomy(app, caller, tr, admitted.price, outcome.usage if reported else None, end)
     # The call's one record: the settle's totals, the span, the metrics and the access line read it.
     record = CallRecord(
         caller, call, outcome, cs.start_ns, answer.delivered_ns, cost_micros=amount, usage_source=source,
@@ -98,15 +100,17 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
         chunk_gaps_s=answer.chunk_gaps_s, delivered_text=hooks.delivered_text,
         delivered_arguments=hooks.delivered_arguments,
         capture=_capture(app, app[SETTINGS].policy_for(caller.tenant), tr, outcome, hooks),
-        anatomy=_anatomy(app, caller, tr, admitted, outcome, source))
+        anatomy=an)
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
         totals = _totals(record, admitted.admission.closed)
         if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
             used = totals["input_tokens"] + totals["output_tokens"]
             totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
-        if record.anatomy is not None:
-            totals |= anatomy_attrs.call_totals(record.anatomy, outcome.tool_calls)
+        if an is not None:
+            totals |= anatomy_attrs.call_totals(an, outcome.tool_calls)
+        for f in flushed:
+            _add_totals(totals, anatomy_attrs.flush_totals(f))
         settling = await app[STORE].settle_in_order(
             admitted.admission, amount, run_totals=totals,
             tools=pending_tools(outcome, answer.delivered_ns, cs.ref, hooks.delivered_arguments) or None,
@@ -122,29 +126,66 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
         record = replace(record, budget_remaining_micros=None)  # nothing was settled: no headroom to report
     # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, record)
+    for f in flushed:
+        spans.record_tool_context(app[TEL], caller.tenant, f)
     accesslog.access(record, parts=app[SETTINGS].access_log_anatomy)
-    if end:
-        app[SPLITS].forget((caller.tenant, caller.run_id, call.api))  # no next request to split
     await app[RUNS].after_call(caller, end=end)
 
 
-def _anatomy(app: web.Application, caller: Caller, tr: Translator, admitted: Admitted, outcome: Outcome,
-             source: str) -> Anatomy | None:
-    """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY)."""
-    if not app[SETTINGS].anatomy or source not in ("reported", "unpriced") or outcome.usage.input_tokens is None:
-        return None
+def _anatomy(app: web.Application, caller: Caller, tr: Translator, price: Price | None, usage: Usage | None,
+             end: bool) -> tuple[Anatomy | None, list[Flushed]]:
+    """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY);
+    and what the run's tool results cost since its chain's last flush, when it is time to
+    say (proxy/ledger/anatomy.py: every FLUSH_EVERY calls, a broken chain, the run's end)."""
+    splits: Splits = app[SPLITS]
+    flushed: list[Flushed] = []
+    an = None
     try:
-        splits = app[SPLITS]
-        # A run's next request resends this one: its split is kept for it (proxy/ledger/anatomy.py).
-        ex = tr.request  # it reads the request's parts in its API's shapes
-        key = (caller.tenant, caller.run_id, ex.call.api) if caller.run_id_source != "generated" else None
-        sp = split_of(ex, ex.raw, ex.body, splits.get(key) if key else None)
-        if key:
-            splits.put(key, sp)
-        return shares(sp, outcome.usage, admitted.price)
+        if app[SETTINGS].anatomy and usage is not None:
+            # A run's next request resends this one: its chain is kept for it (proxy/ledger/anatomy.py).
+            ex = tr.request  # it reads the request's parts in its API's shapes
+            key = (caller.tenant, caller.run_id) if caller.run_id_source != "generated" else None
+            chain = splits.get(key) if key else None
+            sp = split_of(ex, ex.raw, ex.body, chain.split if chain else None)
+            an = shares(sp, usage, price)
+            if an is not None and key is None:  # a run of one call: its results are priced now
+                chain = Chain(sp)
+                chain.add(sp, an, time.monotonic())
+                flushed.append(chain.flush())
+            elif an is not None and key is not None:
+                chain, replaced = splits.advance(key, sp, an, time.monotonic())
+                if replaced is not None:
+                    flushed.append(replaced.flush())
+                if chain.unflushed >= FLUSH_EVERY and not end:
+                    flushed.append(chain.flush())
+        if end:  # no next request: every chain of the run is flushed with its last call
+            flushed += [chain.flush() for _, chain in splits.of_run(caller.tenant, caller.run_id)]
     except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
-        log.warning("could not split the input of a call of run %s", tr.call.model, exc_info=True)
-        return None
+        log.warning("could not split the input of a call of run %s", caller.run_id, exc_info=True)
+        return None, flushed
+    return an, flushed
+
+
+def _add_totals(totals: dict[str, int], more: dict[str, int]) -> None:
+    for name, value in more.items():
+        totals[name] = totals.get(name, 0) + value
+
+
+async def flush_anatomy(app: web.Application, chains: list[tuple[tuple[str, ...], Chain]]) -> None:
+    """Add what the chains' results cost since their last flush to their runs' totals, apart
+    from any call (a chain idle a moment, one pushed out of the cache, a run ended by the
+    sweeper or at shutdown). A ledger that fails loses this flush's sums only, logged."""
+    by_run: dict[tuple[str, str], dict[str, int]] = {}
+    for key, chain in chains:
+        f = chain.flush()
+        if f.tools or f.results:
+            _add_totals(by_run.setdefault((key[0], key[1]), {}), anatomy_attrs.flush_totals(f))
+            spans.record_tool_context(app[TEL], key[0], f)
+    for (tenant, run_id), totals in by_run.items():
+        try:
+            await app[STORE].run_add(tenant, run_id, totals)
+        except ProxyError:
+            log.warning("could not add the tool results' cost to run %s; its anatomy under-counts them", run_id)
 
 
 def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:

@@ -30,8 +30,8 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
                     {"role": "user", "content": "SCENARIO:tool weather in Paris?"}]
         first = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS)
         await proxy.settled()
-        kept = proxy.app[SPLITS].get(("default", "anat-1", "chat"))
-        assert kept is not None and kept.items == 2, "the run's last split is kept for its next request"
+        kept = proxy.app[SPLITS].get(("default", "anat-1"))
+        assert kept is not None and kept.split.items == 2, "the run's last split is kept for its next request"
         [tc] = first.choices[0].message.tool_calls
         result = json.dumps({"temp_c": 21, "sky": "clear" * 200})
         messages += [first.choices[0].message.model_dump(exclude_none=True),
@@ -39,7 +39,7 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
         await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS,
                                         extra_headers={"X-Run-End": "true"})
     await proxy.settled()
-    assert proxy.app[SPLITS].get(("default", "anat-1", "chat")) is None, "forgotten when the run ends"
+    assert proxy.app[SPLITS].get(("default", "anat-1")) is None, "forgotten when the run ends"
     await asyncio.to_thread(proxy.app[TEL].force_flush)
     spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, 4)
 
@@ -152,7 +152,7 @@ async def test_a_runs_next_request_through_the_sdk_is_found_appended(make_proxy)
     """The openai SDK's next request of a run is its last one with the new messages appended,
     byte for byte: the proxy finds that on the raw bytes and sizes only the new messages."""
     proxy = await make_proxy(anatomy=True)
-    key = ("default", "anat-next", "chat")
+    key = ("default", "anat-next")
     async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k",
                                   default_headers={"X-Run-Id": "anat-next"}) as c:
         messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
@@ -161,8 +161,8 @@ async def test_a_runs_next_request_through_the_sdk_is_found_appended(make_proxy)
             answer = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS)
             await proxy.settled()
             kept = proxy.app[SPLITS].get(key)
-            assert kept is not None and kept.items == len(messages)
-            ends.append(kept.end)
+            assert kept is not None and kept.split.items == len(messages)
+            ends.append(kept.split.end)
             messages += [answer.choices[0].message.model_dump(exclude_none=True),
                          {"role": "user", "content": f"and then? {turn}"}]
     assert ends[0] is None and ends[1] is not None and ends[2] is not None

@@ -9,7 +9,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.errors import CeilingReached
 from proxy.ledger.anatomy import anatomy
-from proxy.model import Call, Caller, CallRecord, InputPart, Outcome, Repair, Rewrite, ToolCall, ToolRecord, Usage
+from proxy.model import (
+    Call,
+    Caller,
+    CallRecord,
+    Flushed,
+    InputPart,
+    Outcome,
+    Repair,
+    Rewrite,
+    ToolCall,
+    ToolRecord,
+    Usage,
+)
 from tests.tracing.refusals import refuse
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
@@ -35,8 +47,9 @@ def exercise(tel: Telemetry) -> None:
     spans.end_call(tel, cs, CallRecord(CALLER, call, outcome, cs.start_ns, cost_micros=5, usage_source="reported",
                                        anatomy=an))
     assert an is not None
-    costly = an.__class__(an.groups, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
-                          {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions, {"t": 1})
+    costly = an.__class__(an.kinds_of_units, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
+                          {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions)
+    spans.record_tool_context(tel, CALLER.tenant, Flushed([("t", 1)], []))
     spans.record_run_end(tel, CALLER, anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]))
     refuse(tel, CALLER, call, CeilingReached("too many calls", limit="run_calls"))
     spans.tool_span(tel, ToolRecord(CALLER, "t", "c", "{}", "ok", 1, 2, is_error=False))  # fmt: skip

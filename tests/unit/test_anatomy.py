@@ -12,6 +12,7 @@ import base64
 import json
 from dataclasses import replace
 from fractions import Fraction
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from proxy.ledger.anatomy import (
     CONVERSATION,
+    Chain,
     Split,
     Splits,
     anatomy,
@@ -62,7 +64,7 @@ def _price(p: dict[str, Any] | None) -> Price | None:
 
 def _assert_adds_up(an: Anatomy | None, usage: Usage, price: Price | None) -> None:
     assert an is not None
-    assert len(an.groups) == len(an.tokens) == len(an.cached) == len(an.costs)
+    assert len(an.kinds_of_units) == len(an.tokens) == len(an.cached) == len(an.costs)
     assert sum(an.tokens) == usage.input_tokens == an.input_tokens
     whole = cost(price, replace(usage, output_tokens=0)) if price is not None else 0
     assert sum(an.costs) == whole == an.input_cost_micros
@@ -310,17 +312,127 @@ def test_an_edited_history_is_split_whole() -> None:
     assert split_of(CHAT, raw3, orjson.loads(raw3), first).sizes == [1, 1, 50]
 
 
-def test_splits_are_bounded_by_runs_and_bytes() -> None:
-    splits = Splits(max_runs=2, max_bytes=100)
+def _advance(splits: Splits, key: tuple[str, ...], body: dict[str, Any], usage: Usage) -> Chain:
+    raw = orjson.dumps(body)
+    found = splits.get(key)
+    sp = split_of(CHAT, raw, orjson.loads(raw), found.split if found else None)
+    an = shares(sp, usage, _PRICES[1])
+    assert an is not None
+    chain, _ = splits.advance(key, sp, an, 0.0)
+    return chain
+
+
+def test_splits_are_bounded_by_runs_and_bytes_and_lose_no_unflushed_sums() -> None:
+    """Pushed out of the cache, a chain whose calls were not flushed yet waits in `idle()`,
+    to be added to its run's totals; a flushed one is simply dropped."""
+    splits = Splits(max_runs=2, max_bytes=1_000)
+    usage = Usage(input_tokens=100)
     for i in range(3):
-        sp = split_parts([InputPart("new", 1)])
-        sp.raw = b"x" * 40
-        splits.put(("t", str(i)), sp)
+        _advance(splits, ("t", str(i)), _chat("s" * 100, [], [("result", ("c", "r" * 100))]), usage)
     assert splits.get(("t", "0")) is None and splits.get(("t", "2")) is not None
-    big = split_parts([InputPart("new", 1)])
-    big.raw = b"x" * 90
-    splits.put(("t", "3"), big)
-    assert splits.get(("t", "2")) is None and splits.get(("t", "3")) is big
+    dropped = list(splits.idle(before=-1.0))
+    assert [k for k, _ in dropped] == [("t", "0")] and dropped[0][1].flush().tools
+    assert splits.get(("t", "2")) is not None
+    _advance(splits, ("t", "3"), _chat("s" * 2_000, [], [("user", "big")]), usage)  # over max_bytes: not kept
+    assert splits.get(("t", "3")) is None and [k for k, _ in splits.idle(before=-1.0)] == [("t", "3")]
+    assert list(splits.idle(before=-1.0)) == [], "handed over once"
+
+
+def _exact_result_costs(body: dict[str, Any], usage: Usage, price: Price) -> dict[str, Fraction]:
+    """Each result's cost in one call, from scratch: its bytes in each window (cache reads,
+    1-hour writes, 5-minute writes, the rest) at that window's rate, scaled so that the
+    prompt's bytes cost the call's input micro-USD (the module's definition, in fractions)."""
+    parts = CHAT.input_parts(body)
+    size = sum(p.size for p in parts)
+    total = usage.input_tokens or 0
+    read = min(usage.cache_read_tokens or 0, total)
+    written = min(usage.cache_write_tokens or 0, total - read)
+    hour = min(usage.cache_write_1h_tokens or 0, written)
+    amounts = (read, hour, written - hour, total - written - read)
+    r_in, r_cached, r_write, _ = price.rates(max(total, (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0)))
+    rates = (r_cached, price.cache_write_1h_rate(total), r_write, r_in)
+    whole = cost(price, replace(usage, output_tokens=0))
+    pre = sum(a * r for a, r in zip(amounts, rates, strict=True)) * size
+    out: dict[str, Fraction] = {}
+    at = 0
+    for p in parts:
+        lo, hi, start = at * total, (at + p.size) * total, 0
+        at += p.size
+        if p.kind != "tool_result" or not pre:
+            continue
+        width = sum(max(0, min(hi, start + a * size) - max(lo, start)) * r
+                    for a, r, start in zip(amounts, rates, accumulate([0, *(a * size for a in amounts)]), strict=False))
+        out[p.call_id] = Fraction(width * whole, pre)
+    return out
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=st.lists(st.tuples(st.integers(1, 3_000), st.sampled_from(["read_file", "search", "run"]),
+                                st.floats(0, 1), st.booleans(), st.booleans()), min_size=1, max_size=12),
+       price=st.sampled_from(_PRICES[1:]), every=st.integers(1, 5))
+def test_a_chain_prices_every_result_on_every_send(turns: list[tuple[int, str, float, bool, bool]], price: Price,
+                                                   every: int) -> None:
+    """A run's tool results, priced through its chain (one number per call, flushed now and
+    then), cost what pricing each result on each call by the windows its bytes lie in
+    costs: per tool and per tracked result, within a micro-USD per flush and per call."""
+    splits, key = Splits(), ("t", "r")
+    conversation: list[tuple[str, Any]] = [("user", "start " * 20)]
+    exact: dict[str, Fraction] = {}
+    tool_of: dict[str, str] = {}
+    sends: dict[str, int] = {}
+    flushed: dict[str, int] = {}
+    results: dict[str, list[int]] = {}
+    flushes = 0
+    for n, (size, tool, cached_share, writes, edit) in enumerate(turns):
+        cid = f"call{n}"
+        tool_of[cid] = tool
+        conversation += [("call", (cid, tool, {"n": n})), ("result", (cid, "x" * size))]
+        if edit and n:  # an edited history: the chain breaks, a new one begins
+            conversation[0] = ("user", f"edited {n} " * 20)
+        body = _chat("sys " * 50, ["read_file", "search", "run"], conversation)
+        prompt = sum(p.size for p in CHAT.input_parts(body)) // 4 + 1
+        read = int(prompt * cached_share)
+        usage = Usage(input_tokens=prompt, cache_read_tokens=read,
+                      cache_write_tokens=(prompt - read) // 2 if writes else 0)
+        raw = orjson.dumps(body)
+        found = splits.get(key)
+        sp = split_of(CHAT, raw, orjson.loads(raw), found.split if found else None)
+        an = shares(sp, usage, price)
+        assert an is not None
+        chain, replaced = splits.advance(key, sp, an, 0.0)
+        for c, value in _exact_result_costs(body, usage, price).items():
+            exact[c] = exact.get(c, Fraction(0)) + value
+            sends[c] = sends.get(c, 0) + 1
+        for f in ([replaced.flush()] if replaced else []) + ([chain.flush()] if (n + 1) % every == 0 else []):
+            flushes += 1
+            for name, micros in f.tools:
+                flushed[name] = flushed.get(name, 0) + micros
+            for _, c, _, micros, count in f.results:
+                got = results.setdefault(c, [0, 0])
+                got[0] += micros
+                got[1] += count
+    for _, chain in splits.of_run("t", "r"):
+        flushes += 1
+        f = chain.flush()
+        for name, micros in f.tools:
+            flushed[name] = flushed.get(name, 0) + micros
+        for _, c, _, micros, count in f.results:
+            got = results.setdefault(c, [0, 0])
+            got[0] += micros
+            got[1] += count
+    calls = len(turns)
+    for tool in {t for _, t, *_ in turns}:
+        want = sum(v for c, v in exact.items() if tool_of[c] == tool)
+        assert abs(flushed.get(tool, 0) - want) <= flushes + calls, (tool, flushed, want)
+    assert results, "the largest results are priced one by one"
+    one_chain = not any(edit for *_, edit in turns[1:])
+    for c, (micros, count) in results.items():
+        # Each chain prices its own largest; after a break a result may not be among them.
+        if one_chain:
+            assert count == sends[c], "a result's sends are the calls that carried it"
+            assert abs(micros - exact[c]) <= flushes + calls
+        else:
+            assert count <= sends[c] and micros <= exact[c] + flushes + calls
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
