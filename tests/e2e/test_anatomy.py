@@ -12,7 +12,10 @@ import aiohttp
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.serve.appkeys import SPLITS, TEL
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.ops.demo import serve_on_free_port
+from proxy.serve.appkeys import BACKGROUND, RUNS, SPLITS, STORE, TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 from tracing import attributes as A
 
@@ -166,3 +169,66 @@ async def test_a_runs_next_request_through_the_sdk_is_found_appended(make_proxy)
             messages += [answer.choices[0].message.model_dump(exclude_none=True),
                          {"role": "user", "content": f"and then? {turn}"}]
     assert ends[0] is None and ends[1] is not None and ends[2] is not None
+
+
+# --- what the run's tool results cost reaches its totals without X-Run-End ------------------
+
+RESULT_MICROS = "anatomy|result|get_weather|micros"
+
+
+async def _two_calls(c: openai.AsyncOpenAI, run_id: str) -> str:
+    """A tool call, then a call that carries its result; the run is left open."""
+    headers = {"X-Run-Id": run_id}
+    messages = [{"role": "system", "content": "You are terse. " * 30},
+                {"role": "user", "content": "SCENARIO:tool weather in Paris?"}]
+    first = await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS, extra_headers=headers)
+    [tc] = first.choices[0].message.tool_calls
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": tc.id, "content": json.dumps({"sky": "clear" * 300})}]
+    await c.chat.completions.create(model="sim-small", messages=messages, tools=TOOLS, extra_headers=headers)
+    return tc.id
+
+
+async def test_a_run_whose_calls_pause_has_its_results_cost_in_its_totals(make_proxy):
+    proxy = await make_proxy(anatomy=True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as c:
+        call_id = await _two_calls(c, "paused")
+    await proxy.settled()
+    store = proxy.app[STORE]
+    assert RESULT_MICROS not in await store.run_totals("default", "paused"), "flushed with a pause, not per call"
+    for _ in range(50):  # the chain is flushed once the run's calls pause a second
+        totals = await store.run_totals("default", "paused")
+        if RESULT_MICROS in totals:
+            break
+        await asyncio.sleep(0.1)
+    assert totals[RESULT_MICROS] > 0
+    assert totals[f"anatomy|top|get_weather|{call_id}|sends"] == 1
+    assert proxy.app[SPLITS].get(("default", "paused")) is not None, "the run may go on: its chain is kept"
+
+
+async def test_a_run_the_sweeper_ends_has_its_results_cost(make_proxy):
+    proxy = await make_proxy(anatomy=True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as c:
+        await _two_calls(c, "swept")
+    await proxy.settled()
+    assert await proxy.app[RUNS].end("default", "swept", status="idle_timeout")
+    totals = await proxy.app[STORE].run_totals("default", "swept")
+    assert totals[RESULT_MICROS] > 0 and proxy.app[SPLITS].get(("default", "swept")) is None
+
+
+async def test_a_proxy_that_stops_adds_its_runs_results_cost_first(sim, tmp_path):
+    """Shut down mid-run: the chains' sums go to the ledger before it closes; a proxy
+    started again on the same data reads them."""
+    fields = {"openai_base_url": sim.url, "data_dir": str(tmp_path), "port": 0, "anatomy": True}
+    app = create_app(Settings(**fields).check())
+    runner, url = await serve_on_free_port(app)
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k") as c:
+        await _two_calls(c, "stopped")
+    await app[BACKGROUND].drain()
+    await runner.cleanup()
+    again = create_app(Settings(**fields).check())
+    runner, _ = await serve_on_free_port(again)
+    try:
+        assert (await again[STORE].run_totals("default", "stopped"))[RESULT_MICROS] > 0
+    finally:
+        await runner.cleanup()

@@ -349,14 +349,15 @@ def _exact_result_costs(body: dict[str, Any], usage: Usage, price: Price) -> dic
     written = min(usage.cache_write_tokens or 0, total - read)
     hour = min(usage.cache_write_1h_tokens or 0, written)
     amounts = (read, hour, written - hour, total - written - read)
-    r_in, r_cached, r_write, _ = price.rates(max(total, (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0)))
+    billed = max(total, (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0))
+    r_in, r_cached, r_write, _ = price.rates(billed)
     rates = (r_cached, price.cache_write_1h_rate(total), r_write, r_in)
     whole = cost(price, replace(usage, output_tokens=0))
     pre = sum(a * r for a, r in zip(amounts, rates, strict=True)) * size
     out: dict[str, Fraction] = {}
     at = 0
     for p in parts:
-        lo, hi, start = at * total, (at + p.size) * total, 0
+        lo, hi = at * total, (at + p.size) * total
         at += p.size
         if p.kind != "tool_result" or not pre:
             continue
