@@ -317,9 +317,9 @@ class Anatomy:
     definitions_new: bool = True
     # What the run's chain prices its tool results with (proxy/ledger/anatomy.py `Chain`), in
     # nano-micro-USD: a byte at the prompt's first window (its cached prefix, when it has one),
-    # and per result lying past that window (by part index) what it cost above that.
+    # and each result lying past that window: (part index, result group, what it cost above that).
     byte_cost: int = 0
-    late: dict[int, int] = field(default_factory=dict)
+    late: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ __all__ = [
     "MetricsOut",
     "PushLoop",
     "Scope",
+    "SumSeries",
     "metrics_data",
     "render_prometheus",
 ]
@@ -135,6 +136,9 @@ class _SumSeries:
         self.attrs = attrs
         self.value: Number = 0
         self.exemplar: tuple[Number, int, int, int] | None = None
+
+
+SumSeries = _SumSeries  # a counter's series, as `Counter.series` hands it out
 
 
 # Which instrument had its first point first: expositions list families in that order, as
@@ -250,6 +254,22 @@ class Counter(_Instrument[_SumSeries]):
             s.value += value
             if ex is not None:
                 s.exemplar = (value, time.time_ns(), ex[0], ex[1])
+
+    def series(self, labels: Labels) -> SumSeries:
+        """The series of `labels`, for a caller that adds to the same few label sets call
+        after call (`add_to`) and keeps them, rather than finding them again by their items."""
+        items = tuple(labels.items())
+        with self._lock:
+            s = self._series.get(items)
+            return s if s is not None else self._new_series(items)
+
+    def add_to(self, points: Iterable[tuple[SumSeries, Number]]) -> None:
+        """Add each value to its series (from `series`), under one lock; without exemplars.
+        Negative values are dropped, as `add` drops them."""
+        with self._lock:
+            for s, value in points:
+                if value >= 0:
+                    s.value += value
 
     def snapshot(self, *, take_exemplars: bool = False) -> list[_SumSeries]:
         out = []

@@ -138,28 +138,11 @@ def call_attrs(an: Anatomy) -> dict[str, AttributeValue]:
             attrs[keys[0]], attrs[keys[1]], attrs[keys[2]] = tokens, cached, micros / 1e6
     if an.definitions:
         attrs[A.SPANMETER_INPUT_TOOLS_DECLARED] = len(an.definitions)
-    if an.top:
-        # JSON written out: each result's tool and call id are quoted once per run, not per call.
-        attrs[A.SPANMETER_INPUT_TOP_RESULTS] = "[" + ",".join([
-            f'{_TOP_JSON.get((name, cid)) or _top_json(name, cid)}{size},"tokens":{tokens},'
-            f'"cost_usd":{micros / 1e6!r}}}'
-            for name, cid, size, tokens, micros in sorted(an.top, key=_by_cost, reverse=True)]) + "]"
+    if an.top:  # largest first
+        attrs[A.SPANMETER_INPUT_TOP_RESULTS] = orjson.dumps([
+            {"tool": name[:_NAME_LIMIT], "call_id": cid[:_NAME_LIMIT], "bytes": size, "tokens": tokens,
+             "cost_usd": micros / 1e6} for name, cid, size, tokens, micros in an.top]).decode()
     return attrs
-
-
-def _by_cost(top: tuple[str, str, int, int, int]) -> int:
-    return top[4]
-
-
-_TOP_JSON: dict[tuple[str, str], str] = {}
-
-
-def _top_json(name: str, cid: str) -> str:
-    if len(_TOP_JSON) > 4096:
-        _TOP_JSON.clear()
-    found = _TOP_JSON[(name, cid)] = orjson.dumps({"tool": name[:_NAME_LIMIT], "call_id": cid[:_NAME_LIMIT],
-                                                   "bytes": 0}).decode()[:-2]
-    return found
 
 
 def run_anatomy(totals: Mapping[str, int]) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from typing import Final, Generic, TypeVar
 from opentelemetry.util.types import AttributeValue
 
 from tracing import attributes as A
-from tracing.aggregate import Counter, GaugeSeries, Histogram, Instrument
+from tracing.aggregate import Counter, GaugeSeries, Histogram, Instrument, SumSeries
 from tracing.labels import KnownModel, LabelBounds
 
 __all__ = ["BudgetValues", "CallKey", "CallLabels", "Instruments", "LabelCache", "build_kind_labels", "frozen_labels"]
@@ -176,6 +176,9 @@ class Instruments:
     labels: LabelBounds = field(default_factory=LabelBounds)
     call_labels: LabelCache[CallKey, CallLabels] = field(default_factory=lambda: LabelCache(CallLabels.build))
     kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
+    # The input-cost series of each kind of part, by (tenant, provider, model label): five
+    # points on every call, found once (tracing/spans.py `_record_anatomy_metrics`).
+    input_cost_series: dict[tuple[str, str, str | None], dict[str, SumSeries]] = field(default_factory=dict)
 
     @classmethod
     def create(cls, *, semconv_latest: bool = False, known_model: KnownModel | None = None) -> Instruments:

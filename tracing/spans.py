@@ -53,7 +53,7 @@ from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import digests, lean, summaries
 from tracing.lean import LeanSpan
-from tracing.metrics import CallKey, CallLabels, LabelCache
+from tracing.metrics import LABEL_CACHE_ENTRIES, CallKey, CallLabels, Instruments, LabelCache
 from tracing.setup import Telemetry
 from tracing.traceparent import TraceParent, parse_traceparent
 
@@ -70,6 +70,7 @@ __all__ = [
     "new_run_trace",
     "parse_traceparent",
     "record_guard_action",
+    "record_input_cost",
     "record_ledger_overshoot",
     "record_remaining",
     "record_tool_context",
@@ -540,16 +541,27 @@ def _record_cache_metrics(tel: Telemetry, cs: CallSpan, record: CallRecord, labe
 
 
 def _record_anatomy_metrics(tel: Telemetry, cs: CallSpan, call: Call, an: Anatomy) -> None:
-    """Input cost by kind of part (labelled as cost is)."""
     m = tel.instruments
-    money = {A.SPANMETER_TENANT_ID: cs.caller.tenant}
-    if cs.provider:
-        money[A.GEN_AI_PROVIDER_NAME] = cs.provider
-    model = m.labels.model(call.model)
-    if model is not None:
-        money[A.GEN_AI_REQUEST_MODEL] = model
-    for kind, (_, _, micros) in anatomy_attrs.kinds_of(an).items():
-        m.input_cost.add(micros / 1e6, {**money, A.SPANMETER_INPUT_PART: kind}, context=cs.context)
+    record_input_cost(m, (cs.caller.tenant, cs.provider, m.labels.model(call.model)), an)
+
+
+def record_input_cost(m: Instruments, key: tuple[str, str, str | None], an: Anatomy) -> None:
+    """Input cost by kind of part, labelled as cost is (`key`: tenant, provider, the model's
+    label): up to five points on every call, so each label set's series is found once and
+    kept (bounded as the label caches are)."""
+    series = m.input_cost_series.get(key)
+    if series is None:
+        if len(m.input_cost_series) >= LABEL_CACHE_ENTRIES:
+            m.input_cost_series.clear()
+        tenant, provider, model = key
+        money = {A.SPANMETER_TENANT_ID: tenant}
+        if provider:
+            money[A.GEN_AI_PROVIDER_NAME] = provider
+        if model is not None:
+            money[A.GEN_AI_REQUEST_MODEL] = model
+        series = m.input_cost_series[key] = {
+            kind: m.input_cost.series({**money, A.SPANMETER_INPUT_PART: kind}) for kind in anatomy_attrs.KINDS}
+    m.input_cost.add_to([(series[kind], micros / 1e6) for kind, (_, _, micros) in an.kinds.items() if kind in series])
 
 
 def record_tool_context(tel: Telemetry, tenant: str, flushed: Flushed) -> None:

@@ -337,33 +337,29 @@ class Chain:
 
     def add(self, sp: Split, an: Anatomy, now: float) -> None:
         """One call of the chain: `sp` (which `extends` it, or the chain's first) priced as `an`."""
-        first = len(self.split.result_at) if sp is not self.split and sp.parent == self.split.gen else (
-            0 if self.calls == 0 else len(sp.result_at))
+        at = sp.result_at
+        first = 0 if self.calls == 0 else len(self.split.result_at) if sp is not self.split else len(at)
         self.split = sp
-        n = len(sp.names)
-        if len(self.base) < n:
-            grow = [0] * (n - len(self.base))
-            self.base += grow
+        base, scale = self.base, self.scale
+        if len(base) < len(sp.names):
+            grow = [0] * (len(sp.names) - len(base))
+            base += grow
             self.extra += grow
             self.flushed += grow
-        scale, base = self.scale, self.base
-        if first < len(sp.result_at):
+        if first < len(at):  # results new to the chain: their share of the sum so far is not theirs
             for nid, size in zip(sp.result_name[first:], sp.result_size[first:], strict=True):
                 base[nid] += size * scale
-            tracked = self.tracked
+            tracked, lo = self.tracked, at[first]
             for size, i, name, cid in sp.top:
-                if i not in tracked and len(tracked) < MAX_TRACKED and i >= sp.result_at[first]:
+                if i >= lo and i not in tracked and len(tracked) < MAX_TRACKED:
                     tracked[i] = Tracked(name, cid, size, scale, self.calls)
         self.scale = scale + an.byte_cost
         if an.late:
-            extra, tracked, at = self.extra, self.tracked, sp.result_at
-            j = bisect_left(at, min(an.late))  # the late results are the last ones
-            names = dict(zip(at[j:], sp.result_name[j:], strict=True))
-            for i, above in an.late.items():
-                extra[names[i]] += above
-                t = tracked.get(i)
-                if t is not None:
-                    t.extra += above
+            extra, tracked = self.extra, self.tracked
+            for i, nid, above in an.late:
+                extra[nid] += above
+                if i in tracked:
+                    tracked[i].extra += above
         self.calls += 1
         self.unflushed += 1
         self.touched = now
@@ -557,16 +553,60 @@ def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, s
         m0, m1, m2, m3 = c0 // size, c1 // size, c2 // size, c3 // size
         tokens = [cached[0] + m0, cached[1] + m1 - m0, cached[2] + m2 - m1, cached[3] + m3 - m2,
                   cached[4] + rest - m3]
-    # Costs by the exact costs, t * r_in - c * (r_in - r_cached): with the rates' common
-    # factor taken out, which changes no running mark.
+    # Costs shared by the exact costs, t * r_in - c * (r_in - r_cached), whose sum is the
+    # call's exact cost: with the rates' common factor taken out, which changes no running mark.
     g = gcd(r_in, r_cached) or 1
     r_i, d = r_in // g, (r_in - r_cached) // g
-    exact = [t * r_i - c * d for t, c in zip(tokens, cached, strict=True)]
-    costs = apportion(whole, exact if any(exact) else tokens)
-    kinds = {k: (t, c, m) for k, t, c, m, b in zip(_KIND_UNITS, tokens, cached, costs, ub, strict=True) if t or b}
-    windows = [(w, r) for w, r in ((read * size, r_cached), (total * size, r_in)) if w]
-    return _priced(Anatomy(_KIND_UNITS_LIST, tokens, cached, costs, total, whole, kinds, [], sp.definitions,
-                           not sp.inherited), sp, micro * size, windows)
+    t0, t1, t2, t3, t4 = tokens
+    k0, k1, k2, k3, k4 = cached
+    s = micro // g
+    if s and whole:
+        q0 = t0 * r_i - k0 * d
+        q1 = q0 + t1 * r_i - k1 * d
+        q2 = q1 + t2 * r_i - k2 * d
+        q3 = q2 + t3 * r_i - k3 * d
+        x0, x1, x2, x3 = whole * q0 // s, whole * q1 // s, whole * q2 // s, whole * q3 // s
+        costs = [x0, x1 - x0, x2 - x1, x3 - x2, whole - x3]
+    else:
+        costs = apportion(whole, tokens)
+    kinds = {}
+    if t0 or ub[0]:
+        kinds["system"] = (t0, k0, costs[0])
+    if t1 or ub[1]:
+        kinds["tools"] = (t1, k1, costs[1])
+    if t2 or ub[2]:
+        kinds["history"] = (t2, k2, costs[2])
+    if t3 or ub[3]:
+        kinds["new"] = (t3, k3, costs[3])
+    if t4 or ub[4]:
+        kinds["tool_result"] = (t4, k4, costs[4])
+    an = Anatomy(_KIND_UNITS_LIST, tokens, cached, costs, total, whole, kinds, [], sp.definitions, not sp.inherited)
+    pre = micro * size
+    if not (whole and pre):
+        return _priced(an, sp, pre, [])
+    # What the run's chain prices results with (`_priced`, the two windows written out).
+    per_byte = whole * NANO * total  # / pre: a byte's nano-micro-USD per unit of rate
+    unit = (r_cached if read else r_in) * per_byte // pre
+    late: list[tuple[int, int, int]] = []
+    at = sp.result_at
+    if read and rest and at:
+        # A result past the cached prefix costs `above` more per byte; the one the prefix
+        # ends inside, its bytes past the end (bytes * total, one rounding): as `_priced`.
+        above = d * g * per_byte // pre
+        ends, mark = sp.ends, read * size
+        k = bisect_right(ends, mark // total)
+        j = bisect_left(at, k)
+        late = [(i, nid, b * above) for i, nid, b in zip(at[j:], sp.result_name[j:], sp.result_size[j:], strict=True)]
+        inside = bool(late) and late[0][0] == k and (ends[k - 1] if k else 0) * total < mark
+        if inside:
+            late[0] = (k, late[0][1], (ends[k] * total - mark) * d * g * whole * NANO // pre)
+        extras = dict([(i, e) for i, _, e in late]) if late else {}
+        an.top = [(name, cid, b, b * total // size, (b * unit + extras.get(i, 0)) // NANO)
+                  for b, i, name, cid in sp.top]
+    else:
+        an.top = [(name, cid, b, b * total // size, b * unit // NANO) for b, i, name, cid in sp.top]
+    an.byte_cost, an.late = unit, late
+    return an
 
 
 def _priced(an: Anatomy, sp: Split, pre: int, windows: list[tuple[int, int]]) -> Anatomy:
@@ -582,28 +622,29 @@ def _priced(an: Anatomy, sp: Split, pre: int, windows: list[tuple[int, int]]) ->
     per_byte = whole * NANO * total  # / pre: a byte's nano-micro-USD per unit of rate
     end0, rate0 = windows[0]
     unit = rate0 * per_byte // pre  # a byte in the first window
-    late: dict[int, int] = {}  # result part index -> what it cost above `unit`
+    late: list[tuple[int, int, int]] = []  # (part index, result group, what it cost above `unit`)
     at = sp.result_at
+    extras: dict[int, int] = {}
     if end0 < size * total and at:
         ends, sizes = sp.ends, sp.sizes
-        k = bisect_right(ends, end0 // total)  # the part the first window ends in
-        j = bisect_left(at, k)
-        if len(windows) == 2:  # the usual: the results past the cached prefix, at the input rate
-            above = (windows[1][1] - rate0) * per_byte // pre
-            late = {i: sizes[i] * above for i in at[j:]}
-            if j < len(at) and at[j] == k:  # the one the cache ends in: its bytes past the end
-                late[k] = (ends[k] - end0 // total) * above
-        else:
-            for i in at[j:]:
-                hi = ends[i] * total
-                lo = hi - sizes[i] * total
-                extra, start = 0, end0
-                for end, rate in windows[1:]:
-                    if hi > start and lo < end:
-                        extra += (min(hi, end) - max(lo, start)) // total * (rate - rate0)
-                    start = end
-                late[i] = extra * per_byte // pre
-    an.top = [(name, cid, b, b * total // size, (b * unit + late.get(i, 0)) // NANO) for b, i, name, cid in sp.top]
+        j = bisect_left(at, bisect_right(ends, end0 // total))  # from the part the first window ends in
+        for i, nid in zip(at[j:], sp.result_name[j:], strict=True):
+            hi = ends[i] * total
+            width = sizes[i] * total
+            lo, start, extra, cost_above = hi - width, end0, 0, None
+            for end, rate in windows[1:]:
+                overlap = min(hi, end) - max(lo, start)
+                if overlap == width:  # all in one window: its rate above the first, per byte
+                    cost_above = sizes[i] * ((rate - rate0) * per_byte // pre)
+                    break
+                if overlap > 0:
+                    extra += overlap * (rate - rate0)
+                start = end
+            if cost_above is None:
+                cost_above = extra * whole * NANO // pre
+            late.append((i, nid, cost_above))
+            extras[i] = cost_above
+    an.top = [(name, cid, b, b * total // size, (b * unit + extras.get(i, 0)) // NANO) for b, i, name, cid in sp.top]
     an.byte_cost, an.late = unit, late
     return an
 
