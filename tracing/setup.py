@@ -111,7 +111,8 @@ HONOURED_OTEL_VARIABLES: Final = (
     ("OTEL_METRIC_EXPORT_INTERVAL", "milliseconds between metric pushes (default 60000)"),
     ("OTEL_METRIC_EXPORT_TIMEOUT", "milliseconds a metric push may take (default 5000)"),
     ("OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-     "the span queue: milliseconds between exports (1000), spans queued (16384), spans per export (128; the SDK's 512 built a 12 MB protobuf tree per export)"),
+     "the span queue: milliseconds between exports (1000), spans queued (16384), spans per export "
+     "(128; the SDK's 512 built a 12 MB protobuf tree per export)"),
     ("OTEL_EXPORTER_OTLP_PROTOCOL (and TRACES_/METRICS_)", "only `http/protobuf`; another value is warned about"),
     (ENV_CAPTURE, "message content on spans: SPAN_ONLY (or SPAN_AND_EVENT) records it, default none"),
     (ENV_SEMCONV, "`gen_ai_latest_experimental`: the newest GenAI attribute names"),
