@@ -136,8 +136,9 @@ class Proc:
             with contextlib.suppress(OSError):
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
 
-    def peaks_by_process(self) -> dict[str, int]:
-        """VmHWM in kB of each process (the serving one first, then its children by PID)."""
+    def peaks_by_process(self, field: str = "VmHWM") -> dict[str, int]:
+        """VmHWM (or `field`: VmRSS) in kB of each process (the serving one first, then its
+        children by PID)."""
         out: dict[str, int] = {}
         for pid in self.pids():
             try:
@@ -146,7 +147,7 @@ class Proc:
             except OSError:
                 continue
             for line in text.splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     out[f"{kind} {pid}"] = int(line.split()[1])
         return out
 

@@ -100,6 +100,7 @@ class Target:
     ttfb: list[dict[str, float]] = field(default_factory=list)
     peak_rss_kb: int = 0
     peak_rss_kb_by_scenario: dict[str, int] = field(default_factory=dict)  # the highest of any repetition
+    start_rss_kb_by_process: dict[str, int] = field(default_factory=dict)  # after the smoke calls, before any load
 
 
 @dataclass
@@ -374,6 +375,9 @@ def ttfb(t: Target, n: int, tmp: Path) -> dict[str, float]:
 
 
 def run_load(targets: list[Target], plan: Plan, tmp: Path, upstream: Proc) -> None:
+    for t in targets:  # the start-up baseline: imports, the app, one call of each kind
+        if t.proc:
+            t.start_rss_kb_by_process = t.proc.peaks_by_process("VmRSS")
     for t in targets:  # warm-up: pools filled, code paths imported, SQLite pages cached
         for sc in (BY_NAME['json_c64'], BY_NAME['sse_c64']):
             measure(t, sc, plan.warmup_s, tmp, f"w{t.name}{sc.name}", upstream)
@@ -404,6 +408,15 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
+def _by_kind(by_process: dict[str, int]) -> dict[str, int]:
+    """{"serving 123": kB, "export child 456": kB} -> {"serving": kB, "child": kB} (summed per kind)."""
+    out: dict[str, int] = {}
+    for name, kb in by_process.items():
+        kind = "serving" if name.startswith("serving") else "child"
+        out[kind] = out.get(kind, 0) + kb
+    return out
+
+
 def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
     """Median over repetitions of every figure, per target."""
     out: dict[str, dict[str, float]] = {}
@@ -432,6 +445,13 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
             m["ttfb.p99_ms"] = _median([x["first_p99_us"] for x in t.ttfb]) / 1000
         if t.peak_rss_kb:
             m["peak_rss_mb"] = t.peak_rss_kb / 1024
+            # Where the highest peak was: the serving process and the export child apart, and
+            # what each held at start-up (RSS is not given back: later peaks start from there).
+            worst = max((r for runs in t.runs.values() for r in runs), key=lambda r: r.get("peak_rss_kb", 0))
+            for kind, kb in _by_kind(worst.get("peak_rss_kb_by_process", {})).items():
+                m[f"peak_rss_{kind}_mb"] = kb / 1024
+            for kind, kb in _by_kind(t.start_rss_kb_by_process).items():
+                m[f"start_rss_{kind}_mb"] = kb / 1024
         out[t.name] = m
     direct = out["direct"]
     for m in out.values():  # what the proxy adds over calling the upstream directly
@@ -595,7 +615,11 @@ def verdicts(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, floa
                     continue
                 v, unit = m[key], " MB"
                 worst = max((k for k in m if k.endswith(".peak_rss_mb")), key=lambda k: m[k], default="")
-                side = f" (highest in {worst.split('.')[0]}; bare {bare.get(key, 0):.0f} MB)"
+                split = (f": serving {m.get('peak_rss_serving_mb', 0):.0f} + export child "
+                         f"{m.get('peak_rss_child_mb', 0):.0f} MB, at start-up "
+                         f"{m.get('start_rss_serving_mb', 0):.0f} + {m.get('start_rss_child_mb', 0):.0f}"
+                         ) if "peak_rss_serving_mb" in m else ""
+                side = f" (highest in {worst.split('.')[0]}{split}; bare {bare.get(key, 0):.0f} MB)"
             elif kind == "added":
                 if key not in m:
                     continue

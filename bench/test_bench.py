@@ -210,3 +210,20 @@ def test_each_scenario_has_its_own_peak_rss(tmp_path: Path) -> None:
         assert list(proc.peaks_by_process().values()) == [proc.status()["VmHWM"]]
     finally:
         procs.close()
+
+
+def test_the_memory_verdict_says_which_process_held_the_peak() -> None:
+    sm = Target("sm-full", 3, "k", "")
+    sm.proc = object()  # type: ignore[assignment]
+    low, high = _run(500, 1000, 1.0), _run(500, 1000, 1.0)
+    low |= {"peak_rss_kb": 100 << 10, "peak_rss_kb_by_process": {"serving 7": 70 << 10, "export child 9": 30 << 10}}
+    high |= {"peak_rss_kb": 140 << 10, "peak_rss_kb_by_process": {"serving 7": 100 << 10, "export child 9": 40 << 10}}
+    sm.runs = {"json_c64": [low], "agent_c64": [high]}
+    sm.start_rss_kb_by_process = {"serving 7": 78 << 10, "export child 9": 15 << 10}
+    sm.peak_rss_kb_by_scenario = {"json_c64": 100 << 10, "agent_c64": 140 << 10}
+    sm.peak_rss_kb = 140 << 10
+    summary = summarise([Target("direct", 1, "k", ""), sm])
+    assert summary["sm-full"]["peak_rss_child_mb"] == 40 and summary["sm-full"]["start_rss_serving_mb"] == 78
+    line = "\n".join(verdicts(summary, ratios(summary))["sm-full"])
+    assert ("met     peak RSS <= 150 MB in every scenario (OTLP export on): 140.000 MB (highest in agent_c64: "
+            "serving 100 + export child 40 MB, at start-up 78 + 15; bare 0 MB)") in line

@@ -111,7 +111,8 @@ HONOURED_OTEL_VARIABLES: Final = (
     ("OTEL_METRIC_EXPORT_INTERVAL", "milliseconds between metric pushes (default 60000)"),
     ("OTEL_METRIC_EXPORT_TIMEOUT", "milliseconds a metric push may take (default 5000)"),
     ("OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-     "the span queue: milliseconds between exports (1000), spans queued (16384), spans per export (512)"),
+     "the span queue: milliseconds between exports (1000), spans queued (16384), spans per export "
+     "(128; the SDK's 512 built a 12 MB protobuf tree per export)"),
     ("OTEL_EXPORTER_OTLP_PROTOCOL (and TRACES_/METRICS_)", "only `http/protobuf`; another value is warned about"),
     (ENV_CAPTURE, "message content on spans: SPAN_ONLY (or SPAN_AND_EVENT) records it, default none"),
     (ENV_SEMCONV, "`gen_ai_latest_experimental`: the newest GenAI attribute names"),
@@ -138,7 +139,10 @@ class TelemetryConfig:
     capture_content: CaptureMode = "NO_CONTENT"
     semconv_latest: bool = False  # OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental
     max_queue: int = 16384
-    max_export_batch: int = 512
+    # The SDK's default is 512. The OTLP encoder builds a batch's whole protobuf tree at
+    # once, ~10x its serialized size: 12 MB of peak RSS at 512 call spans, 2 MB at 128
+    # (issue 29's memory target; docs/benchmarks.md, "Memory (issue 29)").
+    max_export_batch: int = 128
     schedule_delay_ms: int = 1000
     # The local file is read by `spanmeter runs` right after a call: written within 0.1 s.
     local_schedule_delay_ms: int = 100

@@ -53,6 +53,14 @@ class Hooks:
     delivered_text: str | None = None
     delivered_arguments: dict[str, str] = field(default_factory=dict)
 
+    def let_go(self) -> None:
+        """The answer is delivered: drop its rewriting hooks. They hold these hooks and the
+        answer, which hold them: a cycle only the cyclic collector frees, and serving runs
+        that rarely (SPANMETER_GC_TUNING), so each call's objects would outlive it."""
+        self.on_event.clear()
+        self.on_body.clear()
+        self.holds.clear()
+
 
 def recorded_when_done(rewrite: EventHook, record: Rewrite, hooks: Hooks) -> EventHook:
     """`rewrite`, recording `record` once it first changes an event. A stream's headers

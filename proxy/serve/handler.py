@@ -109,6 +109,7 @@ class Forward:
             raise
         finally:
             answer.delivered_ns = time.time_ns()
+            hooks.let_go()
             # A task of its own: the answer does not wait for the ledger, and a client that
             # disconnects cancels the relay, never the settlement.
             app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(

@@ -41,14 +41,22 @@ def _start(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"spanmeter did not exit: it started?\n{out}\n{err}") from None
-    return proc.returncode, out, err
+def _finish(proc: subprocess.Popen[str], hang_s: float = 600.0) -> tuple[int, str, str]:
+    """Its exit code and output, once it exits. What tells a refusal from a start is what the
+    process says, not how soon it exits: several interpreters importing at once on a loaded
+    machine took more than 30 s each. One that says it is listening has started: it is
+    stopped and fails at once. `hang_s` only guards against a process that does neither."""
+    deadline = time.monotonic() + hang_s
+    while True:
+        try:
+            out, err = proc.communicate(timeout=0.5)
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired as exc:
+            said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            if "spanmeter listening on" in said or time.monotonic() > deadline:
+                proc.kill()
+                out, err = proc.communicate()
+                raise AssertionError(f"spanmeter did not exit: it started?\n{out}\n{err}") from None
 
 
 def test_serve_refuses_what_it_cannot_honour_with_exit_2_and_one_paragraph(tmp_path: Path):

@@ -1,0 +1,97 @@
+"""What a call leaves behind in the serving process once it is answered and settled.
+
+Serving collects the young generation only every 20,000 allocations (SPANMETER_GC_TUNING),
+so whatever a call leaves in a reference cycle outlives it, often into the older
+generations, which are collected far more rarely: at 64 connections of 45 KB agent turns
+that was 40-60 MB of peak RSS (docs/benchmarks.md, "Memory (issue 29)"). These tests hold
+the cyclic collector off while real SDKs make calls that take every hook path (a repaired
+body, a held and repaired stream, a dropped usage chunk, tool calls), and then look for
+the call's objects: freed by reference counting, none is left.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from google import genai
+from google.genai import types
+
+from proxy.providers.hooks import Hooks
+from proxy.providers.translator import Answer
+from tests.conftest import Proxy
+
+PERSON: Any = {"type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"}},
+               "required": ["name", "born"]}
+FENCED = "SCENARIO:json_fenced Who was Ada Lovelace?"
+TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+FORMAT: Any = {"type": "json_schema", "json_schema": {"name": "Person", "schema": PERSON}}
+
+
+@pytest.fixture
+def no_cyclic_collection() -> Iterator[None]:
+    gc.collect()  # what earlier tests left is not this test's
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def left_over() -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for o in gc.get_objects():
+        if type(o) in (Answer, Hooks):
+            counts[type(o).__name__] = counts.get(type(o).__name__, 0) + 1
+    return counts
+
+
+async def chat_json(proxy: Proxy) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as via:
+        await via.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": FENCED}],
+                                          response_format=FORMAT)
+
+
+async def chat_stream(proxy: Proxy) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as via:
+        stream = await via.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": FENCED}],
+                                                   response_format=FORMAT, stream=True)
+        async for _ in stream:
+            pass
+
+
+async def chat_tools(proxy: Proxy) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as via:
+        msgs: Any = [{"role": "user", "content": "SCENARIO:bad_args"}]
+        await via.chat.completions.create(model="sim-small", messages=msgs, tools=TOOLS)
+        async for _ in await via.chat.completions.create(model="sim-small", messages=msgs, tools=TOOLS, stream=True):
+            pass
+
+
+async def anthropic_stream(proxy: Proxy) -> None:
+    tool: Any = {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}
+    msgs: Any = [{"role": "user", "content": "SCENARIO:bad_args"}]
+    async with anthropic.AsyncAnthropic(base_url=proxy.url, api_key="k") as via, \
+            via.messages.stream(model="claude-sonnet-5-5", max_tokens=300, messages=msgs, tools=[tool]) as stream:
+        await stream.get_final_message()
+
+
+async def gemini_both(proxy: Proxy) -> None:
+    cfg = types.GenerateContentConfig(response_mime_type="application/json", response_schema=PERSON)
+    via = genai.Client(api_key="k", http_options=types.HttpOptions(base_url=proxy.url))
+    await via.aio.models.generate_content(model="gemini-2.5-flash", contents=FENCED, config=cfg)
+    async for _ in await via.aio.models.generate_content_stream(model="gemini-2.5-flash", contents=FENCED, config=cfg):
+        pass
+
+
+@pytest.mark.parametrize("calls", [chat_json, chat_stream, chat_tools, anthropic_stream, gemini_both])
+async def test_an_answered_call_leaves_nothing_for_the_cyclic_collector(
+        proxy: Proxy, no_cyclic_collection: None, calls: Callable[[Proxy], Awaitable[None]]) -> None:
+    await calls(proxy)
+    await proxy.settled()
+    assert left_over() == {}, "a call's answer and hooks are kept alive by a reference cycle"
