@@ -324,12 +324,14 @@ class Anatomy:
 
 @dataclass(frozen=True, slots=True)
 class Flushed:
-    """What a run's tool results cost since its chain's last flush (proxy/ledger/anatomy.py
-    `Chain`): micro-USD per tool (grouped as the split groups them), and per tracked result
-    (tool, call id, bytes, micro-USD, sends)."""
+    """What a run's chain (proxy/ledger/anatomy.py `Chain`) summed since its last flush: its
+    tool results' micro-USD per tool (grouped as the split groups them) and per tracked
+    result (tool, call id, bytes, micro-USD, sends), and its calls' parts per kind (kind,
+    tokens, cached tokens, micro-USD)."""
 
     tools: list[tuple[str, int]]
     results: list[tuple[str, str, int, int, int]]
+    kinds: list[tuple[str, int, int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,16 +4,16 @@ run's anatomy read back from its totals.
 A call adds bounded counters to its run's totals in the ledger (the settle's one store
 operation; the totals are name -> integer, summed), all named `anatomy|...`:
 
-    anatomy|part|<kind>|micros|tokens|cached    per kind of part, every call
     anatomy|def|<tool>|bytes                    the tool's definition's bytes, once per tool list
     anatomy|called|<tool>                       the tool calls the answer made
-    anatomy|result|<tool>|micros                what the tool's results cost, flushed from the chain
+    anatomy|part|<kind>|micros|tokens|cached    per kind of part, summed on the run's chain
+    anatomy|result|<tool>|micros                what the tool's results cost, likewise
     anatomy|top|<tool>|<call id>|micros|sends|bytes   one of the run's largest results, likewise
 
-The last two come from the run's chain (proxy/ledger/anatomy.py `Chain`), which prices every
-result on every send without a per-call step per result: they arrive with a call every
-`FLUSH_EVERY` calls of the chain, with the run's last call, or on their own a moment after
-the run's calls pause (`flush_totals`). Summed over the run, a result's micros are
+The last three come from the run's chain (proxy/ledger/anatomy.py `Chain`), which sums the
+calls' parts and prices every result on every send without a per-call step per result:
+they arrive with a call every `FLUSH_EVERY` calls of the chain, with the run's last call,
+or on their own a moment after the run's calls pause (`flush_totals`). Summed over the run, a result's micros are
 everything it cost: its first send and every re-send after it; `bytes` is its size times
 its sends (a reader divides). A definition's cost over the run is the run's
 tool-definition cost shared by the definitions' bytes (they are all in the same cached
@@ -93,10 +93,6 @@ def _definition_totals(defs: dict[str, int]) -> dict[str, int]:
 def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
     """The run-total counters one call adds (module docstring)."""
     out: dict[str, int] = {}
-    for kind, (tokens, cached, micros) in an.kinds.items():
-        keys = _TOTAL_KEYS.get(kind)
-        if keys is not None:
-            out[keys[0]], out[keys[1]], out[keys[2]] = tokens, cached, micros
     if an.definitions_new:
         out.update(_definition_totals(an.definitions))
     for tc in tool_calls:
@@ -106,8 +102,12 @@ def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
 
 
 def flush_totals(flushed: Flushed) -> dict[str, int]:
-    """The run-total counters of what a chain's results cost since its last flush."""
+    """The run-total counters of what a chain summed since its last flush."""
     out: dict[str, int] = {}
+    for kind, tokens, cached, micros in flushed.kinds:
+        keys = _TOTAL_KEYS.get(kind)
+        if keys is not None:
+            out[keys[0]], out[keys[1]], out[keys[2]] = tokens, cached, micros
     for name, micros in flushed.tools:
         key = _keys(name)[0]
         out[key] = out.get(key, 0) + micros

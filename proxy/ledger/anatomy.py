@@ -50,7 +50,9 @@ first window (the newest, not cached yet) add what they cost above it on that ca
 largest results, as the difference from what it reported before: the bookkeeping adds it
 to the run's totals every `FLUSH_EVERY` calls of the chain, when the chain breaks, when
 the run ends, and for a chain idle a moment (proxy/serve/bookkeeping.py). All in
-nano-micro-USD integers: the rounding is one floor per flush, not per call.
+nano-micro-USD integers: the rounding is one floor per flush, not per call. The parts'
+tokens and costs are summed on the chain too and go with its flushes: a call adds
+nothing to its run's totals for its anatomy but the tools its answer called.
 """
 
 from __future__ import annotations
@@ -328,6 +330,7 @@ class Chain:
     extra: list[int] = field(default_factory=list)  # per result group: what lying past the first window added
     flushed: list[int] = field(default_factory=list)  # per result group: micro-USD flushed so far
     tracked: dict[int, Tracked] = field(default_factory=dict)  # by part index
+    kinds: dict[str, list[int]] = field(default_factory=dict)  # since the last flush: tokens, cached, micro-USD
     unflushed: int = 0  # calls since the last flush
     touched: float = 0.0  # when a call last added to it (monotonic seconds)
 
@@ -354,6 +357,15 @@ class Chain:
                 if i >= lo and i not in tracked and len(tracked) < MAX_TRACKED:
                     tracked[i] = Tracked(name, cid, size, scale, self.calls)
         self.scale = scale + an.byte_cost
+        kinds = self.kinds
+        for kind, (t, c, m) in an.kinds.items():
+            row = kinds.get(kind)
+            if row is None:
+                kinds[kind] = [t, c, m]
+            else:
+                row[0] += t
+                row[1] += c
+                row[2] += m
         if an.late:
             extra, tracked = self.extra, self.tracked
             for i, nid, above in an.late:
@@ -365,8 +377,11 @@ class Chain:
         self.touched = now
 
     def flush(self) -> Flushed:
-        """What the chain's results cost since the last flush (and it counts as flushed)."""
+        """What the chain's calls' parts and its results cost since the last flush (and it
+        counts as flushed)."""
         self.unflushed = 0
+        kinds = [(kind, t, c, m) for kind, (t, c, m) in self.kinds.items()]
+        self.kinds = {}
         sp, scale = self.split, self.scale
         tools = []
         for nid, (name, size) in enumerate(zip(sp.names, sp.name_bytes, strict=True)):
@@ -380,7 +395,7 @@ class Chain:
             if sends != t.sends or micros != t.micros:
                 results.append((t.name, t.call_id, t.size, micros - t.micros, sends - t.sends))
                 t.micros, t.sends = micros, sends
-        return Flushed(tools, results)
+        return Flushed(tools, results, kinds)
 
 
 class Splits:

@@ -178,7 +178,7 @@ async def flush_anatomy(app: web.Application, chains: list[tuple[tuple[str, ...]
     by_run: dict[tuple[str, str], dict[str, int]] = {}
     for key, chain in chains:
         f = chain.flush()
-        if f.tools or f.results:
+        if f.tools or f.results or f.kinds:
             _add_totals(by_run.setdefault((key[0], key[1]), {}), anatomy_attrs.flush_totals(f))
             spans.record_tool_context(app[TEL], key[0], f)
     for (tenant, run_id), totals in by_run.items():

@@ -50,7 +50,8 @@ def exercise(tel: Telemetry) -> None:
     costly = an.__class__(an.kinds_of_units, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
                           {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions)
     spans.record_tool_context(tel, CALLER.tenant, Flushed([("t", 1)], []))
-    spans.record_run_end(tel, CALLER, anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]))
+    spans.record_run_end(tel, CALLER, {**anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]),
+                                       **anatomy_attrs.flush_totals(Flushed([], [], [("tools", 4, 0, 2)]))})
     refuse(tel, CALLER, call, CeilingReached("too many calls", limit="run_calls"))
     spans.tool_span(tel, ToolRecord(CALLER, "t", "c", "{}", "ok", 1, 2, is_error=False))  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)

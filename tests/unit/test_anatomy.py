@@ -41,7 +41,7 @@ from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.providers.sse import Framer
-from tracing.anatomy import call_totals, run_anatomy
+from tracing.anatomy import call_totals, flush_totals, run_anatomy
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
 PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"
@@ -465,16 +465,21 @@ def test_definitions_are_counted_once_per_tool_list_and_priced_over_the_run() ->
                                 ("result", ("c1", "r" * 200)), ("user", "more")])
     price = _PRICES[1]
     totals: dict[str, int] = {}
-    previous = None
+    splits = Splits()
     for body in (early, late):
         raw = orjson.dumps(body)
-        previous = split_of(CHAT, raw, orjson.loads(raw), previous)
-        an = shares(previous, Usage(input_tokens=900, cache_read_tokens=300), price)
+        found = splits.get(("t", "r"))
+        sp = split_of(CHAT, raw, orjson.loads(raw), found.split if found else None)
+        an = shares(sp, Usage(input_tokens=900, cache_read_tokens=300), price)
         assert an is not None
+        splits.advance(("t", "r"), sp, an, 0.0)
         call = call_totals(an, [ToolCall("c1", "read_file", "{}")] if body is early else [])
         assert any(k.startswith("anatomy|def|") for k in call) == (body is early)
         for k, v in call.items():
             totals[k] = totals.get(k, 0) + v
+    [(_, chain)] = splits.of_run("t", "r")
+    for k, v in flush_totals(chain.flush()).items():
+        totals[k] = totals.get(k, 0) + v
     ra = run_anatomy(totals)
     assert ra is not None and ra["declared"] == tools and ra["unused"] == ["search"]
     defs = ra["parts"]["tools"]["cost_usd"]
