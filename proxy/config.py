@@ -288,7 +288,7 @@ class Settings(BaseSettings):
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
     # Cost anatomy: each call's input split into parts (instructions, tool definitions,
     # tool results, earlier turns, new content) with their tokens and cost. Off by default:
-    # about 80 us per call in a run here, over its 20 us target (bench/bench_anatomy.py).
+    # about 60 us per call in a run here, over its 20 us target (bench/bench_anatomy.py).
     anatomy: bool = False
     access_log_anatomy: bool = False  # the anatomy on the access line too (`input=`)
     # Encode and send spans in a child process: auto = when exporting over OTLP.

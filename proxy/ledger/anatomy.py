@@ -404,7 +404,7 @@ class Splits:
     out first). A process's own cache: a missing entry only means the next request is split
     whole. A chain pushed out with calls not flushed waits in `dropped` for `idle`."""
 
-    def __init__(self, max_runs: int = 4096, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, max_runs: int = 4096, max_bytes: int = 16 << 20) -> None:
         self._runs: dict[tuple[str, ...], Chain] = {}
         self._bytes = 0
         self.max_runs, self.max_bytes = max_runs, max_bytes
