@@ -367,6 +367,19 @@ def _exact_result_costs(body: dict[str, Any], usage: Usage, price: Price) -> dic
     return out
 
 
+def _sum_flushes(chains: list[Chain], tools: dict[str, int], results: dict[str, list[int]]) -> int:
+    """Flush each chain, adding what it reports per tool and per result (micro-USD, sends)."""
+    for chain in chains:
+        f = chain.flush()
+        for name, micros in f.tools:
+            tools[name] = tools.get(name, 0) + micros
+        for _, c, _, micros, count in f.results:
+            got = results.setdefault(c, [0, 0])
+            got[0] += micros
+            got[1] += count
+    return len(chains)
+
+
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(turns=st.lists(st.tuples(st.integers(1, 3_000), st.sampled_from(["read_file", "search", "run"]),
                                 st.floats(0, 1), st.booleans(), st.booleans()), min_size=1, max_size=12),
@@ -404,23 +417,9 @@ def test_a_chain_prices_every_result_on_every_send(turns: list[tuple[int, str, f
         for c, value in _exact_result_costs(body, usage, price).items():
             exact[c] = exact.get(c, Fraction(0)) + value
             sends[c] = sends.get(c, 0) + 1
-        for f in ([replaced.flush()] if replaced else []) + ([chain.flush()] if (n + 1) % every == 0 else []):
-            flushes += 1
-            for name, micros in f.tools:
-                flushed[name] = flushed.get(name, 0) + micros
-            for _, c, _, micros, count in f.results:
-                got = results.setdefault(c, [0, 0])
-                got[0] += micros
-                got[1] += count
-    for _, chain in splits.of_run("t", "r"):
-        flushes += 1
-        f = chain.flush()
-        for name, micros in f.tools:
-            flushed[name] = flushed.get(name, 0) + micros
-        for _, c, _, micros, count in f.results:
-            got = results.setdefault(c, [0, 0])
-            got[0] += micros
-            got[1] += count
+        due = ([replaced] if replaced else []) + ([chain] if (n + 1) % every == 0 else [])
+        flushes += _sum_flushes(due, flushed, results)
+    flushes += _sum_flushes([chain for _, chain in splits.of_run("t", "r")], flushed, results)
     calls = len(turns)
     for tool in {t for _, t, *_ in turns}:
         want = sum(v for c, v in exact.items() if tool_of[c] == tool)
