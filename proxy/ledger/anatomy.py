@@ -78,8 +78,6 @@ MAX_RESULT_GROUPS: Final = 64  # tools whose results are grouped by name; the re
 FLUSH_EVERY: Final = 16  # a chain's calls between flushes into the run's totals
 NANO: Final = 1_000_000_000  # a chain's sums are in nano-micro-USD
 OTHER: Final = "_OTHER"
-# The list of conversation items each API's body carries, which a next turn appends to.
-CONVERSATION: Final = {"chat": "messages", "responses": "input", "messages": "messages", "gemini": "contents"}
 
 # The units the arithmetic shares among: the kinds of parts (or each part, for `anatomy()`).
 _KIND_UNITS: Final = ("system", "tools", "history", "new", "tool_result")
@@ -226,7 +224,7 @@ def split_parts(parts: Sequence[InputPart], per_part: bool = False) -> Split:
 def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | None) -> Split:
     """The request's split: from `previous` (the run's last request) and only the new
     items when the request is it with items appended; else the adapter's whole split."""
-    key = CONVERSATION.get(adapter.api)
+    key = adapter.conversation
     items = body.get(key) if key is not None else None
     if not isinstance(items, list):
         sp = split_parts(adapter.input_parts(body))

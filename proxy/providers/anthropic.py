@@ -306,6 +306,7 @@ def _plain_delta(event: SseEvent) -> bool:
 
 class AnthropicAdapter(Opens):
     api = "messages"
+    conversation: str | None = "messages"
     dialect = "anthropic"
     provider = "anthropic"
     upstream_setting = "anthropic_base_url"

@@ -116,6 +116,8 @@ class Dialect(Protocol):
     provider: str  # gen_ai.provider.name when the upstream's host does not say (semconv well-known value)
     upstream_setting: str  # which settings field holds this dialect's base URL
     text_part: str  # the type of a text part in a tool result's content list
+    # The body's list of conversation items, which an agent's next request appends to (cost anatomy).
+    conversation: str | None
     # Bytes that mark an explicit prompt-cache breakpoint (Anthropic `cache_control`),
     # whose writes bill above plain input; None when the API bills no write premium.
     cache_marker: bytes | None
@@ -286,6 +288,11 @@ class Exchange:
     @property
     def api(self) -> str:
         return self._dialect.api
+
+    @property
+    def conversation(self) -> str | None:
+        """The body's list of conversation items (an agent's next request appends to it)."""
+        return self._dialect.conversation
 
     def input_messages(self) -> Messages:
         """The instructions and conversation in the gen_ai semconv shapes (content capture)."""

@@ -367,6 +367,7 @@ def _plain_chunk(event: SseEvent) -> bool:
 
 class ChatAdapter(OpenAIFamily):
     api = "chat"
+    conversation: str | None = "messages"
     cache_key = True
     text_part = "text"
     # `obfuscation` pads each chunk to a random length (include_obfuscation, on by default).

@@ -31,6 +31,7 @@ def _input_chars(value: Any) -> int:
 
 class EmbeddingsAdapter(OpenAIFamily):
     api = "embeddings"
+    conversation: str | None = None
     text_part = "text"
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

@@ -404,6 +404,7 @@ def _plain_chunk(event: SseEvent) -> bool:
 
 class GeminiAdapter(Opens):
     api = "gemini"
+    conversation: str | None = "contents"
     dialect = "gemini"
     provider = "gcp.gemini"
     upstream_setting = "gemini_base_url"

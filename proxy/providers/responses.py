@@ -281,6 +281,7 @@ class ResponsesAdapter(OpenAIFamily):
     text_shape: TextShape | None = TextShape(b'"delta":', _plain_delta,
                                              ignored=(b'"sequence_number":', b'"item_id":', b'"obfuscation":'))
     api = "responses"
+    conversation: str | None = "input"
     cache_key = True
     text_part = "input_text"
 

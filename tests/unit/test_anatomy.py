@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.ledger.anatomy import (
-    CONVERSATION,
     Chain,
     Split,
     Splits,
@@ -285,7 +284,7 @@ def test_next_request_split_from_the_last_equals_the_whole_split(dialect: str, s
     early = BUILDERS[dialect](system, tools, turns[:max(1, len(turns) - cut)])
     late = BUILDERS[dialect](system, tools, turns)
     raw_early, raw_late = orjson.dumps(early), orjson.dumps(late)
-    key = CONVERSATION[adapter.api]
+    key = adapter.conversation
     first = split_of(adapter, raw_early, orjson.loads(raw_early), None)
     second = split_of(adapter, raw_late, orjson.loads(raw_late), first)
     whole = split_parts(adapter.input_parts(orjson.loads(raw_late)))

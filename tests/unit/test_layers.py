@@ -143,7 +143,8 @@ def test_only_the_providers_import_an_api_module(module: str) -> None:
 
 
 @pytest.mark.parametrize("module", ["proxy.errors", "proxy.app", "proxy.govern.caching", "proxy.govern.outputs",
-                                    "proxy.serve.handler", "proxy.serve.relay", "proxy.serve.bookkeeping"])
+                                    "proxy.serve.handler", "proxy.serve.relay", "proxy.serve.bookkeeping",
+                                    "proxy.ledger.anatomy"])
 def test_the_shared_code_names_no_dialect(module: str) -> None:
     found = sorted({m.group(0).lower() for word in _code_words(MODULES[module]) for m in DIALECT_WORDS.finditer(word)})
     assert not found, f"{module} names {found}: that knowledge belongs in the API's module under proxy/providers/"
