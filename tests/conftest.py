@@ -20,6 +20,7 @@ from proxy.config import Settings
 from proxy.ops.demo import serve_on_free_port
 from proxy.serve.appkeys import BACKGROUND
 from proxy.simulator import RECEIVED, STREAMS, Received, create_simulator
+from tests.fixtures.ledgers import ledger  # noqa: F401  (once per ledger backend)
 from tests.fixtures.redis import redis_server  # noqa: F401  (session fixture)
 from tests.fixtures.redis_cluster import redis_cluster  # noqa: F401  (session fixture)
 

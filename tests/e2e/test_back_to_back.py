@@ -16,7 +16,6 @@ from typing import Any
 
 import openai
 import pytest
-import redis
 
 from proxy.config import hash_key
 from proxy.ledger.messages import usd
@@ -31,15 +30,6 @@ TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "descript
                                                 "parameters": {"type": "object",
                                                                "properties": {"city": {"type": "string"}}}}}]
 
-
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    server = request.getfixturevalue("redis_server")
-    with redis.Redis.from_url(server.url) as r:
-        r.flushdb()  # the server is shared by the session; each test starts from an empty ledger
-    return server.url
 
 
 async def _chain(proxy, run: str, max_tokens: int, **headers: str) -> tuple[list[Usage], str]:

@@ -6,7 +6,6 @@ import asyncio
 
 import openai
 import pytest
-import redis
 
 from proxy.config import hash_key
 from proxy.ledger.pricing import PriceTable, cost
@@ -14,18 +13,6 @@ from proxy.model import Usage
 from proxy.serve.appkeys import STORE
 
 KEY = "sm-ceiling-test-key"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    server = request.getfixturevalue("redis_server")
-
-
-    with redis.Redis.from_url(server.url) as r:
-        r.flushdb()  # the server is shared by the session; each test starts from an empty ledger
-    return server.url
 
 
 async def _tenant_proxy(make_proxy, monkeypatch_env, ledger: str, **policy):

@@ -16,7 +16,6 @@ import aiohttp
 import anthropic
 import openai
 import pytest
-import redis
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
@@ -30,15 +29,6 @@ from tracing.local import read_spans
 KEY = "sm-rate-test-key"
 LIMITED_KEY = "sm-rate-test-key-limited"
 
-
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    server = request.getfixturevalue("redis_server")
-    with redis.Redis.from_url(server.url) as r:
-        r.flushdb()
-    return server.url
 
 
 async def _proxy(make_proxy, monkeypatch_env, ledger=None, keys=None, **policy):

@@ -20,7 +20,6 @@ import anthropic
 import openai
 import orjson
 import pytest
-import redis
 from aiohttp import web
 
 from proxy.config import MAX_RUN_CALLS, MAX_USD, hash_key, load_settings
@@ -385,15 +384,6 @@ def test_an_absurd_ceiling_in_the_config_is_refused_at_start_up(tmp_path, monkey
     message = ei.value.message
     assert f"- {setting} (from " in message and f"less than or equal to {bound}" in message, message
 
-
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    server = request.getfixturevalue("redis_server")
-    with redis.Redis.from_url(server.url) as r:
-        r.flushdb()
-    return server.url
 
 
 async def test_the_largest_accepted_ceilings_let_calls_through_everywhere(make_proxy, monkeypatch_env, sim, ledger):
