@@ -8,7 +8,8 @@ after a warm-up, each step apart and then the whole of what a call adds:
             items only (the request is checked to be the last one with items appended);
             `cold` is the first request of a run, split whole
   shares    proxy.ledger.anatomy.shares: tokens, cached tokens and micro-USD per group of parts
-  record    the run-total counters and the span attributes (tracing/anatomy.py)
+  record    the run-total counters, the span attributes and the run chain's sums (metrics come
+            with the chain's flushes, every FLUSH_EVERY calls: `flush`)
 
     python bench/bench_anatomy.py [--calls N] [--before REV]
 
@@ -30,7 +31,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,8 +48,8 @@ from proxy.ledger.pricing import PriceTable  # noqa: E402
 from proxy.model import Anatomy, Usage  # noqa: E402
 from proxy.providers.chat import CHAT  # noqa: E402
 from tracing.anatomy import call_attrs, call_totals, flush_totals  # noqa: E402
-from tracing.metrics import Instruments  # noqa: E402
-from tracing.spans import record_input_cost  # noqa: E402
+from tracing.setup import TelemetryConfig, setup_telemetry  # noqa: E402
+from tracing.spans import record_flushed  # noqa: E402
 
 TARGET_US = 20.0
 
@@ -84,14 +84,6 @@ def _turns() -> tuple[bytes, bytes, bytes]:
             REQUEST_AGENT)
 
 
-def _copy(chain: Chain) -> Chain:
-    """The chain as it was (a call changes its sums and its tracked results in place)."""
-    return Chain(chain.split, chain.scale, chain.calls, chain.base.copy(), chain.extra.copy(), chain.flushed.copy(),
-                 tracked={i: replace(t) for i, t in chain.tracked.items()},
-                 kinds={k: row.copy() for k, row in chain.kinds.items()}, unflushed=chain.unflushed,
-                 touched=chain.touched)
-
-
 class Steps(NamedTuple):
     """One call's anatomy step by step, on the agent's 17th request; `fill` readies the next
     100 calls (run-chains as turn 16 left them), untimed."""
@@ -112,51 +104,67 @@ def steps() -> Steps:
     r15, r16, r17 = _turns()
     usage = Usage(input_tokens=11_000, output_tokens=40, cache_read_tokens=8_192)
     price = PriceTable.load().price(MODEL)
-    splits, key = Splits(), ("tenant", "run")
-    for raw in (r15, r16):  # the run so far: its chain as turn 16 left it
-        found = splits.get(key)
-        sp = split_of(CHAT, raw, orjson.loads(raw), found.split if found else None)
-        an = shares(sp, usage, price)
-        assert an is not None
-        splits.advance(key, sp, an, 0.0)
-    at16 = splits.get(key)
-    assert at16 is not None
-    before = at16.split
+    bodies = [(raw, orjson.loads(raw)) for raw in (r15, r16)]
+    labels = ("openai", MODEL)  # the provider and model a call's sums are counted under
+
+    def at16() -> Chain:
+        """A run's chain as its 16th call left it: made by its calls, as in the proxy (a copy
+        would not do: the split's lists grow in place, and a copy's have no room to)."""
+        splits, key = Splits(), ("tenant", "run")
+        for raw, parsed in bodies:
+            found = splits.get(key)
+            sp = split_of(CHAT, raw, dict(parsed), found.split if found else None)
+            an = shares(sp, usage, price)
+            assert an is not None
+            splits.advance(key, sp, an, 0.0, labels)
+        chain = splits.get(key)
+        assert chain is not None
+        return chain
+
     body = orjson.loads(r17)
-    sp = split_of(CHAT, r17, body, before)
-    assert sp.end is not None and sp is not before, "turn 17 extends turn 16"
+    before = at16()
+    parts16 = len(before.split.sizes)
+    sp = split_of(CHAT, r17, body, before.split)
+    assert sp.end is not None and len(sp.sizes) > parts16, "turn 17 extends turn 16"
     an = shares(sp, usage, price)
     assert an is not None
-    instruments = Instruments.create()
+    tel = setup_telemetry(TelemetryConfig(local_dir=tempfile.mkdtemp(prefix="bench-anatomy-")), environ={})
     pool: list[Chain] = []
 
     def fill() -> None:
-        pool[:] = [_copy(at16) for _ in range(100)]
+        pool[:] = [at16() for _ in range(100)]
 
-    def record(found: Anatomy, split: Split) -> None:
+    def record(found: Anatomy, chain: Chain, split: Split) -> None:
         """What the bookkeeping does with a call's anatomy: the run-total counters, the span's
-        attributes, the points by kind of part (tracing/spans.py) and the run's chain."""
+        attributes and the run's chain."""
         call_totals(found, ())
         call_attrs(found)
-        record_input_cost(instruments, ("tenant", "openai", MODEL), found)
-        pool.pop().add(split, found, 0.0)
+        chain.add(split, found, 0.0, labels)
 
-    def whole(prev: Split | None) -> Callable[[], None]:
-        def run() -> None:
-            split = split_of(CHAT, r17, body, prev)
-            found = shares(split, usage, price)
-            assert found is not None
-            record(found, split)
-        return run
+    def in_run() -> None:
+        chain = pool.pop()
+        split = split_of(CHAT, r17, body, chain.split)
+        found = shares(split, usage, price)
+        assert found is not None
+        record(found, chain, split)
+
+    def cold() -> None:
+        split = split_of(CHAT, r17, body, None)
+        found = shares(split, usage, price)
+        assert found is not None
+        record(found, Chain(split), split)
 
     def flush() -> None:
+        """A chain's flush: into the run's totals and the metrics (by part, by tool)."""
         chain = pool.pop()
-        chain.add(sp, an, 0.0)
-        flush_totals(chain.flush())
+        chain.add(sp, an, 0.0, labels)
+        flushed = chain.flush()
+        flush_totals(flushed)
+        record_flushed(tel, "tenant", flushed)
 
-    return Steps(fill, lambda: split_of(CHAT, r17, body, before), lambda: split_of(CHAT, r17, body, None),
-                 lambda: shares(sp, usage, price), lambda: record(an, sp), flush, lambda: pool.pop().add(sp, an, 0.0),
-                 whole(before), whole(None), len(sp.sizes))
+    return Steps(fill, lambda: split_of(CHAT, r17, body, pool.pop().split), lambda: split_of(CHAT, r17, body, None),
+                 lambda: shares(sp, usage, price), lambda: record(an, pool.pop(), sp), flush,
+                 lambda: pool.pop().add(sp, an, 0.0, labels), in_run, cold, len(sp.sizes))
 
 
 def measure(calls: int) -> dict[str, float]:
@@ -168,13 +176,13 @@ def measure(calls: int) -> dict[str, float]:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     flushing = max(0.0, _per_call_us(s.flush, calls, s.fill) - _per_call_us(s.add, calls, s.fill))
     return {
-        "split": _per_call_us(s.split, calls),
+        "split": _per_call_us(s.split, calls, s.fill),
         "split_cold": _per_call_us(s.split_cold, calls),
         "shares": _per_call_us(s.shares, calls),
         "record": _per_call_us(s.record, calls, s.fill),
         "flush": flushing,  # a chain is flushed every FLUSH_EVERY calls: its share of each call below
         "whole": _per_call_us(s.whole, calls, s.fill) + flushing / FLUSH_EVERY,
-        "whole_cold": _per_call_us(s.whole_cold, calls, s.fill),
+        "whole_cold": _per_call_us(s.whole_cold, calls),
         "parts": float(s.parts),
     }
 

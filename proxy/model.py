@@ -3,7 +3,7 @@
 Stdlib only. Every layer may import this module; it imports nothing of ours.
 Provider adapters translate wire bytes into these types, policy and tracing read them.
 What is handed on is a frozen dataclass (`Call`, `Outcome`, `CallRecord`, `ToolRecord`,
-...); what one turn makes dozens of is a NamedTuple (`ToolSpec`, `InputPart`); the stream
+...); what one turn makes dozens of is a NamedTuple (`ToolSpec`) or a plain tuple (`InputPart`); the stream
 events and `Anatomy`, made per event and per call on the hot path, are slotted dataclasses
 left unfrozen for speed and treated as immutable all the same.
 
@@ -278,19 +278,14 @@ class Outcome:
     notes: tuple[str, ...] = ()  # observer notes (unparsed_event, ...)
 
 
-class InputPart(NamedTuple):
-    """One part of a request's input, in prompt order, as its API module splits it.
-
-    `kind`: system | tools (one tool definition) | tool_result | history (earlier turns)
-    | new (this turn's new content). `size`: its bytes as the request carries them,
-    approximated by the length of its text (see proxy/ledger/anatomy.py). A NamedTuple: an agent
-    turn has dozens of parts.
-    """
-
-    kind: str
-    size: int
-    name: str = ""  # the tool's name (tools, tool_result)
-    call_id: str = ""  # the tool call a result answers
+# One part of a request's input, in prompt order, as its API module splits it:
+# (kind, size, name, call_id). `kind`: system | tools (one tool definition) | tool_result |
+# history (earlier turns) | new (this turn's new content). `size`: its bytes as the request
+# carries them, approximated by the length of its text (see proxy/ledger/anatomy.py). `name`:
+# the tool's (tools, tool_result), else "". `call_id`: the tool call a result answers, else "".
+# A plain tuple, not a NamedTuple: an agent turn has dozens of parts, split on every call,
+# and a NamedTuple's Python-level constructor cost more than the rest of the split.
+InputPart = tuple[str, int, str, str]
 
 
 @dataclass(slots=True)  # not frozen: made on every call, and a frozen init costs a setattr per field
@@ -316,9 +311,12 @@ class Anatomy:
     # totals: they are counted once per tool list, not on every call (tracing/anatomy.py).
     definitions_new: bool = True
     # What the run's chain prices its tool results with (proxy/ledger/anatomy.py `Chain`), in
-    # nano-micro-USD: a byte at the prompt's first window (its cached prefix, when it has one),
-    # and each result lying past that window: (part index, result group, what it cost above that).
+    # nano-micro-USD: a byte at the prompt's first window (its cached prefix, when it has one);
+    # the results wholly past that window, by their index among the request's results:
+    # (first, end, what a byte of them cost above that); and the results across a window's
+    # end: (part index, result group, what they cost above that).
     byte_cost: int = 0
+    late_marks: list[tuple[int, int, int]] = field(default_factory=list)
     late: list[tuple[int, int, int]] = field(default_factory=list)
 
 
@@ -326,12 +324,12 @@ class Anatomy:
 class Flushed:
     """What a run's chain (proxy/ledger/anatomy.py `Chain`) summed since its last flush: its
     tool results' micro-USD per tool (grouped as the split groups them) and per tracked
-    result (tool, call id, bytes, micro-USD, sends), and its calls' parts per kind (kind,
-    tokens, cached tokens, micro-USD)."""
+    result (tool, call id, bytes, micro-USD, sends), and its calls' parts per kind (the
+    labels the calls came with, kind, tokens, cached tokens, micro-USD)."""
 
     tools: list[tuple[str, int]]
     results: list[tuple[str, str, int, int, int]]
-    kinds: list[tuple[str, int, int, int]] = field(default_factory=list)
+    kinds: list[tuple[tuple[str, ...], str, int, int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

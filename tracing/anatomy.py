@@ -104,10 +104,12 @@ def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
 def flush_totals(flushed: Flushed) -> dict[str, int]:
     """The run-total counters of what a chain summed since its last flush."""
     out: dict[str, int] = {}
-    for kind, tokens, cached, micros in flushed.kinds:
+    for _, kind, tokens, cached, micros in flushed.kinds:
         keys = _TOTAL_KEYS.get(kind)
         if keys is not None:
-            out[keys[0]], out[keys[1]], out[keys[2]] = tokens, cached, micros
+            out[keys[0]] = out.get(keys[0], 0) + tokens
+            out[keys[1]] = out.get(keys[1], 0) + cached
+            out[keys[2]] = out.get(keys[2], 0) + micros
     for name, micros in flushed.tools:
         key = _keys(name)[0]
         out[key] = out.get(key, 0) + micros

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -48,7 +48,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Anatomy, Call, Caller, CallRecord, Flushed, Outcome, Repair, ToolRecord
+from proxy.model import Call, Caller, CallRecord, Flushed, Outcome, Repair, ToolRecord
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import digests, lean, summaries
@@ -69,11 +69,11 @@ __all__ = [
     "end_run",
     "new_run_trace",
     "parse_traceparent",
+    "record_flushed",
     "record_guard_action",
     "record_input_cost",
     "record_ledger_overshoot",
     "record_remaining",
-    "record_tool_context",
     "run_span_name",
     "start_call",
     "tool_span",
@@ -279,8 +279,8 @@ def end_call(tel: Telemetry, cs: CallSpan, record: CallRecord) -> None:
     what the agent received. `chunk_gaps_s` is recorded as their mean, one
     `time_per_output_chunk` point per call. A `refusal` is also counted in
     `spanmeter.limit.rejections`. `saved_micros` and `premium_micros` become the cache
-    cost attributes and metrics; `anatomy` the `spanmeter.input.*` attributes and the
-    input-cost metrics by part and by tool.
+    cost attributes and metrics; `anatomy` the `spanmeter.input.*` attributes (its metrics
+    by part and by tool come with its run chain's flushes: `record_flushed`).
     """
     try:
         end = time.time_ns() if record.end_ns is None else record.end_ns
@@ -293,7 +293,6 @@ def end_call(tel: Telemetry, cs: CallSpan, record: CallRecord) -> None:
             attrs[A.SPANMETER_COST_SAVED_USD] = record.saved_micros / 1e6
         if record.anatomy is not None:
             attrs.update(anatomy_attrs.call_attrs(record.anatomy))
-            _record_anatomy_metrics(tel, cs, call, record.anatomy)
         if record.premium_micros:
             attrs[A.SPANMETER_COST_CACHE_WRITE_PREMIUM_USD] = record.premium_micros / 1e6
         cs.span.set_attributes(attrs)
@@ -540,15 +539,10 @@ def _record_cache_metrics(tel: Telemetry, cs: CallSpan, record: CallRecord, labe
         m.cache_write_premium.add(premium_micros / 1e6, labels.money, context=cs.context)
 
 
-def _record_anatomy_metrics(tel: Telemetry, cs: CallSpan, call: Call, an: Anatomy) -> None:
-    m = tel.instruments
-    record_input_cost(m, (cs.caller.tenant, cs.provider, m.labels.model(call.model)), an)
-
-
-def record_input_cost(m: Instruments, key: tuple[str, str, str | None], an: Anatomy) -> None:
-    """Input cost by kind of part, labelled as cost is (`key`: tenant, provider, the model's
-    label): up to five points on every call, so each label set's series is found once and
-    kept (bounded as the label caches are)."""
+def record_input_cost(m: Instruments, key: tuple[str, str, str | None], micros: Iterable[tuple[str, int]]) -> None:
+    """Input cost by kind of part (kind, micro-USD), labelled as cost is (`key`: tenant,
+    provider, the model's label): each label set's series is found once and kept (bounded
+    as the label caches are)."""
     series = m.input_cost_series.get(key)
     if series is None:
         if len(m.input_cost_series) >= LABEL_CACHE_ENTRIES:
@@ -561,20 +555,28 @@ def record_input_cost(m: Instruments, key: tuple[str, str, str | None], an: Anat
             money[A.GEN_AI_REQUEST_MODEL] = model
         series = m.input_cost_series[key] = {
             kind: m.input_cost.series({**money, A.SPANMETER_INPUT_PART: kind}) for kind in anatomy_attrs.KINDS}
-    m.input_cost.add_to([(series[kind], micros / 1e6) for kind, (_, _, micros) in an.kinds.items() if kind in series])
+    m.input_cost.add_to([(series[kind], value / 1e6) for kind, value in micros if kind in series])
 
 
-def record_tool_context(tel: Telemetry, tenant: str, flushed: Flushed) -> None:
-    """What a run's tool results cost since its chain's last flush, by tool name (the chain
-    prices them, proxy/ledger/anatomy.py; they arrive with its flushes, not per call)."""
+def record_flushed(tel: Telemetry, tenant: str, flushed: Flushed) -> None:
+    """What a run's chain summed since its last flush (proxy/ledger/anatomy.py: it sums its
+    calls and prices its tool results, and they arrive with its flushes, not per call): the
+    input cost by kind of part, by the provider and model its calls were labelled with, and
+    what its tool results cost by tool name."""
     m = tel.instruments
+    by_labels: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+    for labels, kind, _, _, micros in flushed.kinds:
+        by_labels.setdefault(labels, []).append((kind, micros))
+    for labels, by_kind in by_labels.items():
+        provider, model = labels if len(labels) == 2 else ("", "")
+        record_input_cost(m, (tenant, provider, m.labels.model(model or None)), by_kind)
     by_tool: dict[str, int] = {}
-    for tool, micros in flushed.tools:
+    for tool, value in flushed.tools:
         name = m.labels.tool(tool)
-        by_tool[name] = by_tool.get(name, 0) + micros
-    for name, micros in by_tool.items():
-        if micros > 0:
-            m.tool_context_cost.add(micros / 1e6, {A.SPANMETER_TENANT_ID: tenant, A.GEN_AI_TOOL_NAME: name})
+        by_tool[name] = by_tool.get(name, 0) + value
+    for name, value in by_tool.items():
+        if value > 0:
+            m.tool_context_cost.add(value / 1e6, {A.SPANMETER_TENANT_ID: tenant, A.GEN_AI_TOOL_NAME: name})
 
 
 def _model_labels(call: Call, provider: str, model_label: str | None) -> Attrs:

@@ -32,8 +32,11 @@ by part).
 appended to the conversation, byte for byte. `Splits` keeps, per run, the last request's
 split (bounded, in memory); when the new request is the old one with bytes inserted at
 the end of its conversation (checked on the raw bytes: the same prefix and suffix, a
-memory compare) only the new items are split and sized. Anything else (an edited history,
-a moved cache marker, two calls of a run at once) splits the request whole.
+memory compare) only the new items are split and sized, and the last split is extended
+in place (a copy of its lists per call cost more than splitting the new items). Anything
+else (an edited history, a moved cache marker, two calls of a run at once) splits the
+request whole. Where the cache ends moves a few parts from one call to the next, so the
+split remembers the units' bytes before the last call's end and counts from there.
 
 **What a tool result costs over the run, without pricing every result on every call.**
 A result is re-sent on every later call, so its cost over the run is the sum, over the
@@ -44,15 +47,18 @@ to it only one number for everything: what a byte of the prompt's first window c
 (`Anatomy.byte_cost`; the cached prefix, where an agent's old results lie), summed over
 the chain's calls (`Chain.scale`). A result added when the sum was `s0` has cost
 `bytes * (scale - s0)` since, so per tool the chain keeps the bytes and the sum of
-`bytes * s0` of its results, updated only when a result arrives; results lying past the
-first window (the newest, not cached yet) add what they cost above it on that call
-(`Anatomy.late`). `Chain.flush` turns this into micro-USD per tool and for the run's
+`bytes * s0` of its results; results lying past the first window (the newest, not cached
+yet) add what they cost above it on that call (`Anatomy.late_marks`, a per-byte cost for
+a range of results, and `Anatomy.late` for one across a window's end). A call only
+appends these to its chain, and `Chain.flush` folds them in and turns the sums into
+micro-USD per tool and for the run's
 largest results, as the difference from what it reported before: the bookkeeping adds it
 to the run's totals every `FLUSH_EVERY` calls of the chain, when the chain breaks, when
 the run ends, and for a chain idle a moment (proxy/serve/bookkeeping.py). All in
 nano-micro-USD integers: the rounding is one floor per flush, not per call. The parts'
-tokens and costs are summed on the chain too and go with its flushes: a call adds
-nothing to its run's totals for its anatomy but the tools its answer called.
+tokens and costs are summed on the chain too and go with its flushes, into the run's
+totals and the metrics by part: a call adds nothing to either for its anatomy but the
+tools its answer called (and its span's attributes).
 """
 
 from __future__ import annotations
@@ -61,9 +67,9 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import nlargest
-from itertools import accumulate, count
+from itertools import accumulate
 from math import gcd
-from operator import sub
+from operator import add, sub
 from typing import Any, Final
 
 from proxy.ledger.pricing import STANDARD_FACTOR, Price, cost
@@ -83,8 +89,7 @@ OTHER: Final = "_OTHER"
 _KIND_UNITS: Final = ("system", "tools", "history", "new", "tool_result")
 _KIND_UNITS_LIST: Final = list(_KIND_UNITS)
 _UNIT: Final = {k: i for i, k in enumerate(_KIND_UNITS)}
-_HISTORY, _NEW = _UNIT["history"], _UNIT["new"]
-_GENERATION: Final = count(1)
+_HISTORY, _NEW, _RESULT, _TOOLS = _UNIT["history"], _UNIT["new"], _UNIT["tool_result"], _UNIT["tools"]
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
@@ -104,31 +109,30 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
 
 
 class Split:
-    """A request's parts as the arithmetic needs them: each part's bytes and unit (its kind,
-    or itself for `anatomy()`), the units' bytes, the tool results by tool name, the
-    largest results; and what the next request of the run is checked against (`raw`,
-    where its conversation ends, its item count and last item). Never changed once made:
-    a next request's split copies what it changes."""
+    """A request's parts as the arithmetic needs them: each part's bytes, where it ends and
+    its unit (its kind, or itself for `anatomy()`), the units' bytes, the tool results and
+    their groups (by tool name), the largest results; and what the next request of the run
+    is checked against (`raw`, where its conversation ends, its item count and last item).
 
-    __slots__ = ("cum", "definitions", "end", "ends", "gen", "inherited", "items", "last_item", "name_bytes",
-                 "name_id", "names", "new_parts", "parent", "per_part", "raw", "result_at", "result_name",
-                 "result_size", "sizes", "top", "unit_bytes", "unit_kind", "units")
+    A run's next request extends its last one's split in place (`split_of`): the run's
+    chain holds it, and nothing else reads an older state of it (the chain keeps its own
+    counts of what it priced)."""
+
+    __slots__ = ("definitions", "end", "ends", "inherited", "items", "last_item", "name_id", "names", "near",
+                 "new_parts", "per_part", "raw", "result_at", "result_name", "result_size", "sizes", "top",
+                 "unit_bytes", "unit_kind", "units")
 
     def __init__(self, per_part: bool = False) -> None:
-        self.gen = next(_GENERATION)  # which split this is, and which one it extends (0: none)
-        self.parent = 0
         self.sizes: list[int] = []
         self.ends: list[int] = []  # cumulative bytes at each part's end
         self.units: list[int] = []
         self.per_part = per_part
-        self.cum: list[tuple[int, ...]] = []  # the units' bytes before each part (kind units only)
-        self.unit_kind: list[str] = [] if per_part else list(_KIND_UNITS)
+        self.unit_kind: list[str] = [] if per_part else _KIND_UNITS_LIST
         self.unit_bytes: list[int] = [] if per_part else [0] * len(_KIND_UNITS)
-        self.result_at: list[int] = []  # the tool results' part indexes, their bytes and tool (name id)
+        self.result_at: list[int] = []  # the tool results' part indexes, their bytes and group (tool name id)
         self.result_size: list[int] = []
         self.result_name: list[int] = []
-        self.names: list[str] = []  # tool names of results (bounded, then `_OTHER`) and their bytes
-        self.name_bytes: list[int] = []
+        self.names: list[str] = []  # the groups' tool names (bounded, then `_OTHER`); only ever appended to
         self.name_id: dict[str, int] = {}
         self.new_parts: list[int] = []  # parts of this turn's new content (history once answered)
         self.top: list[tuple[int, int, str, str]] = []  # (bytes, part index, tool, call id), largest first
@@ -138,38 +142,50 @@ class Split:
         self.end: int | None = None  # byte offset of the conversation's end in raw, once known
         self.items = 0
         self.last_item: Any = None
+        self.near: tuple[int, list[int]] = (0, [0] * len(self.unit_bytes))  # a part, and the units' bytes before it
 
-    def _add(self, parts: Sequence[InputPart], per_part: bool) -> None:
-        sizes, units, ub, start = self.sizes, self.units, self.unit_bytes, len(self.sizes)
+    def _add(self, parts: Sequence[InputPart]) -> None:
+        """Parts appended, as kind units (`_add_per_part` for `anatomy()`)."""
+        sizes, units, ends, ub = self.sizes, self.units, self.ends, self.unit_bytes
+        at = ends[-1] if ends else 0
         results: list[tuple[int, int, str, str]] = []
-        defs: dict[str, int] | None = None  # copied before a change: a previous split may share it
-        for i, (kind, size, name, call_id) in enumerate(parts, start):
-            if per_part:
-                unit = len(ub)
-                self.unit_kind.append(kind)
-                ub.append(0)
-            else:
-                unit = _UNIT.get(kind, _NEW)
-            if kind == "tool_result":
+        defs: dict[str, int] | None = None  # copied before a change: an earlier call's anatomy holds it
+        for i, (kind, size, name, call_id) in enumerate(parts, len(sizes)):
+            unit = _UNIT.get(kind, _NEW)
+            if unit == _RESULT:
                 results.append((size, i, name, call_id))
                 self._result(i, size, name)
-            elif kind == "tools":
+            elif unit == _TOOLS:
                 if defs is None:
                     defs = self.definitions = dict(self.definitions)
                     self.inherited = False
                 defs[name] = defs.get(name, 0) + size
-            elif unit == _NEW or kind == "new":
+            elif unit == _NEW:
                 self.new_parts.append(i)
+            at += size
             sizes.append(size)
             units.append(unit)
-            if not per_part:
-                self.cum.append(tuple(ub))
+            ends.append(at)
             ub[unit] += size
-        self.ends += accumulate(sizes[start:], initial=self.ends[-1] if self.ends else 0)
-        del self.ends[start]  # the initial value accumulate repeats
         top = self.top
         if results and (len(top) < TOP_RESULTS or any(r[0] > top[-1][0] for r in results)):
             self.top = nlargest(TOP_RESULTS, [*top, *results], key=_by_bytes)
+
+    def _add_per_part(self, parts: Sequence[InputPart]) -> None:
+        at = 0
+        for i, (kind, size, name, call_id) in enumerate(parts):
+            if kind == "tool_result":
+                self._result(i, size, name)
+                self.top.append((size, i, name, call_id))
+            elif kind == "tools":
+                self.definitions[name] = self.definitions.get(name, 0) + size
+            at += size
+            self.sizes.append(size)
+            self.units.append(i)
+            self.ends.append(at)
+            self.unit_kind.append(kind)
+            self.unit_bytes.append(size)
+        self.top = nlargest(TOP_RESULTS, self.top, key=_by_bytes)
 
     def _result(self, i: int, size: int, name: str) -> None:
         nid = self.name_id.get(name)
@@ -180,34 +196,43 @@ class Split:
             if nid is None:
                 nid = self.name_id[name] = len(self.names)
                 self.names.append(name)
-                self.name_bytes.append(0)
-        self.name_bytes[nid] += size
         self.result_at.append(i)
         self.result_size.append(size)
         self.result_name.append(nid)
 
-    def _recount(self, start: int) -> None:
-        """The running unit bytes again from part `start` on, after parts changed unit."""
-        ub = list(self.cum[start])
-        cum, units, sizes = self.cum, self.units, self.sizes
-        for i in range(start, len(sizes)):
-            cum[i] = tuple(ub)
-            ub[units[i]] += sizes[i]
+    def _answered(self) -> None:
+        """The model answered: the last turn's new content is earlier conversation now."""
+        units, sizes, ub = self.units, self.sizes, self.unit_bytes
+        at, before = self.near
+        for i in self.new_parts:
+            units[i] = _HISTORY
+            ub[_NEW] -= sizes[i]
+            ub[_HISTORY] += sizes[i]
+            if i < at:
+                before[_NEW] -= sizes[i]
+                before[_HISTORY] += sizes[i]
+        self.new_parts = []
 
-    def _next(self) -> Split:
-        """A copy to extend (list copies: C loops, no Python one per part)."""
-        sp = Split.__new__(Split)
-        sp.gen, sp.parent = next(_GENERATION), self.gen
-        sp.per_part, sp.unit_kind = False, self.unit_kind
-        sp.sizes, sp.ends, sp.units, sp.unit_bytes = (self.sizes.copy(), self.ends.copy(), self.units.copy(),
-                                                      self.unit_bytes.copy())
-        sp.cum = self.cum.copy()
-        sp.result_at, sp.result_size, sp.result_name = (self.result_at.copy(), self.result_size.copy(),
-                                                        self.result_name.copy())
-        sp.names, sp.name_bytes, sp.name_id = self.names.copy(), self.name_bytes.copy(), self.name_id.copy()
-        sp.new_parts, sp.top, sp.definitions = self.new_parts.copy(), self.top, self.definitions
-        sp.inherited = True
-        return sp
+    def units_before(self, k: int) -> list[int]:
+        """Each unit's bytes in the parts before part k. Counted from the nearest of the
+        start, the end and the last call's k (`near`): a cache's end moves a few parts
+        from one call of a run to the next."""
+        units, sizes = self.units, self.sizes
+        n = len(sizes)
+        if self.per_part:
+            return sizes[:k] + [0] * (n - k)
+        at, ub = self.near
+        if k <= at // 2:
+            at, ub = 0, [0] * len(self.unit_bytes)
+        elif n - k < abs(k - at):
+            at, ub = n, self.unit_bytes
+        ub = ub.copy()
+        for i in range(at, k):
+            ub[units[i]] += sizes[i]
+        for i in range(k, at):
+            ub[units[i]] -= sizes[i]
+        self.near = (k, ub)
+        return ub
 
 
 def _by_bytes(r: tuple[int, int, str, str]) -> int:
@@ -217,52 +242,47 @@ def _by_bytes(r: tuple[int, int, str, str]) -> int:
 def split_parts(parts: Sequence[InputPart], per_part: bool = False) -> Split:
     """The split of a request's parts (`per_part`: every part its own group)."""
     sp = Split(per_part)
-    sp._add(parts, per_part)
+    if per_part:
+        sp._add_per_part(parts)
+    else:
+        sp._add(parts)
     return sp
 
 
 def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | None) -> Split:
-    """The request's split: from `previous` (the run's last request) and only the new
-    items when the request is it with items appended; else the adapter's whole split."""
+    """The request's split: `previous` (the run's last request) extended in place by the new
+    items only, when the request is it with items appended; else the adapter's whole split."""
     key = adapter.conversation
     items = body.get(key) if key is not None else None
     if not isinstance(items, list):
-        sp = split_parts(adapter.input_parts(body))
-        return sp
-    n = len(items)
+        return split_parts(adapter.input_parts(body))
     if previous is not None:
         end = _appended(previous, raw, items)
         if end is not None:
-            if n == previous.items:
+            if len(items) == previous.items:
                 return previous
-            sp = previous._next()
             tail = adapter.input_parts({key: items[previous.items:]})
             answered = unnamed = False
-            for p in tail:
-                if p.kind == "history":
+            for kind, _, name, call_id in tail:
+                if kind == "history":
                     answered = True
-                elif p.kind == "tool_result" and not p.name and p.call_id:
+                elif kind == "tool_result" and not name and call_id:
                     unnamed = True
             if unnamed:
                 tail = _named(adapter, body, tail)  # a result of a call made before the new items
-            if answered and sp.new_parts:  # the model answered: last turn's new is history now
-                units, sizes, ub = sp.units, sp.sizes, sp.unit_bytes
-                for i in sp.new_parts:
-                    units[i] = _HISTORY
-                    ub[_NEW] -= sizes[i]
-                    ub[_HISTORY] += sizes[i]
-                sp._recount(sp.new_parts[0])
-                sp.new_parts = []
-            sp._add(tail, per_part=False)
+            sp = previous
+            if answered and sp.new_parts:
+                sp._answered()
+            sp.inherited = True
+            sp._add(tail)
             return _remember(sp, raw, end, items)
-    sp = split_parts(adapter.input_parts(body))
-    return _remember(sp, raw, None, items)
+    return _remember(split_parts(adapter.input_parts(body)), raw, None, items)
 
 
 def _named(adapter: Any, body: dict[str, Any], tail: list[InputPart]) -> list[InputPart]:
     names = {c.call_id: c.name for c in adapter.tool_history(body)}
-    return [p._replace(name=names.get(p.call_id, "")) if p.kind == "tool_result" and not p.name else p
-            for p in tail]
+    return [(kind, size, names.get(cid, ""), cid) if kind == "tool_result" and not name else (kind, size, name, cid)
+            for kind, size, name, cid in tail]
 
 
 def _remember(sp: Split, raw: bytes, end: int | None, items: list[Any]) -> Split:
@@ -311,6 +331,7 @@ class Tracked:
     size: int
     scale0: int
     calls0: int
+    j: int  # its index among the split's results
     extra: int = 0
     micros: int = 0  # flushed so far
     sends: int = 0
@@ -319,57 +340,50 @@ class Tracked:
 @dataclass(slots=True)
 class Chain:
     """A run's requests in this process that extend one another (module docstring): the
-    last one's split, and the sums its tool results are priced from."""
+    last one's split, and the sums its tool results are priced from.
+
+    A call only appends to it (what arrived, and at what running total; its parts' sums;
+    its results past the first window): the chain's state is cold in memory by the run's
+    next call, and each object a call touches costs more than the arithmetic. `flush` does
+    the per-tool and per-result work, once every `FLUSH_EVERY` calls. What it priced is its
+    own (`seen`, `sizes`): a call whose split was extended but not priced (no usage) adds
+    nothing, and its results count from the next call on."""
 
     split: Split
     scale: int = 0  # a byte of the first window, summed over the chain's calls (nano-micro-USD)
     calls: int = 0
+    seen: int = 0  # the split's results the chain has priced since they arrived
+    # Since the last flush: results that arrived (first index, `scale` and `calls` then), the
+    # calls' `Anatomy.late_marks` and `Anatomy.late`, and their parts' sums (labels, tokens,
+    # cached, micro-USD per kind unit; labels: the caller's, its provider and model).
+    arrived: list[tuple[int, int, int]] = field(default_factory=list)
+    marks: list[tuple[int, int, int]] = field(default_factory=list)
+    late: list[tuple[int, int, int]] = field(default_factory=list)
+    parts: list[tuple[tuple[str, ...], list[int], list[int], list[int]]] = field(default_factory=list)
+    done: int = 0  # results whose arrival was folded into the sums below
+    sizes: list[int] = field(default_factory=list)  # per result group: its results' bytes
     base: list[int] = field(default_factory=list)  # per result group: sum of bytes * scale when added
     extra: list[int] = field(default_factory=list)  # per result group: what lying past the first window added
     flushed: list[int] = field(default_factory=list)  # per result group: micro-USD flushed so far
     tracked: dict[int, Tracked] = field(default_factory=dict)  # by part index
-    kinds: dict[str, list[int]] = field(default_factory=dict)  # since the last flush: tokens, cached, micro-USD
     unflushed: int = 0  # calls since the last flush
     touched: float = 0.0  # when a call last added to it (monotonic seconds)
+    kept: int = 0  # the raw bytes `Splits` counts for it
 
-    def extends(self, sp: Split) -> bool:
-        """Whether `sp` is the chain's last request, or it with items appended."""
-        return sp is self.split or sp.parent == self.split.gen
-
-    def add(self, sp: Split, an: Anatomy, now: float) -> None:
-        """One call of the chain: `sp` (which `extends` it, or the chain's first) priced as `an`."""
-        at = sp.result_at
-        first = 0 if self.calls == 0 else len(self.split.result_at) if sp is not self.split else len(at)
+    def add(self, sp: Split, an: Anatomy, now: float, labels: tuple[str, ...] = ()) -> None:
+        """One call of the chain: `sp` (its split, extended, or the chain's first) priced as
+        `an`; its parts' sums go with `labels` (opaque here)."""
         self.split = sp
-        base, scale = self.base, self.scale
-        if len(base) < len(sp.names):
-            grow = [0] * (len(sp.names) - len(base))
-            base += grow
-            self.extra += grow
-            self.flushed += grow
-        if first < len(at):  # results new to the chain: their share of the sum so far is not theirs
-            for nid, size in zip(sp.result_name[first:], sp.result_size[first:], strict=True):
-                base[nid] += size * scale
-            tracked, lo = self.tracked, at[first]
-            for size, i, name, cid in sp.top:
-                if i >= lo and i not in tracked and len(tracked) < MAX_TRACKED:
-                    tracked[i] = Tracked(name, cid, size, scale, self.calls)
-        self.scale = scale + an.byte_cost
-        kinds = self.kinds
-        for kind, (t, c, m) in an.kinds.items():
-            row = kinds.get(kind)
-            if row is None:
-                kinds[kind] = [t, c, m]
-            else:
-                row[0] += t
-                row[1] += c
-                row[2] += m
+        n = len(sp.result_at)
+        if self.seen < n:  # results new to the chain: their share of the sum so far is not theirs
+            self.arrived.append((self.seen, self.scale, self.calls))
+            self.seen = n
+        self.scale += an.byte_cost
+        self.parts.append((labels, an.tokens, an.cached, an.costs))
+        if an.late_marks:
+            self.marks += an.late_marks
         if an.late:
-            extra, tracked = self.extra, self.tracked
-            for i, nid, above in an.late:
-                extra[nid] += above
-                if i in tracked:
-                    tracked[i].extra += above
+            self.late += an.late
         self.calls += 1
         self.unflushed += 1
         self.touched = now
@@ -378,22 +392,92 @@ class Chain:
         """What the chain's calls' parts and its results cost since the last flush (and it
         counts as flushed)."""
         self.unflushed = 0
-        kinds = [(kind, t, c, m) for kind, (t, c, m) in self.kinds.items()]
-        self.kinds = {}
-        sp, scale = self.split, self.scale
+        if self.arrived:
+            self._arrived()
+        if self.marks:
+            self._marked()
+        if self.late:
+            self._late()
+        names, scale, base, extra, flushed = self.split.names, self.scale, self.base, self.extra, self.flushed
         tools = []
-        for nid, (name, size) in enumerate(zip(sp.names, sp.name_bytes, strict=True)):
-            now = (size * scale - self.base[nid] + self.extra[nid]) // NANO
-            if now != self.flushed[nid]:
-                tools.append((name, now - self.flushed[nid]))
-                self.flushed[nid] = now
+        for nid, size in enumerate(self.sizes):
+            now = (size * scale - base[nid] + extra[nid]) // NANO
+            if now != flushed[nid]:
+                tools.append((names[nid], now - flushed[nid]))
+                flushed[nid] = now
         results = []
         for t in self.tracked.values():
             micros, sends = (t.size * (scale - t.scale0) + t.extra) // NANO, self.calls - t.calls0
             if sends != t.sends or micros != t.micros:
                 results.append((t.name, t.call_id, t.size, micros - t.micros, sends - t.sends))
                 t.micros, t.sends = micros, sends
-        return Flushed(tools, results, kinds)
+        return Flushed(tools, results, self._parts())
+
+    def _arrived(self) -> None:
+        """The results that arrived since the last flush into their groups' sums; those
+        among the split's largest are priced one by one from then on."""
+        sp = self.split
+        groups = len(sp.names)
+        if len(self.base) < groups:
+            grow = [0] * (groups - len(self.base))
+            self.base += grow
+            self.sizes += grow
+            self.extra += grow
+            self.flushed += grow
+        at, names, result_sizes = sp.result_at, sp.result_name, sp.result_size
+        base, sizes, tracked = self.base, self.sizes, self.tracked
+        ends = [first for first, _, _ in self.arrived[1:]] + [self.seen]
+        for (first, scale, calls), end in zip(self.arrived, ends, strict=True):
+            for j in range(first, end):
+                nid, size = names[j], result_sizes[j]
+                sizes[nid] += size
+                base[nid] += size * scale
+            lo, hi = at[first], at[end - 1]
+            for size, i, name, cid in sp.top:
+                if lo <= i <= hi and i not in tracked and len(tracked) < MAX_TRACKED:
+                    tracked[i] = Tracked(name, cid, size, scale, calls, bisect_left(at, i))
+        self.arrived = []
+
+    def _marked(self) -> None:
+        """The calls' marks into their results' extras: per result, the sum of the per-byte
+        costs above the first window of the calls it lay past that window in (a running
+        sum over the results, each mark added at its first result and taken off past its last)."""
+        diff = [0] * (self.seen + 1)
+        for first, end, per in self.marks:
+            diff[first] += per
+            diff[end] -= per
+        self.marks = []
+        per_result = list(accumulate(diff))
+        sp, extra = self.split, self.extra
+        for nid, size, per in zip(sp.result_name, sp.result_size, per_result, strict=False):
+            if per:
+                extra[nid] += size * per
+        for t in self.tracked.values():
+            t.extra += t.size * per_result[t.j]
+
+    def _late(self) -> None:
+        """The results that lay across a window's end into their groups' and their own extras."""
+        extra, tracked = self.extra, self.tracked
+        for i, nid, above in self.late:
+            extra[nid] += above
+            if i in tracked:
+                tracked[i].extra += above
+        self.late = []
+
+    def _parts(self) -> list[tuple[tuple[str, ...], str, int, int, int]]:
+        """The calls' parts summed per labels and kind (kinds with nothing left out)."""
+        sums: dict[tuple[str, ...], list[list[int]]] = {}
+        for labels, tokens, cached, costs in self.parts:
+            row = sums.get(labels)
+            if row is None:
+                sums[labels] = [tokens, cached, costs]
+            else:
+                row[0] = list(map(add, row[0], tokens))
+                row[1] = list(map(add, row[1], cached))
+                row[2] = list(map(add, row[2], costs))
+        self.parts = []
+        return [(labels, kind, t, c, m) for labels, (ts, cs, ms) in sums.items()
+                for kind, t, c, m in zip(_KIND_UNITS, ts, cs, ms, strict=True) if t or c or m]
 
 
 class Splits:
@@ -411,29 +495,31 @@ class Splits:
     def get(self, key: tuple[str, ...]) -> Chain | None:
         return self._runs.get(key)
 
-    def advance(self, key: tuple[str, ...], sp: Split, an: Anatomy, now: float) -> tuple[Chain, Chain | None]:
-        """The run's chain after a call of request `sp` priced as `an`: its own, or a new one
-        when `sp` does not extend it; and the chain that one replaced, if it has calls not
-        flushed (the caller flushes it)."""
+    def advance(self, key: tuple[str, ...], sp: Split, an: Anatomy, now: float,
+                labels: tuple[str, ...] = ()) -> tuple[Chain, Chain | None]:
+        """The run's chain after a call of request `sp` priced as `an` (`labels`: `Chain.add`):
+        its own, or a new one when `sp` does not extend it; and the chain that one replaced,
+        if it has calls not flushed (the caller flushes it)."""
         chain = self._runs.pop(key, None)
         replaced = None
         if chain is not None:
-            self._bytes -= len(chain.split.raw)
-            if not chain.extends(sp):
+            self._bytes -= chain.kept
+            if sp is not chain.split:  # not its request extended in place: the chain broke
                 replaced = chain if chain.unflushed else None
                 chain = None
         if chain is None:
             chain = Chain(sp)
-        chain.add(sp, an, now)
+        chain.add(sp, an, now, labels)
         if len(sp.raw) > self.max_bytes:  # too large to keep: flushed a moment from now
             self.dropped.append((key, chain))
             return chain, replaced
         self._runs[key] = chain
-        self._bytes += len(sp.raw)
+        chain.kept = len(sp.raw)
+        self._bytes += chain.kept
         while self._bytes > self.max_bytes or len(self._runs) > self.max_runs:
             first = next(iter(self._runs))
             old = self._runs.pop(first)
-            self._bytes -= len(old.split.raw)
+            self._bytes -= old.kept
             if old.unflushed:
                 self.dropped.append((first, old))
         return chain, replaced
@@ -442,7 +528,7 @@ class Splits:
         """The run's chain, no longer kept (its run ended)."""
         old = self._runs.pop(key, None)
         if old is not None:
-            self._bytes -= len(old.split.raw)
+            self._bytes -= old.kept
         return old
 
     def idle(self, before: float) -> Iterator[tuple[tuple[str, ...], Chain]]:
@@ -600,25 +686,29 @@ def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, s
     # What the run's chain prices results with (`_priced`, the two windows written out).
     per_byte = whole * NANO * total  # / pre: a byte's nano-micro-USD per unit of rate
     unit = (r_cached if read else r_in) * per_byte // pre
-    late: list[tuple[int, int, int]] = []
+    an.byte_cost = unit
     at = sp.result_at
-    if read and rest and at:
-        # A result past the cached prefix costs `above` more per byte; the one the prefix
-        # ends inside, its bytes past the end (bytes * total, one rounding): as `_priced`.
-        above = d * g * per_byte // pre
-        ends, mark = sp.ends, read * size
-        k = bisect_right(ends, mark // total)
-        j = bisect_left(at, k)
-        late = [(i, nid, b * above) for i, nid, b in zip(at[j:], sp.result_name[j:], sp.result_size[j:], strict=True)]
-        inside = bool(late) and late[0][0] == k and (ends[k - 1] if k else 0) * total < mark
-        if inside:
-            late[0] = (k, late[0][1], (ends[k] * total - mark) * d * g * whole * NANO // pre)
-        extras = dict([(i, e) for i, _, e in late]) if late else {}
-        an.top = [(name, cid, b, b * total // size, (b * unit + extras.get(i, 0)) // NANO)
-                  for b, i, name, cid in sp.top]
-    else:
-        an.top = [(name, cid, b, b * total // size, b * unit // NANO) for b, i, name, cid in sp.top]
-    an.byte_cost, an.late = unit, late
+    if not (read and rest and at):
+        an.top = [(name, cid, b, b * total // size, b * unit // NANO) for b, _, name, cid in sp.top]
+        return an
+    # The results past the cached prefix cost `above` more per byte; the one the prefix ends
+    # inside, its bytes past the end (bytes * total, one rounding): as `_priced`.
+    above = d * g * per_byte // pre
+    ends, mark = sp.ends, read * size
+    k = bisect_right(ends, mark // total)
+    j = bisect_left(at, k)
+    inside = -1
+    if j < len(at) and at[j] == k and (ends[k - 1] if k else 0) * total < mark:
+        straddle = (ends[k] * total - mark) * d * g * whole * NANO // pre
+        if straddle:
+            an.late = [(k, sp.result_name[j], straddle)]
+        inside, j = k, j + 1
+    if j < len(at) and above:
+        an.late_marks = [(j, len(at), above)]
+    past = at[j] if j < len(at) else len(ends)
+    an.top = [(name, cid, b, b * total // size,
+               (b * unit + (b * above if i >= past else straddle if i == inside else 0)) // NANO)
+              for b, i, name, cid in sp.top]
     return an
 
 
@@ -635,36 +725,44 @@ def _priced(an: Anatomy, sp: Split, pre: int, windows: list[tuple[int, int]]) ->
     per_byte = whole * NANO * total  # / pre: a byte's nano-micro-USD per unit of rate
     end0, rate0 = windows[0]
     unit = rate0 * per_byte // pre  # a byte in the first window
-    late: list[tuple[int, int, int]] = []  # (part index, result group, what it cost above `unit`)
+    late: list[tuple[int, int, int]] = []  # results across a window's end: (part index, group, cost above `unit`)
+    marks: list[tuple[int, int, int]] = []  # results wholly in one later window: (first, end, per byte above)
     at = sp.result_at
     extras: dict[int, int] = {}
     if end0 < size * total and at:
         ends, sizes = sp.ends, sp.sizes
-        j = bisect_left(at, bisect_right(ends, end0 // total))  # from the part the first window ends in
-        for i, nid in zip(at[j:], sp.result_name[j:], strict=True):
+        first = bisect_left(at, bisect_right(ends, end0 // total))  # from the part the first window ends in
+        for j in range(first, len(at)):
+            i = at[j]
             hi = ends[i] * total
             width = sizes[i] * total
-            lo, start, extra, cost_above = hi - width, end0, 0, None
+            lo, start, extra = hi - width, end0, 0
             for end, rate in windows[1:]:
                 overlap = min(hi, end) - max(lo, start)
                 if overlap == width:  # all in one window: its rate above the first, per byte
-                    cost_above = sizes[i] * ((rate - rate0) * per_byte // pre)
+                    per = (rate - rate0) * per_byte // pre
+                    if per and marks and marks[-1][1] == j and marks[-1][2] == per:
+                        marks[-1] = (marks[-1][0], j + 1, per)
+                    elif per:
+                        marks.append((j, j + 1, per))
+                    extras[i] = sizes[i] * per
                     break
                 if overlap > 0:
                     extra += overlap * (rate - rate0)
                 start = end
-            if cost_above is None:
+            else:
                 cost_above = extra * whole * NANO // pre
-            late.append((i, nid, cost_above))
-            extras[i] = cost_above
+                if cost_above:
+                    late.append((i, sp.result_name[j], cost_above))
+                    extras[i] = cost_above
     an.top = [(name, cid, b, b * total // size, (b * unit + extras.get(i, 0)) // NANO) for b, i, name, cid in sp.top]
-    an.byte_cost, an.late = unit, late
+    an.byte_cost, an.late, an.late_marks = unit, late, marks
     return an
 
 
 def _units_before(sp: Split, k: int, at: int, total: int) -> list[int]:
     """Each unit's bytes before position `at` (bytes * total), which falls in part k."""
-    ub = [b * total for b in sp.cum[k]]
+    ub = [b * total for b in sp.units_before(k)]
     ub[sp.units[k]] += at - (sp.ends[k - 1] if k else 0) * total
     return ub
 
@@ -696,12 +794,7 @@ def _minus(a: list[int], b: list[int]) -> list[int]:
 
 def _before(sp: Split, at: int, total: int) -> list[int]:
     """Each unit's bytes before position `at` (in bytes * total)."""
-    k = bisect_right(sp.ends, at // total)  # the part the position falls in
-    if not sp.per_part:
-        return _units_before(sp, k, at, total)
-    ub = [s * total for s in sp.sizes[:k]] + [0] * (len(sp.sizes) - k)
-    ub[sp.units[k]] += at - (sp.ends[k - 1] if k else 0) * total
-    return ub
+    return _units_before(sp, bisect_right(sp.ends, at // total), at, total)  # the part the position falls in
 
 
 def _exact(windows: list[list[int]], amounts: tuple[int, int, int, int], rates: tuple[int, int, int, int],

@@ -165,10 +165,10 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
     each tool definition, the system prompt, then each message's blocks, tool_result
     blocks as results, the rest as earlier conversation up to the model's last turn and as
     this turn's new content after it."""
-    parts = [InputPart("tools", json_size(t), _str(t.get("name")) or _str(t.get("type")) or "")
+    parts = [("tools", json_size(t), _str(t.get("name")) or _str(t.get("type")) or "", "")
              for t in body.get("tools") or () if isinstance(t, dict)]
     if body.get("system"):
-        parts.append(InputPart("system", size_of(body["system"])))
+        parts.append(("system", size_of(body["system"]), "", ""))
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
     last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
@@ -182,7 +182,7 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
         for b in _blocks(m.get("content")):
             if b.get("type") == "tool_result":
                 cid = _str(b.get("tool_use_id")) or ""
-                parts.append(InputPart("tool_result", size_of(b.get("content")), names.get(cid, ""), cid))
+                parts.append(("tool_result", size_of(b.get("content")), names.get(cid, ""), cid))
             elif b.get("type") == "tool_use":
                 name = _str(b.get("name")) or ""
                 names[_str(b.get("id")) or ""] = name
@@ -190,7 +190,7 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
             else:
                 size += size_of([b])
         if size or not m.get("content"):
-            parts.append(InputPart(kind, size))
+            parts.append((kind, size, "", ""))
     return parts
 
 

@@ -152,7 +152,7 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
     cached prefix), then the messages in order: system and developer messages as
     instructions, tool messages as results, the rest as earlier conversation up to the
     model's last turn and as this turn's new content after it."""
-    parts = [InputPart("tools", json_size(t), _tool_name(t)) for t in _list(body.get("tools"))]
+    parts = [("tools", json_size(t), _tool_name(t), "") for t in _list(body.get("tools"))]
     names: dict[str, str] = {}
     latest = len(parts)  # where the parts after the model's last turn begin
     for m in _list(body.get("messages")):
@@ -162,7 +162,7 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
         if role == "tool":
             cid = m.get("tool_call_id")
             cid = cid if isinstance(cid, str) else ""
-            parts.append(InputPart("tool_result", size_of(m.get("content")), names.get(cid, ""), cid))
+            parts.append(("tool_result", size_of(m.get("content")), names.get(cid, ""), cid))
         elif role == "assistant":
             size = size_of(m.get("content"))
             for tc in _list(m.get("tool_calls")):
@@ -171,16 +171,16 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
                     name = str(fn.get("name") or "")
                     names[str(tc.get("id"))] = name
                     size += len(name) + size_of(fn.get("arguments"))
-            parts.append(InputPart("history", size))
+            parts.append(("history", size, "", ""))
             latest = len(parts)
         elif role in ("system", "developer"):
-            parts.append(InputPart("system", size_of(m.get("content"))))
+            parts.append(("system", size_of(m.get("content")), "", ""))
         else:
-            parts.append(InputPart("new", size_of(m.get("content"))))
+            parts.append(("new", size_of(m.get("content")), "", ""))
     # Messages the model has answered are earlier conversation, not this turn's.
     for i in range(latest):
-        if parts[i].kind == "new":
-            parts[i] = parts[i]._replace(kind="history")
+        if parts[i][0] == "new":
+            parts[i] = ("history", *parts[i][1:])
     return parts
 
 

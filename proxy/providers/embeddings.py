@@ -61,7 +61,7 @@ class EmbeddingsAdapter(OpenAIFamily):
         return []
 
     def input_parts(self, body: dict[str, Any]) -> list[InputPart]:
-        return [InputPart("new", _input_chars(body.get("input")))]  # all of it is this call's
+        return [("new", _input_chars(body.get("input")), "", "")]  # all of it is this call's
 
     def stored_sizes(self, call: Call, outcome: Outcome) -> dict[str, int]:
         return {}  # no context is stored by this API

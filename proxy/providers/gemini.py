@@ -229,12 +229,12 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
     for tool in _list(body.get("tools")):
         decls = _get(tool, "functionDeclarations")
         if isinstance(decls, list):
-            parts += [InputPart("tools", json_size(d), str(_get(d, "name") or "")) for d in decls]
+            parts += [("tools", json_size(d), str(_get(d, "name") or ""), "") for d in decls]
         elif isinstance(tool, dict):  # a built-in tool (googleSearch, codeExecution): by its key
-            parts += [InputPart("tools", json_size(v), k) for k, v in tool.items()]
+            parts += [("tools", json_size(v), k, "") for k, v in tool.items()]
     si = _get(body, "systemInstruction")
     if si is not None:
-        parts.append(InputPart("system", size_of(_get(si, "parts") if isinstance(si, dict) else si)))
+        parts.append(("system", size_of(_get(si, "parts") if isinstance(si, dict) else si), "", ""))
     contents = _list(body.get("contents"))
     last = max((i for i, c in enumerate(contents) if isinstance(c, dict) and c.get("role") == "model"), default=-1)
     for i, content in enumerate(contents):
@@ -246,14 +246,14 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
         for p in items:
             resp = _get(p, "functionResponse")
             if isinstance(resp, dict) and id(resp) in results:
-                parts.append(InputPart("tool_result", json_size(resp.get("response")),
-                                       str(resp.get("name") or ""), results[id(resp)]))
+                parts.append(("tool_result", json_size(resp.get("response")), str(resp.get("name") or ""),
+                              results[id(resp)]))
             elif isinstance(call := _get(p, "functionCall"), dict):
                 size += len(str(call.get("name") or "")) + json_size(call.get("args"))
             else:
                 size += size_of([p])
         if size or not items:
-            parts.append(InputPart("history" if i <= last else "new", size))
+            parts.append(("history" if i <= last else "new", size, "", ""))
     return parts
 
 

@@ -121,9 +121,9 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
     """Tool definitions, then `instructions`, then the input items in order: system and
     developer messages as instructions, function_call_output items as results, model items
     and the messages before the model's last turn as earlier conversation, the rest new."""
-    parts = [InputPart("tools", json_size(t), _tool_name(t)) for t in _list(body.get("tools"))]
+    parts = [("tools", json_size(t), _tool_name(t), "") for t in _list(body.get("tools"))]
     if isinstance(body.get("instructions"), str):
-        parts.append(InputPart("system", len(body["instructions"])))
+        parts.append(("system", len(body["instructions"]), "", ""))
     given = body.get("input")
     items = [{"role": "user", "content": given}] if isinstance(given, str) else _list(given)
     last = max((i for i, it in enumerate(items) if isinstance(it, dict) and _is_model_item(it)), default=-1)
@@ -133,18 +133,18 @@ def _input_parts(body: dict[str, Any]) -> list[InputPart]:
             continue
         kind = it.get("type")
         if it.get("role") in ("system", "developer"):
-            parts.append(InputPart("system", size_of(it.get("content"))))
+            parts.append(("system", size_of(it.get("content")), "", ""))
         elif kind == "function_call_output":
             cid = _str(it.get("call_id")) or ""
-            parts.append(InputPart("tool_result", size_of(it.get("output")), names.get(cid, ""), cid))
+            parts.append(("tool_result", size_of(it.get("output")), names.get(cid, ""), cid))
         elif kind == "function_call":
             name = _str(it.get("name")) or ""
             names[_str(it.get("call_id")) or ""] = name
-            parts.append(InputPart("history", len(name) + size_of(it.get("arguments"))))
+            parts.append(("history", len(name) + size_of(it.get("arguments")), "", ""))
         elif _is_model_item(it):
-            parts.append(InputPart("history", size_of(it.get("content") or it.get("summary"))))
+            parts.append(("history", size_of(it.get("content") or it.get("summary")), "", ""))
         else:
-            parts.append(InputPart("history" if i < last else "new", size_of(it.get("content"))))
+            parts.append(("history" if i < last else "new", size_of(it.get("content")), "", ""))
     return parts
 
 

@@ -91,7 +91,7 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
                                    failed_before_output=failed and not outcome.text
                                    and not outcome.tool_calls, input_only=not call.generates_output)
     reported = source in ("reported", "unpriced") and outcome.usage.input_tokens is not None
-    an, flushed = _anatomy(app, caller, tr, admitted.price, outcome.usage if reported else None, end)
+    an, flushed = _anatomy(app, cs, tr, admitted.price, outcome.usage if reported else None, end)
     # The call's one record: the settle's totals, the span, the metrics and the access line read it.
     record = CallRecord(
         caller, call, outcome, cs.start_ns, answer.delivered_ns, cost_micros=amount, usage_source=source,
@@ -127,17 +127,20 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
     # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, record)
     for f in flushed:
-        spans.record_tool_context(app[TEL], caller.tenant, f)
+        spans.record_flushed(app[TEL], caller.tenant, f)
     accesslog.access(record, parts=app[SETTINGS].access_log_anatomy)
     await app[RUNS].after_call(caller, end=end)
 
 
-def _anatomy(app: web.Application, caller: Caller, tr: Translator, price: Price | None, usage: Usage | None,
+def _anatomy(app: web.Application, cs: Any, tr: Translator, price: Price | None, usage: Usage | None,
              end: bool) -> tuple[Anatomy | None, list[Flushed]]:
     """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY);
-    and what the run's tool results cost since its chain's last flush, when it is time to
-    say (proxy/ledger/anatomy.py: every FLUSH_EVERY calls, a broken chain, the run's end)."""
+    and what the run's parts and tool results cost since its chain's last flush, when it is
+    time to say (proxy/ledger/anatomy.py: every FLUSH_EVERY calls, a broken chain, the run's
+    end). The sums are counted in metrics under the call's provider and model (`labels`)."""
     splits: Splits = app[SPLITS]
+    caller: Caller = cs.caller
+    labels = (cs.provider, tr.call.model or "")
     flushed: list[Flushed] = []
     an = None
     try:
@@ -150,10 +153,10 @@ def _anatomy(app: web.Application, caller: Caller, tr: Translator, price: Price 
             an = shares(sp, usage, price)
             if an is not None and key is None:  # a run of one call: its results are priced now
                 chain = Chain(sp)
-                chain.add(sp, an, time.monotonic())
+                chain.add(sp, an, time.monotonic(), labels)
                 flushed.append(chain.flush())
             elif an is not None and key is not None:
-                chain, replaced = splits.advance(key, sp, an, time.monotonic())
+                chain, replaced = splits.advance(key, sp, an, time.monotonic(), labels)
                 if replaced is not None:
                     flushed.append(replaced.flush())
                 if chain.unflushed >= FLUSH_EVERY and not end:
@@ -180,7 +183,7 @@ async def flush_anatomy(app: web.Application, chains: list[tuple[tuple[str, ...]
         f = chain.flush()
         if f.tools or f.results or f.kinds:
             _add_totals(by_run.setdefault((key[0], key[1]), {}), anatomy_attrs.flush_totals(f))
-            spans.record_tool_context(app[TEL], key[0], f)
+            spans.record_flushed(app[TEL], key[0], f)
     for (tenant, run_id), totals in by_run.items():
         try:
             await app[STORE].run_add(tenant, run_id, totals)

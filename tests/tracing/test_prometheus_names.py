@@ -14,7 +14,6 @@ from proxy.model import (
     Caller,
     CallRecord,
     Flushed,
-    InputPart,
     Outcome,
     Repair,
     Rewrite,
@@ -41,7 +40,7 @@ def exercise(tel: Telemetry) -> None:
                    budget_remaining_micros=None, rewrites=[Rewrite("include_usage")],
                    repairs=[Repair("output", ("fence",))], chunk_gaps_s=[0.01], saved_micros=3,
                    premium_micros=2))  # fmt: skip
-    parts = [InputPart("tools", 5, "t"), InputPart("tools", 5, "u"), InputPart("tool_result", 9, "t", "c")]
+    parts = [("tools", 5, "t", ""), ("tools", 5, "u", ""), ("tool_result", 9, "t", "c")]
     an = anatomy(parts, Usage(10, 5), None)
     cs = spans.start_call(tel, CALLER, call, where)
     spans.end_call(tel, cs, CallRecord(CALLER, call, outcome, cs.start_ns, cost_micros=5, usage_source="reported",
@@ -49,9 +48,9 @@ def exercise(tel: Telemetry) -> None:
     assert an is not None
     costly = an.__class__(an.kinds_of_units, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
                           {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions)
-    spans.record_tool_context(tel, CALLER.tenant, Flushed([("t", 1)], []))
+    spans.record_flushed(tel, CALLER.tenant, Flushed([("t", 1)], [], [(("openai", "gpt-4o"), "tools", 4, 0, 2)]))
     spans.record_run_end(tel, CALLER, {**anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]),
-                                       **anatomy_attrs.flush_totals(Flushed([], [], [("tools", 4, 0, 2)]))})
+                                       **anatomy_attrs.flush_totals(Flushed([], [], [((), "tools", 4, 0, 2)]))})
     refuse(tel, CALLER, call, CeilingReached("too many calls", limit="run_calls"))
     spans.tool_span(tel, ToolRecord(CALLER, "t", "c", "{}", "ok", 1, 2, is_error=False))  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)

@@ -33,7 +33,7 @@ from proxy.ledger.anatomy import (
     split_parts,
 )
 from proxy.ledger.pricing import Price, PriceTable, cost
-from proxy.model import Anatomy, InputPart, ToolCall, Usage, UsageEvent
+from proxy.model import Anatomy, ToolCall, Usage, UsageEvent
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import Dialect, open_exchange
 from proxy.providers.chat import CHAT
@@ -78,7 +78,7 @@ def _assert_adds_up(an: Anatomy | None, usage: Usage, price: Price | None) -> No
 
 @pytest.mark.parametrize("case", _lines("shares.jsonl"), ids=lambda c: c["name"])
 def test_shares(case: dict[str, Any]) -> None:
-    parts = [InputPart("history", size) for size in case["sizes"]]
+    parts = [("history", size, "", "") for size in case["sizes"]]
     usage = Usage(**case["usage"])
     an = anatomy(parts, usage, _price(case["price"]))
     assert an is not None
@@ -90,16 +90,16 @@ def test_shares(case: dict[str, Any]) -> None:
 
 
 def test_no_anatomy_without_reported_input() -> None:
-    assert anatomy([InputPart("new", 5)], Usage(output_tokens=3), None) is None
+    assert anatomy([("new", 5, "", "")], Usage(output_tokens=3), None) is None
 
 
 @pytest.mark.parametrize("case", _lines("parts.jsonl"), ids=lambda c: c["name"])
 def test_each_api_splits_its_request(case: dict[str, Any]) -> None:
     adapter = ADAPTERS[case["dialect"]]
     parts = adapter.input_parts(case["body"])
-    assert [[p.kind, p.name, p.call_id] for p in parts] == case["parts"]
+    assert [[kind, name, cid] for kind, _, name, cid in parts] == case["parts"]
     if "sizes" in case:
-        assert [p.size for p in parts] == case["sizes"]
+        assert [size for _, size, _, _ in parts] == case["sizes"]
 
 
 @given(total=st.integers(0, 10**7), weights=st.lists(st.integers(0, 10**6), max_size=60))
@@ -215,8 +215,8 @@ def test_parts_add_up_in_every_dialect(dialect: str, system: str, tools: list[st
     body = BUILDERS[dialect](system, tools, turns)
     ex = open_exchange(ADAPTERS[dialect], orjson.dumps(body), PATHS[dialect])
     parts = ex.input_parts(ex.body)
-    assert sum(1 for p in parts if p.kind == "tools") == len(tools)
-    assert sum(1 for p in parts if p.kind == "tool_result") == sum(1 for k, _ in turns if k == "result")
+    assert sum(1 for kind, *_ in parts if kind == "tools") == len(tools)
+    assert sum(1 for kind, *_ in parts if kind == "tool_result") == sum(1 for k, _ in turns if k == "result")
     _assert_adds_up(anatomy(parts, usage, price), usage, price)
 
 
@@ -258,8 +258,8 @@ def test_parts_add_up_on_every_recorded_pair() -> None:
         parts = ex.input_parts(ex.body)
         price = prices.price(ex.call.model)
         _assert_adds_up(anatomy(parts, usage, price), usage, price)
-        tool_results = [p for p in parts if p.kind == "tool_result"]
-        assert {p.call_id for p in tool_results} >= {r.call_id for r in ex.call.tool_results}
+        tool_results = [cid for kind, _, _, cid in parts if kind == "tool_result"]
+        assert set(tool_results) >= {r.call_id for r in ex.call.tool_results}
         checked += 1
     assert checked > 400, f"only {checked} pairs had usage"
 
@@ -269,30 +269,55 @@ def test_parts_add_up_on_every_recorded_pair() -> None:
 
 def _summary(sp: Split) -> tuple[Any, ...]:
     """What the arithmetic reads of a split."""
-    return (sp.sizes, sp.ends, sp.units, sp.cum, sp.unit_bytes, sp.result_at, sp.result_size,
+    return (sp.sizes, sp.ends, sp.units, sp.unit_bytes, sp.result_at, sp.result_size,
             [sp.names[i] for i in sp.result_name], sp.top, sp.definitions, sp.new_parts)
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=4),
-       turns=_turns(), cut=st.integers(1, 6))
+       turns=_turns(), cut=st.integers(1, 6), usages=st.lists(_usage(), min_size=2, max_size=2),
+       price=st.sampled_from(_PRICES))
 def test_next_request_split_from_the_last_equals_the_whole_split(dialect: str, system: str, tools: list[str],
-                                                                 turns: list[tuple[str, Any]], cut: int) -> None:
-    """Turn N+1 is turn N with items appended: split from turn N's split, it is the same as
-    split whole (the arithmetic then gives the same shares)."""
+                                                                 turns: list[tuple[str, Any]], cut: int,
+                                                                 usages: list[Usage], price: Price | None) -> None:
+    """Turn N+1 is turn N with items appended: split from turn N's split (extended in place,
+    after turn N's shares were taken from it), it is the same as split whole, and its shares
+    are the same."""
     adapter = ADAPTERS[dialect]
     early = BUILDERS[dialect](system, tools, turns[:max(1, len(turns) - cut)])
     late = BUILDERS[dialect](system, tools, turns)
     raw_early, raw_late = orjson.dumps(early), orjson.dumps(late)
     key = adapter.conversation
     first = split_of(adapter, raw_early, orjson.loads(raw_early), None)
+    shares(first, usages[0], price)  # what it remembers of this call must not change the next one's
     second = split_of(adapter, raw_late, orjson.loads(raw_late), first)
     whole = split_parts(adapter.input_parts(orjson.loads(raw_late)))
     if len(late[key]) > len(early[key]):
         assert second.end is not None, "appended items are found on the raw bytes"
     assert _summary(second) == _summary(whole)
+    extended, fresh = shares(second, usages[1], price), shares(whole, usages[1], price)
+    assert extended is not None and fresh is not None
+    if len(late[key]) > len(early[key]):
+        assert not extended.definitions_new, "the run's tool list was counted with its last request"
+    assert replace(extended, definitions_new=True) == fresh
     third = split_of(adapter, raw_late, orjson.loads(raw_late), second)  # a retry: the same request
     assert _summary(third) == _summary(whole)
+
+
+def test_a_turn_answered_after_a_cache_ending_past_it_shares_as_split_whole() -> None:
+    """A split remembers the units' bytes before the last call's cache end; when the model
+    answers, the new turn before that end becomes earlier conversation there too."""
+    early = _chat("s" * 100, [], [("user", "a" * 300), ("user", "b" * 300)])
+    late = _chat("s" * 100, [], [("user", "a" * 300), ("user", "b" * 300), ("call", ("c1", "t", {})),
+                                 ("result", ("c1", "r" * 300))])
+    first = split_of(CHAT, orjson.dumps(early), early, None)
+    shares(first, Usage(input_tokens=700, cache_read_tokens=600), _PRICES[1])  # the cache ends in "b"
+    second = split_of(CHAT, orjson.dumps(late), late, first)
+    assert second.end is not None, "extended, not split whole"
+    usage = Usage(input_tokens=1_000, cache_read_tokens=600)
+    extended, whole = shares(second, usage, _PRICES[1]), shares(split_parts(CHAT.input_parts(late)), usage, _PRICES[1])
+    assert extended is not None and whole is not None
+    assert extended.kinds == whole.kinds and "new" not in whole.kinds
 
 
 def test_an_edited_history_is_split_whole() -> None:
@@ -342,7 +367,7 @@ def _exact_result_costs(body: dict[str, Any], usage: Usage, price: Price) -> dic
     1-hour writes, 5-minute writes, the rest) at that window's rate, scaled so that the
     prompt's bytes cost the call's input micro-USD (the module's definition, in fractions)."""
     parts = CHAT.input_parts(body)
-    size = sum(p.size for p in parts)
+    size = sum(p[1] for p in parts)
     total = usage.input_tokens or 0
     read = min(usage.cache_read_tokens or 0, total)
     written = min(usage.cache_write_tokens or 0, total - read)
@@ -355,14 +380,14 @@ def _exact_result_costs(body: dict[str, Any], usage: Usage, price: Price) -> dic
     pre = sum(a * r for a, r in zip(amounts, rates, strict=True)) * size
     out: dict[str, Fraction] = {}
     at = 0
-    for p in parts:
-        lo, hi = at * total, (at + p.size) * total
-        at += p.size
-        if p.kind != "tool_result" or not pre:
+    for kind, part_size, _, call_id in parts:
+        lo, hi = at * total, (at + part_size) * total
+        at += part_size
+        if kind != "tool_result" or not pre:
             continue
         width = sum(max(0, min(hi, start + a * size) - max(lo, start)) * r
                     for a, r, start in zip(amounts, rates, accumulate([0, *(a * size for a in amounts)]), strict=False))
-        out[p.call_id] = Fraction(width * whole, pre)
+        out[call_id] = Fraction(width * whole, pre)
     return out
 
 
@@ -403,7 +428,7 @@ def test_a_chain_prices_every_result_on_every_send(turns: list[tuple[int, str, f
         if edit and n:  # an edited history: the chain breaks, a new one begins
             conversation[0] = ("user", f"edited {n} " * 20)
         body = _chat("sys " * 50, ["read_file", "search", "run"], conversation)
-        prompt = sum(p.size for p in CHAT.input_parts(body)) // 4 + 1
+        prompt = sum(p[1] for p in CHAT.input_parts(body)) // 4 + 1
         read = int(prompt * cached_share)
         usage = Usage(input_tokens=prompt, cache_read_tokens=read,
                       cache_write_tokens=(prompt - read) // 2 if writes else 0)
