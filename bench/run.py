@@ -133,12 +133,18 @@ DESCRIPTIONS = {
     "sm-inproc": "sm-full with spans encoded and sent in-process (SPANMETER_EXPORT_PROCESS=off), not by a child",
     "sm-public": "sm-full through the libraries' public APIs only (SDK start_span, no lean spans)",
     "sm-redis-public": "sm-redis through redis-py's public pipelines (SPANMETER_REDIS_INTERNALS=off)",
+    # A setting's cost, side by side from one checkout (a --baseline checkout reads 6-14% slower
+    # than this one with the same code: docs/benchmarks.md "Measuring a setting").
+    "sm-anatomy-on": "sm-full with the cost anatomy on (SPANMETER_ANATOMY=true)",
+    "sm-anatomy-off": "sm-full with the cost anatomy off (SPANMETER_ANATOMY=false)",
 }
 # Settings that make a bypass target what its description says.
 BYPASS_ENV = {
     "sm-inproc": {"SPANMETER_EXPORT_PROCESS": "off"},
     "sm-public": {"SPANMETER_OTEL_INTERNALS": "off"},
     "sm-redis-public": {"SPANMETER_REDIS_INTERNALS": "off"},
+    "sm-anatomy-on": {"SPANMETER_ANATOMY": "true"},
+    "sm-anatomy-off": {"SPANMETER_ANATOMY": "false"},
 }
 # The proxy's CPUs per target: one process on CPU 0, except the workers, which get both
 # cores (the kernel places them); on a 2-core machine that is the load generator's core too.

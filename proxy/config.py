@@ -287,9 +287,10 @@ class Settings(BaseSettings):
     project_name: str | None = Field(None, min_length=1, max_length=256)
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
     # Cost anatomy: each call's input split into parts (instructions, tool definitions,
-    # tool results, earlier turns, new content) with their tokens and cost. Off by default:
-    # about 60 us per call in a run here, over its 20 us target (bench/bench_anatomy.py).
-    anatomy: bool = False
+    # tool results, earlier turns, new content) with their tokens and cost. On by default:
+    # 41-64 us per call in a run on the bench machine, 7-12% of a bare pass-through's
+    # request there (bench/bench_anatomy.py, `make bench`); SPANMETER_ANATOMY=false turns it off.
+    anatomy: bool = True
     access_log_anatomy: bool = False  # the anatomy on the access line too (`input=`)
     # Encode and send spans in a child process: auto = when exporting over OTLP.
     export_process: Literal["auto", "on", "off"] = "auto"

@@ -18,7 +18,7 @@ everything it cost: its first send and every re-send after it; `bytes` is its si
 its sends (a reader divides). A definition's cost over the run is the run's
 tool-definition cost shared by the definitions' bytes (they are all in the same cached
 prefix, so they bill alike); the bytes are counted when a run's tool list is first seen
-(again after a request that was split whole), not on every call. Tool names are bounded
+(again when it changes, or after the run's chain left the cache), not on every call. Tool names are bounded
 (`MAX_TOOLS`, the rest `_OTHER`). The run span, `spanmeter runs` and the admin API read
 these back (`run_anatomy`).
 """
@@ -115,7 +115,9 @@ def flush_totals(flushed: Flushed) -> dict[str, int]:
         out[key] = out.get(key, 0) + micros
     for name, cid, size, micros, sends in flushed.results:
         k_micros, k_sends, k_bytes = _TOP_KEYS.get((name, cid)) or _top_keys(name, cid)
-        out[k_micros], out[k_sends], out[k_bytes] = micros, sends, size * sends
+        out[k_micros] = out.get(k_micros, 0) + micros
+        out[k_sends] = out.get(k_sends, 0) + sends
+        out[k_bytes] = out.get(k_bytes, 0) + size * sends
     return out
 
 

@@ -257,10 +257,10 @@ def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | N
     if not isinstance(items, list):
         return split_parts(adapter.input_parts(body))
     if previous is not None:
+        if len(raw) == len(previous.raw) and raw == previous.raw:  # the same request again (a retry, a loop)
+            return previous
         end = _appended(previous, raw, items)
         if end is not None:
-            if len(items) == previous.items:
-                return previous
             tail = adapter.input_parts({key: items[previous.items:]})
             answered = unnamed = False
             for kind, _, name, call_id in tail:
@@ -276,7 +276,10 @@ def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | N
             sp.inherited = True
             sp._add(tail)
             return _remember(sp, raw, end, items)
-    return _remember(split_parts(adapter.input_parts(body)), raw, None, items)
+    sp = split_parts(adapter.input_parts(body))
+    if previous is not None and sp.definitions == previous.definitions:  # the run's tool list, counted already
+        sp.definitions, sp.inherited = previous.definitions, True
+    return _remember(sp, raw, None, items)
 
 
 def _named(adapter: Any, body: dict[str, Any], tail: list[InputPart]) -> list[InputPart]:
@@ -291,14 +294,12 @@ def _remember(sp: Split, raw: bytes, end: int | None, items: list[Any]) -> Split
 
 
 def _appended(prev: Split, raw: bytes, items: list[Any]) -> int | None:
-    """Where the conversation ends in `raw` when `raw` is `prev.raw` with bytes inserted
-    at the end of its conversation (or unchanged), else None."""
+    """Where the conversation ends in `raw` when `raw` is `prev.raw` with items inserted
+    at the end of its conversation, else None."""
     old = prev.raw
     grown = len(raw) - len(old)
-    if not old or grown < 0 or len(items) < prev.items or (grown == 0) != (len(items) == prev.items):
+    if not old or grown <= 0 or len(items) <= prev.items:
         return None
-    if grown == 0:
-        return prev.end if raw == old else None
     if prev.items and items[prev.items - 1] != prev.last_item:  # history edited, or items inserted before
         return None
     mv = memoryview(old)
@@ -366,9 +367,10 @@ class Chain:
     extra: list[int] = field(default_factory=list)  # per result group: what lying past the first window added
     flushed: list[int] = field(default_factory=list)  # per result group: micro-USD flushed so far
     tracked: dict[int, Tracked] = field(default_factory=dict)  # by part index
-    unflushed: int = 0  # calls since the last flush
+    unflushed: int = 0  # calls since the last flush (the chain it replaced counted in)
     touched: float = 0.0  # when a call last added to it (monotonic seconds)
     kept: int = 0  # the raw bytes `Splits` counts for it
+    carried: Flushed | None = None  # what the chain it replaced had not flushed yet
 
     def add(self, sp: Split, an: Anatomy, now: float, labels: tuple[str, ...] = ()) -> None:
         """One call of the chain: `sp` (its split, extended, or the chain's first) priced as
@@ -411,7 +413,11 @@ class Chain:
             if sends != t.sends or micros != t.micros:
                 results.append((t.name, t.call_id, t.size, micros - t.micros, sends - t.sends))
                 t.micros, t.sends = micros, sends
-        return Flushed(tools, results, self._parts())
+        out = Flushed(tools, results, self._parts())
+        if self.carried is not None:
+            before, self.carried = self.carried, None
+            out = Flushed(before.tools + out.tools, before.results + out.results, before.kinds + out.kinds)
+        return out
 
     def _arrived(self) -> None:
         """The results that arrived since the last flush into their groups' sums; those
@@ -496,23 +502,23 @@ class Splits:
         return self._runs.get(key)
 
     def advance(self, key: tuple[str, ...], sp: Split, an: Anatomy, now: float,
-                labels: tuple[str, ...] = ()) -> tuple[Chain, Chain | None]:
+                labels: tuple[str, ...] = ()) -> Chain:
         """The run's chain after a call of request `sp` priced as `an` (`labels`: `Chain.add`):
-        its own, or a new one when `sp` does not extend it; and the chain that one replaced,
-        if it has calls not flushed (the caller flushes it)."""
+        its own, or a new one when `sp` does not extend it. A new one carries what the old
+        one summed and had not flushed, and its count of calls since (a run whose requests
+        never extend one another is flushed every `FLUSH_EVERY` calls too, not on each)."""
         chain = self._runs.pop(key, None)
-        replaced = None
         if chain is not None:
             self._bytes -= chain.kept
             if sp is not chain.split:  # not its request extended in place: the chain broke
-                replaced = chain if chain.unflushed else None
-                chain = None
+                pending = chain.unflushed
+                chain = Chain(sp, carried=chain.flush() if pending else None, unflushed=pending)
         if chain is None:
             chain = Chain(sp)
         chain.add(sp, an, now, labels)
         if len(sp.raw) > self.max_bytes:  # too large to keep: flushed a moment from now
             self.dropped.append((key, chain))
-            return chain, replaced
+            return chain
         self._runs[key] = chain
         chain.kept = len(sp.raw)
         self._bytes += chain.kept
@@ -522,7 +528,7 @@ class Splits:
             self._bytes -= old.kept
             if old.unflushed:
                 self.dropped.append((first, old))
-        return chain, replaced
+        return chain
 
     def forget(self, key: tuple[str, ...]) -> Chain | None:
         """The run's chain, no longer kept (its run ended)."""

@@ -623,7 +623,7 @@ class RedisStore(DerivedOps):
 
     # --- run state -------------------------------------------------------------------
 
-    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
+    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int], *, soon: bool = False) -> None:
         if not deltas:
             return
         args = [x for name, value in deltas.items() for x in (name, int(value))]

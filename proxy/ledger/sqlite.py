@@ -562,9 +562,9 @@ class SqliteStore(DerivedOps):
 
     # --- run state -------------------------------------------------------------------
 
-    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int]) -> None:
+    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int], *, soon: bool = False) -> None:
         totals = [(name, int(v)) for name, v in deltas.items()]
-        await self._do(lambda conn: _run_add(conn, tenant, run_id, totals))
+        await self._do(lambda conn: _run_add(conn, tenant, run_id, totals), soon=soon)
 
     async def run_totals(self, tenant: str, run_id: str) -> dict[str, int]:
         result: dict[str, int] = await self._do(lambda conn: _totals(conn, tenant, run_id))

@@ -156,9 +156,7 @@ def _anatomy(app: web.Application, cs: Any, tr: Translator, price: Price | None,
                 chain.add(sp, an, time.monotonic(), labels)
                 flushed.append(chain.flush())
             elif an is not None and key is not None:
-                chain, replaced = splits.advance(key, sp, an, time.monotonic(), labels)
-                if replaced is not None:
-                    flushed.append(replaced.flush())
+                chain = splits.advance(key, sp, an, time.monotonic(), labels)
                 if chain.unflushed >= FLUSH_EVERY and not end:
                     flushed.append(chain.flush())
         if end:  # no next request: every chain of the run is flushed with its last call
@@ -186,7 +184,7 @@ async def flush_anatomy(app: web.Application, chains: list[tuple[tuple[str, ...]
             spans.record_flushed(app[TEL], key[0], f)
     for (tenant, run_id), totals in by_run.items():
         try:
-            await app[STORE].run_add(tenant, run_id, totals)
+            await app[STORE].run_add(tenant, run_id, totals, soon=True)  # analytics: no fsync to wait for
         except ProxyError:
             log.warning("could not add the tool results' cost to run %s; its anatomy under-counts them", run_id)
 

@@ -84,8 +84,9 @@ async def test_anatomy_on_call_spans_run_span_and_metrics(otlp_receiver, make_pr
     assert unused == {"delete_all", "send_email"}
 
 
-async def test_anatomy_off_by_default_adds_nothing(otlp_receiver, make_proxy):  # noqa: F811
-    proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint)
+async def test_anatomy_turned_off_adds_nothing(otlp_receiver, make_proxy):  # noqa: F811
+    """On by default; `anatomy: false` (SPANMETER_ANATOMY=false) leaves no trace of it."""
+    proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint, anatomy=False)
     async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as c:
         await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
     await proxy.settled()

@@ -99,3 +99,21 @@ async def test_lazy_settles_alone_still_need_no_fsync_at_all(store: SqliteStore)
     await store.settle(admission, 40, run_totals={"model_calls": 1})
     await asyncio.sleep(SYNC_WITHIN_S * 20)
     assert store.deferred_syncs == before
+
+
+async def test_analytics_added_soon_do_not_wait_for_an_fsync(store: SqliteStore) -> None:
+    """The cost anatomy's sums (run_add soon=True) commit without an fsync of their own: a
+    power cut may lose them, and they are not money."""
+    async with one_batch(store):
+        added = asyncio.ensure_future(store.run_add("acme", "r-1", {"anatomy|part|new|tokens": 5}, soon=True))
+        await asyncio.sleep(0)
+        probe = store._submit(_level, lazy=True)
+    assert await probe == 1
+    await added
+    assert (await store.run_totals("acme", "r-1"))["anatomy|part|new|tokens"] == 5
+    async with one_batch(store):
+        added = asyncio.ensure_future(store.run_add("acme", "r-1", {"tool_failures": 1}))
+        await asyncio.sleep(0)
+        probe = store._submit(_level, lazy=True)
+    assert await probe == 2, "other totals wait for their fsync, as before"
+    await added

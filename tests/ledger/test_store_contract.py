@@ -393,7 +393,7 @@ async def test_run_state_is_shared_and_ends_once(store: Store, tenant: str) -> N
     await store.release(a)
     await store.release(b)
     await store.run_add(tenant, "r-1", {"input_tokens": 10, "calls": 1})
-    await store.run_add(tenant, "r-1", {"input_tokens": 5, "tool_calls": 2})
+    await store.run_add(tenant, "r-1", {"input_tokens": 5, "tool_calls": 2}, soon=True)  # readable once returned
     assert await store.run_totals(tenant, "r-1") == {
         "input_tokens": 15,
         "calls": 1,

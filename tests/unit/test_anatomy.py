@@ -342,8 +342,25 @@ def _advance(splits: Splits, key: tuple[str, ...], body: dict[str, Any], usage: 
     sp = split_of(CHAT, raw, orjson.loads(raw), found.split if found else None)
     an = shares(sp, usage, _PRICES[1])
     assert an is not None
-    chain, _ = splits.advance(key, sp, an, 0.0)
+    chain = splits.advance(key, sp, an, 0.0)
     return chain
+
+
+def test_the_same_request_again_continues_the_runs_chain() -> None:
+    """A retry, or an agent that sends one request in a loop, is not a broken chain: no
+    flush per call, and its results keep being priced on every send."""
+    splits, key = Splits(), ("t", "r")
+    body = _chat("s" * 100, ["t"], [("user", "a"), ("call", ("c1", "t", {})), ("result", ("c1", "r" * 500))])
+    first = _advance(splits, key, body, Usage(input_tokens=300))
+    raw = orjson.dumps(body)
+    sp = split_of(CHAT, raw, orjson.loads(raw), first.split)
+    assert sp is first.split
+    an = shares(sp, Usage(input_tokens=300), _PRICES[1])
+    assert an is not None
+    chain = splits.advance(key, sp, an, 0.0)
+    assert chain is first and chain.calls == 2
+    [(tool, micros)] = chain.flush().tools
+    assert tool == "t" and micros > 0
 
 
 def test_splits_are_bounded_by_runs_and_bytes_and_lose_no_unflushed_sums() -> None:
@@ -437,11 +454,11 @@ def test_a_chain_prices_every_result_on_every_send(turns: list[tuple[int, str, f
         sp = split_of(CHAT, raw, orjson.loads(raw), found.split if found else None)
         an = shares(sp, usage, price)
         assert an is not None
-        chain, replaced = splits.advance(key, sp, an, 0.0)
+        chain = splits.advance(key, sp, an, 0.0)
         for c, value in _exact_result_costs(body, usage, price).items():
             exact[c] = exact.get(c, Fraction(0)) + value
             sends[c] = sends.get(c, 0) + 1
-        due = ([replaced] if replaced else []) + ([chain] if (n + 1) % every == 0 else [])
+        due = [chain] if (n + 1) % every == 0 else []  # a broken chain's sums go with its successor's
         flushes += _sum_flushes(due, flushed, results)
     flushes += _sum_flushes([chain for _, chain in splits.of_run("t", "r")], flushed, results)
     calls = len(turns)
