@@ -13,9 +13,10 @@ after a warm-up, each step apart and then the whole of what a call adds:
 
     python bench/bench_anatomy.py [--calls N] [--before REV]
 
-`--before REV` first runs this bench on REV's code (exported with `git archive` to a
-temporary directory), then on this tree's: before and after in one run, by one method, on
-the same machine and load.
+`--before REV` first runs REV's own bench on REV's code (exported with `git archive` to a
+temporary directory), then this tree's: before and after in one run, on the same machine
+and load (the method is REV's there: since the split is extended in place, this bench
+readies each timed call's chain by replaying the run's earlier calls, not by copying).
 
 The target is 20 us for the whole per call in a run; the anatomy is on by default only
 once it meets it (`SPANMETER_ANATOMY`). bench/run.py reports the same figure beside the
@@ -198,7 +199,8 @@ def main() -> None:
             archive = subprocess.run(["git", "-C", str(root), "archive", args.before, "proxy", "tracing", "bench"],
                                      check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-            (Path(tmp) / "bench" / "bench_anatomy.py").write_bytes(Path(__file__).read_bytes())  # one method
+            # REV's own bench: this one drives the chain's present interface (a split extended in
+            # place, Splits.advance's labels), which older code does not have.
             print(f"before ({args.before}): ", end="", flush=True)
             subprocess.run([sys.executable, "bench/bench_anatomy.py", "--calls", str(args.calls)], cwd=tmp, check=True)
         print("after (this tree):  ", end="", flush=True)

@@ -176,9 +176,12 @@ class Instruments:
     labels: LabelBounds = field(default_factory=LabelBounds)
     call_labels: LabelCache[CallKey, CallLabels] = field(default_factory=lambda: LabelCache(CallLabels.build))
     kind_labels: LabelCache[KindKey, FrozenLabels] = field(default_factory=lambda: LabelCache(build_kind_labels))
-    # The input-cost series of each kind of part, by (tenant, provider, model label): five
-    # points on every call, found once (tracing/spans.py `_record_anatomy_metrics`).
+    # The cost anatomy's series, found once and kept (bounded as the label caches are): the
+    # input cost of each kind of part by (tenant, provider, model label), and the tool
+    # results' context cost by (tenant, tool label); points with each run chain's flush
+    # (tracing/spans.py `record_flushed`).
     input_cost_series: dict[tuple[str, str, str | None], dict[str, SumSeries]] = field(default_factory=dict)
+    tool_context_series: dict[tuple[str, str], SumSeries] = field(default_factory=dict)
 
     @classmethod
     def create(cls, *, semconv_latest: bool = False, known_model: KnownModel | None = None) -> Instruments:

@@ -570,13 +570,19 @@ def record_flushed(tel: Telemetry, tenant: str, flushed: Flushed) -> None:
     for labels, by_kind in by_labels.items():
         provider, model = labels if len(labels) == 2 else ("", "")
         record_input_cost(m, (tenant, provider, m.labels.model(model or None)), by_kind)
-    by_tool: dict[str, int] = {}
+    if not flushed.tools:
+        return
+    found = m.tool_context_series
+    points = []
     for tool, value in flushed.tools:
-        name = m.labels.tool(tool)
-        by_tool[name] = by_tool.get(name, 0) + value
-    for name, value in by_tool.items():
-        if value > 0:
-            m.tool_context_cost.add(value / 1e6, {A.SPANMETER_TENANT_ID: tenant, A.GEN_AI_TOOL_NAME: name})
+        series = found.get((tenant, tool))
+        if series is None:
+            if len(found) >= LABEL_CACHE_ENTRIES:
+                found.clear()
+            series = found[(tenant, tool)] = m.tool_context_cost.series(
+                {A.SPANMETER_TENANT_ID: tenant, A.GEN_AI_TOOL_NAME: m.labels.tool(tool)})
+        points.append((series, value / 1e6))
+    m.tool_context_cost.add_to(points)
 
 
 def _model_labels(call: Call, provider: str, model_label: str | None) -> Attrs:
