@@ -258,6 +258,7 @@ def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | N
         return split_parts(adapter.input_parts(body))
     if previous is not None:
         if len(raw) == len(previous.raw) and raw == previous.raw:  # the same request again (a retry, a loop)
+            previous.inherited = True  # its tool list was counted with the call that made it
             return previous
         end = _appended(previous, raw, items)
         if end is not None:

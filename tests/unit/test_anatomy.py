@@ -357,6 +357,7 @@ def test_the_same_request_again_continues_the_runs_chain() -> None:
     assert sp is first.split
     an = shares(sp, Usage(input_tokens=300), _PRICES[1])
     assert an is not None
+    assert not an.definitions_new, "the tool list was counted with the run's first call"
     chain = splits.advance(key, sp, an, 0.0)
     assert chain is first and chain.calls == 2
     [(tool, micros)] = chain.flush().tools
