@@ -51,8 +51,8 @@ the chain's calls (`Chain.scale`). A result added when the sum was `s0` has cost
 yet) add what they cost above it on that call (`Anatomy.late_marks`, a per-byte cost for
 a range of results, and `Anatomy.late` for one across a window's end). A call only
 appends these to its chain, and `Chain.flush` folds them in and turns the sums into
-micro-USD per tool and for the run's
-largest results, as the difference from what it reported before: the bookkeeping adds it
+micro-USD per tool and for the run's largest results, as the difference from what it
+reported before: the bookkeeping adds it
 to the run's totals every `FLUSH_EVERY` calls of the chain, when the chain breaks, when
 the run ends, and for a chain idle a moment (proxy/serve/bookkeeping.py). All in
 nano-micro-USD integers: the rounding is one floor per flush, not per call. The parts'
@@ -362,7 +362,6 @@ class Chain:
     marks: list[tuple[int, int, int]] = field(default_factory=list)
     late: list[tuple[int, int, int]] = field(default_factory=list)
     parts: list[tuple[tuple[str, ...], list[int], list[int], list[int]]] = field(default_factory=list)
-    done: int = 0  # results whose arrival was folded into the sums below
     sizes: list[int] = field(default_factory=list)  # per result group: its results' bytes
     base: list[int] = field(default_factory=list)  # per result group: sum of bytes * scale when added
     extra: list[int] = field(default_factory=list)  # per result group: what lying past the first window added
