@@ -52,9 +52,9 @@ yet) add what they cost above it on that call (`Anatomy.late_marks`, a per-byte 
 a range of results, and `Anatomy.late` for one across a window's end). A call only
 appends these to its chain, and `Chain.flush` folds them in and turns the sums into
 micro-USD per tool and for the run's largest results, as the difference from what it
-reported before: the bookkeeping adds it
-to the run's totals every `FLUSH_EVERY` calls of the chain, when the chain breaks, when
-the run ends, and for a chain idle a moment (proxy/serve/bookkeeping.py). All in
+reported before: the bookkeeping adds it to the run's totals every `FLUSH_EVERY` calls of
+the run (a chain that breaks hands what it had not flushed to the next one), when the run
+ends, and for a chain idle a moment (proxy/serve/bookkeeping.py). All in
 nano-micro-USD integers: the rounding is one floor per flush, not per call. The parts'
 tokens and costs are summed on the chain too and go with its flushes, into the run's
 totals and the metrics by part: a call adds nothing to either for its anatomy but the

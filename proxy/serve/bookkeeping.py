@@ -136,7 +136,7 @@ def _anatomy(app: web.Application, cs: Any, tr: Translator, price: Price | None,
              end: bool) -> tuple[Anatomy | None, list[Flushed]]:
     """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY);
     and what the run's parts and tool results cost since its chain's last flush, when it is
-    time to say (proxy/ledger/anatomy.py: every FLUSH_EVERY calls, a broken chain, the run's
+    time to say (proxy/ledger/anatomy.py: every FLUSH_EVERY calls of the run, the run's
     end). The sums are counted in metrics under the call's provider and model (`labels`)."""
     splits: Splits = app[SPLITS]
     caller: Caller = cs.caller
