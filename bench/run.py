@@ -134,7 +134,8 @@ DESCRIPTIONS = {
     "sm-public": "sm-full through the libraries' public APIs only (SDK start_span, no lean spans)",
     "sm-redis-public": "sm-redis through redis-py's public pipelines (SPANMETER_REDIS_INTERNALS=off)",
     # A setting's cost, side by side from one checkout (a --baseline checkout reads 6-14% slower
-    # than this one with the same code: docs/benchmarks.md "Measuring a setting").
+    # than this one with the same code: docs/benchmarks.md, "Cost anatomy, fourth pass ... and
+    # measuring a setting").
     "sm-anatomy-on": "sm-full with the cost anatomy on (SPANMETER_ANATOMY=true)",
     "sm-anatomy-off": "sm-full with the cost anatomy off (SPANMETER_ANATOMY=false)",
 }

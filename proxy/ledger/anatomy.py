@@ -703,7 +703,7 @@ def _shares_read(sp: Split, usage: Usage, price: Price, total: int, read: int, s
     ends, mark = sp.ends, read * size
     k = bisect_right(ends, mark // total)
     j = bisect_left(at, k)
-    inside = -1
+    inside, straddle = -1, 0  # the part the prefix ends inside, if a result, and its cost past the end
     if j < len(at) and at[j] == k and (ends[k - 1] if k else 0) * total < mark:
         straddle = (ends[k] * total - mark) * d * g * whole * NANO // pre
         if straddle:

@@ -364,6 +364,27 @@ def test_the_same_request_again_continues_the_runs_chain() -> None:
     assert tool == "t" and micros > 0
 
 
+def test_a_chains_parts_are_summed_per_labels_its_calls_came_with() -> None:
+    """A run that changes model mid-chain: its parts' sums are reported under each model's
+    labels (the metrics by part are labelled by provider and model), adding up to its calls'."""
+    splits, key = Splits(), ("t", "r")
+    body = _chat("s" * 100, ["t"], [("user", "a" * 200)])
+    raw = orjson.dumps(body)
+    calls = [(("openai", "gpt-4o"), Usage(input_tokens=300)), (("openai", "gpt-4o-mini"), Usage(input_tokens=200)),
+             (("openai", "gpt-4o"), Usage(input_tokens=100))]
+    chain = None
+    for labels, usage in calls:
+        sp = split_of(CHAT, raw, orjson.loads(raw), chain.split if chain else None)
+        an = shares(sp, usage, _PRICES[1])
+        assert an is not None
+        chain = splits.advance(key, sp, an, 0.0, labels)
+    assert chain is not None
+    tokens: dict[tuple[str, ...], int] = {}
+    for labels, _, t, _, _ in chain.flush().kinds:
+        tokens[labels] = tokens.get(labels, 0) + t
+    assert tokens == {("openai", "gpt-4o"): 400, ("openai", "gpt-4o-mini"): 200}
+
+
 def test_splits_are_bounded_by_runs_and_bytes_and_lose_no_unflushed_sums() -> None:
     """Pushed out of the cache, a chain whose calls were not flushed yet waits in `idle()`,
     to be added to its run's totals; a flushed one is simply dropped."""
