@@ -10,7 +10,7 @@ Reported per call, over the measured calls (after a warm-up):
   process  time.process_time() of this process: the event loop plus the ledger and log threads
   loop     time.thread_time() of the event-loop thread alone
 
-    python bench/bench_percall.py [--calls N] [--profile out.prof] [--top 40]
+    python bench/bench_percall.py [--calls N] [--run-calls 20] [--profile out.prof] [--top 40]
 
 `--profile` runs cProfile (timed by the thread's CPU clock) on the event-loop thread over
 the measured calls and lists our functions (proxy/, tracing/) by self and by inclusive time.
@@ -46,18 +46,24 @@ def _free_port() -> int:
 # --- the client (a child process) ------------------------------------------------------
 
 
-async def _drive(port: int, key: str, warmup: int, calls: int) -> None:
+async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int) -> None:
     import aiohttp
     from payloads import REQUEST_JSON
 
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    sent = 0
     connector = aiohttp.TCPConnector(limit=CONCURRENCY)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker(n: int) -> None:
+            nonlocal sent
             for _ in range(n):
-                async with session.post(url, data=REQUEST_JSON, headers=headers) as resp:
+                # Runs of `run_calls` consecutive calls over all connections, as wrk.lua groups
+                # them; 0: no X-Run-Id, every call its own run (ended with it).
+                run = {"X-Run-Id": f"r-{os.getpid()}-{sent // run_calls}"} if run_calls else {}
+                sent += 1
+                async with session.post(url, data=REQUEST_JSON, headers=headers | run) as resp:
                     await resp.read()
                     if resp.status != 200:
                         raise SystemExit(f"proxy answered {resp.status}: {await resp.text()}")
@@ -126,7 +132,7 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         port = runner.addresses[0][1]
         client = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", str(port), "--key", key, "--warmup", str(args.warmup),
-            "--calls", str(args.calls), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            "--calls", str(args.calls), "--run-calls", str(args.run_calls), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         assert client.stdout is not None and client.stdin is not None
         assert (await client.stdout.readline()).strip() == b"warm"
         profiler = None
@@ -188,17 +194,19 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3000)
     p.add_argument("--profile", help="cProfile the event-loop thread into this file")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--run-calls", type=int, default=20,
+                   help="calls per run (X-Run-Id), as make bench sends them; 0: no X-Run-Id, one run per call")
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)  # child mode: the proxy's port
     p.add_argument("--key", help=argparse.SUPPRESS)
     args = p.parse_args()
     import uvloop
 
     if args.client:
-        uvloop.run(_drive(args.client, args.key, args.warmup, args.calls))
+        uvloop.run(_drive(args.client, args.key, args.warmup, args.calls, args.run_calls))
         return
     with tempfile.TemporaryDirectory(prefix="bench-percall-") as tmp:
         result = uvloop.run(_serve_and_measure(args, Path(tmp)))
-    print(f"{args.calls} calls at concurrency {CONCURRENCY}: CPU per call process {result['process_us']:.1f} us, "
+    print(f"{args.calls} calls at concurrency {CONCURRENCY}, runs of {args.run_calls or 1}: CPU per call process {result['process_us']:.1f} us, "
           f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
     if args.profile:
         _rank(args.profile, args.top)

@@ -34,11 +34,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import (
     Link,
-    NonRecordingSpan,
     SpanContext,
     SpanKind,
     Status,
@@ -200,12 +198,6 @@ def _parent_span(parent: TraceParent | None, run_trace: RunTrace | None) -> Span
             trace_flags=TraceFlags(TraceFlags.SAMPLED if run_trace.sampled else TraceFlags.DEFAULT),
         )
     return None
-
-
-def _parent_context(parent: TraceParent | None, run_trace: RunTrace | None) -> Context:
-    """The parent as a Context, for spans still started through the SDK's tracer."""
-    ctx = _parent_span(parent, run_trace)
-    return Context() if ctx is None else trace.set_span_in_context(NonRecordingSpan(ctx), Context())
 
 
 # Every call of a run has the same parent: build it once per run.
@@ -746,17 +738,15 @@ def end_run(
             A.OUTPUT_VALUE: summaries.run_output(totals, status),
             A.OUTPUT_MIME_TYPE: A.MIME_TEXT,
         })
+        # Lean like the call spans: the SDK's start_span cost ~6x the rest of a one-call run's
+        # root span (bench/bench_percall.py --run-calls 0). Its ids are the run's, as the
+        # tracer's id generator gives them inside `fixed`.
         with tel.ids.fixed(run_trace.trace_id, run_trace.span_id):
-            span = tel.tracer.start_span(
-                run_span_name(caller),
-                context=_parent_context(parent, None),
-                kind=SpanKind.INTERNAL,
-                attributes=attrs,
-                start_time=run_trace.start_ns,
-            )
+            span = tel.lean.open(run_span_name(caller), _parent_span(parent, None), SpanKind.INTERNAL, attrs,
+                                 run_trace.start_ns)
         if status in _FAILED_RUN:
             span.set_status(Status(StatusCode.ERROR, status))
-        span.end(end_time=time.time_ns() if end_ns is None else end_ns)
+        tel.lean.end(span, time.time_ns() if end_ns is None else end_ns)
     except Exception:
         log.exception("end_run failed")
 

@@ -11,6 +11,7 @@ exemplar reads from the call's context must be the same too. Nothing is ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -188,8 +189,26 @@ def mcp_requests(tel: Telemetry, seen: Seen) -> None:
                                           in_run))
 
 
+def run_roots(tel: Telemetry, seen: Seen) -> None:
+    """A run's root span, with the ids its start fixed: its own trace, and inside an
+    agent's trace that was sampled and one that was not; ended ok, failed, at a ceiling,
+    idle and unnamed."""
+    caller = Caller("acme", "run_02", "header", agent_name="planner", conversation_id="conv-1")
+    totals = {"model_calls": 3, "tool_calls": 2, "failures": 1, "tool_failures": 0, "input_tokens": 900,
+              "output_tokens": 60, "cost_micros": 4_200, "cache_read_tokens": 300, "cost_saved_micros": 50,
+              "cache_write_premium_micros": 5, "repairs": 1}
+    agent = 0x0AF7651916CD43DD8448EB211C80319C
+    for parent, status in ((None, "ended"), (TraceParent(agent, 0xB7AD6B7169203331, True), "error"),
+                           (TraceParent(agent, 0xB7AD6B7169203332, False), "ceiling")):
+        run = spans.new_run_trace(parent, start_ns=T0)
+        spans.end_run(tel, caller, run, totals, status, end_ns=T0 + 50_000_000)
+        seen.refs.append((run.trace_id, run.span_id))
+    spans.end_run(tel, dataclasses.replace(CALLER, agent_name=None), spans.new_run_trace(start_ns=T0),
+                  {"model_calls": 1}, "idle_timeout", end_ns=T0 + 1)
+
+
 SCENARIOS: list[Scenario] = [json_call, stream_call_in_run, traceparent_call, unsampled_parent, refused_call,
-                             abandoned_call, tool_spans, mcp_requests]
+                             abandoned_call, tool_spans, mcp_requests, run_roots]
 # (environment the SDK reads when the tracer provider is built, expected spans: all, or none)
 SETUPS = {
     "defaults": {},
@@ -252,9 +271,10 @@ def test_the_comparison_compares_spans(tel: tuple[Telemetry, Any], request: pyte
     telemetry, memory = tel
     counts = [len(_run(telemetry, memory, scenario, telemetry.lean)[1]) for scenario in SCENARIOS]
     setup = request.node.callspec.id
+    every = [1, 1, 1, 0, 1, 1, 3, 2, 3]  # the unsampled agent's run records nothing
     if setup in ("defaults", "limits"):
-        assert counts == [1, 1, 1, 0, 1, 1, 3, 2]
+        assert counts == every
     elif setup == "ratio sampler":
-        assert 0 < sum(counts) < 10
+        assert 0 < sum(counts) < sum(every)
     else:
         assert counts == [0] * len(SCENARIOS)
