@@ -132,7 +132,8 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         port = runner.addresses[0][1]
         client = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", str(port), "--key", key, "--warmup", str(args.warmup),
-            "--calls", str(args.calls), "--run-calls", str(args.run_calls), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            "--calls", str(args.calls), "--run-calls", str(args.run_calls), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE)
         assert client.stdout is not None and client.stdin is not None
         assert (await client.stdout.readline()).strip() == b"warm"
         profiler = None
@@ -142,6 +143,7 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
             # charge a function for the moments the thread was descheduled or waiting for
             # the GIL (os.urandom, for one, releases it).
             profiler = cProfile.Profile(time.thread_time)
+        threads0 = _threads()
         p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
         if profiler:
             profiler.enable()
@@ -151,13 +153,19 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         if profiler:
             profiler.disable()
         p1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
+        threads1 = _threads()
         assert line.strip() == b"done", line
         await client.wait()
         if profiler:
             profiler.dump_stats(args.profile)
         n = args.calls
+        by_name: dict[str, float] = {}
+        for tid, (name, ticks) in threads1.items():
+            by_name[name] = by_name.get(name, 0.0) + ticks - threads0.get(tid, (name, 0))[1]
+        tick = os.sysconf("SC_CLK_TCK")
         return {"process_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6,
-                "wall_us": (w1 - w0) / n * 1e6}
+                "wall_us": (w1 - w0) / n * 1e6,
+                "threads_us": {k: v / tick / n * 1e6 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v}}
     finally:
         if client is not None and client.returncode is None:
             client.kill()
@@ -166,6 +174,23 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
             await runner.cleanup()
         upstream.terminate()
         await upstream.wait()
+
+
+def _threads() -> dict[int, tuple[str, int]]:
+    """CPU ticks (user + system) of each thread of this process, by thread id, with its
+    Python name (the OS name is the process's)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = names.get(int(task.name), "(other)")
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        out[int(task.name)] = (name, int(fields[11]) + int(fields[12]))
+    return out
 
 
 def _rank(path: str, top: int) -> None:
@@ -206,8 +231,11 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="bench-percall-") as tmp:
         result = uvloop.run(_serve_and_measure(args, Path(tmp)))
-    print(f"{args.calls} calls at concurrency {CONCURRENCY}, runs of {args.run_calls or 1}: CPU per call process {result['process_us']:.1f} us, "
+    print(f"{args.calls} calls at concurrency {CONCURRENCY}, runs of {args.run_calls or 1}: "
+          f"CPU per call process {result['process_us']:.1f} us, "
           f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
+    print("  per thread (us per call, by name, from /proc ticks): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in result["threads_us"].items()))
     if args.profile:
         _rank(args.profile, args.top)
 

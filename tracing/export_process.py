@@ -602,11 +602,12 @@ def _child_exporters(config: Mapping[str, Any], reporter: _Reporter) -> list[Spa
 
 def _otlp(opts: Mapping[str, Any]) -> Any:
     from opentelemetry.exporter.otlp.proto.http import Compression
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from tracing import otel_compat
 
     compression = {"gzip": Compression.Gzip, "deflate": Compression.Deflate}.get(
         opts["compression"], Compression.NoCompression)
-    return OTLPSpanExporter(endpoint=opts["endpoint"], timeout=opts["timeout"], compression=compression)
+    return otel_compat.otlp_span_exporter(opts["endpoint"], opts["timeout"], compression)
 
 
 def _local(opts: Mapping[str, Any]) -> Any:

@@ -12,24 +12,41 @@ another shape than the code expects (a release that moved it), is logged once at
 with the SDK's version, and the caller takes the public path (`Tracer.start_span`,
 tracing/lean.py `SdkSpans`), which costs more CPU but is the same on the wire.
 SPANMETER_OTEL_INTERNALS=off takes the public path without asking (tests, the bench).
+
+The OTLP span exporter (opentelemetry-exporter-otlp-proto-http) encodes a batch with its
+own encoder, then hands the bytes to its HTTP client (retries, compression, headers,
+TLS). `otlp_span_exporter` gives one that writes the bytes with tracing/otlp_wire.py
+instead (most of the export child's CPU, bench/bench_export.py) and hands them to the
+same client, reading:
+
+    OTLPSpanExporter._client.export(bytes), ._shutdown, ._metrics.export_operation(n),
+    ._max_request_size
+
+probed the same way (`exporter_moved`); when one moved, or SPANMETER_OTEL_INTERNALS=off,
+it is the exporter as shipped.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
-from opentelemetry.sdk.trace import SpanLimits
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext
 
-__all__ = ["ENV", "bound_link", "forced_public", "internals", "scope", "span_limits", "tracer_enabled"]
+from tracing import otlp_wire
+
+__all__ = ["ENV", "bound_link", "exporter_moved", "forced_public", "internals", "otlp_span_exporter", "scope",
+           "span_limits", "tracer_enabled"]
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +92,92 @@ def moved(tracer: SdkTracer) -> list[str]:
     return gone
 
 
-def _say_once(gone: list[str]) -> None:
+def _say_once(gone: list[str], package: str = "opentelemetry-sdk",
+              instead: str = "spans are built through the SDK's public API instead (correct, ~2x the tracing CPU)",
+              ) -> None:
     key = ", ".join(gone)
     if key in _warned:
         return
     _warned.add(key)
-    log.warning("opentelemetry-sdk %s: %s moved or changed shape; spans are built through the SDK's public API "
-                "instead (correct, ~2x the tracing CPU). Pin opentelemetry-sdk to the range pyproject.toml allows, "
-                "or report it", _version(), key)
+    log.warning("%s %s: %s moved or changed shape; %s. Pin %s to the range pyproject.toml allows, or report it",
+                package, _version(package), key, instead, package)
 
 
-def _version() -> str:
+def _version(package: str = "opentelemetry-sdk") -> str:
     try:
-        return importlib.metadata.version("opentelemetry-sdk")
+        return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "(version unknown)"
+
+
+# --- the OTLP span exporter, its batches written by tracing/otlp_wire.py -----------------
+
+
+def otlp_span_exporter(endpoint: str, timeout: float, compression: Any,
+                       environ: Mapping[str, str] | None = None) -> SpanExporter:
+    """An OTLP/HTTP span exporter for `endpoint`: the one that encodes with
+    tracing/otlp_wire.py when the exporter's internals are as expected, else as shipped."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    if forced_public(environ):
+        return OTLPSpanExporter(endpoint=endpoint, timeout=timeout, compression=compression)
+    exporter: SpanExporter = _wire_exporter_class()(endpoint=endpoint, timeout=timeout, compression=compression)
+    gone = exporter_moved(exporter)
+    if gone:
+        _say_once(gone, "opentelemetry-exporter-otlp-proto-http",
+                  "span batches are encoded by the exporter's own encoder instead (correct, more CPU per span)")
+        exporter.wire = False  # type: ignore[attr-defined]
+    return exporter
+
+
+def exporter_moved(exporter: Any) -> list[str]:
+    """The private names `_WireExporter.export` reads that `exporter` lacks or keeps in
+    another shape; empty when all are as expected."""
+    gone = []
+    if not callable(getattr(getattr(exporter, "_client", None), "export", None)):
+        gone.append("OTLPSpanExporter._client.export")
+    if not isinstance(getattr(exporter, "_shutdown", None), bool):
+        gone.append("OTLPSpanExporter._shutdown")
+    if not callable(getattr(getattr(exporter, "_metrics", None), "export_operation", None)):
+        gone.append("OTLPSpanExporter._metrics.export_operation")
+    if not isinstance(getattr(exporter, "_max_request_size", None), int):
+        gone.append("OTLPSpanExporter._max_request_size")
+    return gone
+
+
+@functools.cache
+def _wire_exporter_class() -> Any:
+    # Made on first use: the exporter package is imported only where spans go over OTLP.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
+
+    class WireExporter(OTLPSpanExporter):
+        """`OTLPSpanExporter` whose batches are written by tracing/otlp_wire.py; anything
+        that encoder refuses, a batch over the size limit, or a shut-down exporter goes
+        through the exporter's own `export`, which logs and fails as it always does."""
+
+        wire = True
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            if not self.wire or self._shutdown or not spans:
+                return super().export(spans)
+            try:
+                data = otlp_wire.encode_spans(spans)
+            except otlp_wire.NotEncodable:
+                return super().export(spans)
+            if 0 < self._max_request_size < len(data):
+                return super().export(spans)  # its warning and its error, as shipped
+            with self._metrics.export_operation(len(spans)) as result:
+                sent = self._client.export(data)
+                if not sent.success:
+                    result.error = sent.error
+                    result.error_attrs = (
+                        {HTTP_RESPONSE_STATUS_CODE: sent.status_code} if sent.status_code is not None else None)
+                    return SpanExportResult.FAILURE
+            return SpanExportResult.SUCCESS
+
+    return WireExporter
+
 
 
 # --- the private reads, for tracing/lean.py (only after `internals` said yes) ------------

@@ -50,6 +50,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tracing import attributes as A
+from tracing import otel_compat
 from tracing.aggregate import MetricsOut, PushLoop, Scope
 from tracing.batching import DropCounter, DropCountingProcessor, QueueLimits
 from tracing.export_process import ChildExporter, ExportProcessProcessor
@@ -471,10 +472,8 @@ def _compression(cfg: TelemetryConfig, env: Mapping[str, str], signal: str) -> A
 
 
 def _otlp_span_exporter(cfg: TelemetryConfig, env: Mapping[str, str]) -> SpanExporter:
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
     compression = _compression(cfg, env, "traces")
-    return OTLPSpanExporter(endpoint=otlp_url(cfg, env, "traces"), timeout=cfg.export_timeout, compression=compression)
+    return otel_compat.otlp_span_exporter(otlp_url(cfg, env, "traces"), cfg.export_timeout, compression)
 
 
 def _metrics_out(cfg: TelemetryConfig, env: Mapping[str, str], resource: Resource,

@@ -1,0 +1,195 @@
+"""Finished spans as an OTLP `ExportTraceServiceRequest`, written straight to protobuf bytes.
+
+The exporter's own encoder (`opentelemetry.exporter.otlp.proto.common.trace_encoder
+.encode_spans`) builds a protobuf object per span, per attribute and per value, and
+serializes the tree: ~130-240 us a call span on the bench machine, most of the export
+child's CPU (bench/bench_export.py). The wire format of the few messages a span batch
+uses is small and fixed (opentelemetry-proto, `trace/v1/trace.proto`,
+`common/v1/common.proto`, `resource/v1/resource.proto`), so this writes it directly, field
+for field as that encoder fills them: the same fields set, in field-number order, the
+same groups (by resource, then by instrumentation scope, in the order first seen).
+tests/tracing/test_otlp_wire.py holds it byte for byte to the exporter's encoder.
+
+What it does not write, it refuses (`NotEncodable`) and the caller uses the exporter's
+encoder for that batch: an attribute value other than str, bool, int, float, bytes or a
+tuple/list of them (the SDK cleans our spans' values to these; a mapping or None would be
+rare); an int outside int64, or a string that is not valid UTF-8 (the exporter's
+encoder drops such an attribute and logs it; the batch goes through it, so it still does).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext
+
+__all__ = ["NotEncodable", "encode_spans"]
+
+_DOUBLE: Final = struct.Struct("<d").pack
+_FIXED64: Final = struct.Struct("<Q").pack
+_FIXED32: Final = struct.Struct("<I").pack
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
+_U64: Final = (1 << 64) - 1
+
+# Span flags: the parent's is-remote bit is known (always), and set when the parent is remote.
+_HAS_IS_REMOTE: Final = 0x100
+_IS_REMOTE: Final = 0x200
+
+
+class NotEncodable(ValueError):
+    """A batch this module does not write: the exporter's own encoder takes it."""
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL: Final = [bytes((i,)) for i in range(0x80)]
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag byte(s), the length, the payload."""
+    n = len(payload)
+    return tag + (_SMALL[n] if n < 0x80 else _varint(n)) + payload
+
+
+# --- values (common.proto: AnyValue, KeyValue) --------------------------------------------
+
+_KEYS: dict[str, bytes] = {}  # attribute key -> its KeyValue.key field, encoded once
+_KEYS_MAX: Final = 4096
+
+
+def _key(key: str) -> bytes:
+    done = _KEYS.get(key)
+    if done is None:
+        done = _field(b"\x0a", _utf8(key)) if key else b""  # proto3 leaves an empty string out
+        if len(_KEYS) < _KEYS_MAX:
+            _KEYS[key] = done
+    return done
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: the exporter drops the attribute and logs
+        raise NotEncodable("a string that is not valid UTF-8") from exc
+
+
+def _value(value: Any) -> bytes:
+    """AnyValue's fields for `value`, in the exporter encoder's order of type checks."""
+    kind = type(value)
+    if kind is str:
+        return _field(b"\x0a", _utf8(value))
+    if kind is bool:
+        return b"\x10\x01" if value else b"\x10\x00"
+    if kind is int:
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise NotEncodable("an int outside int64")
+        return b"\x18" + _varint(value & _U64)
+    if kind is float:
+        return b"\x21" + _DOUBLE(value)
+    if kind is bytes:
+        return _field(b"\x3a", value)
+    if kind is tuple or kind is list:
+        return _field(b"\x2a", b"".join([_field(b"\x0a", _value(v)) for v in value]))
+    raise NotEncodable(f"an attribute value of type {kind.__name__}")
+
+
+def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> Iterable[bytes]:
+    if not attributes:
+        return ()
+    return [_field(tag, _key(k) + _field(b"\x12", _value(v))) for k, v in attributes.items()]
+
+
+def _count(tag: bytes, n: int) -> bytes:
+    return tag + _varint(n) if n else b""
+
+
+def _text(tag: bytes, text: str | None) -> bytes:
+    return _field(tag, _utf8(text)) if text else b""
+
+
+# --- spans (trace.proto) -------------------------------------------------------------------
+
+
+def _flags(parent: SpanContext | None) -> bytes:
+    return _FIXED32(_HAS_IS_REMOTE | _IS_REMOTE if parent is not None and parent.is_remote else _HAS_IS_REMOTE)
+
+
+def _span(span: ReadableSpan) -> bytes:
+    ctx = span.context
+    assert ctx is not None  # a finished SDK span has one
+    parts = [b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"), b"\x12\x08" + ctx.span_id.to_bytes(8, "big")]
+    if ctx.trace_state is not None:
+        parts.append(_text(b"\x1a", ",".join([f"{k}={v}" for k, v in ctx.trace_state.items()])))
+    parent = span.parent
+    if parent:
+        parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+    parts.append(_text(b"\x2a", span.name))
+    parts.append(b"\x30" + _varint(span.kind.value + 1))  # the API's INTERNAL is 0, the proto's 1
+    if span.start_time:
+        parts.append(b"\x39" + _FIXED64(span.start_time))
+    if span.end_time:
+        parts.append(b"\x41" + _FIXED64(span.end_time))
+    parts.extend(_attributes(b"\x4a", span.attributes))
+    parts.append(_count(b"\x50", span.dropped_attributes))
+    for event in span.events:
+        body = (b"\x09" + _FIXED64(event.timestamp) if event.timestamp else b"") + _text(b"\x12", event.name)
+        body += b"".join(_attributes(b"\x1a", event.attributes)) + _count(b"\x20", event.dropped_attributes)
+        parts.append(_field(b"\x5a", body))
+    parts.append(_count(b"\x60", span.dropped_events))
+    for link in span.links:
+        body = b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big") + b"\x12\x08" + link.context.span_id.to_bytes(
+            8, "big")
+        body += b"".join(_attributes(b"\x22", link.attributes)) + _count(b"\x28", link.dropped_attributes)
+        parts.append(_field(b"\x6a", body + b"\x35" + _flags(link.context)))
+    parts.append(_count(b"\x70", span.dropped_links))
+    status = span.status
+    parts.append(_field(b"\x7a", _text(b"\x12", status.description) + _count(b"\x18", status.status_code.value)))
+    parts.append(b"\x85\x01" + _flags(parent))
+    return b"".join(parts)
+
+
+def _scope(scope: InstrumentationScope | None) -> bytes:
+    if scope is None:
+        return b""
+    return _text(b"\x0a", scope.name) + _text(b"\x12", scope.version) + b"".join(
+        _attributes(b"\x1a", scope.attributes))
+
+
+def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
+    """The serialized `ExportTraceServiceRequest` the exporter would send for `spans`.
+    Raises NotEncodable for a batch it leaves to the exporter's encoder."""
+    # Grouped as the exporter groups them: by resource, then scope (dict keys: equal ones
+    # merge), in first-seen order. Hashing a Resource serializes it, so each distinct
+    # object is looked up once.
+    groups: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
+    seen: dict[int, dict[InstrumentationScope | None, list[bytes]]] = {}
+    for span in spans:
+        resource = span.resource
+        by_scope = seen.get(id(resource))
+        if by_scope is None:
+            by_scope = seen[id(resource)] = groups.setdefault(resource, {})
+        by_scope.setdefault(span.instrumentation_scope or None, []).append(_field(b"\x12", _span(span)))
+    out = []
+    for resource, by_scope in groups.items():
+        body = [_field(b"\x0a", b"".join(_attributes(b"\x0a", resource.attributes)))]
+        for scope, encoded in by_scope.items():
+            schema = scope.schema_url if scope is not None else None
+            body.append(_field(b"\x12", _field(b"\x0a", _scope(scope)) + b"".join(encoded) + _text(b"\x1a", schema)))
+        body.append(_text(b"\x1a", resource.schema_url))
+        out.append(_field(b"\x0a", b"".join(body)))
+    return b"".join(out)
