@@ -168,3 +168,21 @@ def test_the_byte_bound_holds_for_a_byte_level_tokenizer(text: str) -> None:
     assert input_bound(call) >= worst_case_tokens
 
 
+
+
+@cases("lookup")
+def test_a_name_looked_up_again_finds_the_same_price(case: dict[str, Any]) -> None:
+    table = PriceTable.load()
+    first = table.price(case["model"])
+    assert table.price(case["model"]) is first
+    assert (first.model if first else None) == case["want"]
+
+
+def test_the_lookup_memo_is_bounded_and_names_past_it_still_resolve() -> None:
+    """Model names are the caller's: many distinct ones must not grow the table's memory."""
+    table = PriceTable.load()
+    for i in range(5000):
+        assert table.price(f"unknown-model-{i}") is None
+    found = table.price("gpt-4o-mini-2024-07-18")
+    assert found is not None and found.model == "gpt-4o-mini"
+    assert len(table._found) <= 4096
