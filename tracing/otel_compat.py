@@ -131,7 +131,7 @@ def otlp_span_exporter(endpoint: str, timeout: float, compression: Any,
 
 
 def exporter_moved(exporter: Any) -> list[str]:
-    """The private names `_WireExporter.export` reads that `exporter` lacks or keeps in
+    """The private names `WireExporter.export` reads that `exporter` lacks or keeps in
     another shape; empty when all are as expected."""
     gone = []
     if not callable(getattr(getattr(exporter, "_client", None), "export", None)):
@@ -177,7 +177,6 @@ def _wire_exporter_class() -> Any:
             return SpanExportResult.SUCCESS
 
     return WireExporter
-
 
 
 # --- the private reads, for tracing/lean.py (only after `internals` said yes) ------------

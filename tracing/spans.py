@@ -738,9 +738,9 @@ def end_run(
             A.OUTPUT_VALUE: summaries.run_output(totals, status),
             A.OUTPUT_MIME_TYPE: A.MIME_TEXT,
         })
-        # Lean like the call spans: the SDK's start_span cost ~6x the rest of a one-call run's
-        # root span (bench/bench_percall.py --run-calls 0). Its ids are the run's, as the
-        # tracer's id generator gives them inside `fixed`.
+        # Lean like the call spans: the SDK's start_span and end were two thirds of the root
+        # span's CPU (bench/bench_percall.py --run-calls 0 --profile). Its ids are the run's,
+        # as the tracer's id generator gives them inside `fixed`.
         with tel.ids.fixed(run_trace.trace_id, run_trace.span_id):
             span = tel.lean.open(run_span_name(caller), _parent_span(parent, None), SpanKind.INTERNAL, attrs,
                                  run_trace.start_ns)
