@@ -46,14 +46,14 @@ def _free_port() -> int:
 # --- the client (a child process) ------------------------------------------------------
 
 
-async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int) -> None:
+async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, concurrency: int) -> None:
     import aiohttp
     from payloads import REQUEST_JSON
 
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     sent = 0
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker(n: int) -> None:
@@ -69,8 +69,8 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int) -
                         raise SystemExit(f"proxy answered {resp.status}: {await resp.text()}")
 
         async def phase(total: int) -> None:
-            share, extra = divmod(total, CONCURRENCY)
-            await asyncio.gather(*(worker(share + (i < extra)) for i in range(CONCURRENCY)))
+            share, extra = divmod(total, concurrency)
+            await asyncio.gather(*(worker(share + (i < extra)) for i in range(concurrency)))
 
         await phase(warmup)
         print("warm", flush=True)
@@ -132,7 +132,8 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         port = runner.addresses[0][1]
         client = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", str(port), "--key", key, "--warmup", str(args.warmup),
-            "--calls", str(args.calls), "--run-calls", str(args.run_calls), stdin=asyncio.subprocess.PIPE,
+            "--calls", str(args.calls), "--run-calls", str(args.run_calls), "--concurrency", str(args.concurrency),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE)
         assert client.stdout is not None and client.stdin is not None
         assert (await client.stdout.readline()).strip() == b"warm"
@@ -159,13 +160,16 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         if profiler:
             profiler.dump_stats(args.profile)
         n = args.calls
-        by_name: dict[str, float] = {}
-        for tid, (name, ticks) in threads1.items():
-            by_name[name] = by_name.get(name, 0.0) + ticks - threads0.get(tid, (name, 0))[1]
+        by_name: dict[str, tuple[float, float]] = {}
+        for tid, (name, user, system) in threads1.items():
+            _, user0, system0 = threads0.get(tid, (name, 0, 0))
+            u, s = by_name.get(name, (0.0, 0.0))
+            by_name[name] = (u + user - user0, s + system - system0)
         tick = os.sysconf("SC_CLK_TCK")
         return {"process_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6,
                 "wall_us": (w1 - w0) / n * 1e6,
-                "threads_us": {k: v / tick / n * 1e6 for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v}}
+                "threads_us": {k: (u / tick / n * 1e6, s / tick / n * 1e6)
+                               for k, (u, s) in sorted(by_name.items(), key=lambda kv: -sum(kv[1])) if u or s}}
     finally:
         if client is not None and client.returncode is None:
             client.kill()
@@ -176,8 +180,8 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         await upstream.wait()
 
 
-def _threads() -> dict[int, tuple[str, int]]:
-    """CPU ticks (user + system) of each thread of this process, by thread id, with its
+def _threads() -> dict[int, tuple[str, int, int]]:
+    """CPU ticks (user, system) of each thread of this process, by thread id, with its
     Python name (the OS name is the process's)."""
     import threading
 
@@ -189,7 +193,7 @@ def _threads() -> dict[int, tuple[str, int]]:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # ended meanwhile
-        out[int(task.name)] = (name, int(fields[11]) + int(fields[12]))
+        out[int(task.name)] = (name, int(fields[11]), int(fields[12]))
     return out
 
 
@@ -219,6 +223,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3000)
     p.add_argument("--profile", help="cProfile the event-loop thread into this file")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--concurrency", type=int, default=CONCURRENCY, help="connections of the driving client")
     p.add_argument("--run-calls", type=int, default=20,
                    help="calls per run (X-Run-Id), as make bench sends them; 0: no X-Run-Id, one run per call")
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)  # child mode: the proxy's port
@@ -227,15 +232,15 @@ def main() -> None:
     import uvloop
 
     if args.client:
-        uvloop.run(_drive(args.client, args.key, args.warmup, args.calls, args.run_calls))
+        uvloop.run(_drive(args.client, args.key, args.warmup, args.calls, args.run_calls, args.concurrency))
         return
     with tempfile.TemporaryDirectory(prefix="bench-percall-") as tmp:
         result = uvloop.run(_serve_and_measure(args, Path(tmp)))
-    print(f"{args.calls} calls at concurrency {CONCURRENCY}, runs of {args.run_calls or 1}: "
+    print(f"{args.calls} calls at concurrency {args.concurrency}, runs of {args.run_calls or 1}: "
           f"CPU per call process {result['process_us']:.1f} us, "
           f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
-    print("  per thread (us per call, by name, from /proc ticks): "
-          + ", ".join(f"{k} {v:.0f}" for k, v in result["threads_us"].items()))
+    print("  per thread (us per call, user + system, by name, from /proc ticks): "
+          + ", ".join(f"{k} {u:.0f} + {s:.0f}" for k, (u, s) in result["threads_us"].items()))
     if args.profile:
         _rank(args.profile, args.top)
 
