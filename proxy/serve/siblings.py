@@ -122,7 +122,8 @@ async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
     await runner.setup()
     if worker.metrics_sock is not None:
         await web.SockSite(runner, worker.metrics_sock).start()
-    app[_SESSION] = session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT_S))
+    app[_SESSION] = session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SIBLING_TIMEOUT_S),
+                                                    cookie_jar=aiohttp.DummyCookieJar())
     yield
     await session.close()
     await runner.cleanup()

@@ -202,9 +202,12 @@ class Upstream:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0, keepalive_timeout=30)
+        # No cookie jar: this one session serves every tenant, and a jar would send the
+        # cookies of one caller's answer (a provider's `_cfuvid`, `__cf_bm`) with everyone's
+        # calls after it. Set-Cookie goes back to no one either (_STRIP_DOWN).
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, auto_decompress=True,
-            skip_auto_headers=("User-Agent",))
+            skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar())
 
     async def aclose(self) -> None:
         if self._session is not None:
