@@ -38,6 +38,12 @@ the write). The settings differ in what survives an OS crash or a power cut:
             power cut loses them is about what it was; but the run's next call, which
             used to wait for the settle's commit (it is admitted once the settle is
             queued now, `settle_in_order`), no longer waits for two fsyncs in a row.
+            A run's end and the cost anatomy's sums are durable soon as well. A power
+            cut in that window can lose the end: the run is then ended again by the
+            sweeper at its idle timeout (its root span and `spanmeter.runs.ended`
+            counted twice if the first got out). Runs sent without X-Run-Id end with
+            their one call, and the caller's next call no longer queues behind that
+            end's fsync.
     NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
             fsynced only at checkpoints. An OS crash or power loss may roll back the
             last transactions before the latest checkpoint, admissions and overshoots
@@ -288,9 +294,13 @@ class SqliteStore(DerivedOps):
             except sqlite3.Error as exc:
                 return [(False, exc)] * len(batch)
             self._lazy = lazy
+        changes = conn.total_changes
         results = _run_batch(conn, [job[0] for job in batch], self._patience)
-        if not lazy:
-            self._sync_due = None  # this commit's fsync made every commit before it durable too
+        if not lazy and conn.total_changes != changes and all(ok for ok, _ in results):
+            # This commit's fsync made every commit before it durable too. A batch that
+            # wrote nothing (reads; an end already made) commits without one, so only a
+            # batch that changed rows, all of it committed, stands for the pending fsync.
+            self._sync_due = None
         elif level == SOON and self._sync_due is None:
             self._sync_due = time.monotonic() + SYNC_WITHIN_S
         return results
@@ -580,7 +590,9 @@ class SqliteStore(DerivedOps):
                 return None  # unknown, or another caller ended it first
             return _record(conn, tenant, run_id)
 
-        result: dict[str, Any] | None = await self._do(op)
+        # Durable soon (module docstring): a run without X-Run-Id ends with its one call, and
+        # its end's fsync would hold up the caller's next admission queued behind it.
+        result: dict[str, Any] | None = await self._do(op, soon=True)
         return result
 
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:

@@ -117,3 +117,35 @@ async def test_analytics_added_soon_do_not_wait_for_an_fsync(store: SqliteStore)
         probe = store._submit(_level, lazy=True)
     assert await probe == 2, "other totals wait for their fsync, as before"
     await added
+
+
+async def test_a_runs_end_does_not_hold_the_next_admission_behind_its_fsync(store: SqliteStore) -> None:
+    """A run without X-Run-Id ends with its one call; the caller's next call is admitted in
+    the batch after that end, which must not wait for an fsync of its own first."""
+    admission = await admit(store, "r-1")
+    await store.settle(admission, 40, run_totals={"model_calls": 1})
+    before = store.deferred_syncs
+    async with one_batch(store):
+        ended = asyncio.ensure_future(store.run_end("acme", "r-1"))
+        await asyncio.sleep(0)
+        probe = store._submit(_level, lazy=True)
+    assert await probe == 1
+    record = await ended
+    assert record is not None and record["totals"]["model_calls"] == 1
+    assert await store.run_end("acme", "r-1") is None  # ended once: the end is committed
+    await _until(lambda: store.deferred_syncs > before)  # and fsynced soon after, with nothing else coming
+
+
+async def test_a_batch_that_writes_nothing_does_not_stand_for_the_pending_fsync(
+        store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite fsyncs the WAL only when a commit wrote to it: a read in the window before a
+    durable-soon commit's fsync is due must not count as that fsync."""
+    import proxy.ledger.sqlite as ledger
+
+    monkeypatch.setattr(ledger, "SYNC_WITHIN_S", 0.5)
+    admission = await admit(store, "r-1")
+    before = store.deferred_syncs
+    await store.settle(admission, 40, run_totals={"model_calls": 1}, tools=[TOOL])  # durable soon
+    assert (await store.run_totals("acme", "r-1"))["model_calls"] == 1  # a read, in its own batch
+    assert store._sync_due is not None
+    await _until(lambda: store.deferred_syncs > before)
