@@ -70,10 +70,13 @@ class Scenario:
     conns: int
     what: str
     next_body: bytes | None = None  # a chained run: every call after a run's first carries the last tool call
+    runs: bool = True  # calls grouped into runs of 20 by X-Run-Id; False: none sent, every call its own run
 
 
 SCENARIOS = [
     Scenario("json_c1", REQUEST_JSON, "", 1, "non-stream, 1 connection"),
+    Scenario("oneshot_c1", REQUEST_JSON, "", 1, "non-stream, 1 connection, no X-Run-Id (as most agents send): "
+             "every call its own run, ended with it", runs=False),
     Scenario("sse_c1", REQUEST_SSE, "?s=sse", 1, "50-event stream (one upstream write), 1 connection"),
     Scenario("sse50_c1", REQUEST_SSE, "?s=sse50", 1, "50-event stream, one upstream write per event, 1 connection"),
     Scenario("chain_c1", CHAIN_FIRST_JSON, "?s=tool", 1, "back-to-back calls of one run, each carrying the previous "
@@ -313,6 +316,8 @@ def wrk(t: Target, sc: Scenario, duration_s: int, tmp: Path, seed: str) -> dict[
         if not following.exists():
             following.write_bytes(sc.next_body)
         env["BENCH_NEXT"] = str(following)
+    if not sc.runs:
+        env["BENCH_NO_RUN"] = "1"
     cmd = ["taskset", "-c", str(LOAD_CPU), "wrk", "-t1", f"-c{sc.conns}", f"-d{duration_s}s", "--timeout", "10s",
            "-s", str(HERE / "wrk.lua"), f"http://127.0.0.1:{t.port}"]
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=duration_s + 60)
@@ -462,9 +467,9 @@ def summarise(targets: list[Target]) -> dict[str, dict[str, float]]:
         out[t.name] = m
     direct = out["direct"]
     for m in out.values():  # what the proxy adds over calling the upstream directly
-        for k in ("json_c1.p50_ms", "json_c1.p99_ms", "sse_c1.p50_ms", "sse_c1.p99_ms", "sse50_c1.p50_ms",
-                  "sse50_c1.p99_ms", "ttfb.p50_ms", "ttfb.p99_ms", "agent_c1.p50_ms", "chain_c1.p50_ms",
-                  "chain_c1.p99_ms", "chainsse_c1.p50_ms", "chainsse_c1.p99_ms"):
+        for k in ("json_c1.p50_ms", "json_c1.p99_ms", "oneshot_c1.p50_ms", "sse_c1.p50_ms", "sse_c1.p99_ms",
+                  "sse50_c1.p50_ms", "sse50_c1.p99_ms", "ttfb.p50_ms", "ttfb.p99_ms", "agent_c1.p50_ms",
+                  "chain_c1.p50_ms", "chain_c1.p99_ms", "chainsse_c1.p50_ms", "chainsse_c1.p99_ms"):
             if k in m and k in direct:
                 m["added." + k] = m[k] - direct[k]
         if "slow_c256.rps" in m:
@@ -490,6 +495,7 @@ def _fmt(v: float | None, r: float | None, digits: int = 2) -> str:
 TABLES = [
     ("Added latency at 1 connection vs direct, ms (ratio to bare pass-through)",
      [("JSON p50", "added.json_c1.p50_ms", 3), ("JSON p99", "added.json_c1.p99_ms", 3),
+      ("one-call runs JSON p50", "added.oneshot_c1.p50_ms", 3),
       ("SSE p50", "added.sse_c1.p50_ms", 3), ("SSE p99", "added.sse_c1.p99_ms", 3),
       ("SSE/50 writes p50", "added.sse50_c1.p50_ms", 3), ("SSE/50 writes p99", "added.sse50_c1.p99_ms", 3),
       ("run chain JSON p50", "added.chain_c1.p50_ms", 3), ("run chain SSE p50", "added.chainsse_c1.p50_ms", 3),

@@ -5,6 +5,7 @@
 --   BENCH_KEY     API key sent as Authorization: Bearer (spanmeter tenant key or upstream key)
 --   BENCH_RESULT  file the summary is written to as JSON (latency in microseconds)
 --   BENCH_SEED    makes run ids unique per wrk invocation
+--   BENCH_NO_RUN  (optional) send no X-Run-Id: every call is its own run
 --   BENCH_NEXT    (optional) a chained run: the body of a run's every call after its first, with
 --                 @CALL_ID@ where the tool call id of the previous answer goes (its call and result)
 
@@ -15,6 +16,7 @@ local path = os.getenv("BENCH_PATH") or "/v1/chat/completions"
 local key = os.getenv("BENCH_KEY") or "sk-bench"
 local seed = os.getenv("BENCH_SEED") or "0"
 local threads = 0
+local no_run = os.getenv("BENCH_NO_RUN") ~= nil
 local next_head, last_id = nil, nil
 if os.getenv("BENCH_NEXT") then
   local n = assert(io.open(os.getenv("BENCH_NEXT"), "rb"))
@@ -38,8 +40,10 @@ function request()
   local headers = {
     ["Content-Type"] = "application/json",
     ["Authorization"] = "Bearer " .. key,
-    ["X-Run-Id"] = prefix .. "-" .. tostring(math.floor(counter / 20)),
   }
+  if not no_run then
+    headers["X-Run-Id"] = prefix .. "-" .. tostring(math.floor(counter / 20))
+  end
   local payload = body
   if next_head and counter % 20 ~= 0 and last_id then
     payload = table.concat(next_head, last_id)
