@@ -163,7 +163,7 @@ def _wire_exporter_class() -> Any:
                 return super().export(spans)
             try:
                 data = otlp_wire.encode_spans(spans)
-            except otlp_wire.NotEncodable:
+            except Exception:  # NotEncodable, or ids or times out of their range: as shipped
                 return super().export(spans)
             if 0 < self._max_request_size < len(data):
                 return super().export(spans)  # its warning and its error, as shipped

@@ -229,3 +229,16 @@ def test_the_setting_and_a_moved_internal_give_the_exporter_as_shipped(caplog: p
     said = [r.getMessage() for r in caplog.records if r.name == otel_compat.__name__]
     assert len(said) == 1 and "OTLPSpanExporter._client.export" in said[0], said
     assert "opentelemetry-exporter-otlp-proto-http" in said[0]
+
+
+def test_a_span_the_writer_cannot_write_at_all_fails_as_the_shipped_exporter_fails(
+        exporters: tuple[Any, OTLPSpanExporter], otlp_receiver: OtlpReceiver, caplog: pytest.LogCaptureFixture) -> None:
+    wire, shipped = exporters
+    spans = [_span(name="ok"), _span(name="id past 128 bits", context=SpanContext(1 << 130, 1, False))]
+    with caplog.at_level(logging.ERROR):
+        expected = _delivered(otlp_receiver, shipped, spans)
+        said = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        got = _delivered(otlp_receiver, wire, spans)
+    assert got == expected == (SpanExportResult.FAILURE, [])
+    assert [r.getMessage() for r in caplog.records] == said and said
