@@ -296,12 +296,12 @@ class SqliteStore(DerivedOps):
             self._lazy = lazy
         changes = conn.total_changes
         results = _run_batch(conn, [job[0] for job in batch], self._patience)
-        if not lazy and conn.total_changes != changes and all(ok for ok, _ in results):
-            # This commit's fsync made every commit before it durable too. A batch that
-            # wrote nothing (reads; an end already made) commits without one, so only a
-            # batch that changed rows, all of it committed, stands for the pending fsync.
-            self._sync_due = None
-        elif level == SOON and self._sync_due is None:
+        # SQLite fsyncs (and needs to) only a commit that wrote: a batch of reads, or of an
+        # end already made, neither stands for a pending fsync nor calls for one.
+        wrote = conn.total_changes != changes
+        if not lazy and wrote and all(ok for ok, _ in results):
+            self._sync_due = None  # this commit's fsync made every commit before it durable too
+        elif level == SOON and wrote and self._sync_due is None:
             self._sync_due = time.monotonic() + SYNC_WITHIN_S
         return results
 

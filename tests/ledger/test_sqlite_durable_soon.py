@@ -132,8 +132,11 @@ async def test_a_runs_end_does_not_hold_the_next_admission_behind_its_fsync(stor
     assert await probe == 1
     record = await ended
     assert record is not None and record["totals"]["model_calls"] == 1
+    await _until(lambda: store.deferred_syncs > before)  # fsynced soon after, with nothing else coming
+    synced = store.deferred_syncs
     assert await store.run_end("acme", "r-1") is None  # ended once: the end is committed
-    await _until(lambda: store.deferred_syncs > before)  # and fsynced soon after, with nothing else coming
+    await asyncio.sleep(SYNC_WITHIN_S * 20)
+    assert store.deferred_syncs == synced  # an end already made wrote nothing: nothing to fsync
 
 
 async def test_a_batch_that_writes_nothing_does_not_stand_for_the_pending_fsync(
