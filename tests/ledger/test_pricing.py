@@ -10,6 +10,7 @@ import yaml
 
 from proxy.config import Settings
 from proxy.ledger.pricing import (
+    _FOUND_MAX,
     PROVIDER_OVERHEAD_TOKENS,
     PriceTable,
     affordable_output_tokens,
@@ -181,8 +182,8 @@ def test_a_name_looked_up_again_finds_the_same_price(case: dict[str, Any]) -> No
 def test_the_lookup_memo_is_bounded_and_names_past_it_still_resolve() -> None:
     """Model names are the caller's: many distinct ones must not grow the table's memory."""
     table = PriceTable.load()
-    for i in range(5000):
+    for i in range(_FOUND_MAX + 1000):
         assert table.price(f"unknown-model-{i}") is None
     found = table.price("gpt-4o-mini-2024-07-18")
     assert found is not None and found.model == "gpt-4o-mini"
-    assert len(table._found) <= 4096
+    assert len(table._found) == _FOUND_MAX

@@ -206,26 +206,26 @@ def test_a_collector_that_is_down_fails_the_batch_as_shipped() -> None:
 
 
 def test_the_setting_and_a_moved_internal_give_the_exporter_as_shipped(caplog: pytest.LogCaptureFixture,
-                                                                       otlp_receiver: OtlpReceiver) -> None:
+                                                                       otlp_receiver: OtlpReceiver,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     plain = otel_compat.otlp_span_exporter(otlp_receiver.endpoint, 1.0, Compression.NoCompression,
                                            environ={otel_compat.ENV: "off"})
     assert type(plain) is OTLPSpanExporter
     plain.shutdown()
 
-    cls = otel_compat._wire_exporter_class()
-    original = cls.__init__
+    shipped_init = OTLPSpanExporter.__init__
 
-    def without_client(self: Any, *args: Any, **kw: Any) -> None:
-        original(self, *args, **kw)
-        self._http_client, self._client = self._client, None  # as a release that renamed it
+    def renamed(self: Any, *args: Any, **kw: Any) -> None:  # as a release that renamed its client
+        shipped_init(self, *args, **kw)
+        self._http_client = self.__dict__.pop("_client")
 
-    cls.__init__ = without_client
-    try:
-        with caplog.at_level(logging.WARNING):
-            moved = otel_compat.otlp_span_exporter(otlp_receiver.endpoint, 1.0, Compression.NoCompression, environ={})
-    finally:
-        cls.__init__ = original
+    monkeypatch.setattr(OTLPSpanExporter, "__init__", renamed)
+    with caplog.at_level(logging.WARNING):
+        moved = otel_compat.otlp_span_exporter(otlp_receiver.endpoint, 1.0, Compression.NoCompression, environ={})
+    monkeypatch.undo()
     assert moved.wire is False
+    moved._client = moved._http_client
+    moved.shutdown()
     said = [r.getMessage() for r in caplog.records if r.name == otel_compat.__name__]
     assert len(said) == 1 and "OTLPSpanExporter._client.export" in said[0], said
     assert "opentelemetry-exporter-otlp-proto-http" in said[0]
