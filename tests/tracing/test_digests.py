@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracing import digests
 
@@ -78,3 +81,50 @@ def test_capped_json_stays_valid_json_under_the_cap(value: Any, cap: int) -> Non
 def test_capped_json_keeps_small_values_whole() -> None:
     value = {"role": "user", "parts": [{"type": "text", "content": "hi"}]}
     assert json.loads(digests.capped_json(value, 1024)) == value
+
+
+@pytest.mark.parametrize(("value", "cap"), [
+    pytest.param([{"type": "function", "name": "lookup_\ud800"}], 1024, id="a lone surrogate in a name"),
+    pytest.param([{"n": 2**70}], 1024, id="an integer past 64 bits"),
+    pytest.param([{"n": 2**70, "text": "y" * 4000}], 256, id="an integer past 64 bits, cut to fit"),
+    pytest.param({1: "a key that is not a string"}, 1024, id="a key that is not a string"),
+])  # fmt: skip
+def test_capped_json_writes_what_orjson_refuses(value: Any, cap: int) -> None:
+    out = digests.capped_json(value, cap)
+    assert len(out.encode("utf-8", "surrogatepass")) <= cap
+    parsed = json.loads(out)
+    assert json.dumps(parsed, sort_keys=True)[:40] == json.dumps(json.loads(json.dumps(value)), sort_keys=True)[:40]
+
+
+def _parsed_by_both(text: str) -> Any:
+    """What the digests read a text as without their first-character check: orjson, then
+    the standard library (NaN, Infinity, integers past 64 bits), else nothing."""
+    for loads in (orjson.loads, json.loads):
+        try:
+            return loads(text)
+        except ValueError:
+            continue
+    return digests._MISSING
+
+
+@pytest.mark.parametrize("text", [
+    "", " ", "prose, as most answers are", "\n\n{\"a\": 1}", " [1, 2]", '"quoted"', "-1", "-Infinity",
+    "NaN", "Infinity", "true", "false", "null", "nope", "tru", "7 days", "{not json", "\ufeff{}", "\u00a0{}",
+    "\u2028[]", "\x0b[]", "12345678901234567890123", "# heading\n{}", "```json\n{}\n```",
+])  # fmt: skip
+def test_prose_is_turned_away_without_parsing_and_nothing_else(text: str) -> None:
+    assert _same(digests._parse(text), _parsed_by_both(text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(), st.from_regex(r"[ \t\n\r\f\v\u00a0]*[-{\[\"0-9tfnNIx ].*", fullmatch=True),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                              lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner))
+                 .map(lambda v: json.dumps(v))))
+def test_the_first_character_check_reads_every_text_as_both_parsers_do(text: str) -> None:
+    assert _same(digests._parse(text), _parsed_by_both(text))
+
+
+def _same(a: Any, b: Any) -> bool:
+    # NaN is not equal to itself: compare what the digests would be made of.
+    return a is b or repr(a) == repr(b)
