@@ -34,6 +34,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 CONCURRENCY = 64
+PAYLOADS = {  # what each call sends (bench/payloads.py) and the upstream's answer, as make bench's scenarios
+    "json": (lambda p: p.REQUEST_JSON, ""),  # a short chat, a JSON answer
+    "sse": (lambda p: p.REQUEST_SSE, "?s=sse"),  # the same, its answer a 50-event stream
+    "agent": (lambda p: p.REQUEST_AGENT, ""),  # an agent's 17th turn: 20 tools, 15 rounds of results (~45 KB)
+}
 UPSTREAM_KEY = "sk-bench-upstream"
 
 
@@ -46,11 +51,15 @@ def _free_port() -> int:
 # --- the client (a child process) ------------------------------------------------------
 
 
-async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, concurrency: int) -> None:
+async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, concurrency: int,
+                 payload: str) -> None:
     import aiohttp
-    from payloads import REQUEST_JSON
+    import payloads
 
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    make, query = PAYLOADS[payload]
+    body = make(payloads)
+
+    url = f"http://127.0.0.1:{port}/v1/chat/completions{query}"
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     sent = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -63,7 +72,7 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
                 # them; 0: no X-Run-Id, every call its own run (ended with it).
                 run = {"X-Run-Id": f"r-{os.getpid()}-{sent // run_calls}"} if run_calls else {}
                 sent += 1
-                async with session.post(url, data=REQUEST_JSON, headers=headers | run) as resp:
+                async with session.post(url, data=body, headers=headers | run) as resp:
                     await resp.read()
                     if resp.status != 200:
                         raise SystemExit(f"proxy answered {resp.status}: {await resp.text()}")
@@ -133,6 +142,7 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         client = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", str(port), "--key", key, "--warmup", str(args.warmup),
             "--calls", str(args.calls), "--run-calls", str(args.run_calls), "--concurrency", str(args.concurrency),
+            "--payload", args.payload,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE)
         assert client.stdout is not None and client.stdin is not None
@@ -226,17 +236,19 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=CONCURRENCY, help="connections of the driving client")
     p.add_argument("--run-calls", type=int, default=20,
                    help="calls per run (X-Run-Id), as make bench sends them; 0: no X-Run-Id, one run per call")
+    p.add_argument("--payload", choices=sorted(PAYLOADS), default="json", help="what each call sends")
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)  # child mode: the proxy's port
     p.add_argument("--key", help=argparse.SUPPRESS)
     args = p.parse_args()
     import uvloop
 
     if args.client:
-        uvloop.run(_drive(args.client, args.key, args.warmup, args.calls, args.run_calls, args.concurrency))
+        uvloop.run(_drive(args.client, args.key, args.warmup, args.calls, args.run_calls, args.concurrency,
+                          args.payload))
         return
     with tempfile.TemporaryDirectory(prefix="bench-percall-") as tmp:
         result = uvloop.run(_serve_and_measure(args, Path(tmp)))
-    print(f"{args.calls} calls at concurrency {args.concurrency}, runs of {args.run_calls or 1}: "
+    print(f"{args.calls} {args.payload} calls at concurrency {args.concurrency}, runs of {args.run_calls or 1}: "
           f"CPU per call process {result['process_us']:.1f} us, "
           f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
     print("  per thread (us per call, user + system, by name, from /proc ticks): "

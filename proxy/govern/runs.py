@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from proxy.ledger.store import Store
 from proxy.model import Call, Caller, Outcome, RunIdSource, ToolRecord
@@ -26,10 +26,25 @@ from tracing import spans
 from tracing.digests import canonical_sha256, tool_result_digest
 from tracing.setup import Telemetry
 
-__all__ = ["Runs", "pending_tools", "results_ok"]
+__all__ = ["CALL_COUNTERS", "Runs", "pending_tools", "read_whole", "results_ok"]
 
 log = logging.getLogger("spanmeter.runs")
 KNOWN_RUNS = 10_000
+
+# What every model call adds to its run's totals (proxy/serve/bookkeeping.py). A counter is
+# stored only when the call adds to it: most calls add zero to most of them, and each
+# stored one is a row written (or a hash field) on every call. A run with calls reads as
+# having every one of them (`read_whole`), so its span and the admin API show the zeros.
+CALL_COUNTERS: Final = ("model_calls", "tool_failures", "tool_calls", "failures", "input_tokens", "output_tokens",
+                        "cost_micros", "repairs", "cache_read_tokens", "cost_saved_micros",
+                        "cache_write_premium_micros")
+_ZEROS: Final = dict.fromkeys(CALL_COUNTERS, 0)
+
+
+def read_whole(totals: dict[str, int]) -> dict[str, int]:
+    """A run's totals as the store gave them, with the per-call counters its calls left at
+    zero (none for a run that made no model call: only a refusal's counters)."""
+    return _ZEROS | totals if "model_calls" in totals else totals
 
 
 class Runs:
@@ -115,7 +130,7 @@ class Runs:
             # cost a ledger round trip on every ended run: with runs of one call (no
             # X-Run-Id), on every call.
             counted = rec["totals"]
-        totals = {"failures": 0, "tool_failures": 0, **counted}
+        totals = {"failures": 0, "tool_failures": 0, **read_whole(counted)}
         if self._tel is not None:
             stored = rec.get("trace")
             caller = _run_caller(tenant, run_id, stored, source)

@@ -11,6 +11,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.config import MAX_USD
 from proxy.errors import RequestError, Unauthorized
+from proxy.govern.runs import read_whole
 from proxy.providers.translator import Api
 from proxy.serve.appkeys import KEYS, RUNS, SETTINGS, STORE, UPSTREAM
 from proxy.serve.routes import target_for
@@ -149,7 +150,7 @@ async def _run(request: web.Request) -> web.Response:
     _require_admin(request)
     tenant = _tenant(request)
     run_id = request.match_info["run_id"]
-    totals = await request.app[STORE].run_totals(tenant, run_id)
+    totals = read_whole(await request.app[STORE].run_totals(tenant, run_id))
     return web.json_response({"tenant": tenant, "run_id": run_id, "totals": totals})
 
 

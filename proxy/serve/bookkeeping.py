@@ -105,7 +105,7 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
         # One store operation: the charge, the run's totals and its open tool calls.
         totals = _totals(record, admitted.admission.closed)
         if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
-            used = totals["input_tokens"] + totals["output_tokens"]
+            used = (outcome.usage.input_tokens or 0) + (outcome.usage.output_tokens or 0)
             totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
         if an is not None:
             totals |= anatomy_attrs.call_totals(an, outcome.tool_calls)
@@ -265,7 +265,8 @@ def _premium(admitted: Admitted, usage: Usage, source: str) -> int:
 
 
 def _totals(record: CallRecord, closed: tuple[dict[str, Any], ...]) -> dict[str, int]:
-    """The call's additions to its run's totals."""
+    """The call's additions to its run's totals: the counters it adds to (CALL_COUNTERS:
+    those it leaves at zero are not written; a run reads as having them all)."""
     outcome = record.outcome
     u = outcome.usage
     noticed = {}
@@ -274,7 +275,7 @@ def _totals(record: CallRecord, closed: tuple[dict[str, Any], ...]) -> dict[str,
         # from one cut off by a ceiling.
         answered = not outcome.tool_calls and not outcome.error_type and 0 < outcome.status < 400
         noticed = {"wrap_up_notices": 1, "answers_after_notice": 1 if answered else 0}
-    return noticed | {
+    counters = {
         "model_calls": 1,
         "tool_failures": _failed_tools(closed),
         "tool_calls": len(outcome.tool_calls),
@@ -288,3 +289,4 @@ def _totals(record: CallRecord, closed: tuple[dict[str, Any], ...]) -> dict[str,
         "cost_saved_micros": record.saved_micros,
         "cache_write_premium_micros": record.premium_micros,
     }
+    return noticed | {name: n for name, n in counters.items() if n}

@@ -10,8 +10,10 @@ import openai
 import pytest
 
 from proxy.config import hash_key
+from proxy.govern.runs import CALL_COUNTERS
 from proxy.serve.appkeys import RUNS, STORE, TEL
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
+from tracing import attributes as A
 from tracing.viewer import load_runs, render_run_tree
 
 TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -110,9 +112,9 @@ async def test_run_totals_count_failed_tool_results_as_the_spans_and_the_viewer_
         "1 failed call  2 failed tool calls")
 
 
-async def _tenants(make_proxy, monkeypatch_env):
+async def _tenants(make_proxy, monkeypatch_env, **settings):
     monkeypatch_env("OPENAI_API_KEY", "sk-upstream")
-    return await make_proxy(admin_token=ADMIN, tenants={
+    return await make_proxy(admin_token=ADMIN, **settings, tenants={
         "acme": {"keys": [hash_key(ACME)], "policy": {"budgets": {"daily_usd": 10}}},
         "beta": {"keys": [hash_key(BETA)]}})
 
@@ -167,3 +169,31 @@ async def test_admin_budget_override_takes_effect(make_proxy, monkeypatch_env):
 async def test_admin_api_is_off_without_a_token(proxy):
     status, body = await _get(f"{proxy.url}/admin/tenants", "anything")
     assert status == 401 and "SPANMETER_ADMIN_TOKEN" in body["error"]["message"]
+
+
+async def test_a_run_reads_whole_though_its_calls_store_only_what_they_add(otlp_receiver, make_proxy,  # noqa: F811
+                                                                         monkeypatch_env):
+    # Calls that add zero to a counter (no tool call, no failure, no cache) do not write it:
+    # a row on every call. The run's span and the admin API still show every counter.
+    proxy = await _tenants(make_proxy, monkeypatch_env, otlp_endpoint=otlp_receiver.endpoint)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=ACME,
+                                  default_headers={"X-Run-Id": "quiet"}) as c:
+        for _ in range(2):
+            await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}])
+    await proxy.settled()
+    stored = await proxy.app[STORE].run_totals("acme", "quiet")
+    assert stored["model_calls"] == 2 and "repairs" not in stored and "failures" not in stored
+    status, body = await _get(f"{proxy.url}/admin/runs/acme/quiet", ADMIN)
+    assert status == 200
+    totals = body["totals"]
+    assert set(CALL_COUNTERS) <= set(totals)
+    assert totals["model_calls"] == 2 and totals["repairs"] == totals["tool_calls"] == totals["failures"] == 0
+    assert totals["input_tokens"] == stored["input_tokens"] > 0
+    assert await _get(f"{proxy.url}/runs/quiet/end", ACME, "POST") == (200, {"run_id": "quiet", "ended": True})
+    spans = await _flush(proxy, otlp_receiver, 3)
+    attrs = next(s for s in spans if s["name"] == "invoke_agent")["attributes"]
+    assert attrs["spanmeter.run.model_calls"] == 2
+    for name in (A.SPANMETER_RUN_TOOL_CALLS, A.SPANMETER_RUN_FAILURES, A.SPANMETER_RUN_TOOL_FAILURES,
+                 A.SPANMETER_RUN_REPAIRS, A.SPANMETER_RUN_CACHE_READ_INPUT_TOKENS,
+                 A.SPANMETER_RUN_COST_SAVED_USD, A.SPANMETER_RUN_COST_CACHE_NET_SAVED_USD):
+        assert attrs[name] == 0, name
