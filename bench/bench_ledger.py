@@ -214,12 +214,18 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--max-tokens", action="store_true", help="admissions under a run token ceiling")
     parser.add_argument("--cpu", action="store_true", help="the serving process's CPU per pair instead")
     parser.add_argument("--repeat", type=int, default=1, help="--cpu: runs of each level")
+    parser.add_argument("--zero-counters", action="store_true",
+                        help="settles also carry the seven run counters a call adds zero to, as the proxy wrote "
+                             "them before it wrote only what a call adds")
     return parser.parse_args()
 
 
 async def main(args: argparse.Namespace) -> None:
     global _token_ceiling
     _token_ceiling = args.max_tokens
+    if args.zero_counters:
+        TOTALS.update(dict.fromkeys(("tool_failures", "tool_calls", "failures", "repairs", "cache_read_tokens",
+                                     "cost_saved_micros", "cache_write_premium_micros"), 0))
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = args.modes.split(",")
     wanted = args.stores.split(",")
