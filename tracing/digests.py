@@ -143,7 +143,32 @@ def tool_result_digest(text: str, *, is_error: bool = False) -> ResultDigest:
     `{"error": ...}` or `{"isError": true}`, or a non-zero exit code; the digest is then
     the error message (`failed` when there is none). Success: a count (`"first title" and
     4 more`), a line count, or the shape of what came back (`{temp_c, sky}`, `number`).
+
+    A request's results are judged up to three times (the loop guard's verdict, the call
+    span's input summary, each result's `execute_tool` span): recent verdicts are kept,
+    bounded by their texts' total size, so each result is parsed once.
     """
+    global _kept_chars
+    key = (text, is_error)
+    found = _VERDICTS.get(key)
+    if found is None:
+        found = _judge(text, is_error)
+        if _kept_chars + len(text) > _VERDICT_CHARS or len(_VERDICTS) >= _VERDICTS_MAX:
+            _VERDICTS.clear()  # the texts are the callers': never more than this kept alive
+            _kept_chars = 0
+        if len(text) <= _VERDICT_CHARS:
+            _VERDICTS[key] = found
+            _kept_chars += len(text)
+    return found
+
+
+_VERDICTS: dict[tuple[str, bool], ResultDigest] = {}
+_VERDICTS_MAX: Final = 4096
+_VERDICT_CHARS: Final = 4 << 20
+_kept_chars = 0
+
+
+def _judge(text: str, is_error: bool) -> ResultDigest:
     preview = text[:PREVIEW_LIMIT]
     value = _unwrap_blocks(_parse(text))
     failure = _failure(value)

@@ -128,3 +128,24 @@ def test_the_first_character_check_reads_every_text_as_both_parsers_do(text: str
 def _same(a: Any, b: Any) -> bool:
     # NaN is not equal to itself: compare what the digests would be made of.
     return a is b or repr(a) == repr(b)
+
+
+def test_a_kept_verdict_is_the_one_judging_gives_and_the_error_flag_is_part_of_it() -> None:
+    text = '{"ok": true, "rows": [{"name": "a"}, {"name": "b"}]}'
+    first = digests.tool_result_digest(text)
+    assert digests.tool_result_digest(text) is first  # kept: judged once
+    assert first == digests._judge(text, False)
+    flagged = digests.tool_result_digest(text, is_error=True)
+    assert not flagged.ok and flagged == digests._judge(text, True)
+
+
+def test_kept_verdicts_are_bounded_by_the_size_of_their_texts() -> None:
+    big = "x" * (digests._VERDICT_CHARS + 1)
+    assert digests.tool_result_digest(big).digest == "1 line"
+    assert (big, False) not in digests._VERDICTS  # too large to keep alive
+    piece = digests._VERDICT_CHARS // 8
+    for i in range(20):
+        digests.tool_result_digest(str(i) * piece)
+        assert digests._kept_chars <= digests._VERDICT_CHARS
+        assert sum(len(t) for t, _ in digests._VERDICTS) == digests._kept_chars
+    assert len(digests._VERDICTS) <= 8
