@@ -262,10 +262,10 @@ def render_threads(profile: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_profile(profile: dict[str, Any]) -> str:
+def render_profile(profile: dict[str, Any], target: str = "sm-full") -> str:
     lines = []
     for name, p in profile.items():
-        lines.append(f"\nProfile of sm-full under {name} load at 64 connections ({p['samples']} samples, "
+        lines.append(f"\nProfile of {target} under {name} load at 64 connections ({p['samples']} samples, "
                      f"py-spy, all threads)")
         lines.append("  by area (self time): " + ", ".join(f"{k} {v}%" for k, v in p["areas"]))
         lines.append("  by thread: " + ", ".join(f"{k} {v}%" for k, v in p["threads"]))

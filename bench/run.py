@@ -700,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", help="comma-separated subset of: " + ", ".join(FULL.targets))
     p.add_argument("--scenarios", help="comma-separated subset of: " + ", ".join(BY_NAME))
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of sm-full")
-    p.add_argument("--profile-only", action="store_true", help="only start sm-full and profile it")
+    p.add_argument("--profile-only", action="store_true",
+                   help="only start sm-full (or the one target of --targets, e.g. bare) and profile it")
     p.add_argument("--profile-c1", action="store_true",
                    help="only start sm-full and profile it at 1 connection: every thread and the export child, "
                         "wall time (JSON, stream, back-to-back calls of a run)")
@@ -740,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
                 _write(Path(args.out).with_name("soak.json"), report)
                 return 0 if report["ok"] else 1
             if args.profile_only:
-                return _profile_only(procs, plan)
+                return _profile_only(procs, plan, args.targets or "sm-full")
             if args.profile_c1:
                 return _profile_c1(procs, plan)
             return _bench(procs, plan, args, started)
@@ -798,11 +799,15 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
     return 0
 
 
-def _profile_only(procs: Procs, plan: Plan) -> int:
+def _profile_only(procs: Procs, plan: Plan, name: str) -> int:
+    """py-spy on one target under JSON and stream load at 64 connections: sm-full, or
+    another (bare: what aiohttp alone spends, read the same way)."""
     from profile_hot import profile_target, render_profile
 
+    if name not in DESCRIPTIONS or name in ("direct", "sm-before"):
+        raise SystemExit(f"--profile-only profiles one proxy target, not {name!r}")
     upstream, _ = start_upstream(procs)
-    targets = start_targets(procs, Plan(1, 1, 1, ["direct", "sm-full"], 0, plan.profile_s), upstream)
+    targets = start_targets(procs, Plan(1, 1, 1, ["direct", name], 0, plan.profile_s), upstream)
     full = targets[-1]
     assert full.proc is not None
     smoke(targets)
@@ -810,8 +815,8 @@ def _profile_only(procs: Procs, plan: Plan) -> int:
         measure(full, sc, plan.warmup_s, procs.tmp, f"w{sc.name}")
     profile = profile_target(full.proc, lambda sc, d: wrk(full, sc, d, procs.tmp, f"p{sc.name}"),
                              {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
-    print(render_profile(profile))
-    _write(HERE / "results" / "profile.json", profile)
+    print(render_profile(profile, name))
+    _write(HERE / "results" / ("profile.json" if name == "sm-full" else f"profile-{name}.json"), profile)
     return 0
 
 
