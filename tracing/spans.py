@@ -119,11 +119,16 @@ class RunTrace:
     start_ns: int
     parent_span_id: int | None = None  # the agent's span when the run began in its trace
     sampled: bool = True
+    # Every call of a run asks for it twice (the admission's candidate, the stored ids' check).
+    _text: str = field(default="", init=False, repr=False, compare=False)
 
     def encode(self) -> str:
-        parent = f"{self.parent_span_id:016x}" if self.parent_span_id else ""
-        flag = "1" if self.sampled else "0"
-        return f"{self.trace_id:032x}-{self.span_id:016x}-{self.start_ns}-{parent}-{flag}"
+        if not self._text:
+            parent = f"{self.parent_span_id:016x}" if self.parent_span_id else ""
+            flag = "1" if self.sampled else "0"
+            text = f"{self.trace_id:032x}-{self.span_id:016x}-{self.start_ns}-{parent}-{flag}"
+            object.__setattr__(self, "_text", text)  # frozen: the text of fixed ids, kept
+        return self._text
 
     @classmethod
     def decode(cls, text: str) -> RunTrace:

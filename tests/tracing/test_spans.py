@@ -596,3 +596,16 @@ def test_metric_labels_never_carry_run_or_response_ids(make_tel: Any) -> None:
         tel, ToolRecord(CALLER, "t", "call_UNIQUE", "{}", "", 1, 2, is_error=False))
     text = tel.metrics_text().decode()
     assert "run_01" not in text and "UNIQUE" not in text
+
+
+@pytest.mark.parametrize("run", [
+    spans.RunTrace(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, 1_764_460_800_000_000_000),
+    spans.RunTrace(1, 2, 3, parent_span_id=0xB7AD6B7169203331, sampled=False),
+])  # fmt: skip
+def test_a_run_traces_text_is_kept_and_reads_back_to_equal_ids(run: spans.RunTrace) -> None:
+    text = run.encode()
+    assert run.encode() is text  # kept: asked on every call of the run
+    fresh = spans.RunTrace(run.trace_id, run.span_id, run.start_ns, run.parent_span_id, run.sampled)
+    assert fresh == run and hash(fresh) == hash(run) and fresh.encode() == text
+    assert spans.RunTrace.decode(text) == run
+    assert text.split("-")[0] == f"{run.trace_id:032x}" and text.endswith("-1" if run.sampled else "-0")
