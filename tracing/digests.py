@@ -163,8 +163,8 @@ def tool_result_digest(text: str, *, is_error: bool = False) -> ResultDigest:
 
 
 _VERDICTS: dict[tuple[str, bool], ResultDigest] = {}
-_VERDICTS_MAX: Final = 4096
-_VERDICT_CHARS: Final = 4 << 20
+_VERDICTS_MAX: Final = 2048
+_VERDICT_CHARS: Final = 1 << 20  # characters: at most 4 MB kept alive, under the memory target
 _kept_chars = 0
 
 
