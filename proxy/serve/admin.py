@@ -135,7 +135,8 @@ async def _runs(request: web.Request) -> web.Response:
     _require_admin(request)
     tenant = request.query.get("tenant")
     limit = _limit(request.query.get("limit", "50"))
-    return web.json_response({"runs": await request.app[STORE].list_runs(tenant, limit)})
+    runs = await request.app[STORE].list_runs(tenant, limit)
+    return web.json_response({"runs": [run | {"totals": read_whole(run["totals"])} for run in runs]})
 
 
 def _limit(value: str) -> int:

@@ -189,6 +189,9 @@ async def test_a_run_reads_whole_though_its_calls_store_only_what_they_add(otlp_
     assert set(CALL_COUNTERS) <= set(totals)
     assert totals["model_calls"] == 2 and totals["repairs"] == totals["tool_calls"] == totals["failures"] == 0
     assert totals["input_tokens"] == stored["input_tokens"] > 0
+    status, body = await _get(f"{proxy.url}/admin/runs?tenant=acme", ADMIN)
+    (listed,) = [r for r in body["runs"] if r["run_id"] == "quiet"]
+    assert listed["totals"] == totals  # the list reads each run whole too
     assert await _get(f"{proxy.url}/runs/quiet/end", ACME, "POST") == (200, {"run_id": "quiet", "ended": True})
     spans = await _flush(proxy, otlp_receiver, 3)
     attrs = next(s for s in spans if s["name"] == "invoke_agent")["attributes"]
