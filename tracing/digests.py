@@ -153,10 +153,10 @@ def tool_result_digest(text: str, *, is_error: bool = False) -> ResultDigest:
     found = _VERDICTS.get(key)
     if found is None:
         found = _judge(text, is_error)
-        if _kept_chars + len(text) > _VERDICT_CHARS or len(_VERDICTS) >= _VERDICTS_MAX:
-            _VERDICTS.clear()  # the texts are the callers': never more than this kept alive
-            _kept_chars = 0
-        if len(text) <= _VERDICT_CHARS:
+        if len(text) <= _VERDICT_CHARS:  # a larger one is not kept, nor does it push others out
+            if _kept_chars + len(text) > _VERDICT_CHARS or len(_VERDICTS) >= _VERDICTS_MAX:
+                _VERDICTS.clear()  # the texts are the callers': never more than this kept alive
+                _kept_chars = 0
             _VERDICTS[key] = found
             _kept_chars += len(text)
     return found

@@ -140,9 +140,12 @@ def test_a_kept_verdict_is_the_one_judging_gives_and_the_error_flag_is_part_of_i
 
 
 def test_kept_verdicts_are_bounded_by_the_size_of_their_texts() -> None:
+    small = '{"rows": [1, 2]}'
+    digests.tool_result_digest(small)
     big = "x" * (digests._VERDICT_CHARS + 1)
     assert digests.tool_result_digest(big).digest == "1 line"
     assert (big, False) not in digests._VERDICTS  # too large to keep alive
+    assert (small, False) in digests._VERDICTS  # and it pushed nothing out
     piece = digests._VERDICT_CHARS // 8
     for i in range(20):
         digests.tool_result_digest(str(i) * piece)
