@@ -22,7 +22,7 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.govern.ceilings import Admitted, settle_amount
-from proxy.govern.runs import pending_tools
+from proxy.govern.runs import CALL_COUNTERS, pending_tools
 from proxy.ledger.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
 from proxy.ledger.pricing import Price, cache_savings, cache_write_premium
 from proxy.model import Anatomy, Call, Caller, CallRecord, Flushed, Outcome, Usage
@@ -289,4 +289,5 @@ def _totals(record: CallRecord, closed: tuple[dict[str, Any], ...]) -> dict[str,
         "cost_saved_micros": record.saved_micros,
         "cache_write_premium_micros": record.premium_micros,
     }
-    return noticed | {name: n for name, n in counters.items() if n}
+    # A counter not in CALL_COUNTERS is written at zero too: no reader would fill it in.
+    return noticed | {name: n for name, n in counters.items() if n or name not in CALL_COUNTERS}
