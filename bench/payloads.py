@@ -88,10 +88,19 @@ JSON_BODY = orjson.dumps({
 })
 
 
+_PADS = itertools.count()
+
+
 def _chunk(delta: dict[str, object], finish: str | None = None, usage: object = None, empty: bool = False) -> bytes:
+    """One chunk as OpenAI streams it today (recorded in ../shared/cassettes: service_tier,
+    `usage` null until the last, and an `obfuscation` pad whose length changes with each
+    chunk), not the older shape without them: the relay reads what real traffic sends."""
     choices = [] if empty else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    obj = {"id": _ID, "object": "chat.completion.chunk", "created": _CREATED, "model": MODEL + "-2024-07-18",
-           "system_fingerprint": "fp_bench", "choices": choices, "usage": usage}
+    obj: dict[str, object] = {"id": _ID, "object": "chat.completion.chunk", "created": _CREATED,
+                              "model": MODEL + "-2024-07-18", "service_tier": "default",
+                              "system_fingerprint": "fp_bench", "choices": choices, "usage": usage}
+    if not empty:
+        obj["obfuscation"] = "pAd0b5Xq9K"[: 2 + next(_PADS) % 9]
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
