@@ -38,7 +38,6 @@ __all__ = ["TextShortcut"]
 # unescaped), and a JSON integer.
 _STRING: Final = re.compile(rb'[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*')
 _INT: Final = re.compile(rb"-?(?:0|[1-9][0-9]*)")
-_PLAIN: Final = re.compile(rb'[^"\\\x00-\x1f]+')  # a string's inside with nothing escaped
 
 _TEXT, _IGNORED_STRING, _IGNORED_INT, _USAGE = range(4)
 _TEMPLATES: Final = 4  # kept per stream: one per text block / output item in flight is plenty
@@ -51,17 +50,18 @@ class _Template:
     head: bytes  # the bytes before the first hole
     steps: tuple[tuple[int, bytes], ...]  # (hole kind, the bytes after it up to the next hole)
     side: tuple[StreamEvent, ...]  # what a fitting event gives besides its text and usage
-    tail: bytes | None  # the bytes after the text when it is the only hole (the common case, matched faster)
-    # A template that names nothing of its response (no metadata beside the text: Anthropic,
-    # Responses) is the same in every stream of its API: proven once per process, and the
-    # second stream that shows it gets it as one regex, when it has more holes than the text.
-    streams: int = 1
-    regex: re.Pattern[bytes] | None = None
+    body: re.Pattern[bytes]  # what follows the head, holes and all, as one regex: one C call an event
 
 
-# Proven templates that name no response, by their bytes; bounded by the few shapes an API
-# has (a hostile upstream inventing shapes only makes it start over).
-_SHARED: dict[tuple[str, bytes, tuple[tuple[int, bytes], ...]], _Template] = {}
+# Proven templates that name no response (no metadata beside the text: Anthropic,
+# Responses) are the same in every stream of their API: proven once per process. Kept by
+# their bytes, as the regexes of what follows a head are by their steps (the head names
+# the response; the rest of a template is the same in every stream of a shape: OpenAI's
+# chat deltas with their obfuscation pad). Both are bounded by the few shapes an API has
+# (a hostile upstream inventing shapes only makes them start over).
+_Steps = tuple[tuple[int, bytes], ...]
+_SHARED: dict[tuple[str, bytes, _Steps], _Template] = {}
+_BODIES: dict[_Steps, re.Pattern[bytes]] = {}
 _SHARED_MAX: Final = 256
 _HOLE_PATTERNS: Final = {_TEXT: b"(" + _STRING.pattern + b")", _IGNORED_STRING: _STRING.pattern,
                          _IGNORED_INT: _INT.pattern, _USAGE: rb"(.+)"}
@@ -89,38 +89,10 @@ class TextShortcut:
         for t in self._templates:
             if not buf.startswith(t.head, start, end):
                 continue
-            usage: Any = None
-            if t.regex is not None:
-                m = t.regex.fullmatch(buf, start, end)
-                if m is None or m.end(1) == m.start(1):
-                    continue
-                text = _decode(m.group(1))
-                if text is None:
-                    continue
-                if t.steps[-1][0] == _USAGE:
-                    try:
-                        usage = orjson.loads(m.group(2))
-                    except orjson.JSONDecodeError:
-                        continue
-                    if not isinstance(usage, dict):
-                        continue
-            elif t.tail is not None:  # head, text, tail
-                s, e = start + len(t.head), end - len(t.tail)
-                if e <= s or not buf.endswith(t.tail, s, end):
-                    continue
-                inside = buf[s:e]
-                if b"\\" in inside:
-                    text = _decode(inside)
-                    if text is None:
-                        continue
-                elif _PLAIN.fullmatch(inside) is None:
-                    continue
-                else:
-                    text = inside.decode("utf-8", "replace")
-            elif (fit := _fit(t, buf, start, end)) is not None:
-                text, usage = fit
-            else:
+            fit = _read(t, buf, start, end)
+            if fit is None:
                 continue
+            text, usage = fit
             observer = self._observer
             # Metadata and usage fed again change nothing when the last event fed was of
             # this same template: only its text was fed since.
@@ -174,16 +146,11 @@ class TextShortcut:
         steps = tuple((kind, raw[end:holes[i + 1][0]] if i + 1 < len(holes) else raw[end:])
                       for i, (_, end, kind) in enumerate(holes))
         side = tuple(e for e in parsed if isinstance(e, MetaEvent) or (isinstance(e, UsageEvent) and not usage_hole))
-        tail = steps[0][1] if len(steps) == 1 and steps[0][0] == _TEXT else None
         shared = (self._adapter.api, raw[:holes[0][0]], steps)
         known = _SHARED.get(shared) if not side else None
         if known is not None and self._reads(known, raw, parsed):
-            known.streams += 1
-            if known.streams == 2 and known.tail is None:
-                known.regex = re.compile(re.escape(known.head) + b"".join(
-                    _HOLE_PATTERNS[kind] + re.escape(after) for kind, after in known.steps), re.DOTALL)
             return known
-        template = _Template(raw[:holes[0][0]], steps, side, tail)
+        template = _Template(raw[:holes[0][0]], steps, side, _body(steps))
         if not self._proven(template, raw, holes, parsed):
             return None
         if not side:
@@ -213,7 +180,7 @@ class TextShortcut:
 
     def _reads(self, t: _Template, raw: bytes, parsed: list[StreamEvent]) -> bool:
         """Whether `t` fits `raw` and gives the events `parsed` (metadata and usage in their order)."""
-        fit = _fit(t, raw, 0, len(raw))
+        fit = _read(t, raw, 0, len(raw))
         if fit is None:
             return False
         text, usage = fit
@@ -224,38 +191,39 @@ class TextShortcut:
             and [e for e in parsed if not isinstance(e, TextDelta)] == got
 
 
-def _fit(t: _Template, buf: bytes, start: int, end: int) -> tuple[str, Any] | None:
-    """(the text, the usage hole's value or None) when `buf[start:end]` fits `t` (its head
-    is checked)."""
-    pos = start + len(t.head)
-    text = b""
+def _body(steps: _Steps) -> re.Pattern[bytes]:
+    """The regex of what follows a template's head: its holes and the bytes between them
+    (the text is group 1, the usage group 2). A string hole ends at its first unescaped
+    quote and an integer at its first non-digit, and the bytes after each are the
+    template's, so an event fits one way or not at all."""
+    body = _BODIES.get(steps)
+    if body is None:
+        if len(_BODIES) >= _SHARED_MAX:
+            _BODIES.clear()
+        body = _BODIES[steps] = re.compile(b"".join(_HOLE_PATTERNS[kind] + re.escape(after) for kind, after in steps),
+                                           re.DOTALL)
+    return body
+
+
+def _read(t: _Template, buf: bytes, start: int, end: int) -> tuple[str, Any] | None:
+    """(the text, the usage hole's value or None) when `buf[start:end]` fits `t`, its head
+    checked by the caller. The one reader of a template: `take` reads events with it, and
+    `_proven` proves it reads what the full parse reads."""
     usage: Any = None
-    for kind, after in t.steps:
-        if kind == _USAGE:  # always the last hole: it ends where the template's tail begins
-            stop = end - len(after)
-            if stop <= pos or not buf.endswith(after, pos, end):
-                return None
-            try:
-                usage = orjson.loads(buf[pos:stop])
-            except orjson.JSONDecodeError:
-                return None
-            if not isinstance(usage, dict):
-                return None
-            pos = end
-            break
-        m = (_INT if kind == _IGNORED_INT else _STRING).match(buf, pos, end)
-        if m is None:
-            return None
-        stop = m.end()
-        if kind == _TEXT:
-            text = buf[pos:stop]
-        if not buf.startswith(after, stop, end):
-            return None
-        pos = stop + len(after)
-    if pos != end or not text:
+    m = t.body.fullmatch(buf, start + len(t.head), end)
+    if m is None or m.end(1) == m.start(1):
         return None
-    decoded = _decode(text)
-    return None if decoded is None else (decoded, usage)
+    text = _decode(m.group(1))
+    if text is None:
+        return None
+    if t.steps[-1][0] == _USAGE:
+        try:
+            usage = orjson.loads(m.group(2))
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(usage, dict):
+            return None
+    return text, usage
 
 
 def _text_only(parsed: list[StreamEvent]) -> bool:

@@ -205,6 +205,37 @@ def test_any_text_deltas_cut_anywhere_relay_the_same(dialect: str, insides: list
     _same(dialect, [stream[a:b] for a, b in itertools.pairwise(at)])
 
 
+def _padded(stream: bytes) -> bytes:
+    """A chat stream as OpenAI sends it today (../shared/cassettes): each chunk but the
+    usage chunk ends with an `obfuscation` pad whose length changes from chunk to chunk."""
+    out = []
+    for i, event in enumerate(_events(stream)):
+        if event.startswith(b"data: {") and b'"choices":[{' in event:
+            event = event.replace(b"}\n\n", b',"obfuscation":"%s"}\n\n' % b"x7Qz_-9aB"[:1 + i % 9], 1)
+        out.append(event)
+    return b"".join(out)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(insides=st.lists(_inside(), min_size=1, max_size=12),
+       cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6))
+def test_chat_deltas_with_their_obfuscation_pads_cut_anywhere_relay_the_same(insides: list[bytes],
+                                                                           cuts: list[int]) -> None:
+    stream = _padded(_grown("chat", insides))
+    assert stream.count(b'"obfuscation":') >= len(insides)
+    at = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    _same("chat", [stream[a:b] for a, b in itertools.pairwise(at)])
+
+
+def test_padded_chat_deltas_are_taken_by_their_bytes() -> None:
+    words = [b"Paris ", b"is ", b"\\\"sunny\\\" ", b"caf\\u00e9 ", "na\u00efve ".encode()]
+    stream = _padded(_grown("chat", [words[i % len(words)] for i in range(40)]))
+    whole = _same("chat", [stream])
+    assert whole.taken >= 39  # the pad is a hole: its length changing does not make a new shape
+    assert whole.outcome.text.startswith('Paris is "sunny" caf\u00e9 na\u00efve Paris ')
+    _same("chat", _events(stream))
+
+
 def test_a_delta_of_an_earlier_shape_after_another_brings_its_own_metadata_back() -> None:
     # Two shapes in one stream (the response id changed in between): the last delta's id is
     # the outcome's, whichever shape it fits, as the full parse reads it.
