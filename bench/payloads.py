@@ -79,13 +79,23 @@ _ID = "chatcmpl-bench0000000000000000000001"
 _CREATED = 1764460800
 _USAGE = {"prompt_tokens": 42, "completion_tokens": STREAM_EVENTS - 2, "total_tokens": 40 + STREAM_EVENTS}
 
-JSON_BODY = orjson.dumps({
-    "id": _ID, "object": "chat.completion", "created": _CREATED, "model": MODEL + "-2024-07-18",
-    "system_fingerprint": "fp_bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": _ANSWER, "refusal": None},
-                 "logprobs": None, "finish_reason": "stop"}],
-    "usage": _USAGE,
-})
+_USAGE_DETAILS = {"prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                  "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                                "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}
+
+
+def _completion(message: dict[str, object], finish: str, usage: dict[str, int]) -> bytes:
+    """A non-streamed answer as OpenAI sends it (recorded in ../shared/cassettes): indented
+    two spaces, the usage details, service_tier and system_fingerprint last."""
+    return orjson.dumps({
+        "id": _ID, "object": "chat.completion", "created": _CREATED, "model": MODEL + "-2024-07-18",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message, "refusal": None, "annotations": []},
+                     "logprobs": None, "finish_reason": finish}],
+        "usage": {**usage, **_USAGE_DETAILS}, "service_tier": "default", "system_fingerprint": "fp_bench",
+    }, option=orjson.OPT_INDENT_2)
+
+
+JSON_BODY = _completion({"content": _ANSWER}, "stop", _USAGE)
 
 
 _PADS = itertools.count()
@@ -154,14 +164,8 @@ CHAIN_FIRST_SSE = _chain_request(stream=True, carries_result=False)
 CHAIN_NEXT_SSE = _chain_request(stream=True, carries_result=True)
 _TOOL_USAGE = {"prompt_tokens": 96, "completion_tokens": 24, "total_tokens": 120}
 
-TOOL_JSON_BODY = orjson.dumps({
-    "id": _ID, "object": "chat.completion", "created": _CREATED, "model": MODEL + "-2024-07-18",
-    "system_fingerprint": "fp_bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
-        {"id": CALL_ID, "type": "function", "function": {"name": "lookup", "arguments": _ARGS}}]},
-        "logprobs": None, "finish_reason": "tool_calls"}],
-    "usage": _TOOL_USAGE,
-})
+_TOOL_CALL = {"id": CALL_ID, "type": "function", "function": {"name": "lookup", "arguments": _ARGS}}
+TOOL_JSON_BODY = _completion({"content": None, "tool_calls": [_TOOL_CALL]}, "tool_calls", _TOOL_USAGE)
 
 
 def _tool_events() -> list[bytes]:
