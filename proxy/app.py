@@ -255,7 +255,7 @@ async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await flusher
     await background.drain()
-    await flush_anatomy(app, list(splits.idle(float("inf"))))  # the store is still open
+    await flush_anatomy(app, splits.idle(float("inf")))  # the store is still open
 
 
 # How long a run's calls pause before what its tool results cost is added to its totals on
@@ -267,9 +267,9 @@ async def _flush_idle_chains(app: web.Application, splits: Splits) -> None:
     while True:
         await asyncio.sleep(ANATOMY_IDLE_S)
         try:
-            chains = list(splits.idle(time.monotonic() - ANATOMY_IDLE_S))
-            if chains:
-                await flush_anatomy(app, chains)
+            flushed = splits.idle(time.monotonic() - ANATOMY_IDLE_S)
+            if flushed:
+                await flush_anatomy(app, flushed)
         except Exception:
             log.warning("could not flush the cost anatomy of idle runs; will retry", exc_info=True)
 

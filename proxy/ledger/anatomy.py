@@ -64,7 +64,7 @@ tools its answer called (and its span's attributes).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from heapq import nlargest
 from itertools import accumulate
@@ -490,13 +490,15 @@ class Splits:
     """Each run's chain, by (tenant, run id): its last request's split and its results' sums,
     for its next request. Bounded by runs and by the raw bytes kept (least recently used
     out first). A process's own cache: a missing entry only means the next request is split
-    whole. A chain pushed out with calls not flushed waits in `dropped` for `idle`."""
+    whole. A chain pushed out with calls not flushed is flushed as it goes, and what it
+    flushed waits in `dropped` for `idle`: only the sums wait, never the chain, whose split
+    holds its whole request (a 45 KB agent turn), however far the flusher falls behind."""
 
     def __init__(self, max_runs: int = 4096, max_bytes: int = 16 << 20) -> None:
         self._runs: dict[tuple[str, ...], Chain] = {}
         self._bytes = 0
         self.max_runs, self.max_bytes = max_runs, max_bytes
-        self.dropped: list[tuple[tuple[str, ...], Chain]] = []
+        self.dropped: list[tuple[tuple[str, ...], Flushed]] = []
 
     def get(self, key: tuple[str, ...]) -> Chain | None:
         return self._runs.get(key)
@@ -516,8 +518,8 @@ class Splits:
         if chain is None:
             chain = Chain(sp)
         chain.add(sp, an, now, labels)
-        if len(sp.raw) > self.max_bytes:  # too large to keep: flushed a moment from now
-            self.dropped.append((key, chain))
+        if len(sp.raw) > self.max_bytes:  # too large to keep: its sums are added a moment from now
+            self.dropped.append((key, chain.flush()))
             return chain
         self._runs[key] = chain
         chain.kept = len(sp.raw)
@@ -527,7 +529,7 @@ class Splits:
             old = self._runs.pop(first)
             self._bytes -= old.kept
             if old.unflushed:
-                self.dropped.append((first, old))
+                self.dropped.append((first, old.flush()))
         return chain
 
     def forget(self, key: tuple[str, ...]) -> Chain | None:
@@ -537,24 +539,25 @@ class Splits:
             self._bytes -= old.kept
         return old
 
-    def idle(self, before: float) -> Iterator[tuple[tuple[str, ...], Chain]]:
-        """The chains dropped, and those with calls not flushed that no call added to since
-        `before` (kept: their run may go on)."""
-        dropped, self.dropped = self.dropped, []
-        yield from dropped
-        for key, chain in list(self._runs.items()):
-            if chain.unflushed and chain.touched < before:
-                yield key, chain
+    def idle(self, before: float) -> list[tuple[tuple[str, ...], Flushed]]:
+        """What to add to runs' totals now: the sums of the chains dropped, and the flush of
+        each chain with calls not flushed that no call added to since `before` (kept: its
+        run may go on)."""
+        out, self.dropped = self.dropped, []
+        out += [(key, chain.flush()) for key, chain in self._runs.items()
+                if chain.unflushed and chain.touched < before]
+        return out
 
-    def of_run(self, tenant: str, run_id: str) -> list[tuple[tuple[str, ...], Chain]]:
-        """The run's chain, no longer kept, and its chains dropped but not flushed yet."""
+    def of_run(self, tenant: str, run_id: str) -> list[tuple[tuple[str, ...], Flushed]]:
+        """The run's sums not yet added: those of its chains dropped, and the flush of its
+        chain, no longer kept (the run ends)."""
         key: tuple[str, ...] = (tenant, run_id)
-        out = [(k, c) for k, c in self.dropped if k == key] if self.dropped else []
+        out = [(k, f) for k, f in self.dropped if k == key] if self.dropped else []
         if out:
-            self.dropped = [(k, c) for k, c in self.dropped if k != key]
+            self.dropped = [(k, f) for k, f in self.dropped if k != key]
         chain = self.forget(key)
         if chain is not None:
-            out.append((key, chain))
+            out.append((key, chain.flush()))
         return out
 
 

@@ -4,6 +4,7 @@ raises into the answer."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -160,7 +161,7 @@ def _anatomy(app: web.Application, cs: Any, tr: Translator, price: Price | None,
                 if chain.unflushed >= FLUSH_EVERY and not end:
                     flushed.append(chain.flush())
         if end:  # no next request: every chain of the run is flushed with its last call
-            flushed += [chain.flush() for _, chain in splits.of_run(caller.tenant, caller.run_id)]
+            flushed += [f for _, f in splits.of_run(caller.tenant, caller.run_id)]
     except Exception:  # a body of a shape no API module foresaw: no anatomy, never a failed call
         log.warning("could not split the input of a call of run %s", caller.run_id, exc_info=True)
         return None, flushed
@@ -172,21 +173,26 @@ def _add_totals(totals: dict[str, int], more: dict[str, int]) -> None:
         totals[name] = totals.get(name, 0) + value
 
 
-async def flush_anatomy(app: web.Application, chains: list[tuple[tuple[str, ...], Chain]]) -> None:
-    """Add what the chains' results cost since their last flush to their runs' totals, apart
+async def flush_anatomy(app: web.Application, flushed: list[tuple[tuple[str, ...], Flushed]]) -> None:
+    """Add what chains' results cost since their last flush to their runs' totals, apart
     from any call (a chain idle a moment, one pushed out of the cache, a run ended by the
-    sweeper or at shutdown). A ledger that fails loses this flush's sums only, logged."""
+    sweeper or at shutdown). Every run's at once: one ledger batch, not a round trip each,
+    so the flusher keeps up with the runs a busy process drops. A ledger that fails loses
+    this flush's sums only, logged."""
     by_run: dict[tuple[str, str], dict[str, int]] = {}
-    for key, chain in chains:
-        f = chain.flush()
+    for key, f in flushed:
         if f.tools or f.results or f.kinds:
             _add_totals(by_run.setdefault((key[0], key[1]), {}), anatomy_attrs.flush_totals(f))
             spans.record_flushed(app[TEL], key[0], f)
-    for (tenant, run_id), totals in by_run.items():
-        try:
-            await app[STORE].run_add(tenant, run_id, totals, soon=True)  # analytics: no fsync to wait for
-        except ProxyError:
+    store = app[STORE]
+    # analytics: no fsync to wait for (soon)
+    done = await asyncio.gather(*(store.run_add(tenant, run_id, totals, soon=True)
+                                  for (tenant, run_id), totals in by_run.items()), return_exceptions=True)
+    for (_, run_id), outcome in zip(by_run, done, strict=True):
+        if isinstance(outcome, ProxyError):
             log.warning("could not add the tool results' cost to run %s; its anatomy under-counts them", run_id)
+        elif isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:

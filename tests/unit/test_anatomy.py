@@ -9,6 +9,7 @@ the parts' tokens sum to the billed input tokens and their costs to the call's i
 from __future__ import annotations
 
 import base64
+import gc
 import json
 from dataclasses import replace
 from fractions import Fraction
@@ -33,7 +34,7 @@ from proxy.ledger.anatomy import (
     split_parts,
 )
 from proxy.ledger.pricing import Price, PriceTable, cost
-from proxy.model import Anatomy, ToolCall, Usage, UsageEvent
+from proxy.model import Anatomy, Flushed, ToolCall, Usage, UsageEvent
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import Dialect, open_exchange
 from proxy.providers.chat import CHAT
@@ -393,12 +394,41 @@ def test_splits_are_bounded_by_runs_and_bytes_and_lose_no_unflushed_sums() -> No
     for i in range(3):
         _advance(splits, ("t", str(i)), _chat("s" * 100, [], [("result", ("c", "r" * 100))]), usage)
     assert splits.get(("t", "0")) is None and splits.get(("t", "2")) is not None
-    dropped = list(splits.idle(before=-1.0))
-    assert [k for k, _ in dropped] == [("t", "0")] and dropped[0][1].flush().tools
+    dropped = splits.idle(before=-1.0)
+    assert [k for k, _ in dropped] == [("t", "0")] and dropped[0][1].tools
     assert splits.get(("t", "2")) is not None
     _advance(splits, ("t", "3"), _chat("s" * 2_000, [], [("user", "big")]), usage)  # over max_bytes: not kept
     assert splits.get(("t", "3")) is None and [k for k, _ in splits.idle(before=-1.0)] == [("t", "3")]
-    assert list(splits.idle(before=-1.0)) == [], "handed over once"
+    assert splits.idle(before=-1.0) == [], "handed over once"
+
+
+def _reachable(root: object, kind: type) -> list[object]:
+    """The objects of `kind` that `root` holds, however deep (what it keeps alive)."""
+    seen, todo, found = {id(root)}, [root], []
+    while todo:
+        for ref in gc.get_referents(todo.pop()):
+            if id(ref) not in seen and not isinstance(ref, type):
+                seen.add(id(ref))
+                todo.append(ref)
+                if isinstance(ref, kind):
+                    found.append(ref)
+    return found
+
+
+def test_a_chain_pushed_out_leaves_its_sums_waiting_not_its_request() -> None:
+    """However far the idle flusher falls behind, what waits for it is sums: a chain pushed
+    out of the cache is flushed as it goes, and its split (the whole request it holds: a
+    45 KB agent turn) is let go. Waiting chains once held every such request until the
+    flusher caught up, and a busy process grew without bound."""
+    splits = Splits(max_runs=1_000, max_bytes=50_000)
+    usage = Usage(input_tokens=100)
+    for i in range(40):
+        _advance(splits, ("t", str(i)), _chat("s" * 100, [], [("result", ("c", "r" * 20_000))]), usage)
+    held = _reachable(splits, Split)
+    assert len(held) <= 3, "only the chains kept (50 KB of requests) hold a split"
+    assert len(splits.dropped) >= 37 and all(isinstance(f, Flushed) and f.tools for _, f in splits.dropped)
+    flushed = splits.idle(before=-1.0)
+    assert {k for k, _ in flushed} >= {("t", str(i)) for i in range(37)}, "every run's sums are still added"
 
 
 def _exact_result_costs(body: dict[str, Any], usage: Usage, price: Price) -> dict[str, Fraction]:
@@ -430,17 +460,16 @@ def _exact_result_costs(body: dict[str, Any], usage: Usage, price: Price) -> dic
     return out
 
 
-def _sum_flushes(chains: list[Chain], tools: dict[str, int], results: dict[str, list[int]]) -> int:
-    """Flush each chain, adding what it reports per tool and per result (micro-USD, sends)."""
-    for chain in chains:
-        f = chain.flush()
+def _sum_flushes(flushes: list[Flushed], tools: dict[str, int], results: dict[str, list[int]]) -> int:
+    """Add what each flush reports per tool and per result (micro-USD, sends)."""
+    for f in flushes:
         for name, micros in f.tools:
             tools[name] = tools.get(name, 0) + micros
         for _, c, _, micros, count in f.results:
             got = results.setdefault(c, [0, 0])
             got[0] += micros
             got[1] += count
-    return len(chains)
+    return len(flushes)
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
@@ -480,9 +509,9 @@ def test_a_chain_prices_every_result_on_every_send(turns: list[tuple[int, str, f
         for c, value in _exact_result_costs(body, usage, price).items():
             exact[c] = exact.get(c, Fraction(0)) + value
             sends[c] = sends.get(c, 0) + 1
-        due = [chain] if (n + 1) % every == 0 else []  # a broken chain's sums go with its successor's
+        due = [chain.flush()] if (n + 1) % every == 0 else []  # a broken chain's sums go with its successor's
         flushes += _sum_flushes(due, flushed, results)
-    flushes += _sum_flushes([chain for _, chain in splits.of_run("t", "r")], flushed, results)
+    flushes += _sum_flushes([f for _, f in splits.of_run("t", "r")], flushed, results)
     calls = len(turns)
     for tool in {t for _, t, *_ in turns}:
         want = sum(v for c, v in exact.items() if tool_of[c] == tool)
@@ -539,8 +568,8 @@ def test_definitions_are_counted_once_per_tool_list_and_priced_over_the_run() ->
         assert any(k.startswith("anatomy|def|") for k in call) == (body is early)
         for k, v in call.items():
             totals[k] = totals.get(k, 0) + v
-    [(_, chain)] = splits.of_run("t", "r")
-    for k, v in flush_totals(chain.flush()).items():
+    [(_, last)] = splits.of_run("t", "r")
+    for k, v in flush_totals(last).items():
         totals[k] = totals.get(k, 0) + v
     ra = run_anatomy(totals)
     assert ra is not None and ra["declared"] == tools and ra["unused"] == ["search"]
