@@ -54,7 +54,8 @@ appends these to its chain, and `Chain.flush` folds them in and turns the sums i
 micro-USD per tool and for the run's largest results, as the difference from what it
 reported before: the bookkeeping adds it to the run's totals every `FLUSH_EVERY` calls of
 the run (a chain that breaks hands what it had not flushed to the next one), when the run
-ends, and for a chain idle a moment (proxy/serve/bookkeeping.py). All in
+ends, for a chain idle a moment, and for one pushed out of the cache (`Splits`, flushed as
+it goes; proxy/serve/bookkeeping.py). All in
 nano-micro-USD integers: the rounding is one floor per flush, not per call. The parts'
 tokens and costs are summed on the chain too and go with its flushes, into the run's
 totals and the metrics by part: a call adds nothing to either for its anatomy but the
