@@ -9,10 +9,12 @@ control characters, arbitrary bytes), cut at every byte and at random places.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -28,6 +30,7 @@ from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.sse import Framer, SseEvent, parse_sse_event
 from proxy.providers.translator import Answer, open_call
+from tests.fakes.replay import decoded
 from tests.providers.cases import ADAPTERS, DATA, Case, stream_cases
 
 DIALECTS = ("chat", "anthropic", "responses", "gemini")
@@ -41,14 +44,22 @@ class Relayed:
     taken: int
 
 
-def _answer(dialect: str, request: str) -> Answer:
-    req = orjson.loads((DATA / dialect / f"{request}.request.json").read_bytes())
-    body, path = req["body"], req["path"]
-    if dialect == "gemini":
-        path = path.replace(":generateContent", ":streamGenerateContent")
+Request = str | tuple[bytes, str]  # a fixture's name (made streaming), or a recorded (body, path)
+
+
+def _answer(dialect: str, request: Request) -> Answer:
+    """The answer of a fixture's request made streaming, or of a recorded (body, path) as sent."""
+    if isinstance(request, tuple):
+        raw, path = request
     else:
-        body = {**body, "stream": True}
-    tr = open_call(ADAPTERS[dialect], orjson.dumps(body), path)
+        req = orjson.loads((DATA / dialect / f"{request}.request.json").read_bytes())
+        body, path = req["body"], req["path"]
+        if dialect == "gemini":
+            path = path.replace(":generateContent", ":streamGenerateContent")
+        else:
+            body = {**body, "stream": True}
+        raw = orjson.dumps(body)
+    tr = open_call(ADAPTERS[dialect], raw, path)
     assert tr.call.stream
     hooks = Hooks()
     hooks.rewrites += tr.request.prepare()
@@ -57,11 +68,11 @@ def _answer(dialect: str, request: str) -> Answer:
     return answer
 
 
-def _hooks(dialect: str, request: str) -> Hooks:
+def _hooks(dialect: str, request: Request) -> Hooks:
     return _answer(dialect, request).hooks
 
 
-def _relay(adapter: Dialect, dialect: str, request: str, chunks: list[bytes], *, full: bool) -> Relayed:
+def _relay(adapter: Dialect, dialect: str, request: Request, chunks: list[bytes], *, full: bool) -> Relayed:
     answer = _answer(dialect, request)
     hooks = answer.hooks
     assert not hooks.reads_text  # no structured output asked: the shortcut may run
@@ -74,7 +85,7 @@ def _relay(adapter: Dialect, dialect: str, request: str, chunks: list[bytes], *,
     return Relayed(sent, answer.outcome(), records, relay.taken)
 
 
-def _reference(adapter: Dialect, dialect: str, request: str, stream: bytes) -> tuple[bytes, Outcome]:
+def _reference(adapter: Dialect, dialect: str, request: Request, stream: bytes) -> tuple[bytes, Outcome]:
     """The stream relayed as the spec frames it, every event parsed, the first hook that
     claims an event deciding its bytes: what the relay must do however the stream is cut."""
     answer = _answer(dialect, request)
@@ -91,7 +102,7 @@ def _reference(adapter: Dialect, dialect: str, request: str, stream: bytes) -> t
     return b"".join(sent), observer.finish(200)
 
 
-def _same(dialect: str, chunks: list[bytes], request: str = "stream") -> Relayed:
+def _same(dialect: str, chunks: list[bytes], request: Request = "stream") -> Relayed:
     adapter = ADAPTERS[dialect]
     full = _relay(adapter, dialect, request, chunks, full=True)
     fast = _relay(adapter, dialect, request, chunks, full=False)
@@ -234,6 +245,43 @@ def test_padded_chat_deltas_are_taken_by_their_bytes() -> None:
     assert whole.taken >= 39  # the pad is a hole: its length changing does not make a new shape
     assert whole.outcome.text.startswith('Paris is "sunny" caf\u00e9 na\u00efve Paris ')
     _same("chat", _events(stream))
+
+
+PAIRS = Path(__file__).resolve().parents[2].parent / "shared" / "cassettes" / "pairs.jsonl"
+_RECORDED_DIALECT = {"chat": "chat", "responses": "responses", "messages": "anthropic", "gemini": "gemini"}
+
+
+def _recorded_streams() -> list[Any]:
+    """Every streamed answer of ../shared/cassettes that a full 200 came back for, with the
+    request that asked for it as it was sent."""
+    if not PAIRS.exists():
+        return []
+    out = []
+    for line in PAIRS.read_text().splitlines():
+        pair = json.loads(line) if line.strip() else None
+        if not pair or not pair["stream"] or pair["response"]["status"] != 200:
+            continue
+        dialect = _RECORDED_DIALECT[pair["dialect"]]
+        request = (base64.b64decode(pair["request"]["body_b64"]), pair["request"]["path"])
+        out.append(pytest.param(dialect, request, decoded(pair), id=f"{dialect}-{pair['id']}"))
+    return out
+
+
+@pytest.mark.parametrize(("dialect", "request_", "stream"), _recorded_streams())
+def test_every_real_recorded_stream_relays_the_same_through_the_shortcut(
+        dialect: str, request_: tuple[bytes, str], stream: bytes) -> None:
+    """What the real APIs streamed (chat with its obfuscation pads, Responses with its
+    sequence numbers, Gemini with usage in every chunk) gives, taken by its bytes, what the
+    full parse gives, whole, event by event and cut every 97 bytes; and a real chat answer
+    of several text deltas is mostly taken by its bytes."""
+    if _hooks(dialect, request_).reads_text:
+        pytest.skip("its answer's text is repaired: the shortcut is off")
+    whole = _same(dialect, [stream], request_)
+    _same(dialect, _events(stream), request_)
+    _same(dialect, [stream[i:i + 97] for i in range(0, len(stream), 97)], request_)
+    deltas = stream.count(b'"delta":{"content":"')
+    if dialect == "chat" and deltas >= 5:
+        assert whole.taken >= deltas - 2, "all but the first of a shape (and one more in case the id moves)"
 
 
 def test_a_delta_of_an_earlier_shape_after_another_brings_its_own_metadata_back() -> None:
