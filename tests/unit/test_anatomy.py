@@ -16,6 +16,7 @@ from fractions import Fraction
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
+from zlib import crc32
 
 import orjson
 import pytest
@@ -305,6 +306,67 @@ def test_next_request_split_from_the_last_equals_the_whole_split(dialect: str, s
     assert _summary(third) == _summary(whole)
 
 
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=4),
+       turns=st.lists(_turns(), min_size=3, max_size=5), edit=st.sampled_from([None, "head", "tail"]))
+def test_a_run_of_requests_kept_as_digests_extends_only_what_its_bytes_extend(
+        dialect: str, system: str, tools: list[str], turns: list[list[tuple[str, Any]]], edit: str | None) -> None:
+    """A run's requests, each the last with turns appended: from its second request on a
+    split keeps CRCs, not the request, and each next request still splits as it would
+    whole. A last request whose bytes before the conversation or after it changed (the same
+    size, the same items) is split whole, never taken for the last one extended."""
+    adapter = ADAPTERS[dialect]
+    bodies, conversation = [], []
+    for more in turns:
+        conversation += more
+        bodies.append({"a": "0000", **BUILDERS[dialect](system, tools, conversation), "z": "0000"})
+    if edit:
+        bodies[-1]["a" if edit == "head" else "z"] = "1111"
+    sp = previous = None
+    for i, body in enumerate(bodies):
+        raw = orjson.dumps(body)
+        sp = split_of(adapter, raw, orjson.loads(raw), previous)
+        assert _summary(sp) == _summary(split_parts(adapter.input_parts(body)))
+        if previous is not None and previous.raw == b"" and i == len(bodies) - 1:
+            assert (sp is previous) == (edit is None), "only unchanged bytes extend a split kept as digests"
+        grew = i > 0 and len(body[adapter.conversation]) > len(bodies[i - 1][adapter.conversation])
+        if previous is not None and previous.end is not None and grew and not (edit and i == len(bodies) - 1):
+            assert sp is previous and sp.raw == b"" and (sp.head, sp.tail) == (crc32(raw[:sp.end]), crc32(raw[sp.end:]))
+        previous = sp
+    assert sp is not None
+    raw = orjson.dumps(bodies[-1])
+    assert split_of(adapter, raw, orjson.loads(raw), sp) is sp, "a retry of the last request"
+    assert sp.raw == b"", "its bytes let go"
+
+
+def test_a_request_sent_again_and_again_keeps_a_digest_then_extends_after_one_whole_split() -> None:
+    """An agent that sends one request in a loop: its chain keeps the request's digest,
+    not its bytes; when the run moves on, where its conversation grew is not known from a
+    digest, so that request is split whole (its bytes kept once more), and the next extends."""
+    body = _chat("s" * 100, ["t"], [("user", "a" * 50)])
+    raw = orjson.dumps(body)
+    first = split_of(CHAT, raw, orjson.loads(raw), None)
+    assert first.raw == raw
+    assert split_of(CHAT, raw, orjson.loads(raw), first) is first and first.raw == b"" and first.end is None
+    assert split_of(CHAT, raw, orjson.loads(raw), first) is first
+    edited = raw.replace(b"a" * 50, b"b" * 50)  # the same size: only the digest tells
+    assert split_of(CHAT, edited, orjson.loads(edited), first) is not first
+    grown = _chat("s" * 100, ["t"], [("user", "a" * 50), ("call", ("c1", "t", {})), ("result", ("c1", "r" * 70))])
+    raw2 = orjson.dumps(grown)
+    second = split_of(CHAT, raw2, orjson.loads(raw2), first)
+    assert second is not first and second.raw == raw2 and second.inherited, "split whole, its tool list the run's"
+    more = _chat("s" * 100, ["t"], [("user", "a" * 50), ("call", ("c1", "t", {})), ("result", ("c1", "r" * 70)),
+                                    ("user", "b" * 9)])
+    raw3 = orjson.dumps(more)
+    third = split_of(CHAT, raw3, orjson.loads(raw3), second)
+    assert third is second and third.end is not None and third.raw == b""
+    assert _summary(third) == _summary(split_parts(CHAT.input_parts(more)))
+    # The same size, a byte changed before the conversation's end, or after it: not the same request.
+    for edit in (raw3.replace(b'"model":"m"', b'"model":"n"'), raw3.replace(b'"name":"t","parameters"',
+                                                                          b'"name":"u","parameters"')):
+        assert edit != raw3 and split_of(CHAT, edit, orjson.loads(edit), third) is not third
+
+
 def test_a_turn_answered_after_a_cache_ending_past_it_shares_as_split_whole() -> None:
     """A split remembers the units' bytes before the last call's cache end; when the model
     answers, the new turn before that end becomes earlier conversation there too."""
@@ -389,7 +451,7 @@ def test_a_chains_parts_are_summed_per_labels_its_calls_came_with() -> None:
 def test_splits_are_bounded_by_runs_and_bytes_and_lose_no_unflushed_sums() -> None:
     """Pushed out of the cache, a chain whose calls were not flushed yet waits in `idle()`,
     to be added to its run's totals; a flushed one is simply dropped."""
-    splits = Splits(max_runs=2, max_bytes=1_000)
+    splits = Splits(max_runs=2, max_bytes=6_000)
     usage = Usage(input_tokens=100)
     for i in range(3):
         _advance(splits, ("t", str(i)), _chat("s" * 100, [], [("result", ("c", "r" * 100))]), usage)
@@ -397,7 +459,7 @@ def test_splits_are_bounded_by_runs_and_bytes_and_lose_no_unflushed_sums() -> No
     dropped = splits.idle(before=-1.0)
     assert [k for k, _ in dropped] == [("t", "0")] and dropped[0][1].tools
     assert splits.get(("t", "2")) is not None
-    _advance(splits, ("t", "3"), _chat("s" * 2_000, [], [("user", "big")]), usage)  # over max_bytes: not kept
+    _advance(splits, ("t", "3"), _chat("s" * 6_000, [], [("user", "big")]), usage)  # over max_bytes: not kept
     assert splits.get(("t", "3")) is None and [k for k, _ in splits.idle(before=-1.0)] == [("t", "3")]
     assert splits.idle(before=-1.0) == [], "handed over once"
 
