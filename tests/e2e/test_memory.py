@@ -11,7 +11,9 @@ the call's objects: freed by reference counting, none is left.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -21,9 +23,11 @@ import pytest
 from google import genai
 from google.genai import types
 
+from proxy.providers.base import Exchange
 from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Answer
-from tests.conftest import Proxy
+from proxy.serve.appkeys import STORE
+from tests.conftest import Proxy, Sim
 
 PERSON: Any = {"type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"}},
                "required": ["name", "born"]}
@@ -95,3 +99,29 @@ async def test_an_answered_call_leaves_nothing_for_the_cyclic_collector(
     await calls(proxy)
     await proxy.settled()
     assert left_over() == {}, "a call's answer and hooks are kept alive by a reference cycle"
+
+
+async def test_a_call_waiting_for_the_ledger_holds_neither_its_request_nor_its_answer(proxy: Proxy, sim: Sim) -> None:
+    """Bookkeeping waits for the ledger after the answer is delivered; meanwhile it holds the
+    call's sums, not its request (an agent turn: its bytes and parsed body) nor its answer.
+    Another writer takes the ledger's SQLite file once the call is admitted (as another
+    process could), so the settle waits."""
+    messages: Any = [{"role": "system", "content": "x" * 20_000}, {"role": "user", "content": "SCENARIO:stall:0.5"}]
+    holder = sqlite3.connect(proxy.data_dir / "ledger.db", isolation_level=None)
+    try:
+        async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as via:
+            call = asyncio.ensure_future(via.chat.completions.create(
+                model="sim-small", messages=messages, extra_headers={"X-Run-Id": "waiting"}))
+            while not sim.received:  # forwarded: admitted
+                await asyncio.sleep(0.01)
+            holder.execute("BEGIN IMMEDIATE")  # the settle waits for this lock
+            await call
+        await asyncio.sleep(0.3)  # the handler returns; bookkeeping reaches the ledger
+        waiting = [type(o).__name__ for o in gc.get_objects() if isinstance(o, Exchange | Answer)]
+        assert waiting == [], "a settle waiting for the ledger keeps the call's request or answer alive"
+    finally:
+        holder.rollback()
+        holder.close()
+    await proxy.settled()
+    totals = await proxy.app[STORE].run_totals("default", "waiting")
+    assert totals.get("output_tokens", 0) > 0, "and the call was settled once the ledger was free"
