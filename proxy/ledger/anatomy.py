@@ -43,8 +43,9 @@ split). A CRC reads the request at ~4.6 GB/s (~10 us for that turn on the bench 
 where SHA-256 took 29 and a memory compare 2). It is no defence against a forged
 collision, and needs none: a chain is one tenant's run, and a request taken for the last
 one extended only skews that run's own anatomy, which its sender writes anyway; no
-charge, ceiling or budget reads it. Where the cache ends moves a few parts from one call to the next, so the
-split remembers the units' bytes before the last call's end and counts from there.
+charge, ceiling or budget reads it. Where the cache ends moves a few parts from one call
+to the next, so the split remembers the units' bytes before the last call's end and counts
+from there.
 
 **What a tool result costs over the run, without pricing every result on every call.**
 A result is re-sent on every later call, so its cost over the run is the sum, over the
@@ -308,12 +309,12 @@ def _named(adapter: Any, body: dict[str, Any], tail: list[InputPart]) -> list[In
 
 
 def _again(prev: Split, raw: bytes) -> bool:
-    """Whether `raw` is `prev`'s request (of the same size), byte for byte; its bytes
-    become digests."""
+    """Whether `raw` is `prev`'s request (of the same size), byte for byte; `prev` keeps
+    its CRCs from then on, not its bytes."""
     if prev.raw:
         if raw != prev.raw:
             return False
-        prev.head, prev.tail = _digests(raw, prev.end)
+        prev.head, prev.tail = _crcs(raw, prev.end)
         prev.raw = b""
         return True
     at = len(raw) if prev.end is None else prev.end
@@ -321,7 +322,7 @@ def _again(prev: Split, raw: bytes) -> bool:
     return crc32(mv[:at]) == prev.head and crc32(mv[at:]) == prev.tail
 
 
-def _digests(raw: bytes, end: int | None) -> tuple[int, int]:
+def _crcs(raw: bytes, end: int | None) -> tuple[int, int]:
     """The CRC-32 of `raw` before and after `end` (the whole of it, and of nothing, when None)."""
     mv = memoryview(raw)
     at = len(raw) if end is None else end
@@ -330,7 +331,7 @@ def _digests(raw: bytes, end: int | None) -> tuple[int, int]:
 
 def _appended(prev: Split, raw: bytes, items: list[Any]) -> tuple[int, int, int] | None:
     """When `raw` is `prev`'s request with items inserted at the end of its conversation:
-    where its conversation ends, and the digests of `raw` before and after that; else None."""
+    where its conversation ends, and the CRCs of `raw` before and after that; else None."""
     grown = len(raw) - prev.size
     if grown <= 0 or len(items) <= prev.items:
         return None
@@ -345,8 +346,8 @@ def _appended(prev: Split, raw: bytes, items: list[Any]) -> tuple[int, int, int]
             return None
         if not raw.endswith(old[end:]):
             return None
-        return (end + grown, *_digests(raw, end + grown))
-    if end is None:  # only the whole request's digest: where it grew is not known
+        return (end + grown, *_crcs(raw, end + grown))
+    if end is None:  # only the whole request's CRC: where it grew is not known
         return None
     mv = memoryview(raw)
     head = crc32(mv[:end])
