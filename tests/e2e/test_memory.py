@@ -112,12 +112,17 @@ async def test_a_call_waiting_for_the_ledger_holds_neither_its_request_nor_its_a
         async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as via:
             call = asyncio.ensure_future(via.chat.completions.create(
                 model="sim-small", messages=messages, extra_headers={"X-Run-Id": "waiting"}))
-            while not sim.received:  # forwarded: admitted
+            while not sim.received and not call.done():  # forwarded: admitted
                 await asyncio.sleep(0.01)
             holder.execute("BEGIN IMMEDIATE")  # the settle waits for this lock
             await call
-        await asyncio.sleep(0.3)  # the handler returns; bookkeeping reaches the ledger
-        waiting = [type(o).__name__ for o in gc.get_objects() if isinstance(o, Exchange | Answer)]
+        # The handler returns and the bookkeeping reaches the ledger, where it waits for the lock.
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            gc.collect()  # alive means held, not garbage not yet collected
+            waiting = [type(o).__name__ for o in gc.get_objects() if isinstance(o, Exchange | Answer)]
+            if not waiting:
+                break
         assert waiting == [], "a settle waiting for the ledger keeps the call's request or answer alive"
     finally:
         holder.rollback()
