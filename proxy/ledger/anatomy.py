@@ -36,16 +36,15 @@ items are split and sized, and the last split is extended in place (a copy of it
 per call cost more than splitting the new items). Anything else (an edited history, a
 moved cache marker, two calls of a run at once) splits the request whole. A split keeps
 its request's bytes only for the run's next request, which finds where the conversation
-ends by comparing the two; from then on it keeps where that is and a CRC-32 of the bytes
-before and after it, with the conversation's item count and its last item, compared as
-parsed. The bytes were most of what the cache held (a 45 KB agent turn against a 12 KB
-split). A CRC reads the request at ~4.6 GB/s (~10 us for that turn on the bench machine,
-where SHA-256 took 29 and a memory compare 2). It is no defence against a forged
-collision, and needs none: a chain is one tenant's run, and a request taken for the last
-one extended only skews that run's own anatomy, which its sender writes anyway; no
-charge, ceiling or budget reads it. Where the cache ends moves a few parts from one call
-to the next, so the split remembers the units' bytes before the last call's end and counts
-from there.
+ends by comparing the two (and its last item, parsed); from then on it keeps where that
+is, the conversation's item count and a CRC-32 of the bytes before and after it. The
+bytes were most of what the cache held (a 45 KB agent turn against a 12 KB split). A CRC
+reads the request at ~4.6 GB/s (~10 us for that turn on the bench machine, where SHA-256
+took 29 and a memory compare 2). It is no defence against a forged collision, and needs
+none: a chain is one tenant's run, and a request taken for the last one extended only
+skews that run's own anatomy, which its sender writes anyway; no charge, ceiling or
+budget reads it. Where the cache ends moves a few parts from one call to the next, so the
+split remembers the units' bytes before the last call's end and counts from there.
 
 **What a tool result costs over the run, without pricing every result on every call.**
 A result is re-sent on every later call, so its cost over the run is the sum, over the
@@ -123,10 +122,10 @@ class Split:
     """A request's parts as the arithmetic needs them: each part's bytes, where it ends and
     its unit (its kind, or itself for `anatomy()`), the units' bytes, the tool results and
     their groups (by tool name), the largest results; and what the next request of the run
-    is checked against: its size, where its conversation ends, its item count and last
-    item, and its bytes (`raw`, the run's first request only) or their CRC-32 (`head`
+    is checked against: its size, where its conversation ends, its item count, its last
+    item and its bytes (`raw`, the run's first request only), or their CRC-32 (`head`
     before the conversation's end, `tail` after; the whole request in `head` while that
-    end is not known).
+    end is not known), which covers the last item too: a chain holds no parsed item.
 
     A run's next request extends its last one's split in place (`split_of`): the run's
     chain holds it, and nothing else reads an older state of it (the chain keeps its own
@@ -293,7 +292,7 @@ def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | N
             sp.inherited = True
             sp._add(tail)
             sp.end, sp.head, sp.tail = found
-            sp.raw, sp.size, sp.items, sp.last_item = b"", len(raw), len(items), items[-1]
+            sp.raw, sp.size, sp.items, sp.last_item = b"", len(raw), len(items), None
             return sp
     sp = split_parts(adapter.input_parts(body))
     if previous is not None and sp.definitions == previous.definitions:  # the run's tool list, counted already
@@ -315,7 +314,7 @@ def _again(prev: Split, raw: bytes) -> bool:
         if raw != prev.raw:
             return False
         prev.head, prev.tail = _crcs(raw, prev.end)
-        prev.raw = b""
+        prev.raw, prev.last_item = b"", None
         return True
     at = len(raw) if prev.end is None else prev.end
     mv = memoryview(raw)
@@ -335,10 +334,11 @@ def _appended(prev: Split, raw: bytes, items: list[Any]) -> tuple[int, int, int]
     grown = len(raw) - prev.size
     if grown <= 0 or len(items) <= prev.items:
         return None
-    if prev.items and items[prev.items - 1] != prev.last_item:  # history edited, or items inserted before
-        return None
     end = prev.end
     if prev.raw:  # the run's last request, byte for byte
+        # Its last item unchanged: the longest common prefix may end inside an item that grew.
+        if prev.items and items[prev.items - 1] != prev.last_item:
+            return None
         old = memoryview(prev.raw)
         if end is None:  # the run's second request: find the insertion
             end = _common_prefix(raw, old)
@@ -532,9 +532,10 @@ class Chain:
 
 
 def _kept(sp: Split) -> int:
-    """About what a chain of `sp` holds in memory: the request's bytes while it keeps them,
-    and its split's lists (measured with gc.get_referents: ~1.9 KB for a short chat's 2
-    parts, ~10.6 KB for the bench's agent turn of 55)."""
+    """About what a chain of `sp` holds in memory: the request's bytes while it keeps them
+    (its last item, parsed, only with them), and its split's lists (measured with
+    gc.get_referents: ~1.9 KB for a short chat's 2 parts, ~10.6 KB for the bench's agent
+    turn of 55)."""
     return len(sp.raw) + 2048 + 160 * len(sp.sizes)
 
 

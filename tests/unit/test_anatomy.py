@@ -332,6 +332,7 @@ def test_a_run_of_requests_kept_as_digests_extends_only_what_its_bytes_extend(
         grew = i > 0 and len(body[adapter.conversation]) > len(bodies[i - 1][adapter.conversation])
         if previous is not None and previous.end is not None and grew and not (edit and i == len(bodies) - 1):
             assert sp is previous and sp.raw == b"" and (sp.head, sp.tail) == (crc32(raw[:sp.end]), crc32(raw[sp.end:]))
+            assert sp.last_item is None, "no parsed item kept either: the CRC covers it"
         previous = sp
     assert sp is not None
     raw = orjson.dumps(bodies[-1])
