@@ -309,7 +309,7 @@ def test_next_request_split_from_the_last_equals_the_whole_split(dialect: str, s
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(dialect=st.sampled_from(list(BUILDERS)), system=_text, tools=st.lists(_names, max_size=4),
        turns=st.lists(_turns(), min_size=3, max_size=5), edit=st.sampled_from([None, "head", "tail"]))
-def test_a_run_of_requests_kept_as_digests_extends_only_what_its_bytes_extend(
+def test_a_run_of_requests_kept_as_crcs_extends_only_what_its_bytes_extend(
         dialect: str, system: str, tools: list[str], turns: list[list[tuple[str, Any]]], edit: str | None) -> None:
     """A run's requests, each the last with turns appended: from its second request on a
     split keeps CRCs, not the request, and each next request still splits as it would
@@ -328,7 +328,7 @@ def test_a_run_of_requests_kept_as_digests_extends_only_what_its_bytes_extend(
         sp = split_of(adapter, raw, orjson.loads(raw), previous)
         assert _summary(sp) == _summary(split_parts(adapter.input_parts(body)))
         if previous is not None and previous.raw == b"" and i == len(bodies) - 1:
-            assert (sp is previous) == (edit is None), "only unchanged bytes extend a split kept as digests"
+            assert (sp is previous) == (edit is None), "only unchanged bytes extend a split kept as CRCs"
         grew = i > 0 and len(body[adapter.conversation]) > len(bodies[i - 1][adapter.conversation])
         if previous is not None and previous.end is not None and grew and not (edit and i == len(bodies) - 1):
             assert sp is previous and sp.raw == b"" and (sp.head, sp.tail) == (crc32(raw[:sp.end]), crc32(raw[sp.end:]))
@@ -340,17 +340,17 @@ def test_a_run_of_requests_kept_as_digests_extends_only_what_its_bytes_extend(
     assert sp.raw == b"", "its bytes let go"
 
 
-def test_a_request_sent_again_and_again_keeps_a_digest_then_extends_after_one_whole_split() -> None:
-    """An agent that sends one request in a loop: its chain keeps the request's digest,
-    not its bytes; when the run moves on, where its conversation grew is not known from a
-    digest, so that request is split whole (its bytes kept once more), and the next extends."""
+def test_a_request_sent_again_and_again_keeps_a_crc_then_extends_after_one_whole_split() -> None:
+    """An agent that sends one request in a loop: its chain keeps the request's CRC, not
+    its bytes; when the run moves on, where its conversation grew is not known from a CRC,
+    so that request is split whole (its bytes kept once more), and the next extends."""
     body = _chat("s" * 100, ["t"], [("user", "a" * 50)])
     raw = orjson.dumps(body)
     first = split_of(CHAT, raw, orjson.loads(raw), None)
     assert first.raw == raw
     assert split_of(CHAT, raw, orjson.loads(raw), first) is first and first.raw == b"" and first.end is None
     assert split_of(CHAT, raw, orjson.loads(raw), first) is first
-    edited = raw.replace(b"a" * 50, b"b" * 50)  # the same size: only the digest tells
+    edited = raw.replace(b"a" * 50, b"b" * 50)  # the same size: only the CRC tells
     assert split_of(CHAT, edited, orjson.loads(edited), first) is not first
     grown = _chat("s" * 100, ["t"], [("user", "a" * 50), ("call", ("c1", "t", {})), ("result", ("c1", "r" * 70))])
     raw2 = orjson.dumps(grown)
@@ -463,6 +463,19 @@ def test_splits_are_bounded_by_runs_and_bytes_and_lose_no_unflushed_sums() -> No
     _advance(splits, ("t", "3"), _chat("s" * 6_000, [], [("user", "big")]), usage)  # over max_bytes: not kept
     assert splits.get(("t", "3")) is None and [k for k, _ in splits.idle(before=-1.0)] == [("t", "3")]
     assert splits.idle(before=-1.0) == [], "handed over once"
+
+
+def test_a_chain_kept_as_crcs_counts_its_split_not_its_request() -> None:
+    """The cache's bound counts what a chain holds: a run's first request whole, then only
+    its split once the request is kept as CRCs. Three runs of 5 KB requests, each sent
+    twice, fit in 13 KB; counted whole they would need 22."""
+    splits, usage = Splits(max_runs=10, max_bytes=13_000), Usage(input_tokens=100)
+    body = _chat("s" * 5_000, [], [("user", "a")])
+    for run in ("0", "1", "2"):
+        _advance(splits, ("t", run), body, usage)
+        _advance(splits, ("t", run), body, usage)
+    assert all(splits.get(("t", run)) is not None for run in ("0", "1", "2"))
+    assert splits.idle(before=-1.0) == [], "none pushed out"
 
 
 def _reachable(root: object, kind: type) -> list[object]:
