@@ -334,19 +334,16 @@ def _appended(prev: Split, raw: bytes, items: list[Any]) -> tuple[int, int, int]
     grown = len(raw) - prev.size
     if grown <= 0 or len(items) <= prev.items:
         return None
-    end = prev.end
-    if prev.raw:  # the run's last request, byte for byte
+    if prev.raw:  # the run's first request, byte for byte: find the insertion
         # Its last item unchanged: the longest common prefix may end inside an item that grew.
         if prev.items and items[prev.items - 1] != prev.last_item:
             return None
         old = memoryview(prev.raw)
-        if end is None:  # the run's second request: find the insertion
-            end = _common_prefix(raw, old)
-        elif not raw.startswith(old[:end]):
+        at = _common_prefix(raw, old)
+        if not raw.endswith(old[at:]):
             return None
-        if not raw.endswith(old[end:]):
-            return None
-        return (end + grown, *_crcs(raw, end + grown))
+        return (at + grown, *_crcs(raw, at + grown))
+    end = prev.end
     if end is None:  # only the whole request's CRC: where it grew is not known
         return None
     mv = memoryview(raw)
