@@ -24,11 +24,10 @@ import yaml
 from proxy.config import hash_key
 from proxy.ops.demo import serve_on_free_port
 from proxy.serve.appkeys import TEL
-from tests.fakes.replay import create_replay, decoded
+from tests.fakes.replay import MISSING, RECORDED, create_replay, decoded, recorded_pairs
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
-PAIRS = ROOT.parent / "shared" / "cassettes" / "pairs.jsonl"
 PRICES = yaml.safe_load((ROOT / "proxy" / "data" / "prices.yaml").read_text())
 KEY = "sm-replay-key-0001"
 _DROP = {"host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "accept-encoding",
@@ -38,9 +37,9 @@ _AUTH = {"openai": ("Authorization", f"Bearer {KEY}"), "anthropic": ("x-api-key"
 
 
 def _pairs() -> list[dict[str, Any]]:
-    if not PAIRS.exists():
-        pytest.skip(f"{PAIRS} is missing: the recorded traffic lives beside the clone, in ../shared/cassettes")
-    return [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+    if not RECORDED.exists():
+        pytest.skip(MISSING)
+    return recorded_pairs()
 
 
 # ------------------------------------------------------------------ what was recorded

@@ -8,13 +8,26 @@ a different cut per pair, so the proxy's framing is tried on real bytes.
 from __future__ import annotations
 
 import base64
+import json
 import zlib
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 PAIRS = web.AppKey("pairs", dict)
 CUTS = (1, 7, 2, 64, 3, 13, 5, 300, 11)
+# The real exchanges recorded against OpenAI, Anthropic and Gemini, beside the clone.
+RECORDED = Path(__file__).resolve().parents[2].parent / "shared" / "cassettes" / "pairs.jsonl"
+MISSING = f"{RECORDED} is missing: the recorded traffic lives beside the clone, in ../shared/cassettes"
+
+
+def recorded_pairs() -> list[dict[str, Any]]:
+    """Every recorded pair, in file order; none when the cassettes are not there (a test of
+    them skips with `MISSING`)."""
+    if not RECORDED.exists():
+        return []
+    return [json.loads(line) for line in RECORDED.read_text().splitlines() if line.strip()]
 
 
 def create_replay(pairs: dict[str, dict[str, Any]]) -> web.Application:

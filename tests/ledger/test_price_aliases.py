@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from proxy.ledger.pricing import PriceTable
+from tests.fakes.replay import MISSING, RECORDED, recorded_pairs
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "policy"
 CASES: list[dict[str, Any]] = json.loads((DATA / "aliases.json").read_text())
-PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"
 TABLE = PriceTable.load()
 
 
@@ -46,12 +46,11 @@ def _models(pair: dict[str, Any]) -> set[str]:
 
 
 def test_every_model_of_the_recorded_traffic_is_priced_or_unpriced_on_purpose() -> None:
-    if not PAIRS.exists():
-        pytest.skip(f"{PAIRS} is missing: the recorded traffic lives beside the clone, in ../shared/cassettes")
+    if not RECORDED.exists():
+        pytest.skip(MISSING)
     unpriced = TABLE.unpriced()
     names: set[str] = set()
-    for line in PAIRS.read_text().splitlines():
-        pair = json.loads(line)
+    for pair in recorded_pairs():
         if pair["response"]["status"] < 300:
             names |= _models(pair)
     missing = sorted(n for n in names if n not in TABLE and n not in unpriced)

@@ -42,10 +42,10 @@ from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.providers.sse import Framer
+from tests.fakes.replay import MISSING, RECORDED, decoded, recorded_pairs
 from tracing.anatomy import call_totals, flush_totals, run_anatomy
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
-PAIRS = Path(__file__).resolve().parents[3] / "shared" / "cassettes" / "pairs.jsonl"
 ADAPTERS: dict[str, Dialect] = {"chat": CHAT, "responses": RESPONSES, "messages": ANTHROPIC, "gemini": GEMINI}
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
          "gemini": "/v1beta/models/m:generateContent"}
@@ -225,15 +225,8 @@ def test_parts_add_up_in_every_dialect(dialect: str, system: str, tools: list[st
 # --- the real recorded pairs ---------------------------------------------------------------
 
 
-def _pairs() -> list[dict[str, Any]]:
-    if not PAIRS.exists():
-        return []
-    return [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
-
-
 def _usage_of(adapter: Dialect, pair: dict[str, Any]) -> Usage:
-    resp = pair["response"]
-    raw = base64.b64decode(resp.get("decoded_b64") or resp["body_b64"])
+    raw = decoded(pair)
     if pair["stream"]:
         events = [e for ev in Framer().feed(raw) for e in adapter.parse_event(ev)]
     else:
@@ -245,11 +238,11 @@ def _usage_of(adapter: Dialect, pair: dict[str, Any]) -> Usage:
     return usage
 
 
-@pytest.mark.skipif(not PAIRS.exists(), reason="the recorded pairs live in ../shared/cassettes/")
+@pytest.mark.skipif(not RECORDED.exists(), reason=MISSING)
 def test_parts_add_up_on_every_recorded_pair() -> None:
     prices = PriceTable.load()
     checked = 0
-    for pair in _pairs():
+    for pair in recorded_pairs():
         adapter = ADAPTERS[pair["dialect"]]
         if pair["response"]["status"] != 200:
             continue
