@@ -361,6 +361,33 @@ def test_a_request_sent_again_and_again_keeps_a_crc_then_extends_after_one_whole
         assert edit != raw3 and split_of(CHAT, edit, orjson.loads(edit), third) is not third
 
 
+@pytest.mark.skipif(not RECORDED.exists(), reason=MISSING)
+def test_every_recorded_run_splits_its_requests_in_turn_as_each_would_split_whole() -> None:
+    """The real runs of ../shared/cassettes, each run's requests in the order sent, through
+    one chain: every split, whether extended (from the bytes of the run's first request, or
+    from CRCs after that), taken for the same request again, or made whole, is what that
+    request splits into alone. Real runs do extend: of the recordings' runs, 41 requests
+    extend from the first request's bytes and 6 (runs of three or more) from CRCs."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for pair in recorded_pairs():
+        runs.setdefault(pair["run"], []).append(pair)
+    how: dict[str, int] = {}
+    for pairs in runs.values():
+        sp = None
+        for pair in sorted(pairs, key=lambda p: p["seq"]):
+            adapter = ADAPTERS[pair["dialect"]]
+            raw = base64.b64decode(pair["request"]["body_b64"])
+            # What the split is checked against, before the call changes it in place.
+            previous, size, crcs = sp, sp.size if sp else 0, sp is not None and sp.raw == b"" and sp.end is not None
+            sp = split_of(adapter, raw, orjson.loads(raw), previous)
+            assert _summary(sp) == _summary(split_parts(adapter.input_parts(orjson.loads(raw)))), pair["id"]
+            if previous is not None:
+                kind = "whole" if sp is not previous else "again" if len(raw) == size \
+                    else "from CRCs" if crcs else "from bytes"
+                how[kind] = how.get(kind, 0) + 1
+    assert how.get("from bytes", 0) >= 30 and how.get("from CRCs", 0) >= 5, how
+
+
 def test_a_turn_answered_after_a_cache_ending_past_it_shares_as_split_whole() -> None:
     """A split remembers the units' bytes before the last call's cache end; when the model
     answers, the new turn before that end becomes earlier conversation there too."""
