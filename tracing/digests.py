@@ -94,9 +94,33 @@ def canonical_sha256(text: str) -> str:
     Two argument strings that differ only in key order or whitespace hash the same,
     which is what matching a call to its repeat (loop detection) needs.
     """
+    if _JSON_START.match(text):
+        try:
+            data = _canonical_bytes(orjson.loads(text))
+        except orjson.JSONDecodeError:
+            data = None
+        if data is not None:
+            return hashlib.sha256(data).hexdigest()
     value = _parse(text)
-    data = text if value is _MISSING else canonical_json(value)
-    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
+    form = text if value is _MISSING else canonical_json(value)
+    return hashlib.sha256(form.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _canonical_bytes(value: Any) -> bytes | None:
+    """canonical_json(value) in UTF-8, written by orjson (1.6 us for a 1 KB tool result,
+    json.dumps 19.6); None where orjson would write it differently.
+
+    For a value orjson read (no NaN, no infinity), orjson with sorted keys writes what
+    json.dumps writes but for floats under 1e-4: json writes 1e-05 and 1.5e-07, orjson
+    0.00001 and 1.5e-7 (1e+16 both alike). Bytes with neither `e-` nor `0.0000` hold none
+    of those; where either is (a string's "e-mail" too), json writes the form. Two
+    substring searches: a regex for a digit before the `e` took 14 us a KB, as long as
+    json.dumps itself."""
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (it reads deeper)
+        return None
+    return None if b"e-" in data or b"0.0000" in data else data
 
 
 def value_digest(value: Any) -> str:

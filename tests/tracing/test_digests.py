@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,46 @@ def test_canonical_sha256(case: dict[str, Any]) -> None:
         assert got == digests.canonical_sha256(case["same_as"])
     if "different_from" in case:
         assert got != digests.canonical_sha256(case["different_from"])
+
+
+def _hash_as_json_writes_it(text: str) -> str:
+    """canonical_sha256 as written before orjson wrote the canonical form: json.dumps of
+    what the parsers read (orjson first, json for NaN, Infinity and lone surrogates)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    form = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(form.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# Floats json writes with an exponent (1e-05, 1e+16) and orjson would not write alike,
+# every escape json writes in a string, what only json reads, and nesting orjson reads but
+# does not write.
+_EDGES = ["1e-05", "[1.5e-07, 6.2e-05, 0.0001, 1e+16, 1e16, 5e-324, 1.7976931348623157e+308, -0.0]",
+          '{"b": 1e22, "a": 123456789012345678901234567890}', '"\\u2028\\u007f\\b\\f\\n\\r\\t\\u0001\\"\\\\/"',
+          '{"é": 1, "e": 2, "\\ud83d\\ude00": 3, "\\uffff": 4}', "[NaN, Infinity]", '"\\ud800"', "1e400",
+          '{"a": "1e5 0.00001"}', "0.00001", "[" * 300 + "]" * 300]
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12)
+
+
+@pytest.mark.parametrize("text", _EDGES)
+def test_the_canonical_hash_is_the_one_json_writes_at_its_edges(text: str) -> None:
+    assert digests.canonical_sha256(text) == _hash_as_json_writes_it(text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON_VALUES, st.booleans())
+def test_the_canonical_hash_is_the_one_json_writes(value: Any, indent: bool) -> None:
+    text = json.dumps(value, indent=2 if indent else None, ensure_ascii=indent)
+    assert digests.canonical_sha256(text) == _hash_as_json_writes_it(text)
 
 
 def test_preview_is_cut_at_400_runes() -> None:
