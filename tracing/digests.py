@@ -94,23 +94,18 @@ def canonical_sha256(text: str) -> str:
     Two argument strings that differ only in key order or whitespace hash the same,
     which is what matching a call to its repeat (loop detection) needs.
     """
-    if _JSON_START.match(text):
-        try:
-            data = _canonical_bytes(orjson.loads(text))
-        except orjson.JSONDecodeError:
-            data = None
-        if data is not None:
-            return hashlib.sha256(data).hexdigest()
-    value = _parse(text)
-    form = text if value is _MISSING else canonical_json(value)
-    return hashlib.sha256(form.encode("utf-8", "surrogatepass")).hexdigest()
+    value, by_orjson = _read(text)
+    if value is _MISSING:
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    data = _canonical_bytes(value) if by_orjson else None  # json read NaN or Infinity: orjson writes null
+    return hashlib.sha256(data or canonical_json(value).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _canonical_bytes(value: Any) -> bytes | None:
     """canonical_json(value) in UTF-8, written by orjson (1.6 us for a 1 KB tool result,
     json.dumps 19.6); None where orjson would write it differently.
 
-    For a value orjson read (no NaN, no infinity), orjson with sorted keys writes what
+    For a value orjson read (never NaN or infinity), orjson with sorted keys writes what
     json.dumps writes but for floats under 1e-4: json writes 1e-05 and 1.5e-07, orjson
     0.00001 and 1.5e-7 (1e+16 both alike). Bytes with neither `e-` nor `0.0000` hold none
     of those; where either is (a string's "e-mail" too), json writes the form. Two
@@ -241,16 +236,21 @@ def _json(value: Any) -> bytes:
 
 
 def _parse(text: str) -> Any:
+    return _read(text)[0]
+
+
+def _read(text: str) -> tuple[Any, bool]:
+    """(the JSON value of `text` or _MISSING, whether orjson read it)."""
     if not _JSON_START.match(text):
-        return _MISSING
+        return _MISSING, False
     try:
-        return orjson.loads(text)
+        return orjson.loads(text), True
     except orjson.JSONDecodeError:
-        pass  # NaN, Infinity and integers past 64 bits: the standard library reads those
+        pass  # NaN, Infinity, numbers past a double's range, lone surrogates: json reads those
     try:
-        return json.loads(text)
+        return json.loads(text), False
     except (ValueError, TypeError):
-        return _MISSING
+        return _MISSING, False
 
 
 def _is_scalar(value: Any) -> bool:
