@@ -109,7 +109,7 @@ def _canonical_bytes(value: Any) -> bytes | None:
 
     For a value orjson read (never NaN or infinity), orjson with sorted keys writes what
     json.dumps writes but for floats written with an exponent or under 1e-4: json writes
-    1e-05, 1.5e-07 and 1e+16; orjson 0.00001, 1.5e-7, and 1e16 before 3.13 (1e+16 since).
+    1e-05, 1.5e-07 and 1e+16; orjson 0.00001 and 1.5e-7, and orjson 3.10 1e16 (3.13: 1e+16).
     Bytes with neither an `e` before a sign or digit nor `0.0000` hold none of those;
     where either is (a string's "e-mail" or "base64" too), json writes the form. The
     pattern starts with a literal, so it is searched at C speed (0.8 us a KB); one that
