@@ -10,7 +10,7 @@ Reported per call, over the measured calls (after a warm-up):
   process  time.process_time() of this process: the event loop plus the ledger and log threads
   loop     time.thread_time() of the event-loop thread alone
 
-    python bench/bench_percall.py [--calls N] [--run-calls 20] [--profile out.prof] [--top 40]
+    python bench/bench_percall.py [--calls N] [--run-calls 20] [--profile out.prof] [--top 40] [--pin]
 
 `--profile` runs cProfile (timed by the thread's CPU clock) on the event-loop thread over
 the measured calls and lists our functions (proxy/, tracing/) by self and by inclusive time.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -147,6 +148,8 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
             stdout=asyncio.subprocess.PIPE)
         assert client.stdout is not None and client.stdin is not None
         assert (await client.stdout.readline()).strip() == b"warm"
+        if args.pin:
+            _pin(upstream.pid, client.pid)
         profiler = None
         if args.profile:
             import cProfile
@@ -188,6 +191,16 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
             await runner.cleanup()
         upstream.terminate()
         await upstream.wait()
+
+
+def _pin(*others: int) -> None:
+    """Every thread of this process on CPU 0, `others` (the upstream, the client) on CPU 1:
+    as bench/run.py places the proxy and the load."""
+    for pid in others:
+        os.sched_setaffinity(pid, {1})
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), {0})
 
 
 def _threads() -> dict[int, tuple[str, int, int]]:
@@ -237,6 +250,8 @@ def main() -> None:
     p.add_argument("--run-calls", type=int, default=20,
                    help="calls per run (X-Run-Id), as make bench sends them; 0: no X-Run-Id, one run per call")
     p.add_argument("--payload", choices=sorted(PAYLOADS), default="json", help="what each call sends")
+    p.add_argument("--pin", action="store_true",
+                   help="this process's threads on CPU 0, the client and the upstream on CPU 1 (as bench/run.py)")
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)  # child mode: the proxy's port
     p.add_argument("--key", help=argparse.SUPPRESS)
     args = p.parse_args()
