@@ -316,9 +316,7 @@ def _again(prev: Split, raw: bytes) -> bool:
         prev.head, prev.tail = _crcs(raw, prev.end)
         prev.raw, prev.last_item = b"", None
         return True
-    at = len(raw) if prev.end is None else prev.end
-    mv = memoryview(raw)
-    return crc32(mv[:at]) == prev.head and crc32(mv[at:]) == prev.tail
+    return _crcs(raw, prev.end) == (prev.head, prev.tail)
 
 
 def _crcs(raw: bytes, end: int | None) -> tuple[int, int]:
