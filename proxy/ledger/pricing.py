@@ -146,7 +146,12 @@ class Price:
         """The factor on every rate for the tier and geography the usage was billed as."""
         if usage.service_tier is None and usage.inference_geo is None:
             return STANDARD_FACTOR
-        return _lookup(self.service_tiers, usage.service_tier) * _lookup(self.inference_geos, usage.inference_geo)
+        # Every OpenAI answer names its tier ("default" on nearly all), which the table
+        # rarely lists: a factor of 1 stays STANDARD_FACTOR, so its callers keep the
+        # integer path (a Fraction product costs ~2 us, two or three times a call).
+        tier = _lookup(self.service_tiers, usage.service_tier)
+        geo = _lookup(self.inference_geos, usage.inference_geo)
+        return tier if geo is STANDARD_FACTOR else geo if tier is STANDARD_FACTOR else tier * geo
 
 
 # The factor of a call billed at standard rates; `multiplier` returns this very object, so
@@ -159,7 +164,8 @@ def _reserve_factor(tiers: tuple[tuple[str, Fraction], ...], geos: tuple[tuple[s
                     service_tier: str | None) -> Fraction:
     chosen = [f for _, f in tiers] if service_tier in (None, "auto") else [_lookup(tiers, service_tier)]
     geo = max([f for _, f in geos], default=STANDARD_FACTOR)
-    return max([*chosen, STANDARD_FACTOR]) * max(geo, STANDARD_FACTOR)
+    factor = max([*chosen, STANDARD_FACTOR]) * max(geo, STANDARD_FACTOR)
+    return STANDARD_FACTOR if factor == 1 else factor
 
 
 class PriceTable:
@@ -350,7 +356,7 @@ def _lookup(factors: tuple[tuple[str, Fraction], ...], key: str | None) -> Fract
     for name, factor in factors:
         if name == key:
             return factor
-    return Fraction(1)
+    return STANDARD_FACTOR
 
 
 def _factors(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]:
@@ -369,7 +375,7 @@ def _factors(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]:
             raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}") from None
         if factor <= 0:
             raise ValueError(f"{where}.{name}: expected a positive multiplier, got {value!r}")
-        out.append((str(name), factor))
+        out.append((str(name), STANDARD_FACTOR if factor == 1 else factor))
     return tuple(out)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from proxy.config import Settings
 from proxy.ledger.pricing import (
     _FOUND_MAX,
     PROVIDER_OVERHEAD_TOKENS,
+    STANDARD_FACTOR,
     PriceTable,
     affordable_output_tokens,
     cache_savings,
@@ -112,6 +114,33 @@ def test_overrides_set_the_one_hour_write_rate_and_the_tier_multipliers() -> Non
     assert cost(haiku, Usage(input_tokens=1000, cache_write_tokens=1000, cache_write_1h_tokens=1000)) == 3000
     assert cost(mine, Usage(input_tokens=1000, service_tier="priority", inference_geo="eu")) == 3600
     assert cost(mine, Usage(input_tokens=1000, service_tier="flex")) == 1000
+
+
+def test_a_tier_billed_at_1x_is_the_standard_factor_itself() -> None:
+    """Every OpenAI answer names its tier ("default"): one the table does not list, or lists
+    at 1x, is STANDARD_FACTOR itself, which `cost` and the anatomy test by identity to stay
+    on integer arithmetic; a listed factor, alone or with a geography, still applies."""
+    table = PriceTable.load(overrides=Settings(prices={
+        "my-model": {"input": 1, "output": 4, "service_tiers": {"default": 1, "priority": 2.5},
+                     "inference_geos": {"us": 1.1, "global": 1.0}},
+        "tiers-only": {"input": 1, "output": 1, "service_tiers": {"default": 1, "flex": 0.5}},
+    }).prices)
+    mine, tiers, mini = table.price("my-model"), table.price("tiers-only"), price("gpt-4o-mini")
+    assert mine is not None and tiers is not None
+    for p, usage in [(mini, Usage(input_tokens=10, service_tier="default")),
+                     (mine, Usage(input_tokens=10, service_tier="default")),
+                     (mine, Usage(input_tokens=10, service_tier="scale", inference_geo="global")),
+                     (mine, Usage(input_tokens=10, inference_geo="elsewhere"))]:
+        assert p.multiplier(usage) is STANDARD_FACTOR, usage
+        assert cost(p, usage) == cost(p, Usage(input_tokens=10))
+    assert mine.multiplier(Usage(service_tier="priority")) == Fraction(5, 2)
+    assert mine.multiplier(Usage(inference_geo="us")) == Fraction(11, 10)
+    assert mine.multiplier(Usage(service_tier="priority", inference_geo="us")) == Fraction(11, 4)
+    # A reservation covers any geography, and any tier the project enables unless one is asked for.
+    assert tiers.reserve_factor("default") is STANDARD_FACTOR is tiers.reserve_factor("flex")
+    assert mine.reserve_factor("default") == Fraction(11, 10)
+    assert mine.reserve_factor(None) == Fraction(11, 4)
+    assert cost(mine, Usage(input_tokens=1000, service_tier="priority", inference_geo="us")) == 2750
 
 
 def test_every_shipped_one_hour_write_rate_is_twice_input() -> None:
