@@ -146,9 +146,9 @@ class Price:
         """The factor on every rate for the tier and geography the usage was billed as."""
         if usage.service_tier is None and usage.inference_geo is None:
             return STANDARD_FACTOR
-        # Every OpenAI answer names its tier ("default" on nearly all), which the table
+        # OpenAI answers name their tier ("default", "auto"), which the table
         # rarely lists: a factor of 1 stays STANDARD_FACTOR, so its callers keep the
-        # integer path (a Fraction product costs ~2 us, two or three times a call).
+        # integer path (Fraction arithmetic costs ~1.5 us, two or three times a call).
         tier = _lookup(self.service_tiers, usage.service_tier)
         geo = _lookup(self.inference_geos, usage.inference_geo)
         return tier if geo is STANDARD_FACTOR else geo if tier is STANDARD_FACTOR else tier * geo

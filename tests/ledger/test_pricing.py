@@ -117,7 +117,7 @@ def test_overrides_set_the_one_hour_write_rate_and_the_tier_multipliers() -> Non
 
 
 def test_a_tier_billed_at_1x_is_the_standard_factor_itself() -> None:
-    """Every OpenAI answer names its tier ("default"): one the table does not list, or lists
+    """OpenAI answers name their tier ("default", "auto"): one the table does not list, or lists
     at 1x, is STANDARD_FACTOR itself, which `cost` and the anatomy test by identity to stay
     on integer arithmetic; a listed factor, alone or with a geography, still applies."""
     table = PriceTable.load(overrides=Settings(prices={
