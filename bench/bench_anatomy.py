@@ -19,9 +19,11 @@ and load (the method is REV's there: since the split is extended in place, this 
 readies each timed call's chain by replaying the run's earlier calls, not by copying).
 
 The target is 20 us for the whole per call in a run, set beside a bare pass-through's
-request (issue 28): the anatomy is on by default (`SPANMETER_ANATOMY=false` turns it off)
-since its share of that request met the target's share (docs/benchmarks.md, "Cost anatomy,
-fourth pass"). bench/run.py reports both figures beside the others (`make bench`).
+request (issue 28). The anatomy is on by default (`SPANMETER_ANATOMY=false` turns it off):
+it was turned on when its share of a bare request read as meeting the target's share, on
+a loaded machine (docs/benchmarks.md, "Cost anatomy, fourth pass"); on a quiet one it
+meets neither (README, "What it costs"). bench/run.py reports both figures beside the
+others (`make bench`).
 """
 
 from __future__ import annotations

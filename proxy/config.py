@@ -288,8 +288,9 @@ class Settings(BaseSettings):
     local_traces: bool = True  # keep spans under data_dir for `spanmeter runs`
     # Cost anatomy: each call's input split into parts (instructions, tool definitions,
     # tool results, earlier turns, new content) with their tokens and cost. On by default:
-    # 50-65 us per call in a run on the bench machine, 7-12% of a bare pass-through's
-    # request there (bench/bench_anatomy.py, `make bench`); SPANMETER_ANATOMY=false turns it off.
+    # 32-35 us per call in a run on the quiet bench machine, 22-23% of a bare pass-through's
+    # request there, above its 20 us target (bench/bench_anatomy.py, `make bench`, README);
+    # SPANMETER_ANATOMY=false turns it off.
     anatomy: bool = True
     access_log_anatomy: bool = False  # the anatomy on the access line too (`input=`)
     # Encode and send spans in a child process: auto = when exporting over OTLP.

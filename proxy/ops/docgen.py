@@ -99,8 +99,8 @@ FIELD_DOCS: dict[str, str] = {
                       "restarted, what it held counted in `spanmeter.telemetry.dropped_spans`.",
     "anatomy": "Split each call's billed input into its parts (instructions, tool definitions, tool results, "
                "earlier turns, new content) with their tokens and cost, on spans, metrics, run totals, "
-               "`spanmeter runs RUN_ID` and the overview dashboard. Costs 50-65 us of CPU per call in a run on "
-               "the bench machine (bench/bench_anatomy.py; README: Cost anatomy); `false` turns it off.",
+               "`spanmeter runs RUN_ID` and the overview dashboard. Costs 32-35 us of CPU per call in a run on "
+               "the quiet bench machine (bench/bench_anatomy.py; README: Cost anatomy); `false` turns it off.",
     "access_log_anatomy": "With `anatomy`, add the parts to the access line (`input=kind:tokens:micro-USD,...`).",
     "local_traces": "Keep spans in `{data_dir}/traces` for `spanmeter runs` (also when exporting over OTLP).",
     "policy.runs.max_llm_calls": "Model calls per run. A request may lower it with `X-Run-Max-Calls`.",
