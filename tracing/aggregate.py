@@ -33,7 +33,6 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
 from opentelemetry.context import Context
@@ -60,6 +59,8 @@ from opentelemetry.trace import get_current_span
 from opentelemetry.util.types import AttributeValue
 from prometheus_client.utils import floatToGoString
 
+from proxy.model import frozen
+
 __all__ = [
     "Counter",
     "GaugeSeries",
@@ -85,7 +86,7 @@ MAX_SERIES: Final = 2000
 OVERFLOW: Final[Items] = (("otel.metric.overflow", True),)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Scope:
     """The instrumentation scope: on every OTLP batch and, as `otel_scope_*` labels, on
     every Prometheus series (as the OTel exporter writes them)."""
@@ -283,7 +284,7 @@ class Counter(_Instrument[_SumSeries]):
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class GaugeSeries:
     """A gauge read at collection time (the budget gauges): its points come from
     `observe()`, as an observable gauge's callback gives them."""

@@ -19,8 +19,9 @@ dashboards are tested against it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Final, Literal
+
+from proxy.model import frozen
 
 SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
 
@@ -288,7 +289,7 @@ TOKEN_BUCKETS: Final = (
 MetricKind = Literal["histogram", "counter", "gauge"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MetricSpec:
     name: str
     kind: MetricKind

@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from proxy.model import frozen
 from tracing import attributes as A
 
 __all__ = ["DropCounter", "DropCountingProcessor", "QueueLimits", "span_bytes"]
@@ -24,7 +24,7 @@ class DropCounter(Protocol):
     def add(self, amount: int, attributes: Mapping[str, str]) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class QueueLimits:
     """One exporter's queue: at most `max_queue` spans and `max_queue_bytes` (by
     `span_bytes`), exported in batches of `max_export_batch` every `schedule_delay_ms`."""

@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+
+from proxy.model import frozen
 
 __all__ = [
     "ARGUMENTS_LIMIT",
@@ -73,7 +74,7 @@ _JSON_START: Final = re.compile(r'[ \t\n\r]*[-{\["0-9tfnNI]')
 _EXPONENT: Final = re.compile(rb"e[-+0-9]")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ResultDigest:
     ok: bool
     digest: str

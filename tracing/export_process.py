@@ -55,7 +55,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -65,6 +64,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
+from proxy.model import frozen
 from tracing import attributes as A
 from tracing.batching import DropCounter, QueueLimits, span_bytes
 
@@ -90,7 +90,7 @@ _LOG: Final = 13  # (pid, level, logger, message): the child's log records, logg
 _LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not forwarded
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ChildExporter:
     """One exporter the child runs: `otlp` (endpoint, timeout, compression) or `local`
     (directory, max_bytes), with its batch processor's schedule delay."""

@@ -26,13 +26,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Caller
+from proxy.model import Caller, frozen
 from tracing import attributes as A
 from tracing import digests
 from tracing.setup import Telemetry
@@ -57,7 +56,7 @@ Attrs = dict[str, AttributeValue]
 _METHOD_NOT_FOUND = -32601
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class McpRequest:
     """What the proxy read of one JSON-RPC request on the MCP route."""
 
@@ -74,7 +73,7 @@ class McpRequest:
     resource_uri: str | None = None  # resources/*
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class McpOutcome:
     """How the request ended."""
 
@@ -110,7 +109,7 @@ def session_hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class McpRecord:
     """One request on the MCP route once it is over, read by its span and its metrics:
     timed from its arrival (`start_ns`) to the last byte of its answer (`end_ns`).

@@ -24,6 +24,7 @@ from typing import Final, Generic, TypeVar
 
 from opentelemetry.util.types import AttributeValue
 
+from proxy.model import frozen
 from tracing import attributes as A
 from tracing.aggregate import Counter, GaugeSeries, Histogram, Instrument, SumSeries
 from tracing.labels import KnownModel, LabelBounds
@@ -78,7 +79,7 @@ CallKey = tuple[str, str, str, str | None, str | None, str, int, str | None]
 KindKey = tuple[str, str]  # the kind of a rewrite or repair, tenant
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CallLabels:
     """The label sets of one model call's points."""
 
@@ -148,7 +149,7 @@ class BudgetValues:
         return [(lim / 1e6, self._labels.get((t, w))) for t, w, _, lim in self.snapshot() if lim is not None]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Instruments:
     operation_duration: Histogram
     token_usage: Histogram

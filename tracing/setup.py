@@ -36,7 +36,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Final, Literal
 
 from opentelemetry.sdk.resources import Resource
@@ -49,6 +49,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from proxy.model import frozen
 from tracing import attributes as A
 from tracing import otel_compat
 from tracing.aggregate import MetricsOut, PushLoop, Scope
@@ -132,7 +133,7 @@ ExportProcess = Literal["auto", "on", "off"]
 _COMPRESSIONS: Final[tuple[Compression, ...]] = ("gzip", "deflate", "none")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TelemetryConfig:
     service_name: str = "spanmeter"
     otlp_endpoint: str | None = None  # base URL (`http://collector:4318`); paths are added

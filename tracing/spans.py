@@ -46,7 +46,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Call, Caller, CallRecord, Flushed, Outcome, Repair, ToolRecord
+from proxy.model import Call, Caller, CallRecord, Flushed, Outcome, Repair, ToolRecord, frozen
 from tracing import anatomy as anatomy_attrs
 from tracing import attributes as A
 from tracing import digests, lean, summaries
@@ -110,7 +110,7 @@ _NO_CONTEXT: Final = Context()  # never changed: OTel contexts are copied on eve
 # --- ids -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunTrace:
     """The ids of a run's root span, fixed when the run starts. `encode()` to store it."""
 
@@ -142,7 +142,7 @@ class RunTrace:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Lineage:
     """Where a request's spans hang: under the agent's span when it sent a traceparent
     (`parent`), else under the run's root span (`run_trace`); a root without either."""
@@ -154,7 +154,7 @@ class Lineage:
 NO_LINEAGE: Final = Lineage()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Peer:
     """The upstream a model call goes to: `gen_ai.provider.name`, `server.address`, `server.port`."""
 
@@ -163,7 +163,7 @@ class Peer:
     port: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SpanRef:
     """Where a span is, e.g. the chat span that emitted a tool call (kept in run state)."""
 

@@ -20,14 +20,15 @@ which are ignored. Spaces and tabs around the value are optional whitespace.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from proxy.model import frozen
 
 __all__ = ["TraceParent", "parse_traceparent"]
 
 _HEADER = re.compile(r"[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[^ \t]*)?[ \t]*")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TraceParent:
     """An incoming W3C trace context."""
 

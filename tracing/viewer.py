@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy.model import frozen
 from tracing import attributes as A
 from tracing.local import DEFAULT_LOCAL_DIR, read_spans
 from tracing.summaries import money
@@ -30,7 +30,7 @@ __all__ = ["RunSummary", "agent_anatomies", "load_runs", "render_run_tree", "ren
 Record = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunSummary:
     run_id: str
     tenant: str

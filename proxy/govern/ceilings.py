@@ -18,7 +18,7 @@ only tighten (`X-Run-Max-Calls`, `-Cost-Usd`, `-Tokens`, `-Seconds`, `X-Run-Wrap
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from fractions import Fraction
 
@@ -34,7 +34,7 @@ from proxy.ledger.pricing import (
     reservation,
 )
 from proxy.ledger.store import NO_TURN, Admission, Ask, Limits, Rate, Store, Turn, costed
-from proxy.model import Call, Caller, Rewrite, Usage
+from proxy.model import Call, Caller, Rewrite, Usage, frozen
 
 __all__ = ["NOTE_BYTES", "Admitted", "Candidate", "Plan", "admit", "limits_for", "plan", "settle_amount"]
 
@@ -46,7 +46,7 @@ MAX_RESERVE = 2**50  # micro-USD (~$1e9): below 2^53, where Redis's Lua numbers 
 NOTE_BYTES = 512
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Plan:
     """What a call is admitted under: its ceilings, the rate limits it draws on
     (owner, unit, per minute), and the share of a ceiling from which it carries a note."""
@@ -56,7 +56,7 @@ class Plan:
     wrap_up_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Candidate:
     """One model call up for admission, built once by the handler: who calls, what the call is,
     the plan it is admitted under, what the turn closes, and how many bytes spanmeter's
@@ -69,7 +69,7 @@ class Candidate:
     patch_bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Admitted:
     admission: Admission
     price: Price | None

@@ -21,12 +21,10 @@ budgets (a key's or its tenant's, whichever is tighter).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from proxy.govern.ceilings import Admitted
 from proxy.ledger.messages import usd
 from proxy.ledger.store import Admission, Limits
-from proxy.model import Caller, Rewrite
+from proxy.model import Caller, Rewrite, frozen
 from proxy.providers.base import Exchange
 from tracing import spans
 from tracing.setup import Telemetry
@@ -39,7 +37,7 @@ _LAST = ("this is the last model call this run is allowed. Answer now with what 
          "no tool result can be sent back after this.")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Remaining:
     """What is left of each ceiling that is set (None: not set), as the admission saw it."""
 
@@ -69,7 +67,7 @@ class Remaining:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Notice:
     text: str
     reason: str  # last_call, or the first ceiling whose share was reached: calls | cost | tokens | time

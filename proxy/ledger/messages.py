@@ -7,9 +7,8 @@ human reading its log) otherwise cannot tell a refusal from a failed call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from proxy.ledger.rates import RateState
+from proxy.model import frozen
 
 __all__ = [
     "DEFAULT_ORIGINS",
@@ -43,7 +42,7 @@ DEFAULT_ORIGINS = {
 _NOT_SENT = "The call was not forwarded and nothing was charged."
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Who:
     """The run a refusal speaks of, and the caller's key id when it has one."""
 
@@ -52,7 +51,7 @@ class Who:
     key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Tally:
     """A ceiling's numbers at a refusal, in its unit (micro-USD or tokens): the limit, what
     answered calls used, what calls in flight hold, and the least this call needs."""

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import date
 from decimal import Decimal
 from fractions import Fraction
@@ -58,7 +58,7 @@ from typing import Any, Final
 
 import yaml
 
-from proxy.model import Call, Usage
+from proxy.model import Call, Usage, frozen
 
 __all__ = [
     "PROVIDER_OVERHEAD_TOKENS",
@@ -87,7 +87,7 @@ _VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3,4}
 _FOUND_MAX: Final = 4096  # dated names remembered by a PriceTable (`_base`)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LongContext:
     """Rates billed for the whole request once its input exceeds `threshold_tokens`."""
 
@@ -99,7 +99,7 @@ class LongContext:
     cache_write_1h: int | None = None  # None: the provider has one write rate, cache_write
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Price:
     """One model's rates in micro-USD per million tokens (= USD per token x 10^12 / 10^6)."""
 

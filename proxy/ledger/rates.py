@@ -25,9 +25,10 @@ how many fit).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
+
+from proxy.model import frozen
 
 __all__ = ["WINDOW_MS", "Rate", "RateState", "duration", "epoch_ms", "rate_headers", "rate_step"]
 
@@ -36,7 +37,7 @@ WINDOW_MS = 60_000
 Unit = Literal["requests", "tokens"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Rate:
     """One bucket a call draws on: at most `limit` units a minute, `cost` of them now.
 
@@ -53,7 +54,7 @@ class Rate:
         return f"{self.owner}/{self.unit}"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RateState:
     """A bucket after an admission looked at it."""
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from zoneinfo import ZoneInfo
@@ -48,6 +48,7 @@ from zoneinfo import ZoneInfo
 from proxy.errors import CeilingReached, LoopRefused, RateLimited, Refusal
 from proxy.ledger import messages
 from proxy.ledger.rates import Rate, RateState, rate_headers
+from proxy.model import frozen
 
 __all__ = [
     "CONTEXT_KEPT_S",
@@ -94,7 +95,7 @@ _COST_LIMITS = {"run_cost": "run_max_cost", "tenant_day": "day_budget", "tenant_
                 "key_day": "key_day_budget", "key_month": "key_month_budget"}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Limits:
     """Ceilings in force for one call; None = no limit. Cost limits in micro-USD.
 
@@ -129,7 +130,7 @@ class Limits:
         return limit
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class GuardRule:
     """The loop guard's refusals, decided inside the admission from the streaks it counts."""
 
@@ -138,7 +139,7 @@ class GuardRule:
     max_failures: int | None = None  # consecutive failed tool results that refuse the call
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Ask:
     """Whose admission it is, under which ceilings and when: what `Ledger.admit` and
     `Ledger.admit_tool` read besides the turn. Built once per call by its caller."""
@@ -151,7 +152,7 @@ class Ask:
     ttl_s: int = 900  # after this a reservation never settled expires at its amount
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Turn:
     """What one model call asks of the ledger, in the same atomic step: its reservation's
     bounds, the tool calls its results close (with ok flags), the loop guard, the run's
@@ -179,7 +180,7 @@ class Turn:
 NO_TURN = Turn()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToolTurn:
     """One request on the MCP route as the ledger sees it (`Store.admit_tool`).
 
@@ -203,7 +204,7 @@ class ToolTurn:
 MCP_TOOL_CALLS = "mcp_tool_calls"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Admission:
     """A counted call holding `reserved` micro-USD on every scope until settled."""
 
@@ -230,7 +231,7 @@ class Admission:
     tokens: int = 0  # tokens held on the run until settled (stored context included)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Spend:
     settled: int = 0
     reserved: int = 0
@@ -240,7 +241,7 @@ class Spend:
         return self.settled + self.reserved
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Decision:
     """What `decide` concluded: reserve `amount`, or refuse on `scope`."""
 
@@ -250,7 +251,7 @@ class Decision:
     tokens: int = 0  # tokens to hold on the run
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Standing:
     """The run and its scopes as an admission found them, and what the call asks of them:
     the facts `decide` judges and `refusal` explains."""
@@ -648,7 +649,7 @@ def done_future(result: int) -> asyncio.Future[int]:
     return fut
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunRow:
     """A run as a backend keeps it, read for `run_record`."""
 

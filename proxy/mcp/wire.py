@@ -24,12 +24,13 @@ the call itself (unknown tool, invalid arguments).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final, Literal
 
 import orjson
 
 from proxy.errors import CeilingReached, LoopRefused, MalformedBody, ProxyError, RateLimited, Refusal, RequestError
+from proxy.model import frozen
 
 __all__ = [
     "CEILING_REACHED",
@@ -65,7 +66,7 @@ Kind = Literal["request", "notification", "response"]
 RequestId = str | int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Message:
     """One JSON-RPC message a client sent."""
 
@@ -135,7 +136,7 @@ def parse(raw: bytes) -> Message:
     raise MalformedBody("The body is neither a JSON-RPC request, notification nor response.")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Answer:
     """The server's response to one request."""
 

@@ -13,13 +13,12 @@ request side is the `Exchange` below and whose answer side folds the dialect's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from proxy.errors import MalformedBody, ProxyError
-from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, Usage
+from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, Usage, frozen
 from proxy.providers.splice import Edit, Path, splice
 from proxy.providers.sse import SseEvent
 
@@ -56,7 +55,7 @@ MAX_TOKENS_LIMIT = 2**31 - 1
 MAX_OUTPUT_MULTIPLIER = 128
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TextShape:
     """How a dialect's stream events that carry nothing but a piece of the answer's text
     are told by their bytes (proxy/providers/shortcut.py learns each stream's own shapes).
@@ -75,7 +74,7 @@ class TextShape:
     usage_of: Callable[[Any], Usage] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class HistoryCall:
     """One tool call of the conversation a request carries, and where its result is."""
 

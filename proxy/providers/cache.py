@@ -6,14 +6,12 @@ where it goes in the request's bytes is each API module's own (`Exchange.cache`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from proxy.model import Caller
+from proxy.model import Caller, frozen
 
 __all__ = ["CacheScope", "PrefixMemory"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CacheScope:
     """What a placement may read besides the request: who calls, which host serves it, the
     prefixes other runs sent lately, and a monotonic clock's `now`, in seconds."""

@@ -35,6 +35,7 @@ from typing import Any
 import json5
 import orjson
 
+from proxy.model import frozen
 from proxy.repair.scan import DONE, MAX_DEPTH, Scanner
 from proxy.repair.stream import TENTATIVE_LIMIT, ValueStream
 
@@ -90,7 +91,7 @@ class ExtractError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Extraction:
     """An extracted value and what had to be repaired to get it."""
 

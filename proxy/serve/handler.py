@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -15,7 +14,7 @@ from proxy.govern.ceilings import Candidate, admit, plan
 from proxy.govern.outputs import response_hooks
 from proxy.govern.runs import results_ok
 from proxy.ledger.store import Turn
-from proxy.model import Call, Caller, Rewrite
+from proxy.model import Call, Caller, Rewrite, frozen
 from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Api, Translator
 from proxy.serve import accesslog, bookkeeping
@@ -54,7 +53,7 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
     return response
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Forward:
     """Admission, upstream and relay for one model call of a request."""
 

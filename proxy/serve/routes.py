@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 import os
 import re
-from dataclasses import dataclass
 
 from proxy.config import Settings
 from proxy.errors import ConfigError, UnknownRoute
-from proxy.model import Caller
+from proxy.model import Caller, frozen
 from proxy.providers.apis import FIXED_PATHS, for_path
 from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
@@ -34,7 +33,7 @@ _UPSTREAM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 _AMBIGUOUS = re.compile(r"(?:^|/)\.{1,2}(?:/|$)|//|\\|%(?:2[fFeE3]|5[cC]|3[fF])")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Route:
     adapter: Api | None  # None: not a metered route
     upstream_name: str | None  # from an /upstreams/{name}/ prefix
@@ -106,7 +105,7 @@ def unknown_route(method: str, path: str) -> UnknownRoute:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Target:
     base_url: str
     auth: dict[str, str]

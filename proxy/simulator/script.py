@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
+
+from proxy.model import frozen
 
 __all__ = ["SCENARIOS", "SCENARIO_HELP", "WRAPPED_UP", "WRAP_UP_MARK", "Request", "Script", "render_scenarios",
            "said", "script_for"]
@@ -36,7 +38,7 @@ WRAP_UP_MARK = "[spanmeter] Budget notice"
 WRAPPED_UP = "Final answer, with what I have so far: it is 14 C and sunny in Paris."
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Request:
     """What a renderer extracted from the request."""
 
@@ -50,7 +52,7 @@ class Request:
     turns: int = 0  # messages (items, contents) in the request
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Script:
     chunks: tuple[str, ...] = ()  # text, split as it will stream
     tool: tuple[str, str] | None = None  # (name, arguments JSON text)
