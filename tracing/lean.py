@@ -14,8 +14,9 @@ What the SDK would do that is kept, and why the rest can go:
   A DROP decision gives a non-recording span with fresh ids, as the SDK's does.
 - Attribute values: ours are str, int, float, bool or tuples of one of them (the builders
   in tracing/spans.py cut and type every value a caller steers, and drop None). A span
-  with anything else (a list, a mapping, None, an unknown type) gets the SDK's own
-  BoundedAttributes, so it ends as the SDK would store it (lists become tuples).
+  with anything else (a list, a mapping, None, an unknown type, a tuple of mixed or other
+  types) gets the SDK's own BoundedAttributes, so it ends as the SDK would store it (lists
+  become tuples, a mixed sequence is dropped).
 - Setting a key again moves it last, as BoundedAttributes does: the order on the wire is
   the same.
 - Limits: a span with more attributes than the tracer's `SpanLimits` allow (128 by
@@ -74,6 +75,21 @@ _FLAGS: Final = {
     (True, True): TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID),
     (False, True): TraceFlags(TraceFlags.RANDOM_TRACE_ID),
 }
+
+
+def _kept(attrs: Attrs) -> bool:
+    """Every value one the SDK stores as it is: a kept type, or a tuple of items of one kept
+    type (it drops a tuple that mixes types, and makes any other sequence a tuple)."""
+    for value in attrs.values():
+        kind = type(value)
+        if kind in _KEPT:
+            continue
+        if kind is not tuple:
+            return False
+        kinds = set(map(type, value))  # type: ignore[arg-type]
+        if len(kinds) > 1 or not kinds <= _KEPT:
+            return False
+    return True
 
 
 class LeanSpan(Protocol):
@@ -212,11 +228,8 @@ class LeanTracer:
 
     def _attributes(self, attrs: Attrs) -> Attrs | BoundedAttributes:
         limit = self._max_attributes
-        if self._max_length is None and (limit is None or len(attrs) <= limit) and all(
-            type(value) in _KEPT or (isinstance(value, tuple) and all(type(v) in _KEPT for v in value))
-            for value in attrs.values()
-        ):
-            return attrs  # the SDK's cleaning would return every value unchanged (or an equal tuple)
+        if self._max_length is None and (limit is None or len(attrs) <= limit) and _kept(attrs):
+            return attrs  # the SDK's cleaning would return every value unchanged
         # Anything else is cleaned, bounded and stored by the SDK's own class, as its span does.
         return BoundedAttributes(limit, attrs, immutable=True, max_value_len=self._max_length)
 

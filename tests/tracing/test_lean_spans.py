@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
@@ -278,3 +279,36 @@ def test_the_comparison_compares_spans(tel: tuple[Telemetry, Any], request: pyte
         assert 0 < sum(counts) < sum(every)
     else:
         assert counts == [0] * len(SCENARIOS)
+
+
+class _Named(tuple[str, str]):
+    """A tuple subclass: not one of the types the lean path keeps as it is."""
+
+
+# Attribute values a span may end with, each as the SDK's span would store it.
+VALUES: dict[str, AttributeValue | Any] = {
+    "str": "x", "int": 7, "float": 1.5, "bool": True, "empty tuple": (),
+    "tuple of str": ("a", "b"), "tuple of bool": (True, False),
+    "tuple of int and str": (1, "a"), "tuple of int and bool": (1, True), "tuple with None": ("a", None),
+    "list": ["a", "b"], "None": None, "mapping": {"k": 1}, "tuple subclass": _Named(("a", "b")),
+    "bytes": b"raw", "nested tuple": (("a",),),
+}
+KEPT_AS_IS = {"str", "int", "float", "bool", "empty tuple", "tuple of str", "tuple of bool"}
+
+
+@pytest.mark.parametrize("kind", list(VALUES))
+def test_a_span_keeps_attributes_as_the_sdk_stores_them(kind: str) -> None:
+    """The lean path hands the SDK's processors a value only where the SDK would store it
+    unchanged; any other value goes through the SDK's own cleaning (dropped, or converted)."""
+    telemetry = setup_telemetry(TelemetryConfig(), span_exporters=[], environ={})
+    try:
+        lean = telemetry.lean
+        assert isinstance(lean, LeanTracer)
+        attrs: dict[str, Any] = {"first": "kept", "value": VALUES[kind]}
+        stored = lean._attributes(attrs)
+        sdk = BoundedAttributes(None, dict(attrs), immutable=True)
+        assert dict(stored) == dict(sdk)
+        assert [type(v) for v in dict(stored).values()] == [type(v) for v in dict(sdk).values()]
+        assert (stored is attrs) == (kind in KEPT_AS_IS)
+    finally:
+        telemetry.shutdown()
