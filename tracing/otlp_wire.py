@@ -114,6 +114,42 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> Iterable[by
     return [_field(tag, _key(k) + _field(b"\x12", _value(v))) for k, v in attributes.items()]
 
 
+# A span attribute's whole field, for the values that come again: a call span's model,
+# operation, provider, address, tenant, finish reason and the like (~half of its ~25
+# values) are the same from call to call, and each costs five small encodings. Kept per
+# key for short strings and ints, up to _VALUES_PER_KEY values; a key with more (ids,
+# digests, token counts) is left to the plain path from then on.
+_PAIRS: dict[str, dict[str | int, bytes]] = {}
+_VARIED: set[str] = set()
+_VALUES_PER_KEY: Final = 64
+_SHORT: Final = 256
+
+
+def _span_attributes(attributes: Mapping[str, Any] | None) -> list[bytes]:
+    if not attributes:
+        return []
+    out = []
+    for k, v in attributes.items():
+        kind = type(v)
+        if (kind is int or (kind is str and len(v) <= _SHORT)) and k not in _VARIED:
+            values = _PAIRS.get(k)
+            if values is None and len(_PAIRS) < _KEYS_MAX:
+                values = _PAIRS[k] = {}
+            if values is not None:
+                done = values.get(v)
+                if done is None:
+                    done = _field(b"\x4a", _key(k) + _field(b"\x12", _value(v)))
+                    if len(values) < _VALUES_PER_KEY:
+                        values[v] = done
+                    else:
+                        _VARIED.add(k)
+                        _PAIRS.pop(k, None)
+                out.append(done)
+                continue
+        out.append(_field(b"\x4a", _key(k) + _field(b"\x12", _value(v))))
+    return out
+
+
 def _count(tag: bytes, n: int) -> bytes:
     return tag + _varint(n) if n else b""
 
@@ -144,7 +180,7 @@ def _span(span: ReadableSpan) -> bytes:
         parts.append(b"\x39" + _FIXED64(span.start_time))
     if span.end_time:
         parts.append(b"\x41" + _FIXED64(span.end_time))
-    parts.extend(_attributes(b"\x4a", span.attributes))
+    parts.extend(_span_attributes(span.attributes))
     parts.append(_count(b"\x50", span.dropped_attributes))
     for event in span.events:
         body = (b"\x09" + _FIXED64(event.timestamp) if event.timestamp else b"") + _text(b"\x12", event.name)

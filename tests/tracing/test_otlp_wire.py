@@ -112,6 +112,40 @@ def test_the_proxys_own_spans_are_written_as_the_exporter_writes_them() -> None:
         _same([span])
 
 
+def test_attributes_that_come_again_are_written_as_the_first_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short strings and ints are kept per key once written; a key past the values kept
+    per key (ids, counts) is written plainly from then on. Each encoding, first or kept,
+    is the exporter's."""
+    monkeypatch.setattr(otlp_wire, "_PAIRS", {})  # as a fresh process has them
+    monkeypatch.setattr(otlp_wire, "_VARIED", set())
+    many = otlp_wire._VALUES_PER_KEY + 5
+    spans = [_span({"test.model": "gpt-4o", "test.tokens": i, "test.id": f"call-{i}",
+                    "test.flag": i % 2 == 0, "test.long": "x" * 300 + str(i % 3), "test.port": 443})
+             for i in range(many)]
+    for _ in range(2):
+        _same(spans)
+        for span in spans:
+            _same([span])
+    assert "test.id" in otlp_wire._VARIED and "test.tokens" in otlp_wire._VARIED
+    assert otlp_wire._PAIRS["test.model"] == {"gpt-4o": otlp_wire._span_attributes({"test.model": "gpt-4o"})[0]}
+    assert set(otlp_wire._PAIRS["test.port"]) == {443}
+    assert "test.long" not in otlp_wire._PAIRS and "test.flag" not in otlp_wire._PAIRS  # too long; bools are not kept
+    with pytest.raises(otlp_wire.NotEncodable):  # a value it refuses is refused every time, never kept
+        otlp_wire.encode_spans([_span({"test.model": "\ud800"})])
+    with pytest.raises(otlp_wire.NotEncodable):
+        otlp_wire.encode_spans([_span({"test.model": "\ud800"})])
+    with pytest.raises(otlp_wire.NotEncodable):
+        otlp_wire.encode_spans([_span({"test.port": 1 << 63})])
+
+
+def test_past_the_keys_kept_attributes_are_written_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otlp_wire, "_PAIRS", {})
+    monkeypatch.setattr(otlp_wire, "_KEYS_MAX", 2)
+    spans = [_span({"a": "x", "b": 1, "c": "y", "d": 2}) for _ in range(3)]
+    _same(spans)
+    assert list(otlp_wire._PAIRS) == ["a", "b"]
+
+
 _scalars = st.one_of(st.text(max_size=200), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1),
                      st.floats(allow_nan=False), st.binary(max_size=40))
 _values = st.one_of(_scalars, st.lists(st.text(max_size=20), max_size=4).map(tuple),
