@@ -118,11 +118,13 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> Iterable[by
 # operation, provider, address, tenant, finish reason and the like (~half of its ~25
 # values) are the same from call to call, and each costs five small encodings. Kept per
 # key for short strings and ints, up to _VALUES_PER_KEY values; a key with more (ids,
-# digests, token counts) is left to the plain path from then on.
+# digests, token counts) is left to the plain path from then on. The keys are spanmeter's
+# own attribute names (~150; _KEYS_MAX bounds them anyway), so what is kept stays under a
+# few MB even when every key fills up.
 _PAIRS: dict[str, dict[str | int, bytes]] = {}
 _VARIED: set[str] = set()
 _VALUES_PER_KEY: Final = 64
-_SHORT: Final = 256
+_SHORT: Final = 128
 
 
 def _span_attributes(attributes: Mapping[str, Any] | None) -> list[bytes]:
