@@ -108,10 +108,15 @@ def _value(value: Any) -> bytes:
     raise NotEncodable(f"an attribute value of type {kind.__name__}")
 
 
+def _pair(tag: bytes, key: str, value: Any) -> bytes:
+    """One attribute: a KeyValue field under `tag`."""
+    return _field(tag, _key(key) + _field(b"\x12", _value(value)))
+
+
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> Iterable[bytes]:
     if not attributes:
         return ()
-    return [_field(tag, _key(k) + _field(b"\x12", _value(v))) for k, v in attributes.items()]
+    return [_pair(tag, k, v) for k, v in attributes.items()]
 
 
 # A span attribute's whole field, for the values that come again: a call span's model,
@@ -140,7 +145,7 @@ def _span_attributes(attributes: Mapping[str, Any] | None) -> list[bytes]:
             if values is not None:
                 done = values.get(v)
                 if done is None:
-                    done = _field(b"\x4a", _key(k) + _field(b"\x12", _value(v)))
+                    done = _pair(b"\x4a", k, v)
                     if len(values) < _VALUES_PER_KEY:
                         values[v] = done
                     else:
@@ -148,7 +153,7 @@ def _span_attributes(attributes: Mapping[str, Any] | None) -> list[bytes]:
                         _PAIRS.pop(k, None)
                 out.append(done)
                 continue
-        out.append(_field(b"\x4a", _key(k) + _field(b"\x12", _value(v))))
+        out.append(_pair(b"\x4a", k, v))
     return out
 
 
