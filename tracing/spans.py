@@ -72,6 +72,7 @@ __all__ = [
     "record_input_cost",
     "record_ledger_overshoot",
     "record_remaining",
+    "redact_keylike",
     "run_span_name",
     "start_call",
     "tool_span",
@@ -83,6 +84,10 @@ Attrs = dict[str, AttributeValue]
 
 # Things that look like API keys, in case an upstream error message echoes one.
 _KEYLIKE = re.compile(r"\b(?:sk|sm|gsk|xai)[-_][A-Za-z0-9_\-*]{8,}|\bAIza[0-9A-Za-z_\-]{20,}")
+# Every match of _KEYLIKE holds one of these ("gsk-" holds "sk-"). `re` has no literal to
+# scan for in that pattern and tries it at every position (~17 ns a character: 3 us for a
+# call's summaries, ~170 us for a 10 KB captured tool result); `in` finds a literal at C speed.
+_KEYLIKE_MARKS: Final = ("sk-", "sk_", "sm-", "sm_", "xai-", "xai_", "AIza")
 _STATUS_LIMIT: Final = 200
 _CAPTURE_KEYS: Final = {
     "input_messages": A.GEN_AI_INPUT_MESSAGES,
@@ -916,7 +921,15 @@ def _redact(text: str, caller: Caller) -> str:
     """Upstream keys never reach telemetry, even when an error message echoes one."""
     if caller.upstream_key and len(caller.upstream_key) >= 8:
         text = text.replace(caller.upstream_key, "[redacted]")
-    return _KEYLIKE.sub("[redacted]", text)
+    return redact_keylike(text)
+
+
+def redact_keylike(text: str) -> str:
+    """`text` with whatever looks like an API key (_KEYLIKE) replaced by `[redacted]`."""
+    for mark in _KEYLIKE_MARKS:
+        if mark in text:
+            return _KEYLIKE.sub("[redacted]", text)
+    return text
 
 
 def _status_text(message: str | None, caller: Caller) -> str:

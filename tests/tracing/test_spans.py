@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.errors import CeilingReached
 from proxy.model import Call, Caller, CallRecord, Outcome, OutputSpec, Repair, Rewrite, ToolRecord, Usage
@@ -609,3 +611,26 @@ def test_a_run_traces_text_is_kept_and_reads_back_to_equal_ids(run: spans.RunTra
     assert fresh == run and hash(fresh) == hash(run) and fresh.encode() == text
     assert spans.RunTrace.decode(text) == run
     assert text.split("-")[0] == f"{run.trace_id:032x}" and text.endswith("-1" if run.sampled else "-0")
+
+
+_KEYISH = [
+    "no key here, only prose about a task-list and a desk_lamp",
+    "sk-proj-abcdEFGH1234ijkl5678",
+    "error: key gsk_0123456789abcdef was refused",
+    "xai-ABCDEFGH12 and sm_abc (too short) and sk-*******1234",
+    "AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStU in a URL ?key=AIzaSyA1b2C3d4E5f6G7h8I9j0KlMn",
+    "task-abcdefgh1234 ask_abcdefgh1234: inside a word, not a key",
+    "AIza-short",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", _KEYISH)
+def test_redaction_finds_what_the_key_pattern_finds(text: str) -> None:
+    # The literal pre-check may only skip texts the pattern cannot match.
+    assert spans.redact_keylike(text) == spans._KEYLIKE.sub("[redacted]", text)
+
+
+@given(st.text(alphabet="skmgxaiAIz-_*0123456789abcXYZ .\n", max_size=80))
+def test_redaction_agrees_with_the_key_pattern_on_any_text(text: str) -> None:
+    assert spans.redact_keylike(text) == spans._KEYLIKE.sub("[redacted]", text)
