@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import time
@@ -227,3 +228,24 @@ def test_the_memory_verdict_says_which_process_held_the_peak() -> None:
     line = "\n".join(verdicts(summary, ratios(summary))["sm-full"])
     assert ("met     peak RSS <= 150 MB in every scenario (OTLP export on): 140.000 MB (highest in agent_c64: "
             "serving 100 + export child 40 MB, at start-up 78 + 15; bare 0 MB)") in line
+
+
+def test_the_fast_target_runs_the_ledger_without_the_fsync_in_its_own_data_dir(tmp_path: Path) -> None:
+    from run import spanmeter_env
+
+    from proxy.ledger.backends import open_store
+
+    env = spanmeter_env("sm-fast", tmp_path, 1, tmp_path / "config.yaml", 2, None)
+    assert env["SPANMETER_ANATOMY"] == "false"
+    assert env["OTEL_EXPORTER_OTLP_COMPRESSION"] == "none"
+    assert env["SPANMETER_OTLP_ENDPOINT"] == "http://127.0.0.1:2"  # spans still go over OTLP
+
+    async def durability() -> str:
+        store = open_store(env["SPANMETER_LEDGER_URL"])
+        try:
+            assert store.path == str(tmp_path / "sm-fast" / "ledger.db")  # type: ignore[attr-defined]
+            return str(store._synchronous)  # type: ignore[attr-defined]
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(durability()) == "NORMAL"
