@@ -419,11 +419,13 @@ def _span_exporters(cfg: TelemetryConfig, env: Mapping[str, str]) -> list[tuple[
 
 def uses_export_process(cfg: TelemetryConfig, env: Mapping[str, str]) -> bool:
     """Are spans exported by a child process? `auto`: when they go over OTLP, whose
-    protobuf encoding (~65-80 µs a span on the export thread) becomes a ~5-9 µs hand-off.
-    The local files alone cost ~16-19 µs a span in-process against that hand-off, but
-    the child then spends ~24 µs on them and is one more process per worker, and the
-    spans `spanmeter runs` reads take one more hop: not worth it by default
-    (bench/bench_export.py)."""
+    encoding and sending (~31 µs a span on an export thread of the serving process,
+    2026-12-03) becomes a ~7 µs hand-off; the child spends ~42 µs a span, on another core
+    when there is one (bench/bench_export.py; on one core the two read the same end to end:
+    `bench/run.py --targets sm-full,sm-inproc`, docs/benchmarks.md). The local files alone
+    cost ~16-19 µs a span in-process against that hand-off, but the child then spends ~24 µs
+    on them and is one more process per worker, and the spans `spanmeter runs` reads take
+    one more hop: not worth it by default (bench/bench_export.py)."""
     return cfg.export_process == "on" or (cfg.export_process == "auto" and cfg.otlp_traces(env))
 
 
