@@ -249,3 +249,17 @@ def test_the_fast_target_runs_the_ledger_without_the_fsync_in_its_own_data_dir(t
             await store.aclose()
 
     assert asyncio.run(durability()) == "NORMAL"
+
+
+@pytest.mark.parametrize(("body", "count"), [
+    (b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\ndata: [DONE]\n\n", 3),
+    (b"event: message_start\r\ndata: {}\r\n\r\nevent: ping\r\ndata: {}\r\n\r\n", 2),
+    (b"data: {\"cut\": true}", 1),  # no blank line at the end
+    (b"", 0),
+])
+def test_the_replay_upstream_writes_a_stream_event_by_event_and_every_byte(body: bytes, count: int) -> None:
+    from bench_replay import _EVENT
+
+    events = [e for e in _EVENT.findall(body) if e]
+    assert b"".join(events) == body
+    assert len(events) == count
