@@ -122,11 +122,6 @@ async def _wait_port(port: int) -> None:
 
 
 async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
-    from aiohttp import web
-
-    from proxy.app import create_app
-    from proxy.config import load_settings
-
     upstream_port = _free_port()
     key = _configure(tmp, upstream_port)
     upstream = await asyncio.create_subprocess_exec(
@@ -135,11 +130,7 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
     client = None
     try:
         await _wait_port(upstream_port)
-        runner = web.AppRunner(create_app(load_settings()), handler_cancellation=True, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
+        runner, port = await _serve_app()
         client = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", str(port), "--key", key, "--warmup", str(args.warmup),
             "--calls", str(args.calls), "--run-calls", str(args.run_calls), "--concurrency", str(args.concurrency),
@@ -184,13 +175,33 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
                 "threads_us": {k: (u / tick / n * 1e6, s / tick / n * 1e6)
                                for k, (u, s) in sorted(by_name.items(), key=lambda kv: -sum(kv[1])) if u or s}}
     finally:
-        if client is not None and client.returncode is None:
-            client.kill()
-            await client.wait()
-        if runner is not None:
-            await runner.cleanup()
-        upstream.terminate()
-        await upstream.wait()
+        await _stop(client, runner, upstream)
+
+
+async def _serve_app() -> tuple[Any, int]:
+    """The real app (proxy.app.create_app, with the settings of the environment) served on an
+    ephemeral port of 127.0.0.1, in this process: its runner and its port."""
+    from aiohttp import web
+
+    from proxy.app import create_app
+    from proxy.config import load_settings
+
+    runner = web.AppRunner(create_app(load_settings()), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, int(runner.addresses[0][1])
+
+
+async def _stop(client: asyncio.subprocess.Process | None, runner: Any,
+                upstream: asyncio.subprocess.Process) -> None:
+    """End what a measurement started, by PID: the client, the app, the upstream."""
+    if client is not None and client.returncode is None:
+        client.kill()
+        await client.wait()
+    if runner is not None:
+        await runner.cleanup()
+    upstream.terminate()
+    await upstream.wait()
 
 
 def _pin(*others: int) -> None:

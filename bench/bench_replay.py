@@ -34,7 +34,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_percall import _free_port, _pin, _wait_port  # noqa: E402
+from bench_percall import _free_port, _pin, _serve_app, _stop, _wait_port  # noqa: E402
+from run import tenant_config  # noqa: E402
 
 # Request headers the client does not resend: the proxy's own key goes in their place.
 _DROP = {"host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "accept-encoding", "connection"}
@@ -140,20 +141,7 @@ async def _drive(port: int, key: str, rounds: int, concurrency: int) -> None:
 
 
 def _configure(tmp: Path, upstream_port: int) -> str:
-    from proxy.config import hash_key
-    from proxy.serve.tenants import new_key
-
-    key = new_key()
-    config = tmp / "spanmeter.yaml"
-    config.write_text(
-        "upstream_keys: {openai: OPENAI_API_KEY, anthropic: ANTHROPIC_API_KEY, gemini: GEMINI_API_KEY}\n"
-        "tenants:\n"
-        "  bench:\n"
-        f"    keys: ['{hash_key(key)}']\n"
-        "    policy:\n"
-        "      runs: {max_llm_calls: 1000000, max_cost_usd: 100000}\n"
-        "      budgets: {daily_usd: 10000000, monthly_usd: 100000000}\n"
-        "      repair: {mode: repair}\n")
+    config, key = tenant_config(tmp, "{openai: OPENAI_API_KEY, anthropic: ANTHROPIC_API_KEY, gemini: GEMINI_API_KEY}")
     data = tmp / "data"
     data.mkdir()
     base = f"http://127.0.0.1:{upstream_port}"
@@ -168,10 +156,6 @@ def _configure(tmp: Path, upstream_port: int) -> str:
 
 
 async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> list[tuple[str, int, float, float, float]]:
-    from aiohttp import web
-
-    from proxy.app import create_app
-    from proxy.config import load_settings
     from tests.fakes.replay import decoded
 
     pairs = _pairs()
@@ -181,12 +165,9 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> list[tuple[
     runner = client = None
     try:
         await _wait_port(upstream_port)
-        runner = web.AppRunner(create_app(load_settings()), handler_cancellation=True, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        runner, port = await _serve_app()
         client = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--client", str(runner.addresses[0][1]), "--key", key,
+            sys.executable, __file__, "--client", str(port), "--key", key,
             "--rounds", str(args.rounds), "--concurrency", str(args.concurrency),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         assert client.stdout is not None and client.stdin is not None
@@ -223,13 +204,7 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> list[tuple[
             profiler.dump_stats(args.profile)
         return rows
     finally:
-        if client is not None and client.returncode is None:
-            client.kill()
-            await client.wait()
-        if runner is not None:
-            await runner.cleanup()
-        upstream.terminate()
-        await upstream.wait()
+        await _stop(client, runner, upstream)
 
 
 def main() -> None:

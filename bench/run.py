@@ -176,7 +176,9 @@ def start_upstream(procs: Procs) -> tuple[Proc, str]:
                        cpu=LOAD_CPU, port=port), "aiohttp"
 
 
-def tenant_config(tmp: Path) -> tuple[Path, str]:
+def tenant_config(tmp: Path, upstream_keys: str = "{openai: OPENAI_API_KEY}") -> tuple[Path, str]:
+    """A config with one tenant and its key. `upstream_keys`: the variables of the APIs the
+    bench calls (spanmeter checks that every one named is set)."""
     sys.path.insert(0, str(ROOT))
     from proxy.config import hash_key
     from proxy.serve.tenants import new_key
@@ -186,7 +188,7 @@ def tenant_config(tmp: Path) -> tuple[Path, str]:
     # Ceilings high enough never to refuse, low enough that every call is counted and
     # reserved against the run, the day and the month.
     path.write_text(
-        "upstream_keys: {openai: OPENAI_API_KEY}\n"  # the only API benched; spanmeter checks named keys are set
+        f"upstream_keys: {upstream_keys}\n"
         "tenants:\n"
         "  bench:\n"
         f"    keys: ['{hash_key(key)}']\n"
