@@ -62,6 +62,10 @@ class Observer:
         """A piece of the answer's text, as a TextDelta would bring it."""
         self._text.append(text)
 
+    def add_texts(self, texts: list[str]) -> None:
+        """Pieces of the answer's text, in order, as that many TextDeltas would bring them."""
+        self._text.extend(texts)
+
     def note(self, note: str) -> None:
         if note not in self._notes:
             self._notes.append(note)

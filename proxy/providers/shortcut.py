@@ -30,7 +30,7 @@ import orjson
 from proxy.model import MetaEvent, StreamEvent, TextDelta, UsageEvent
 from proxy.providers.base import Dialect, TextShape
 from proxy.providers.observer import Observer
-from proxy.providers.sse import SseEvent, parse_sse_event
+from proxy.providers.sse import EventEnds, SseEvent, parse_sse_event
 
 __all__ = ["TextShortcut"]
 
@@ -104,6 +104,35 @@ class TextShortcut:
             self._last = t
             return True
         return False
+
+    def take_more(self, buf: bytes, start: int, ends: EventEnds) -> tuple[int, int]:
+        """After `take` said True: the events from `start` on that fit the same template,
+        fed as `take` would feed them one by one, read in one loop: (how many, where the
+        next event starts). Only while `take` would pick that template first (it tries the
+        newest first) and it has no usage hole; the first event that does not fit is left
+        to `take` and the full parse."""
+        t = self._last
+        if t is None or not self._templates or t is not self._templates[0] or t.steps[-1][0] == _USAGE:
+            return 0, start
+        head, body, skip = t.head, t.body, len(t.head)
+        texts: list[str] = []
+        while (end := ends.after(start)) != -1:
+            if not buf.startswith(head, start, end):
+                break
+            m = body.fullmatch(buf, start + skip, end)
+            if m is None:
+                break
+            inside = m.group(1)
+            if not inside:
+                break
+            text = _decode(inside)
+            if text is None:
+                break
+            texts.append(text)
+            start = end
+        if texts:
+            self._observer.add_texts(texts)
+        return len(texts), start
 
     def learn(self, event: SseEvent, parsed: list[StreamEvent]) -> None:
         """After `event` was parsed in full and fed: learn a template from it if it is a
