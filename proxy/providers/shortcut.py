@@ -112,23 +112,14 @@ class TextShortcut:
         newest first) and it has no usage hole; the first event that does not fit is left
         to `take` and the full parse."""
         t = self._last
-        if t is None or not self._templates or t is not self._templates[0] or t.steps[-1][0] == _USAGE:
+        if t is None or t is not self._templates[0] or t.steps[-1][0] == _USAGE:
             return 0, start
-        head, body, skip = t.head, t.body, len(t.head)
         texts: list[str] = []
-        while (end := ends.after(start)) != -1:
-            if not buf.startswith(head, start, end):
+        while (end := ends.after(start)) != -1 and buf.startswith(t.head, start, end):
+            fit = _read(t, buf, start, end)  # the one reader, as `take` reads
+            if fit is None:
                 break
-            m = body.fullmatch(buf, start + skip, end)
-            if m is None:
-                break
-            inside = m.group(1)
-            if not inside:
-                break
-            text = _decode(inside)
-            if text is None:
-                break
-            texts.append(text)
+            texts.append(fit[0])
             start = end
         if texts:
             self._observer.add_texts(texts)
@@ -236,8 +227,8 @@ def _body(steps: _Steps) -> re.Pattern[bytes]:
 
 def _read(t: _Template, buf: bytes, start: int, end: int) -> tuple[str, Any] | None:
     """(the text, the usage hole's value or None) when `buf[start:end]` fits `t`, its head
-    checked by the caller. The one reader of a template: `take` reads events with it, and
-    `_proven` proves it reads what the full parse reads."""
+    checked by the caller. The one reader of a template: `take` and `take_more` read events
+    with it, and `_proven` proves it reads what the full parse reads."""
     usage: Any = None
     m = t.body.fullmatch(buf, start + len(t.head), end)
     if m is None or m.end(1) == m.start(1):
