@@ -62,6 +62,7 @@ class _Template:
 _Steps = tuple[tuple[int, bytes], ...]
 _SHARED: dict[tuple[str, bytes, _Steps], _Template] = {}
 _BODIES: dict[_Steps, re.Pattern[bytes]] = {}
+_RUNS: dict[tuple[_Steps, int], tuple[re.Pattern[bytes], re.Pattern[bytes]]] = {}
 _SHARED_MAX: Final = 256
 _HOLE_PATTERNS: Final = {_TEXT: b"(" + _STRING.pattern + b")", _IGNORED_STRING: _STRING.pattern,
                          _IGNORED_INT: _INT.pattern, _USAGE: rb"(.+)"}
@@ -107,23 +108,28 @@ class TextShortcut:
 
     def take_more(self, buf: bytes, start: int, ends: EventEnds) -> tuple[int, int]:
         """After `take` said True: the events from `start` on that fit the same template,
-        fed as `take` would feed them one by one, read in one loop: (how many, where the
-        next event starts). Only while `take` would pick that template first (it tries the
-        newest first) and it has no usage hole; the first event that does not fit is left
-        to `take` and the full parse."""
+        fed as `take` would feed them one by one, read at once (`_read_run`), or in one loop
+        where that cannot vouch for them: (how many, where the next event starts). Only
+        while `take` would pick that template first (it tries the newest first) and it has
+        no usage hole; the first event that does not fit is left to `take` and the full
+        parse."""
         t = self._last
-        if t is None or t is not self._templates[0] or t.steps[-1][0] == _USAGE:
+        if t is None or t is not self._templates[0] or t.steps[-1][0] == _USAGE \
+                or not buf.startswith(t.head, start):
             return 0, start
-        texts: list[str] = []
-        while (end := ends.after(start)) != -1 and buf.startswith(t.head, start, end):
-            fit = _read(t, buf, start, end)  # the one reader, as `take` reads
-            if fit is None:
-                break
-            texts.append(fit[0])
-            start = end
+        texts, end = _read_run(t, buf, start)
+        if texts is None:  # not the common framing, or an event the run cannot vouch for
+            texts = []
+            while (end := ends.after(start)) != -1 and buf.startswith(t.head, start, end):
+                fit = _read(t, buf, start, end)  # the one reader, as `take` reads
+                if fit is None:
+                    break
+                texts.append(fit[0])
+                start = end
+            end = start
         if texts:
             self._observer.add_texts(texts)
-        return len(texts), start
+        return len(texts), end
 
     def learn(self, event: SseEvent, parsed: list[StreamEvent]) -> None:
         """After `event` was parsed in full and fed: learn a template from it if it is a
@@ -227,8 +233,9 @@ def _body(steps: _Steps) -> re.Pattern[bytes]:
 
 def _read(t: _Template, buf: bytes, start: int, end: int) -> tuple[str, Any] | None:
     """(the text, the usage hole's value or None) when `buf[start:end]` fits `t`, its head
-    checked by the caller. The one reader of a template: `take` and `take_more` read events
-    with it, and `_proven` proves it reads what the full parse reads."""
+    checked by the caller. The reader of one event: `take` reads with it, `_proven` proves
+    it reads what the full parse reads, and `_read_run` takes a row of events only where
+    it would take each one."""
     usage: Any = None
     m = t.body.fullmatch(buf, start + len(t.head), end)
     if m is None or m.end(1) == m.start(1):
@@ -244,6 +251,58 @@ def _read(t: _Template, buf: bytes, start: int, end: int) -> tuple[str, Any] | N
         if not isinstance(usage, dict):
             return None
     return text, usage
+
+
+def _read_run(t: _Template, buf: bytes, start: int) -> tuple[list[str] | None, int]:
+    """(the texts, where the next event starts) of the events from `start` on that fit `t`,
+    its head at `start` checked by the caller, read by two regexes instead of one `_read`
+    an event; (None, start) where the run cannot vouch for what `_read` would read.
+
+    The run regex matches the longest row of events that each are `t`'s head followed by
+    what `t.body` matches (the head's bytes at every event the same as at the first: a
+    backreference); `findall` then gives each one's text. Each event of the row ends where
+    `EventEnds` would end it, at its first blank line, for a template in the common framing
+    (no CR, its last bytes LF LF): it was learnt from an event cut there, so its own bytes
+    hold LF LF only at their end, and a hole holds no line end (a string's inside has no
+    control character, an integer only digits) and is never an empty gap between two line
+    ends (a string's sits between its quotes, an integer has a digit), so no LF LF forms
+    across one. A row with an empty text, or with a text whose escape `_decode` refuses,
+    is left to the one-event reader."""
+    if not t.steps[-1][1].endswith(b"\n\n") or b"\r" in t.head or any(b"\r" in after for _, after in t.steps):
+        return None, start
+    run, each = _run_patterns(t)
+    m = run.match(buf, start)
+    if m is None:
+        return None, start
+    end = m.end()
+    raws = each.findall(buf, start, end)
+    if b"" in raws:
+        return None, start
+    if buf.find(b"\\", start, end) == -1:
+        return [raw.decode("utf-8", "replace") for raw in raws], end
+    texts = []
+    for raw in raws:
+        text = _decode(raw)
+        if text is None:
+            return None, start
+        texts.append(text)
+    return texts, end
+
+
+def _run_patterns(t: _Template) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """(a row of events that fit `t`, one event with its text as group 1), for any head of
+    `t`'s length: a head names the response, the rest of a template is its shape's."""
+    key = (t.steps, len(t.head))
+    patterns = _RUNS.get(key)
+    if patterns is None:
+        if len(_RUNS) >= _SHARED_MAX:
+            _RUNS.clear()
+        quiet = b"".join((_STRING.pattern if kind == _TEXT else _HOLE_PATTERNS[kind]) + re.escape(after)
+                         for kind, after in t.steps)
+        head = b".{%d}" % len(t.head)
+        patterns = _RUNS[key] = (re.compile(b"(" + head + b")" + quiet + b"(?:\\1" + quiet + b")*", re.DOTALL),
+                                 re.compile(head + t.body.pattern, re.DOTALL))
+    return patterns
 
 
 def _text_only(parsed: list[StreamEvent]) -> bool:

@@ -237,6 +237,46 @@ def test_chat_deltas_with_their_obfuscation_pads_cut_anywhere_relay_the_same(ins
     _same("chat", [stream[a:b] for a, b in itertools.pairwise(at)])
 
 
+# What in a delta's head names another answer's text, changed keeping its length (a row of
+# deltas is read with the first one's head as a backreference).
+_OTHER_HEAD = {"chat": (b"chatcmpl-B9", b"chatcmpl-C7"), "anthropic": (b'"index":0,"delta"', b'"index":7,"delta"')}
+
+
+def _row(dialect: str, row: list[tuple[bool, bytes]]) -> bytes:
+    """The dialect's recorded text stream with a row of text deltas after its first one,
+    each of its shape or of another head (`_OTHER_HEAD`), with `inside` as its text."""
+    events = _events((DATA / dialect / "text_stream.sse").read_bytes())
+    at = next(i for i, e in enumerate(events) if b'"Paris is' in e)
+    event = events[at]
+    start = event.index(b'"Paris is') + 1
+    end = event.index(b'"', start)
+    old, new = _OTHER_HEAD[dialect]
+    made = [(event if same else event.replace(old, new))[:start] + inside + event[end:] for same, inside in row]
+    return b"".join([*events[:at + 1], *made, *events[at + 1:]])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=st.sampled_from(sorted(_OTHER_HEAD)),
+       row=st.lists(st.tuples(st.booleans() | st.just(True), _inside() | st.sampled_from([b"", b"a\\nb", b"\\ud800"])),
+                    min_size=1, max_size=12))
+def test_a_row_of_deltas_read_at_once_takes_what_each_alone_would(dialect: str, row: list[tuple[bool, bytes]]) -> None:
+    """`take_more` reads the deltas in a row after a taken one at once (two regexes over
+    the row, `_read_run`), and must take exactly the events, and give exactly the texts,
+    that the one-event reader takes from each delivered alone: a delta of another head of
+    the same length, an empty text or an escape that does not decode ends the row."""
+    stream = _row(dialect, row)
+    whole = _same(dialect, [stream])
+    alone = _same(dialect, _events(stream))
+    assert whole.taken == alone.taken
+
+
+def test_a_row_of_plain_deltas_is_taken_whole() -> None:
+    words = [b"Paris ", b"is ", b"\\\"sunny\\\" ", b"caf\\u00e9 ", "na\u00efve ".encode()]
+    for dialect in _OTHER_HEAD:
+        stream = _row(dialect, [(True, words[i % len(words)]) for i in range(30)])
+        assert _same(dialect, [stream]).taken == 31  # the row and the recorded delta after it
+
+
 def test_padded_chat_deltas_are_taken_by_their_bytes() -> None:
     words = [b"Paris ", b"is ", b"\\\"sunny\\\" ", b"caf\\u00e9 ", "na\u00efve ".encode()]
     stream = _padded(_grown("chat", [words[i % len(words)] for i in range(40)]))
