@@ -125,14 +125,20 @@ def _events(raw: bytes) -> list[bytes]:
     return [e + sep for e in raw.split(sep) if e.strip()]
 
 
+def _first_delta(dialect: str) -> tuple[list[bytes], int, int, int]:
+    """The dialect's recorded text stream's events, which of them is its first text delta,
+    and where that delta's text starts and ends."""
+    events = _events((DATA / dialect / "text_stream.sse").read_bytes())
+    at = next(i for i, e in enumerate(events) if b'"Paris is' in e)
+    start = events[at].index(b'"Paris is') + 1
+    return events, at, start, events[at].index(b'"', start)
+
+
 def _grown(dialect: str, insides: list[bytes]) -> bytes:
     """The dialect's recorded text stream with its first text delta repeated, once per
     `insides` (the bytes between the text's quotes)."""
-    events = _events((DATA / dialect / "text_stream.sse").read_bytes())
-    at = next(i for i, e in enumerate(events) if b'"Paris is' in e)
+    events, at, start, end = _first_delta(dialect)
     event = events[at]
-    start = event.index(b'"Paris is') + 1
-    end = event.index(b'"', start)
     return b"".join([*events[:at], *(event[:start] + x + event[end:] for x in insides), *events[at:]])
 
 
@@ -245,11 +251,8 @@ _OTHER_HEAD = {"chat": (b"chatcmpl-B9", b"chatcmpl-C7"), "anthropic": (b'"index"
 def _row(dialect: str, row: list[tuple[bool, bytes]]) -> bytes:
     """The dialect's recorded text stream with a row of text deltas after its first one,
     each of its shape or of another head (`_OTHER_HEAD`), with `inside` as its text."""
-    events = _events((DATA / dialect / "text_stream.sse").read_bytes())
-    at = next(i for i, e in enumerate(events) if b'"Paris is' in e)
+    events, at, start, end = _first_delta(dialect)
     event = events[at]
-    start = event.index(b'"Paris is') + 1
-    end = event.index(b'"', start)
     old, new = _OTHER_HEAD[dialect]
     made = [(event if same else event.replace(old, new))[:start] + inside + event[end:] for same, inside in row]
     return b"".join([*events[:at + 1], *made, *events[at + 1:]])
