@@ -45,12 +45,16 @@ _LEARNS: Final = 8  # per stream: a dialect whose deltas never repeat a shape st
 _MARKER: Final = b"spanmeter-probe"
 
 
+_Rows = tuple[re.Pattern[bytes], re.Pattern[bytes]]  # a row of events of a template, and one event
+
+
 @dataclass(slots=True)
 class _Template:
     head: bytes  # the bytes before the first hole
     steps: tuple[tuple[int, bytes], ...]  # (hole kind, the bytes after it up to the next hole)
     side: tuple[StreamEvent, ...]  # what a fitting event gives besides its text and usage
     body: re.Pattern[bytes]  # what follows the head, holes and all, as one regex: one C call an event
+    rows: _Rows | None  # `_read_run`'s two regexes; None where it cannot vouch for a row (`_rows`)
 
 
 # Proven templates that name no response (no metadata beside the text: Anthropic,
@@ -62,7 +66,7 @@ class _Template:
 _Steps = tuple[tuple[int, bytes], ...]
 _SHARED: dict[tuple[str, bytes, _Steps], _Template] = {}
 _BODIES: dict[_Steps, re.Pattern[bytes]] = {}
-_RUNS: dict[tuple[_Steps, int], tuple[re.Pattern[bytes], re.Pattern[bytes]]] = {}
+_RUNS: dict[tuple[_Steps, int], _Rows] = {}
 _SHARED_MAX: Final = 256
 _HOLE_PATTERNS: Final = {_TEXT: b"(" + _STRING.pattern + b")", _IGNORED_STRING: _STRING.pattern,
                          _IGNORED_INT: _INT.pattern, _USAGE: rb"(.+)"}
@@ -176,7 +180,8 @@ class TextShortcut:
         known = _SHARED.get(shared) if not side else None
         if known is not None and self._reads(known, raw, parsed):
             return known
-        template = _Template(raw[:holes[0][0]], steps, side, _body(steps))
+        head = raw[:holes[0][0]]
+        template = _Template(head, steps, side, _body(steps), _rows(head, steps))
         if not self._proven(template, raw, holes, parsed):
             return None
         if not side:
@@ -268,9 +273,9 @@ def _read_run(t: _Template, buf: bytes, start: int) -> tuple[list[str] | None, i
     ends (a string's sits between its quotes, an integer has a digit), so no LF LF forms
     across one. A row with an empty text, or with a text whose escape `_decode` refuses,
     is left to the one-event reader."""
-    if not t.steps[-1][1].endswith(b"\n\n") or b"\r" in t.head or any(b"\r" in after for _, after in t.steps):
+    if t.rows is None:
         return None, start
-    run, each = _run_patterns(t)
+    run, each = t.rows
     m = run.match(buf, start)
     if m is None:
         return None, start
@@ -289,19 +294,25 @@ def _read_run(t: _Template, buf: bytes, start: int) -> tuple[list[str] | None, i
     return texts, end
 
 
-def _run_patterns(t: _Template) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """(a row of events that fit `t`, one event with its text as group 1), for any head of
-    `t`'s length: a head names the response, the rest of a template is its shape's."""
-    key = (t.steps, len(t.head))
+def _rows(head: bytes, steps: _Steps) -> _Rows | None:
+    """`_read_run`'s regexes for a template, decided once when it is learnt: (a row of events
+    that fit it, one event with its text as group 1), for any head of its length (a head
+    names the response, the rest of a template is its shape's). None for a template with a
+    usage hole (`take_more` never reads those) or outside the common framing: a CR anywhere,
+    or last bytes other than LF LF."""
+    if steps[-1][0] == _USAGE or not steps[-1][1].endswith(b"\n\n") or b"\r" in head \
+            or any(b"\r" in after for _, after in steps):
+        return None
+    key = (steps, len(head))
     patterns = _RUNS.get(key)
     if patterns is None:
         if len(_RUNS) >= _SHARED_MAX:
             _RUNS.clear()
         quiet = b"".join((_STRING.pattern if kind == _TEXT else _HOLE_PATTERNS[kind]) + re.escape(after)
-                         for kind, after in t.steps)
-        head = b".{%d}" % len(t.head)
-        patterns = _RUNS[key] = (re.compile(b"(" + head + b")" + quiet + b"(?:\\1" + quiet + b")*", re.DOTALL),
-                                 re.compile(head + t.body.pattern, re.DOTALL))
+                         for kind, after in steps)
+        any_head = b".{%d}" % len(head)
+        patterns = _RUNS[key] = (re.compile(b"(" + any_head + b")" + quiet + b"(?:\\1" + quiet + b")*", re.DOTALL),
+                                 re.compile(any_head + _body(steps).pattern, re.DOTALL))
     return patterns
 
 
