@@ -285,12 +285,25 @@ def _second(whole: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
 
 
-class _Offloaded(logging.Handler):
-    """Formats on the emitting thread, writes on a thread of its own from a bounded queue."""
+# How long the writer waits after a line for more (`_Offloaded`): one wake-up and one write
+# for every line of that window. Unnoticeable in a log; what a kill -9 can lose.
+LINGER_S = 0.01
 
-    def __init__(self, stream: TextIO, capacity: int) -> None:
+
+class _Offloaded(logging.Handler):
+    """Formats on the emitting thread, writes on a thread of its own from a bounded queue.
+
+    The writer wakes for a line, then lingers `linger_s` before it writes, so that the lines
+    of the next calls join it. Waking it costs the event loop more than writing: the woken
+    thread preempts the loop, wants the GIL the loop holds, and wakes again for each write,
+    about three context switches a line (bench/bench_percall.py at one connection: the loop
+    switched out 5.7 times a call with the log on, 2.3 with it off). Lines reach the sink at
+    most `linger_s` later; `stop` writes what is queued."""
+
+    def __init__(self, stream: TextIO, capacity: int, linger_s: float = LINGER_S) -> None:
         super().__init__()
         self._stream = stream
+        self._linger_s = linger_s
         # SimpleQueue: a put is one C call, where queue.Queue takes a lock and notifies a
         # Condition per line (3% of the event loop's CPU under load). Bounded by its size.
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -313,6 +326,8 @@ class _Offloaded(logging.Handler):
     def _write(self) -> None:
         while True:
             lines = [self._queue.get()]
+            if lines[0] is not None:
+                time.sleep(self._linger_s)
             while len(lines) < 256:
                 try:
                     lines.append(self._queue.get_nowait())

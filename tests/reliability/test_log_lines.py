@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 
 import pytest
 
@@ -64,3 +65,37 @@ async def test_a_body_that_is_not_json_from_a_known_caller_is_logged_with_its_te
     assert r.status == 400
     [line] = [rec.getMessage() for rec in caplog.records if rec.name == "spanmeter.access"]
     assert line.startswith("tenant=acme run=bad-json-run api=chat "), line
+
+
+class _CountingSink(io.StringIO):
+    """A log sink that counts the writes it gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        return super().write(s)
+
+
+def test_lines_that_arrive_while_the_writer_lingers_share_its_writes() -> None:
+    """The writer wakes once for a burst of lines, not once a line: each line here comes
+    after a pause that hands the GIL over (as the event loop does between calls), so a
+    writer woken per line writes each alone. All of them reach the sink, whole and in order."""
+    from proxy.serve.accesslog import TextFormatter, _Offloaded
+
+    out = _CountingSink()
+    handler = _Offloaded(out, capacity=1000, linger_s=0.5)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("spanmeter.test-linger")
+    n = 40
+    try:
+        for i in range(n):
+            handler.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, f"line {i:03d}", (), None))
+            time.sleep(0.002)
+    finally:
+        handler.stop(5.0)  # writes what the lingering writer holds, at once
+    lines = out.getvalue().splitlines()
+    assert [line.rsplit(" ", 1)[-1] for line in lines] == [f"{i:03d}" for i in range(n)]
+    assert out.writes <= 4, f"{out.writes} writes for {n} lines"  # ~60 bytes a line: 1 chunk of PIPE_BUF, or a few
