@@ -351,74 +351,10 @@ class SqliteStore(DerivedOps):
     # --- ledger ----------------------------------------------------------------------
 
     async def admit(self, ask: Ask, turn: Turn = NO_TURN) -> Admission:
-        tenant, run_id, limits, now = ask.tenant, ask.run_id, ask.limits, ask.now
-        windows = window_keys(now, ask.tz)
         min_reserve, max_reserve = turn.reserve
         if not 0 <= min_reserve <= max_reserve:
             raise ValueError(f"need 0 <= least ({min_reserve}) <= most ({max_reserve}) in Turn.reserve")
-
-        now_ms = epoch_ms(now)
-
-        def op(conn: sqlite3.Connection) -> Admission | Refusal:
-            ts = now.timestamp()
-            # Reservations past their ttl are charged by the sweeper's `expire` (every 15 s
-            # in the proxy), as on Redis: expiry moves reserved to settled and changes no
-            # headroom, so an admission need not pass over them itself.
-            budget, run = _read_run(conn, tenant, run_id)
-            # Everything the request settles about the run happens even if the call is
-            # then refused: the tool results did arrive.
-            closed = _close_tools(conn, tenant, run_id, turn.results, run)
-            trace = run.keep_trace(turn.trace)
-
-            def refused(error: Refusal) -> Refusal:
-                _save_run(conn, tenant, run_id, run, ts)
-                return refused_with(error, closed, trace)
-
-            loop = guard_refusal(tenant, run_id, closed, turn.guard)
-            if loop is not None:
-                return refused(loop)
-            eff = with_budgets(limits, *budget)
-            if not turn.priced and costed(eff):
-                return refused(unpriced_refusal(tenant, turn.model))
-            known, unknown = _contexts(conn, tenant, turn.context)
-            if unknown and costed(eff):
-                return refused(context_refusal(tenant, unknown, eff))
-            extra = context_micros(known, turn.input_rate)
-            lo, hi = min_reserve + extra, max_reserve + extra
-            calls, first_seen = run.calls, run.first_seen
-            run_tokens = (_run_tokens(conn, tenant, run_id) + run.tokens_expired
-                          if eff.run_max_tokens is not None else 0)
-            started = (first_seen if first_seen is not None else ts) if eff.run_max_seconds is not None else None
-            elapsed = ts - started if started is not None else 0.0
-            keys = ledger_keys(run_id, windows, turn.key)
-            ledger = _spends(conn, tenant, keys)
-            tokens = (turn.tokens[0] + known, turn.tokens[1] + known)
-            found = Standing(eff, ledger, (lo, hi), calls=calls, run_tokens=run_tokens, tokens=tokens,
-                             tokens_held=run.tokens_held, elapsed_s=elapsed)
-            d = decide(found)
-            if d.refused:
-                return refused(refusal(d, ask, found, turn.key))
-            rates = _rates(conn, tenant, turn.rates, now_ms)
-            if any(state.wait_ms != 0 for _, state in rates):
-                return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
-            _draw(conn, tenant, rates, now_ms)
-            _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
-            run.count(ts)
-            run.tokens_held += d.tokens
-            _save_run(conn, tenant, run_id, run, ts)
-            rid = secrets.token_hex(16)
-            conn.execute(
-                "INSERT INTO reservations "
-                "(id, tenant, run_id, day_key, month_key, amount, expires_at, key_id, tokens) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
-                (rid, tenant, run_id, *windows, d.amount, ts + ask.ttl_s, turn.key, d.tokens),
-            )
-            return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
-                             closed=closed, trace=trace, context_tokens=known, limits=eff,
-                             run_tokens=run_tokens, started_at=started,
-                             rates=tuple(state for _, state in rates), key=turn.key, tokens=d.tokens)
-
-        return await self._admit(op)
+        return await self._admit(_admission(ask, turn))
 
     async def admit_tool(self, ask: Ask, turn: ToolTurn) -> Admission:
         tenant, run_id, limits, now = ask.tenant, ask.run_id, ask.limits, ask.now
@@ -429,10 +365,17 @@ class SqliteStore(DerivedOps):
         now_ms = epoch_ms(now)
 
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
+            rows = _Rows(conn)
+            result = admitted(rows)
+            rows.flush()
+            return result
+
+        def admitted(rows: _Rows) -> Admission | Refusal:
+            conn = rows.conn
             ts = now.timestamp()
-            budget, run = _read_run(conn, tenant, run_id)
+            budget, run = rows.read_run(tenant, run_id)
             trace = run.keep_trace(turn.trace)
-            _save_run(conn, tenant, run_id, run, ts)  # the trace is kept whatever follows
+            rows.save_run(tenant, run_id, run, ts)  # the trace is kept whatever follows
             if turn.name is None:
                 rates = _rates(conn, tenant, turn.rates, now_ms)
                 if any(state.wait_ms != 0 for _, state in rates):
@@ -452,7 +395,7 @@ class SqliteStore(DerivedOps):
             started = run.first_seen if run.first_seen is not None else ts
             elapsed = ts - started if eff.run_max_seconds is not None else 0.0
             keys = ledger_keys(run_id, windows, turn.key)
-            ledger = _spends(conn, tenant, keys)
+            ledger = rows.spends(tenant, keys)
             found = Standing(eff, ledger, (turn.cost, turn.cost), elapsed_s=elapsed)
             # A tool call spends no model tokens and is no model call: those ceilings are the model route's.
             d = decide(replace(found, limits=replace(eff, run_max_calls=None, run_max_tokens=None)))
@@ -462,14 +405,12 @@ class SqliteStore(DerivedOps):
             if any(state.wait_ms != 0 for _, state in rates):
                 return refused_with(rate_refusal(tenant, tuple(s for _, s in rates)), entry, trace)
             _draw(conn, tenant, rates, now_ms)
-            _add(conn, tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
+            rows.add(tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
             _run_add(conn, tenant, run_id, [(MCP_TOOL_CALLS, 1), ("tool_calls", 0 if "id" in entry[0] else 1)])
             run.last_seen, run.changed = ts, True
-            _save_run(conn, tenant, run_id, run, ts)
+            rows.save_run(tenant, run_id, run, ts)
             rid = secrets.token_hex(16)
-            conn.execute(
-                "INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at, key_id) "
-                "VALUES (?,?,?,?,?,?,?,?)", (rid, tenant, run_id, *windows, d.amount, ts + ask.ttl_s, turn.key))
+            rows.reserve((rid, tenant, run_id, *windows, d.amount, ts + ask.ttl_s, turn.key, 0))
             return Admission(rid, tenant, run_id, d.amount, count + 1, d.remaining, *windows, closed=entry,
                              trace=trace, limits=eff, started_at=started if eff.run_max_seconds is not None else None,
                              rates=tuple(state for _, state in rates), key=turn.key)
@@ -683,22 +624,217 @@ def _run_batch(conn: sqlite3.Connection, ops: list[Op], patience_s: float = LOCK
     return results
 
 
+def _admission(ask: Ask, turn: Turn) -> _Admit:
+    """A model call's admission, as an op of a row of admissions (`_admit_row`)."""
+    tenant, run_id, limits, now = ask.tenant, ask.run_id, ask.limits, ask.now
+    windows = window_keys(now, ask.tz)
+    min_reserve, max_reserve = turn.reserve
+    now_ms = epoch_ms(now)
+
+    def op(rows: _Rows) -> Admission | Refusal:
+        conn = rows.conn
+        ts = now.timestamp()
+        # Reservations past their ttl are charged by the sweeper's `expire` (every 15 s
+        # in the proxy), as on Redis: expiry moves reserved to settled and changes no
+        # headroom, so an admission need not pass over them itself.
+        budget, run = rows.read_run(tenant, run_id)
+        # Everything the request settles about the run happens even if the call is
+        # then refused: the tool results did arrive.
+        closed = _close_tools(conn, tenant, run_id, turn.results, run)
+        trace = run.keep_trace(turn.trace)
+
+        def refused(error: Refusal) -> Refusal:
+            rows.save_run(tenant, run_id, run, ts)
+            return refused_with(error, closed, trace)
+
+        loop = guard_refusal(tenant, run_id, closed, turn.guard)
+        if loop is not None:
+            return refused(loop)
+        eff = with_budgets(limits, *budget)
+        if not turn.priced and costed(eff):
+            return refused(unpriced_refusal(tenant, turn.model))
+        known, unknown = _contexts(conn, tenant, turn.context)
+        if unknown and costed(eff):
+            return refused(context_refusal(tenant, unknown, eff))
+        extra = context_micros(known, turn.input_rate)
+        lo, hi = min_reserve + extra, max_reserve + extra
+        calls, first_seen = run.calls, run.first_seen
+        run_tokens = (_run_tokens(conn, tenant, run_id) + run.tokens_expired
+                      if eff.run_max_tokens is not None else 0)
+        started = (first_seen if first_seen is not None else ts) if eff.run_max_seconds is not None else None
+        elapsed = ts - started if started is not None else 0.0
+        keys = ledger_keys(run_id, windows, turn.key)
+        ledger = rows.spends(tenant, keys)
+        tokens = (turn.tokens[0] + known, turn.tokens[1] + known)
+        found = Standing(eff, ledger, (lo, hi), calls=calls, run_tokens=run_tokens, tokens=tokens,
+                         tokens_held=run.tokens_held, elapsed_s=elapsed)
+        d = decide(found)
+        if d.refused:
+            return refused(refusal(d, ask, found, turn.key))
+        rates = _rates(conn, tenant, turn.rates, now_ms)
+        if any(state.wait_ms != 0 for _, state in rates):
+            return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
+        _draw(conn, tenant, rates, now_ms)
+        rows.add(tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
+        run.count(ts)
+        run.tokens_held += d.tokens
+        rows.save_run(tenant, run_id, run, ts)
+        rid = secrets.token_hex(16)
+        rows.reserve((rid, tenant, run_id, *windows, d.amount, ts + ask.ttl_s, turn.key, d.tokens))
+        return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
+                         closed=closed, trace=trace, context_tokens=known, limits=eff,
+                         run_tokens=run_tokens, started_at=started,
+                         rates=tuple(state for _, state in rates), key=turn.key, tokens=d.tokens)
+
+    return _Admit(op)
+
+
+class _Admit:
+    """A model call's admission as an op (`__call__`), and as one of a row of admissions."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[_Rows], Admission | Refusal]) -> None:
+        self.fn = fn
+
+    def __call__(self, conn: sqlite3.Connection) -> Admission | Refusal:
+        return _admit_row(conn, [self])[0]
+
+
+def _admit_row(conn: sqlite3.Connection, row: list[_Admit]) -> list[Admission | Refusal]:
+    """Admit each of `row` in turn, the ledger and run rows they read and write kept between
+    them and written once at the end (`_Rows`): what one admission wrote, the next one reads
+    from there, as it would read it from the file."""
+    rows = _Rows(conn)
+    out = [op.fn(rows) for op in row]
+    rows.flush()
+    return out
+
+
+class _Rows:
+    """The ledger's spends and the runs a row of admissions reads and writes, and the
+    reservations it makes. Read from the file once, kept up to date here as the admissions
+    write them, and written at the row's end in one statement each (`flush`): at 64
+    connections an admission's five statements cost the ledger thread 15-20 us each, and
+    the admissions of a batch come in rows that share the tenant's day and month rows and
+    their runs'. Every other table an admission touches (tool calls, rates, contexts, run
+    totals) is read and written at once, on `conn`."""
+
+    __slots__ = ("added", "budgets", "conn", "reservations", "runs", "saved", "spent")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.budgets: dict[str, tuple[int | None, int | None]] = {}
+        self.runs: dict[tuple[str, str], tuple[Any, ...] | None] = {}  # a run's columns as `_Run` reads them
+        self.spent: dict[tuple[str, str, str], Spend] = {}  # (tenant, scope, key): as it stands now, once read
+        self.added: dict[tuple[str, str, str], list[int]] = {}  # (settled, reserved) to add at the end
+        self.saved: dict[tuple[str, str], tuple[Any, ...]] = {}  # the runs' rows to write at the end
+        self.reservations: list[tuple[Any, ...]] = []
+
+    def read_run(self, tenant: str, run_id: str) -> tuple[tuple[int | None, int | None], _Run]:
+        """(the tenant's admin budgets (day, month), the run), in one statement the first time."""
+        key = (tenant, run_id)
+        if key not in self.runs:  # else read (and its tenant's budgets with it) or saved in this row
+            row = self.conn.execute(_READ_RUN, key).fetchone()
+            self.budgets[tenant] = (row[0], row[1])
+            self.runs[key] = row[2:] if row[2] is not None else None
+        return self.budgets[tenant], _Run(self.runs[key])
+
+    def save_run(self, tenant: str, run_id: str, run: _Run, ts: float) -> None:
+        """Keep the run's row, if the op changed it; a new run starts at `ts`."""
+        if not run.changed:
+            return
+        first_seen = run.first_seen if run.first_seen is not None else ts
+        last_seen = run.last_seen if run.last_seen is not None else ts
+        key = (tenant, run_id)
+        self.saved[key] = (tenant, run_id, run.calls, first_seen, last_seen, run.trace, run.sig, run.streak,
+                           run.failures, run.tokens_held)
+        self.runs[key] = (run.calls, first_seen, last_seen, run.trace, run.sig, run.streak, run.failures,
+                          run.tokens_held, run.tokens_expired)
+        run.first_seen, run.last_seen, run.changed = first_seen, last_seen, False
+
+    def spends(self, tenant: str, keys: dict[str, tuple[str, str]]) -> dict[str, Spend]:
+        """The spend of each scope of `keys` (scope -> (ledger scope, key)); what is not known
+        yet read in one statement, with what this row added to it."""
+        missing = {s: k for s, k in keys.items() if (tenant, *k) not in self.spent}
+        if missing:
+            for s, spend in _spends(self.conn, tenant, missing).items():
+                at = (tenant, *missing[s])
+                more = self.added.get(at)
+                self.spent[at] = spend if more is None else Spend(spend.settled + more[0], spend.reserved + more[1])
+        return {s: self.spent[(tenant, *k)] for s, k in keys.items()}
+
+    def add(self, tenant: str, rows: list[tuple[str, str, int, int]]) -> None:
+        """Add (settled, reserved) to each (scope, key) of `rows`."""
+        for scope, key, settled, reserved in rows:
+            at = (tenant, scope, key)
+            more = self.added.get(at)
+            if more is None:
+                self.added[at] = [settled, reserved]
+            else:
+                more[0] += settled
+                more[1] += reserved
+            now = self.spent.get(at)
+            if now is not None:
+                self.spent[at] = Spend(now.settled + settled, now.reserved + reserved)
+
+    def reserve(self, values: tuple[Any, ...]) -> None:
+        """(id, tenant, run_id, day, month, amount, expires_at, key_id, tokens) of a reservation."""
+        self.reservations.append(values)
+
+    def flush(self) -> None:
+        conn = self.conn
+        if self.added:
+            rows = [(*k, *v) for k, v in self.added.items()]
+            conn.execute(_sql(_add_sql, _padded(len(rows))), [v for r in _pad(rows, zero=(0, 0)) for v in r])
+        if self.saved:
+            rows = list(self.saved.values())  # a copy repeats a row: the same values written again
+            conn.execute(_sql(_save_runs_sql, _padded(len(rows))), [v for r in _pad(rows) for v in r])
+        made = self.reservations
+        while made:  # in lengths that are powers of two: an id is never written twice
+            n = 1 << (len(made).bit_length() - 1)
+            conn.execute(_sql(_reserve_sql, n), [v for r in made[:n] for v in r])
+            made = made[n:]
+
+
+_READ_RUN = ("SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures, "
+             "r.tokens_held, r.tokens_expired "
+             "FROM (SELECT 1) LEFT JOIN budgets b ON b.tenant = ?1 "
+             "LEFT JOIN runs r ON r.tenant = ?1 AND r.run_id = ?2")
+
+
+def _save_runs_sql(n: int) -> str:
+    return ("INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, trace, sig, streak, failures, "
+            "tokens_held) VALUES " + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * n)
+            + " ON CONFLICT DO UPDATE SET calls = excluded.calls, first_seen = excluded.first_seen, "
+              "last_seen = excluded.last_seen, trace = excluded.trace, sig = excluded.sig, "
+              "streak = excluded.streak, failures = excluded.failures, tokens_held = excluded.tokens_held")
+
+
+def _reserve_sql(n: int) -> str:
+    return ("INSERT INTO reservations (id, tenant, run_id, day_key, month_key, amount, expires_at, key_id, tokens) "
+            "VALUES " + ",".join(["(?,?,?,?,?,?,?,?,?)"] * n))
+
+
 def _run_ops(conn: sqlite3.Connection, ops: list[Op]) -> list[Any]:
     """Each op's result, in order. Consecutive settles run as one row (`_settle_row`): a
     settle reads nothing but its own reservation, so nothing between two of them could
-    have seen the state in between, and what they add up to is the same in any order."""
+    have seen the state in between, and what they add up to is the same in any order.
+    Consecutive admissions run as one row too (`_admit_row`), each reading what the ones
+    before it wrote."""
     out: list[Any] = []
     i, n = 0, len(ops)
     while i < n:
-        op = ops[i]
-        if type(op) is not _Settle:
-            out.append(op(conn))
+        kind = type(ops[i])
+        if kind is not _Settle and kind is not _Admit:
+            out.append(ops[i](conn))
             i += 1
             continue
         j = i + 1
-        while j < n and type(ops[j]) is _Settle:
+        while j < n and type(ops[j]) is kind:
             j += 1
-        out += _settle_row(conn, ops[i:j])  # type: ignore[arg-type]  # all _Settle, by the loop above
+        row: Any = ops[i:j]  # all of `kind`, by the loop above
+        out += _settle_row(conn, row) if kind is _Settle else _admit_row(conn, row)
         i = j
     return out
 
@@ -934,7 +1070,7 @@ def _expire(conn: sqlite3.Connection, now_ts: float) -> int:
 
 class _Run:
     """A run's row as one operation reads it, changes it, and writes it back once
-    (`_save_run`): the op holds the write lock throughout, so nothing changes it between."""
+    (`_Rows.save_run`): the op holds the write lock throughout, so nothing changes it between."""
 
     __slots__ = ("calls", "changed", "failures", "first_seen", "last_seen", "sig", "streak", "tokens_expired",
                  "tokens_held", "trace")
@@ -957,36 +1093,6 @@ class _Run:
 
     def count(self, ts: float) -> None:
         self.calls, self.last_seen, self.changed = self.calls + 1, ts, True
-
-
-def _read_run(conn: sqlite3.Connection, tenant: str, run_id: str) -> tuple[tuple[int | None, int | None], _Run]:
-    """(the tenant's admin budgets (day, month), the run), in one statement."""
-    row = conn.execute(
-        "SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures, "
-        "r.tokens_held, r.tokens_expired "
-        "FROM (SELECT 1) LEFT JOIN budgets b ON b.tenant = ?1 "
-        "LEFT JOIN runs r ON r.tenant = ?1 AND r.run_id = ?2",
-        (tenant, run_id),
-    ).fetchone()
-    return (row[0], row[1]), _Run(row[2:] if row[2] is not None else None)
-
-
-def _save_run(conn: sqlite3.Connection, tenant: str, run_id: str, run: _Run, ts: float) -> None:
-    """Write the run's row back if the op changed it; a new run starts at `ts`."""
-    if not run.changed:
-        return
-    first_seen = run.first_seen if run.first_seen is not None else ts
-    last_seen = run.last_seen if run.last_seen is not None else ts
-    conn.execute(
-        "INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, trace, sig, streak, failures, tokens_held) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = excluded.calls, "
-        "first_seen = excluded.first_seen, last_seen = excluded.last_seen, trace = excluded.trace, "
-        "sig = excluded.sig, streak = excluded.streak, failures = excluded.failures, "
-        "tokens_held = excluded.tokens_held",
-        (tenant, run_id, run.calls, first_seen, last_seen, run.trace, run.sig, run.streak, run.failures,
-         run.tokens_held),
-    )
-    run.first_seen, run.last_seen, run.changed = first_seen, last_seen, False
 
 
 def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,
