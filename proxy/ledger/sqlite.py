@@ -8,6 +8,15 @@ atomic and isolated: one that raises leaves no write behind and its batch-mates 
 (`_run_batch`). Results are handed back only after the commit, all of a batch's at once:
 one wake-up of each waiting event loop per batch, not one per operation.
 
+Within a batch, consecutive settles run as one row (`_settle_row`) and consecutive
+admissions as one row (`_admit_row`): a row reads each ledger and run row it needs once,
+keeps it up to date as its operations write, and writes it once at its end, so that a
+row of operations costs a few statements rather than a few each. Each operation of a row
+reads exactly what it would read had the ones before it been committed one by one
+(tests/ledger/test_sqlite_settle_row.py and test_sqlite_admit_row.py hold the two ways
+equal); a statement costs the writer thread 15-20 us of CPU under load, so at 64
+connections (rows of ~10 admissions, ~13 settles) this took ~40% off its CPU.
+
 `BEGIN IMMEDIATE` takes SQLite's write lock, so several processes (or several stores)
 on the same file also stay atomic with respect to each other.
 
