@@ -26,7 +26,8 @@ NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 limits = st.builds(Limits, run_max_calls=st.sampled_from([None, 2, 5]),
                    run_max_cost=st.sampled_from([None, 5_000, 50_000]),
                    day_budget=st.sampled_from([None, 20_000, 10**9]), month_budget=st.sampled_from([None, 80_000]),
-                   key_day_budget=st.sampled_from([None, 9_000]))
+                   key_day_budget=st.sampled_from([None, 9_000]), run_max_tokens=st.sampled_from([None, 3_000]),
+                   run_max_seconds=st.sampled_from([None, 30.0]))
 reserve = st.integers(0, 8_000).flatmap(lambda lo: st.tuples(st.just(lo), st.integers(lo, lo + 12_000)))
 turn = st.builds(
     Turn, reserve=reserve,
@@ -35,8 +36,9 @@ turn = st.builds(
     trace=st.sampled_from([None, {"ids": "abc", "source": "header"}]),
     key=st.sampled_from([None, "k1"]),
     rates=st.sampled_from([(), (Rate("tenant", "requests", 4, 1),)]),
+    tokens=st.integers(0, 1_000).flatmap(lambda lo: st.tuples(st.just(lo), st.integers(lo, lo + 2_000))),
 )
-ask = st.tuples(st.sampled_from(TENANTS), st.sampled_from(RUNS), limits, st.integers(0, 3))
+ask = st.tuples(st.sampled_from(TENANTS), st.sampled_from(RUNS), limits, st.integers(0, 59))
 
 
 def _ledger() -> sqlite3.Connection:
@@ -45,8 +47,10 @@ def _ledger() -> sqlite3.Connection:
     S._add_columns(conn)
     conn.execute("INSERT INTO budgets (tenant, day, month) VALUES ('beta', 15000, NULL)")
     conn.execute("INSERT INTO ledger VALUES ('acme', 'day', '2026-12-03', 4000, 1000)")
-    conn.execute("INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, sig, streak) "
-                 "VALUES ('acme', 'r1', 1, 1.0, 2.0, 'sig-x', 1)")
+    conn.execute("INSERT INTO runs (tenant, run_id, calls, first_seen, last_seen, sig, streak, tokens_held, "
+                 "tokens_expired) VALUES ('acme', 'r1', 1, ?, ?, 'sig-x', 1, 500, 200)",
+                 (NOW.timestamp() - 20, NOW.timestamp() - 10))
+    conn.execute("INSERT INTO run_totals VALUES ('acme', 'r1', 'input_tokens', 900)")
     for tenant in TENANTS:  # open tool calls the turns' results close (some twice, some never made)
         for run_id in RUNS:
             for call_id in ("t1", "t2"):
