@@ -723,7 +723,8 @@ def _admit_row(conn: sqlite3.Connection, row: list[_Admit]) -> list[Admission | 
 class _Rows:
     """The ledger's spends and the runs a row of admissions reads and writes, and the
     reservations it makes. Read from the file once, kept up to date here as the admissions
-    write them, and written at the row's end in one statement each (`flush`): at 64
+    write them, and written at the row's end, one statement a table (`flush`; the
+    reservations in inserts of power-of-two lengths): at 64
     connections an admission's five statements cost the ledger thread 15-20 us each, and
     the admissions of a batch come in rows that share the tenant's day and month rows and
     their runs'. Every other table an admission touches (tool calls, rates, contexts, run
