@@ -374,10 +374,8 @@ class SqliteStore(DerivedOps):
         now_ms = epoch_ms(now)
 
         def op(conn: sqlite3.Connection) -> Admission | Refusal:
-            rows = _Rows(conn)
-            result = admitted(rows)
-            rows.flush()
-            return result
+            # A row of its own: not an `_Admit`, so it ends a row of model admissions.
+            return _admit_row(conn, [_Admit(admitted)])[0]
 
         def admitted(rows: _Rows) -> Admission | Refusal:
             conn = rows.conn
