@@ -2,9 +2,9 @@
 
 Loopback only, every server on an ephemeral port, every process it starts ended by
 PID. The proxy under test runs on CPU 0 (sm-workers2, spanmeter --workers 2, on CPUs 0
-and 1); wrk, the upstream, Redis and the OTLP sink share CPU 1. Each repetition visits
-every target in turn (alternating), and the reported figure is the median over
-repetitions.
+and 1); wrk, the upstream, Redis and the OTLP sink share CPU 1. Each repetition runs
+each scenario on every target in turn (`schedule`), and the reported figure is the median
+over repetitions; each ratio to bare is also given paired by repetition (`paired_ratios`).
 
     python bench/run.py              # full run, < 8 minutes on 2 cores
     python bench/run.py --quick      # direct, bare, sm-full, sm-local, 1 repetition, ~2-3 minutes
@@ -31,9 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -57,6 +58,9 @@ PY = sys.executable
 PROXY_CPU, LOAD_CPU = 0, 1
 UPSTREAM_KEY = "sk-bench-upstream"
 SLOW_IDEAL_RPS = 256 / 0.05  # 256 connections, each waiting 50 ms per call
+S = TypeVar("S")
+T = TypeVar("T")
+
 # Settings the bench's own shell might carry; each spanmeter gets exactly the ones set below.
 INHERITED_CONFIG = [k for k in os.environ if k.startswith(("SPANMETER_", "OTEL_"))]
 SM_ENV: dict[str, str] = {}  # --sm-env: set for every spanmeter target, after the bench's own
@@ -401,24 +405,31 @@ def run_load(targets: list[Target], plan: Plan, tmp: Path, upstream: Proc) -> No
     for t in targets:  # warm-up: pools filled, code paths imported, SQLite pages cached
         for sc in (BY_NAME['json_c64'], BY_NAME['sse_c64']):
             measure(t, sc, plan.warmup_s, tmp, f"w{t.name}{sc.name}", upstream)
-    total = plan.reps * len(targets) * len(SCENARIOS)
-    step = 0
-    for rep in range(plan.reps):
-        for t in targets:
-            for sc in SCENARIOS:
-                step += 1
-                seconds = max(1, plan.duration_s - 1) if sc.conns == 1 else plan.duration_s
-                r = measure(t, sc, seconds, tmp, f"r{rep}{t.name}{sc.name}", upstream)
-                t.runs.setdefault(sc.name, []).append(r)
-                print(f"  [{step}/{total}] rep {rep + 1} {t.name:9} {sc.name:10} {r['rps']:8.0f} req/s "
-                      f"p50 {r['latency_us']['p50'] / 1000:6.2f} ms  errors {r['error_count']}  "
-                      f"cpu0 foreign {r.get('foreign_cpu0_pct', 0):4.0f}%  cpu1 busy {r.get('cpu1_busy_pct', 0):4.0f}%",
-                      flush=True)
-            t.ttfb.append(ttfb(t, plan.ttfb_n, tmp))
+    order = schedule(plan.reps, targets, SCENARIOS)
+    for step, (rep, sc, t) in enumerate(order, 1):
+        seconds = max(1, plan.duration_s - 1) if sc.conns == 1 else plan.duration_s
+        r = measure(t, sc, seconds, tmp, f"r{rep}{t.name}{sc.name}", upstream)
+        t.runs.setdefault(sc.name, []).append(r)
+        print(f"  [{step}/{len(order)}] rep {rep + 1} {t.name:9} {sc.name:10} {r['rps']:8.0f} req/s "
+              f"p50 {r['latency_us']['p50'] / 1000:6.2f} ms  errors {r['error_count']}  "
+              f"cpu0 foreign {r.get('foreign_cpu0_pct', 0):4.0f}%  cpu1 busy {r.get('cpu1_busy_pct', 0):4.0f}%",
+              flush=True)
+        if sc is SCENARIOS[-1] and t is targets[-1]:  # the repetition's last: its first-event timings
+            for each in targets:
+                each.ttfb.append(ttfb(each, plan.ttfb_n, tmp))
     for t in targets:
         for sc_name, runs in t.runs.items():
             t.peak_rss_kb_by_scenario[sc_name] = max(r.get("peak_rss_kb", 0) for r in runs)
         t.peak_rss_kb = max(t.peak_rss_kb_by_scenario.values(), default=0)
+
+
+def schedule(reps: int, targets: Sequence[T], scenarios: Sequence[S]) -> list[tuple[int, S, T]]:
+    """The order of the measurements: within a repetition, each scenario on every target in
+    turn. A target's figure and bare's, which a ratio compares, are then taken seconds apart
+    rather than a whole round of scenarios apart: on a shared VM the core's speed drifts
+    over tens of seconds (bare's CPU per JSON request read 0.127, 0.266 and 0.207 ms in the
+    three repetitions of one run, docs/benchmarks.md, twelfth pass)."""
+    return [(rep, sc, t) for rep in range(reps) for sc in scenarios for t in targets]
 
 
 # ---------------------------------------------------------------- summary
@@ -490,6 +501,32 @@ def ratios(summary: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, m in summary.items():
         out[name] = {k: v / bare[k] for k, v in m.items() if bare.get(k) and k in bare}
+    return out
+
+
+PAIRED = (("cpu_ms", "cpu_ms_per_req"), ("rps", "rps"))
+
+
+def paired_ratios(targets: list[Target], base: str = "bare") -> dict[str, dict[str, float]]:
+    """Per target, the median over repetitions of its figure over `base`'s in the same
+    repetition (CPU per request, requests a second), scenario by scenario: the two were
+    measured seconds apart (`schedule`), so a drift of the machine's speed between
+    repetitions cancels out of each pair, where a ratio of medians keeps it."""
+    ref = next((t for t in targets if t.name == base), None)
+    out: dict[str, dict[str, float]] = {}
+    if ref is None:
+        return out
+    for t in targets:
+        if t.proc is None or t is ref:
+            continue
+        m: dict[str, float] = {}
+        for sc_name, runs in t.runs.items():
+            for key, field_ in PAIRED:
+                pairs = [r[field_] / b[field_] for r, b in zip(runs, ref.runs.get(sc_name, []), strict=False)
+                         if r.get(field_) and b.get(field_)]
+                if pairs:
+                    m[f"{sc_name}.{key}"] = _median(pairs)
+        out[t.name] = m
     return out
 
 
@@ -643,9 +680,13 @@ def anatomy_line(anatomy: dict[str, float], bare_cpu_ms: float | None) -> str:
     return line
 
 
-def verdicts(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, float]]) -> dict[str, list[str]]:
-    """Per spanmeter target: each target met or not, with bare's figure from the same run beside it."""
+def verdicts(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, float]],
+             paired: dict[str, dict[str, float]] | None = None) -> dict[str, list[str]]:
+    """Per spanmeter target: each target met or not, with bare's figure from the same run
+    beside it, and for a ratio the median of the ratios paired by repetition
+    (`paired_ratios`) too. The verdict is the ratio of medians."""
     bare = summary.get("bare", {})
+    paired = paired or {}
     out: dict[str, list[str]] = {}
     for name in summary:
         if not name.startswith("sm-"):
@@ -671,8 +712,10 @@ def verdicts(summary: dict[str, dict[str, float]], rat: dict[str, dict[str, floa
                 if key not in rat.get(name, {}):
                     continue
                 v, unit = rat[name][key], "x bare"
-                side = f" ({m[key]:,.3f} vs bare {bare[key]:,.3f})" if "cpu" in key else \
-                    f" ({m[key]:,.0f} vs bare {bare[key]:,.0f} req/s)"
+                pair = paired.get(name, {}).get(key)
+                also = f"; paired by repetition {pair:.3f}x" if pair is not None else ""
+                side = f" ({m[key]:,.3f} vs bare {bare[key]:,.3f}{also})" if "cpu" in key else \
+                    f" ({m[key]:,.0f} vs bare {bare[key]:,.0f} req/s{also})"
             ok = v >= limit if kind == "ratio_min" else v <= limit
             rows.append(f"{'met    ' if ok else 'NOT MET'} {label}: {v:.3f}{unit}{side}")
         out[name] = rows
@@ -774,7 +817,12 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
         profile = profile_target(full.proc, lambda sc, d: wrk(full, sc, d, procs.tmp, f"p{sc.name}"),
                                  {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
     tables = render_tables(summary, rat)
-    verdict = verdicts(summary, rat)
+    paired = paired_ratios(targets)
+    before = paired_ratios(targets, base="sm-before").get("sm-full", {})
+    if before:
+        tables += "\n\nsm-full / sm-before, paired by repetition: " + ", ".join(
+            f"{k} {v:.3f}x" for k, v in sorted(before.items()))
+    verdict = verdicts(summary, rat, paired)
     noisy = sorted({f"{t.name}/{sc}" for t in targets for sc, runs in t.runs.items()
                     if any(r.get("foreign_cpu0_pct", 0) > 10 for r in runs)})
     if noisy:
@@ -797,7 +845,8 @@ def _bench(procs: Procs, plan: Plan, args: argparse.Namespace, started: float) -
         "machine": machine(), "upstream": kind,
         "plan": plan.__dict__, "targets": {t.name: t.what for t in targets},
         "scenarios": {s.name: s.what for s in SCENARIOS},
-        "summary": summary, "ratio_to_bare": rat, "workers_vs_one": workers_vs_one(summary),
+        "summary": summary, "ratio_to_bare": rat, "paired_ratio_to_bare": paired,
+        "paired_ratio_to_before": before, "workers_vs_one": workers_vs_one(summary),
         "contaminated": noisy, "verdicts": verdict, "tables_md": tables, "anatomy_us": anatomy,
         "runs": {t.name: t.runs | {"ttfb": t.ttfb} for t in targets}, "profile": profile,
         "elapsed_s": round(time.monotonic() - started, 1),

@@ -19,9 +19,11 @@ from profile_hot import fold
 from run import (
     Target,
     _contention,
+    paired_ratios,
     ratios,
     render_before,
     render_workers,
+    schedule,
     summarise,
     verdicts,
     workers_vs_one,
@@ -112,6 +114,32 @@ def test_verdicts_say_met_or_not_with_bare_beside() -> None:
     assert "NOT MET throughput, 256 connections, 50 ms upstream >= 50% of bare: 0.400x" in full
     assert "met     peak RSS <= 150 MB in every scenario (OTLP export on): 140.000 MB (highest in agent_c64" in full
     assert out["sm-local"] == []  # without OTLP export the memory target does not apply
+
+
+def test_each_scenario_visits_every_target_before_the_next() -> None:
+    order = schedule(2, ["bare", "sm-full", "sm-local"], ["json_c1", "json_c64"])
+    assert order[:3] == [(0, "json_c1", "bare"), (0, "json_c1", "sm-full"), (0, "json_c1", "sm-local")]
+    assert order[3] == (0, "json_c64", "bare")
+    assert sorted(order) == sorted({(r, sc, t) for r in range(2) for sc in ("json_c1", "json_c64")
+                                    for t in ("bare", "sm-full", "sm-local")})
+
+
+def test_paired_ratios_cancel_a_drift_between_repetitions() -> None:
+    direct, bare, sm = Target("direct", 1, "k", ""), Target("bare", 2, "k", ""), Target("sm-full", 3, "k", "")
+    bare.proc = sm.proc = object()  # type: ignore[assignment]
+    # The machine ran 3x slower in the second repetition and 2x in the third.
+    bare.runs = {"json_c64": [_run(4000, 100, 0.1), _run(1300, 100, 0.3), _run(2000, 100, 0.2)]}
+    sm.runs = {"json_c64": [_run(1000, 100, 0.4), _run(260, 100, 1.5), _run(1000, 100, 0.6)]}
+    direct.runs = {"json_c64": [_run(9000, 10)] * 3}
+    paired = paired_ratios([direct, bare, sm])
+    assert set(paired) == {"sm-full"}  # direct has no process to measure; bare is the reference
+    assert paired["sm-full"]["json_c64.cpu_ms"] == pytest.approx(4.0)  # 4, 5, 3: the ratio of medians says 3
+    assert ratios(summarise([direct, bare, sm]))["sm-full"]["json_c64.cpu_ms"] == pytest.approx(3.0)
+    assert paired["sm-full"]["json_c64.rps"] == pytest.approx(0.25)  # 0.25, 0.2, 0.5
+    assert paired_ratios([direct, sm]) == {}  # no bare in the run: nothing to pair with
+    summary = {"bare": {"json_c64.cpu_ms": 0.2}, "sm-full": {"json_c64.cpu_ms": 0.6}}
+    line = "\n".join(verdicts(summary, ratios(summary), paired)["sm-full"])
+    assert "3.000x bare (0.600 vs bare 0.200; paired by repetition 4.000x)" in line
 
 
 def test_a_proxy_on_both_cores_has_no_foreign_share_of_cpu0() -> None:
