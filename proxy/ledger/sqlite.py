@@ -73,7 +73,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -792,9 +792,7 @@ class _Rows:
 
     def flush(self) -> None:
         conn = self.conn
-        if self.added:
-            rows = [(*k, *v) for k, v in self.added.items()]
-            conn.execute(_sql(_add_sql, _padded(len(rows))), [v for r in _pad(rows, zero=(0, 0)) for v in r])
+        _add(conn, self.added)
         if self.saved:
             rows = list(self.saved.values())  # a copy repeats a row: the same values written again
             conn.execute(_sql(_save_runs_sql, _padded(len(rows))), [v for r in _pad(rows) for v in r])
@@ -894,12 +892,8 @@ def _settle_row(conn: sqlite3.Connection, row: list[_Settle]) -> list[int]:
         if s.seen:
             _remember(conn, tenant, s.seen, time.time())
         out.append(max(0, s.actual - int(amount)))
-    if adds:
-        rows = [(*k, *v) for k, v in adds.items()]
-        conn.execute(_sql(_add_sql, _padded(len(rows))), [v for r in _pad(rows, zero=(0, 0)) for v in r])
-    if totals:
-        rows = [(*k, n) for k, n in totals.items()]
-        conn.execute(_sql(_run_add_sql, _padded(len(rows))), [v for r in _pad(rows, zero=(0,)) for v in r])
+    _add(conn, adds)
+    _add_totals(conn, totals)
     return out
 
 
@@ -1033,9 +1027,12 @@ def _spends_sql(n: int) -> str:
     return " UNION ALL ".join([one] * n)
 
 
-def _add(conn: sqlite3.Connection, tenant: str, rows: list[tuple[str, str, int, int]]) -> None:
-    """Add (settled, reserved) to each (scope, key) of `rows`, in one statement."""
-    conn.execute(_sql(_add_sql, len(rows)), [v for row in rows for v in (tenant, *row)])
+def _add(conn: sqlite3.Connection, added: Mapping[tuple[str, str, str], Sequence[int]]) -> None:
+    """Add (settled, reserved) to each (tenant, scope, key) of `added`, in one statement
+    of a `_padded` length."""
+    if added:
+        rows = [(*k, *v) for k, v in added.items()]
+        conn.execute(_sql(_add_sql, _padded(len(rows))), [v for r in _pad(rows, zero=(0, 0)) for v in r])
 
 
 def _add_sql(n: int) -> str:
@@ -1066,7 +1063,7 @@ def _expire(conn: sqlite3.Connection, now_ts: float) -> int:
         (now_ts,),
     ).fetchall()
     for rid, tenant, run_id, day, month, amount, key_id, tokens in rows:
-        _add(conn, tenant, [(scope, key, amount, -amount) for scope, key in _reserved_on(run_id, day, month, key_id)])
+        _add(conn, {(tenant, scope, key): (amount, -amount) for scope, key in _reserved_on(run_id, day, month, key_id)})
         if tokens:  # charged at the tokens it held, as at its money
             conn.execute("UPDATE runs SET tokens_held = tokens_held - ?1, tokens_expired = tokens_expired + ?1 "
                          "WHERE tenant=?2 AND run_id=?3", (tokens, tenant, run_id))
@@ -1162,8 +1159,18 @@ def _remember(conn: sqlite3.Connection, tenant: str, seen: list[tuple[str, int]]
 
 
 def _run_add(conn: sqlite3.Connection, tenant: str, run_id: str, totals: list[tuple[str, int]]) -> None:
+    summed: dict[tuple[str, str, str], int] = {}
+    for name, n in totals:
+        summed[tenant, run_id, name] = summed.get((tenant, run_id, name), 0) + n
+    _add_totals(conn, summed)
+
+
+def _add_totals(conn: sqlite3.Connection, totals: Mapping[tuple[str, str, str], int]) -> None:
+    """Add each value to its (tenant, run id, counter) of `totals`, in one statement of a
+    `_padded` length."""
     if totals:
-        conn.execute(_sql(_run_add_sql, len(totals)), [v for name, n in totals for v in (tenant, run_id, name, n)])
+        rows = [(*k, n) for k, n in totals.items()]
+        conn.execute(_sql(_run_add_sql, _padded(len(rows))), [v for r in _pad(rows, zero=(0,)) for v in r])
 
 
 def _run_add_sql(n: int) -> str:
