@@ -39,6 +39,7 @@ PAYLOADS = {  # what each call sends (bench/payloads.py) and the upstream's answ
     "json": (lambda p: p.REQUEST_JSON, ""),  # a short chat, a JSON answer
     "sse": (lambda p: p.REQUEST_SSE, "?s=sse"),  # the same, its answer a 50-event stream
     "agent": (lambda p: p.REQUEST_AGENT, ""),  # an agent's 17th turn: 20 tools, 15 rounds of results (~45 KB)
+    "slow": (lambda p: p.REQUEST_JSON, "?s=slow"),  # the short chat answered after 50 ms (slow_c256's)
 }
 UPSTREAM_KEY = "sk-bench-upstream"
 
@@ -164,16 +165,16 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
         if profiler:
             profiler.dump_stats(args.profile)
         n = args.calls
-        by_name: dict[str, tuple[float, float]] = {}
-        for tid, (name, user, system) in threads1.items():
-            _, user0, system0 = threads0.get(tid, (name, 0, 0))
-            u, s = by_name.get(name, (0.0, 0.0))
-            by_name[name] = (u + user - user0, s + system - system0)
+        by_name: dict[str, tuple[float, float, float, float]] = {}
+        for tid, (name, *now) in threads1.items():
+            _, *then = threads0.get(tid, (name, 0, 0, 0, 0))
+            by_name[name] = tuple(a + b - c for a, b, c in zip(by_name.get(name, (0, 0, 0, 0)), now, then,
+                                                               strict=True))  # type: ignore[assignment]
         tick = os.sysconf("SC_CLK_TCK")
         return {"process_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6,
                 "wall_us": (w1 - w0) / n * 1e6,
-                "threads_us": {k: (u / tick / n * 1e6, s / tick / n * 1e6)
-                               for k, (u, s) in sorted(by_name.items(), key=lambda kv: -sum(kv[1])) if u or s}}
+                "threads_us": {k: (r / n / 1e3, u / tick / n * 1e6, s / tick / n * 1e6, runs / n)
+                               for k, (u, s, r, runs) in sorted(by_name.items(), key=lambda kv: -kv[1][2]) if r}}
     finally:
         await _stop(client, runner, upstream)
 
@@ -214,9 +215,14 @@ def _pin(*others: int) -> None:
             os.sched_setaffinity(int(task.name), {0})
 
 
-def _threads() -> dict[int, tuple[str, int, int]]:
-    """CPU ticks (user, system) of each thread of this process, by thread id, with its
-    Python name (the OS name is the process's)."""
+def _threads() -> dict[int, tuple[str, int, int, int, int]]:
+    """CPU of each thread of this process, by thread id, with its Python name (the OS name is
+    the process's): ticks of user and system time, the scheduler's exact runtime in ns, and
+    how many times the scheduler put the thread on a CPU (each a wake-up or a preemption).
+
+    The ticks split user from system but are sampled: a thread that wakes on a timer runs at
+    the tick more often than its share, so a short-lived thread's ticks can read several times
+    its real CPU. The runtime (/proc/.../schedstat) is exact, unsplit."""
     import threading
 
     names = {t.native_id: t.name for t in threading.enumerate()}
@@ -225,9 +231,10 @@ def _threads() -> dict[int, tuple[str, int, int]]:
         try:
             name = names.get(int(task.name), "(other)")
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            runtime_ns, _, slices = (task / "schedstat").read_text().split()
         except OSError:
             continue  # ended meanwhile
-        out[int(task.name)] = (name, int(fields[11]), int(fields[12]))
+        out[int(task.name)] = (name, int(fields[11]), int(fields[12]), int(runtime_ns), int(slices))
     return out
 
 
@@ -277,8 +284,9 @@ def main() -> None:
     print(f"{args.calls} {args.payload} calls at concurrency {args.concurrency}, runs of {args.run_calls or 1}: "
           f"CPU per call process {result['process_us']:.1f} us, "
           f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
-    print("  per thread (us per call, user + system, by name, from /proc ticks): "
-          + ", ".join(f"{k} {u:.0f} + {s:.0f}" for k, (u, s) in result["threads_us"].items()))
+    print("  per thread and call, by name: CPU us exact (user + system from /proc ticks), times put on a CPU: "
+          + ", ".join(f"{k} {r:.0f} ({u:.0f} + {s:.0f}), {runs:.1f}x"
+                      for k, (r, u, s, runs) in result["threads_us"].items()))
     if args.profile:
         _rank(args.profile, args.top)
 
