@@ -95,8 +95,10 @@ FIELD_DOCS: dict[str, str] = {
                      "with `otlp_metrics`. The standard OTEL_EXPORTER_OTLP_ENDPOINT works too.",
     "export_process": "Encode and send spans in a child process (one per worker), out of the serving "
                       "process: `auto` (default) when spans go over OTLP, `on` also for the local files "
-                      "alone, `off` in the serving process. The child exits with its parent; one killed is "
-                      "restarted, what it held counted in `spanmeter.telemetry.dropped_spans`.",
+                      "alone, `off` in the serving process. The child runs 10 nicer than its parent, so on a "
+                      "shared core a request is served before a batch of spans is encoded. The child exits "
+                      "with its parent; one killed is restarted, what it held counted in "
+                      "`spanmeter.telemetry.dropped_spans`.",
     "anatomy": "Split each call's billed input into its parts (instructions, tool definitions, tool results, "
                "earlier turns, new content) with their tokens and cost, on spans, metrics, run totals, "
                "`spanmeter runs RUN_ID` and the overview dashboard. Costs 32-35 us of CPU per call in a run on "
