@@ -9,6 +9,8 @@ processes, so nothing but the proxy is counted here: no baseline to subtract.
 Reported per call, over the measured calls (after a warm-up):
   process  time.process_time() of this process: the event loop plus the ledger and log threads
   loop     time.thread_time() of the event-loop thread alone
+  threads  each thread's exact CPU (/proc/.../schedstat), and how often it was put on a CPU
+  latency  p50, p99 and p99.9 of the calls as the driving client timed them
 
     python bench/bench_percall.py [--calls N] [--run-calls 20] [--profile out.prof] [--top 40] [--pin]
 
@@ -64,6 +66,7 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
     url = f"http://127.0.0.1:{port}/v1/chat/completions{query}"
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     sent = 0
+    latencies: list[float] = []  # seconds, each call as this client saw it
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -74,10 +77,12 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
                 # them; 0: no X-Run-Id, every call its own run (ended with it).
                 run = {"X-Run-Id": f"r-{os.getpid()}-{sent // run_calls}"} if run_calls else {}
                 sent += 1
+                started = time.perf_counter()
                 async with session.post(url, data=body, headers=headers | run) as resp:
                     await resp.read()
                     if resp.status != 200:
                         raise SystemExit(f"proxy answered {resp.status}: {await resp.text()}")
+                latencies.append(time.perf_counter() - started)
 
         async def phase(total: int) -> None:
             share, extra = divmod(total, concurrency)
@@ -86,8 +91,11 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
         await phase(warmup)
         print("warm", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        latencies.clear()
         await phase(calls)
-        print("done", flush=True)
+        latencies.sort()
+        quantiles = (latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e6 for q in (0.5, 0.99, 0.999))
+        print("done", *(f"{x:.0f}" for x in quantiles), flush=True)
 
 
 # --- the proxy (this process) ----------------------------------------------------------
@@ -122,7 +130,7 @@ async def _wait_port(port: int) -> None:
     raise SystemExit(f"upstream on port {port} never came up")
 
 
-async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     upstream_port = _free_port()
     key = _configure(tmp, upstream_port)
     upstream = await asyncio.create_subprocess_exec(
@@ -160,7 +168,8 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
             profiler.disable()
         p1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
         threads1 = _threads()
-        assert line.strip() == b"done", line
+        assert line.startswith(b"done "), line
+        p50, p99, p999 = (float(x) for x in line.split()[1:])
         await client.wait()
         if profiler:
             profiler.dump_stats(args.profile)
@@ -172,7 +181,7 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, f
                                                                strict=True))  # type: ignore[assignment]
         tick = os.sysconf("SC_CLK_TCK")
         return {"process_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6,
-                "wall_us": (w1 - w0) / n * 1e6,
+                "wall_us": (w1 - w0) / n * 1e6, "latency_us": (p50, p99, p999),
                 "threads_us": {k: (r / n / 1e3, u / tick / n * 1e6, s / tick / n * 1e6, runs / n)
                                for k, (u, s, r, runs) in sorted(by_name.items(), key=lambda kv: -kv[1][2]) if r}}
     finally:
@@ -284,6 +293,7 @@ def main() -> None:
     print(f"{args.calls} {args.payload} calls at concurrency {args.concurrency}, runs of {args.run_calls or 1}: "
           f"CPU per call process {result['process_us']:.1f} us, "
           f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
+    print("  latency as the client saw it, us: p50 {:.0f}, p99 {:.0f}, p99.9 {:.0f}".format(*result["latency_us"]))
     print("  per thread and call, by name: CPU us exact (user + system from /proc ticks), times put on a CPU: "
           + ", ".join(f"{k} {r:.0f} ({u:.0f} + {s:.0f}), {runs:.1f}x"
                       for k, (r, u, s, runs) in result["threads_us"].items()))
