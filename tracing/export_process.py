@@ -9,7 +9,7 @@ so it is safe from a forked worker of `spanmeter serve --workers N`, each of
 which owns its own child) rebuilds `ReadableSpan`s and runs the same exporters as the
 in-process path (OTLP/HTTP protobuf, the local JSON-lines files), each behind the same
 bounded, drop-counting BatchSpanProcessor. Protobuf encoding, gzip, HTTP and JSON all
-happen there.
+happen there, `NICER_BY` nicer than the serving process: on a shared core, requests first.
 
 Counting. Every span is accounted for in `spanmeter.telemetry.dropped_spans` or exported:
 - the parent's queue full (cfg.max_queue): `queue_full`, once per exporter, as in-process;
@@ -74,16 +74,16 @@ log = logging.getLogger(__name__)
 _CHILD_LOG = logging.getLogger("spanmeter.export")
 
 MAX_RESPAWNS: Final = 5
+RESPAWN_WINDOW_S: Final = 300.0
+_DOWN_LOG_EVERY_S: Final = 60.0
 # The child runs this much nicer than its parent. Where the two share a core (a one-CPU
 # container, or the bench's pinning), the serving process then runs first when a request
 # comes in during a batch's encoding (a 128-span batch is ~3 ms of the child's CPU), and the
-# child takes the idle time between requests. At one connection the p99 latency fell 0.4-1.3
-# ms, the p50 and the CPU per request stayed as they were, and on a core kept saturated for
-# 60 s (slow_c256) the child still kept up: no span dropped (docs/benchmarks.md, thirteenth
-# pass). On a machine with a core to spare for it, it changes nothing.
+# child takes the idle time between requests. At one connection the p99 fell in 29 of 32
+# paired runs (by 0.5-1 ms, medians), the p50 and the CPU per request moved within the noise,
+# and on a core kept saturated for 60 s (slow_c256) the child still kept up: no span dropped
+# (docs/benchmarks.md, thirteenth pass). On a machine with a core to spare, it changes nothing.
 NICER_BY: Final = 10
-RESPAWN_WINDOW_S: Final = 300.0
-_DOWN_LOG_EVERY_S: Final = 60.0
 _HEADER: Final = struct.Struct("!I")
 
 # parent -> child
@@ -224,8 +224,10 @@ class _Child:
             [sys.executable, "-c", start], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
         )  # fmt: skip
         # Set from here, not by the child: it is nicer from its first instruction (its imports too).
-        with contextlib.suppress(OSError):  # it died already: noticed below like any dead child
-            os.setpriority(os.PRIO_PROCESS, self.proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICER_BY))
+        if hasattr(os, "setpriority"):  # POSIX only
+            with contextlib.suppress(OSError):  # it died already: noticed below like any dead child
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid,
+                               min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICER_BY))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin: IO[bytes] = self.proc.stdin
         self.ended = threading.Event()  # its reports reached EOF
