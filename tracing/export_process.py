@@ -223,7 +223,7 @@ class _Child:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", start], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
         )  # fmt: skip
-        # Set from here, not by the child: it is nicer from its first instruction (its imports too).
+        # Set from here as soon as it is spawned, not by the child once its imports are done.
         if hasattr(os, "setpriority"):  # POSIX only
             with contextlib.suppress(OSError):  # it died already: noticed below like any dead child
                 os.setpriority(os.PRIO_PROCESS, self.proc.pid,
