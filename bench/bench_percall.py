@@ -229,9 +229,10 @@ def _threads() -> dict[int, tuple[str, int, int, int, int]]:
     the process's): ticks of user and system time, the scheduler's exact runtime in ns, and
     how many times the scheduler put the thread on a CPU (each a wake-up or a preemption).
 
-    The ticks split user from system but are sampled: a thread that wakes on a timer runs at
-    the tick more often than its share, so a short-lived thread's ticks can read several times
-    its real CPU. The runtime (/proc/.../schedstat) is exact, unsplit."""
+    The ticks split user from system but are sampled at the clock tick (100 Hz), so a thread
+    that runs briefly or in step with the tick can be charged more or less than it ran; the
+    runtime (/proc/.../schedstat) is exact, unsplit. (At one connection the two agreed within
+    1% for the ledger thread, 2026-12-03.)"""
     import threading
 
     names = {t.native_id: t.name for t in threading.enumerate()}
