@@ -32,11 +32,24 @@ from proxy.mcp.route import MCP_PREFIX, handle_mcp
 from proxy.providers.apis import answering
 from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
-from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
+from proxy.serve.appkeys import (
+    BACKGROUND,
+    DEPLOYMENTS,
+    KEYS,
+    PREFIXES,
+    PRICES,
+    RUNS,
+    SETTINGS,
+    SPLITS,
+    STORE,
+    TEL,
+    UPSTREAM,
+)
 from proxy.serve.background import Background
 from proxy.serve.bookkeeping import flush_anatomy
+from proxy.serve.deployments import Deployments
 from proxy.serve.handler import handle_call
-from proxy.serve.routes import match, unknown_route
+from proxy.serve.routes import check_upstreams, match, unknown_route
 from proxy.serve.siblings import WORKER, WORKER_ATTRIBUTE, Worker, gather_metrics, worker_ctx
 from proxy.serve.tenants import KeyIndex
 from proxy.serve.upstream import Upstream
@@ -82,9 +95,11 @@ def create_app(
     `worker`: this process is one of `spanmeter serve --workers N` (proxy/ops/workers.py)."""
     logging.getLogger("aiohttp.server").addFilter(_REDACT_PARSE_ERRORS)  # idempotent
     app = web.Application(middlewares=[_errors], client_max_size=settings.max_body_bytes + 1)
+    check_upstreams(settings)
     app[SETTINGS] = settings
     app[KEYS] = KeyIndex(settings)
     app[PRICES] = PriceTable.load(overrides=settings.prices)
+    app[DEPLOYMENTS] = Deployments(settings.azure_deployments)
     app.cleanup_ctx.append(_store_ctx(store))
     app.cleanup_ctx.append(_telemetry_ctx(telemetry))
     app.cleanup_ctx.append(_upstream_ctx)
@@ -109,7 +124,8 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     # The path exactly as sent, not aiohttp's decoded `request.path`: what is matched and
     # metered must be byte for byte what goes upstream.
     try:
-        route = match(request.raw_path.partition("?")[0])
+        path, _, query = request.raw_path.partition("?")
+        route = match(path, query)
     except ProxyError:
         request[ADAPTER] = _answering(request)  # the refusal is answered and logged in it
         raise

@@ -147,10 +147,12 @@ DEFAULT_POLICY = Policy(
 
 
 class Upstream(_Strict):
-    """A named extra upstream of one dialect (e.g. a local OpenAI-compatible server)."""
+    """A named upstream of one dialect (e.g. a local OpenAI-compatible server). An entry
+    with the name of a built-in host (groq, mistral, ...: proxy/providers/hosts.py)
+    overrides only the fields it gives; any other entry needs `base_url`."""
 
-    dialect: Literal["openai", "anthropic", "gemini"]
-    base_url: str
+    dialect: Literal["openai", "anthropic", "gemini", "azure"] = "openai"
+    base_url: str | None = None
     key_env: str | None = None  # env var holding the upstream key
     # gen_ai.provider.name; default: the provider a well-known host names, else the dialect's API
     provider_name: str | None = None
@@ -245,6 +247,12 @@ class Settings(BaseSettings):
     openai_base_url: str = "https://api.openai.com"
     anthropic_base_url: str = "https://api.anthropic.com"
     gemini_base_url: str = "https://generativelanguage.googleapis.com"
+    # Azure OpenAI: the resource's endpoint (https://{resource}.openai.azure.com); no default,
+    # as every resource has its own host.
+    azure_openai_base_url: str | None = None
+    # Azure deployment -> the model it runs, to reserve a call at that model's price before
+    # the answer names it (else learned from the deployment's earlier answers).
+    azure_deployments: dict[str, str] = {}
     upstreams: dict[str, Upstream] = {}
     mcp_servers: dict[str, McpServer] = {}  # served at /mcp/{name}
     # Env vars holding upstream keys, per dialect, used in tenant mode when a tenant names none.
@@ -252,6 +260,7 @@ class Settings(BaseSettings):
         "openai": "OPENAI_API_KEY",
         "anthropic": "ANTHROPIC_API_KEY",
         "gemini": "GEMINI_API_KEY",
+        "azure": "AZURE_OPENAI_API_KEY",
     }
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(600.0, gt=0)  # between bytes; long generations stream slowly
@@ -380,11 +389,8 @@ class Settings(BaseSettings):
                     f"Two keys of tenant {name!r} share the key id {sorted(i for i in ids if ids.count(i) > 1)[0]} "
                     "(the first 8 hex digits of their hashes), which names a key in spans and in the ledger of "
                     "per-key budgets. Create another key with `spanmeter keys create` and drop one of the two.")
-            if t.upstream and t.upstream not in self.upstreams:
-                raise ConfigError(
-                    f"Tenant {name!r} names upstream {t.upstream!r}, which is not defined. "
-                    f"Defined upstreams: {sorted(self.upstreams) or 'none'}. Add it under `upstreams:`."
-                )
+            # A tenant's `upstream` may also name a built-in host: checked where those are
+            # known (proxy.serve.routes.check_upstreams, at start-up and by check-config).
         for name in self.mcp_servers:
             if not _ROUTE_NAME.fullmatch(name):
                 raise ConfigError(

@@ -183,6 +183,9 @@ class Usage:
     cache_write_1h_tokens: int | None = None
     service_tier: str | None = None
     inference_geo: str | None = None
+    # What the host says it billed, in micro-USD (OpenRouter's `usage.cost`): it wins over
+    # the price table, and a free model's 0 is 0.
+    billed_micros: int | None = None
 
     def merge(self, newer: Usage) -> Usage:
         """Fields the newer report sets replace ours; providers report cumulative totals."""
@@ -195,6 +198,7 @@ class Usage:
             cache_write_1h_tokens=_newer(self.cache_write_1h_tokens, newer.cache_write_1h_tokens),
             service_tier=_newer(self.service_tier, newer.service_tier),
             inference_geo=_newer(self.inference_geo, newer.inference_geo),
+            billed_micros=_newer(self.billed_micros, newer.billed_micros),
         )
 
 

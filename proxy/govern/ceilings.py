@@ -67,6 +67,10 @@ class Candidate:
     plan: Plan
     turn: Turn = NO_TURN
     patch_bytes: int = 0
+    # The model to price the call at when its own names none the table knows (an Azure
+    # deployment's model), and what a refusal for want of a price should add.
+    priced_as: str | None = None
+    price_hint: str = ""
 
 
 @frozen
@@ -233,7 +237,8 @@ async def admit(store: Store, prices: PriceTable, candidate: Candidate, *, tz: s
     """
     caller, call, plan, turn = candidate.caller, candidate.call, candidate.plan, candidate.turn
     limits = plan.limits
-    price = prices.price(call.model) if call.model else None
+    named = candidate.priced_as or call.model
+    price = prices.price(named) if named else None
     # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder, a
     # wrap-up note): they are input too, so the bound covers the bytes they may add.
     bound = input_bound(call) + candidate.patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
@@ -254,7 +259,8 @@ async def admit(store: Store, prices: PriceTable, candidate: Candidate, *, tz: s
                        1 if unit == "requests" else most)
                   for owner, unit, limit in plan.rates)
     turn = replace(turn, reserve=(min(lo, MAX_RESERVE), min(hi, MAX_RESERVE)), priced=price is not None,
-                   model=call.model, context=call.stored_context,
+                   model=call.model, price_hint=candidate.price_hint if price is None else "",
+                   context=call.stored_context,
                    input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates,
                    tokens=(least_tokens(call, bound, price), most))
     now = now or datetime.now(UTC)
@@ -313,10 +319,12 @@ def settle_amount(
     admitted: Admitted, usage: Usage, *, failed_before_output: bool, input_only: bool = False
 ) -> tuple[int, str]:
     """What to charge and how we know: reported usage, the reservation, or nothing."""
-    if admitted.price is None:
-        return 0, "unpriced"  # no cost ceiling applies (else admission refused it)
     # Output counts are final only at the end (Anthropic's message_delta is cumulative).
     final = usage.output_tokens is not None or (input_only and usage.input_tokens is not None)
+    if final and usage.billed_micros is not None:
+        return usage.billed_micros, "reported"  # the host said what it billed (OpenRouter)
+    if admitted.price is None:
+        return 0, "unpriced"  # no cost ceiling applies (else admission refused it)
     if final:
         return cost(admitted.price, usage), "reported"
     if failed_before_output:

@@ -264,6 +264,8 @@ def cost(price: Price, usage: Usage) -> int:
     Fields the provider never reported count as zero here: when usage is unknown or the
     stream was cut, proxy.govern.ceilings.settle_amount charges the reservation instead (unknown is not zero).
     """
+    if usage.billed_micros is not None:
+        return usage.billed_micros  # what the host billed (OpenRouter) is the cost
     total_in = usage.input_tokens or 0
     cached = usage.cache_read_tokens or 0
     written = usage.cache_write_tokens or 0

@@ -453,7 +453,7 @@ class RedisStore(DerivedOps):
             raise refused_with(loop, closed, trace)
         eff = with_budgets(limits, int(reply[3]) if reply[3] else None, int(reply[4]) if reply[4] else None)
         if kind == "unpriced":
-            raise refused_with(unpriced_refusal(tenant, turn.model), closed, trace)
+            raise refused_with(unpriced_refusal(tenant, turn.model, turn.price_hint), closed, trace)
         if kind == "context":
             unknown = [turn.context[i] for i, ref in enumerate(turn.context)
                        if key(tenant, "ctx", ref) in set(reply[5])]

@@ -659,7 +659,7 @@ def _admission(ask: Ask, turn: Turn) -> _Admit:
             return refused(loop)
         eff = with_budgets(limits, *budget)
         if not turn.priced and costed(eff):
-            return refused(unpriced_refusal(tenant, turn.model))
+            return refused(unpriced_refusal(tenant, turn.model, turn.price_hint))
         known, unknown = _contexts(conn, tenant, turn.context)
         if unknown and costed(eff):
             return refused(context_refusal(tenant, unknown, eff))

@@ -169,6 +169,7 @@ class Turn:
     input_rate: int = 0  # micro-USD per million tokens of stored context (dearest input rate)
     priced: bool = True  # False: the model has no price, refused under any cost limit
     model: str | None = None  # named in that refusal
+    price_hint: str = ""  # and what to do about it, where the model is an Azure deployment's
     key: str | None = None  # the caller's key id: its budget scopes and rate buckets
     rates: tuple[Rate, ...] = ()  # rate-limit buckets this call draws on
     # (least, most) tokens the call may use: input bound + the least worth answering, and +
@@ -391,8 +392,8 @@ def context_refusal(tenant: str, unknown: list[str], limits: Limits) -> CeilingR
     return CeilingReached(messages.unbounded_context(tenant, unknown), limit="stored_context")
 
 
-def unpriced_refusal(tenant: str, model: str | None) -> CeilingReached:
-    return CeilingReached(messages.unknown_price(model, tenant), limit="unknown_price")
+def unpriced_refusal(tenant: str, model: str | None, hint: str = "") -> CeilingReached:
+    return CeilingReached(messages.unknown_price(model, tenant) + hint, limit="unknown_price")
 
 
 def context_micros(tokens: int, rate: int) -> int:

@@ -337,10 +337,12 @@ def _positive_int(text: str) -> int:
 def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     """Settings as serve loads them, or ConfigError (tenant mode: upstream keys included)."""
     from proxy.config import load_settings, unset_keys_problem, unset_upstream_keys
+    from proxy.serve.routes import check_upstreams
 
     if args.config:
         os.environ["SPANMETER_CONFIG"] = args.config
     settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    check_upstreams(settings)
     missing = unset_upstream_keys(settings)
     if missing:
         raise ConfigError(unset_keys_problem(missing))
@@ -509,10 +511,12 @@ def _config_reference(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     from proxy.config import load_settings, unset_keys_problem, unset_upstream_keys
+    from proxy.serve.routes import check_upstreams
 
     if args.config:
         os.environ["SPANMETER_CONFIG"] = args.config
     settings = load_settings()
+    check_upstreams(settings)
     print(_describe(settings))
     missing = unset_upstream_keys(settings)
     if missing:
@@ -525,6 +529,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _describe(settings: Settings) -> str:
+    from proxy.serve.routes import upstream
     from tracing.setup import ENV_ENDPOINT, ENV_TRACES_ENDPOINT
     from tracing.summaries import money
 
@@ -568,8 +573,14 @@ def _describe(settings: Settings) -> str:
         for dialect, var in sorted(t.upstream_keys.items()):
             if not t.upstream and dialect in base:
                 rows.append((f"(tenant {tenant_name})", dialect, base[dialect], *_key_state(var)))
-    for name, up in sorted(settings.upstreams.items()):
-        rows.append((name, up.dialect, up.base_url, *_key_state(up.key_env)))
+    if settings.azure_openai_base_url:
+        rows.append(("(default)", "azure", settings.azure_openai_base_url,
+                     *(_key_state(settings.upstream_keys.get("azure")) if not settings.open_mode
+                       else ("caller's own key", ""))))
+    for name in sorted(settings.upstreams):
+        up = upstream(settings, name)
+        if up is not None:
+            rows.append((name, up.dialect, up.base_url or "", *_key_state(up.key_env)))
     lines += _table(rows, indent="  ")
     rows = []
     lines += ["", "ceilings and budgets (tenant over global policy over defaults; admin budgets in the "

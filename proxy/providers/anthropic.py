@@ -310,6 +310,7 @@ class AnthropicAdapter(Opens):
     dialect = "anthropic"
     provider = "anthropic"
     upstream_setting = "anthropic_base_url"
+    names_deployment = False
     text_part = "text"
     cache_marker: bytes | None = b"\"cache_control\""
     text_shape: TextShape | None = TextShape(b'"text":', _plain_delta)

@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from typing import Final
 
 from proxy.providers.anthropic import ANTHROPIC
+from proxy.providers.azure import azure_api
 from proxy.providers.chat import CHAT
 from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.providers.translator import Api
 
-__all__ = ["FIXED_PATHS", "answering", "for_path"]
+__all__ = ["AZURE_PREFIX", "FIXED_PATHS", "answering", "for_azure_path", "for_path", "for_upstream_path"]
 
 FIXED_PATHS: Final[Mapping[str, Api]] = {
     "/v1/chat/completions": CHAT,
@@ -35,6 +36,42 @@ def for_path(path: str) -> Api | None:
     if found is not None:
         return found
     return GEMINI if _GEMINI.fullmatch(path) else None
+
+
+# The APIs an OpenAI-compatible host serves, by how its path ends: hosts put them under a
+# prefix of their own (`/openai/v1` at Groq, `/api/v1` at OpenRouter, none at DeepSeek).
+_BY_ENDING: Final = (("/chat/completions", CHAT), ("/responses", RESPONSES), ("/embeddings", EMBEDDINGS),
+                     ("/v1/messages", ANTHROPIC))
+
+
+def for_upstream_path(path: str) -> Api | None:
+    """The API of a path after `/upstreams/{name}`: one of ours exactly, else an
+    OpenAI-compatible API under the host's own prefix. The whole path goes upstream as
+    sent, so what is metered is what the host serves at it."""
+    found = for_path(path)
+    if found is not None:
+        return found
+    for ending, api in _BY_ENDING:
+        if path.endswith(ending):
+            return api
+    return None
+
+
+AZURE_PREFIX: Final = "/openai/"
+# Azure OpenAI's routes: a deployment in the path (the model the resource runs under that
+# name), or the v1 API that names the deployment in the body's `model`.
+_AZURE: Final = re.compile(
+    r"/openai/(?:deployments/(?P<deployment>[A-Za-z0-9][A-Za-z0-9._-]*)/|v1/)?"
+    r"(?P<api>chat/completions|responses|embeddings)")
+
+
+def for_azure_path(path: str, query: str) -> Api | None:
+    """The Azure OpenAI API of a path under /openai/, for the request's `api-version`
+    (which decides what the request may be sent with: see proxy/providers/azure.py)."""
+    m = _AZURE.fullmatch(path)
+    if m is None or (m["api"] != "responses" and m["deployment"] is None and not path.startswith("/openai/v1/")):
+        return None
+    return azure_api(m["api"], m["deployment"], v1=path.startswith("/openai/v1/"), query=query)
 
 
 def answering(path: str, headers: Mapping[str, str]) -> Api:

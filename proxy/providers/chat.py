@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from decimal import Decimal
 from typing import Any, Final
 
 import orjson
@@ -228,13 +230,36 @@ def openai_usage(u: Any, service_tier: Any = None) -> Usage:
         return Usage()
     pd = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
     cd = u.get("completion_tokens_details") or u.get("output_tokens_details") or {}
+    read = _int(pd.get("cached_tokens")) if isinstance(pd, dict) else None
+    if read is None:
+        # OpenAI-compatible hosts' own spellings: DeepSeek's prompt_cache_hit_tokens,
+        # Together's top-level cached_tokens.
+        read = _int(u.get("prompt_cache_hit_tokens", u.get("cached_tokens")))
     return Usage(
         input_tokens=_int(u.get("prompt_tokens", u.get("input_tokens"))),
         output_tokens=_int(u.get("completion_tokens", u.get("output_tokens"))),
-        cache_read_tokens=_int(pd.get("cached_tokens")) if isinstance(pd, dict) else None,
+        cache_read_tokens=read,
         reasoning_tokens=_int(cd.get("reasoning_tokens")) if isinstance(cd, dict) else None,
         service_tier=service_tier if isinstance(service_tier, str) else None,
+        billed_micros=_billed(u.get("cost")),
     )
+
+
+def _billed(cost: Any) -> int | None:
+    """OpenRouter's `usage.cost`, USD as a JSON number, in micro-USD rounded up (as every
+    charge is); anything else (absent, text, negative) is not a bill."""
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < 1e6:
+        return None
+    return math.ceil(Decimal(repr(cost)) * 1_000_000)
+
+
+def _usage_of(chunk: dict[str, Any]) -> Any:
+    """A chunk's usage: `usage`, or Groq's `x_groq.usage` on its last chunk."""
+    u = chunk.get("usage")
+    if u:
+        return u
+    xg = chunk.get("x_groq")
+    return xg.get("usage") if isinstance(xg, dict) else None
 
 
 def _text(value: Any) -> str | None:
@@ -336,6 +361,7 @@ class OpenAIFamily(Opens):
     dialect = "openai"
     provider = "openai"
     upstream_setting = "openai_base_url"
+    names_deployment = False
     cache_marker: bytes | None = None  # automatic prompt caching bills no write premium
     text_shape: TextShape | None = None
 
@@ -465,8 +491,9 @@ class ChatAdapter(OpenAIFamily):
         for ch in _list(chunk.get("choices")):
             if isinstance(ch, dict):
                 events += _choice_events(ch, ch.get("delta"), complete=False)
-        if chunk.get("usage"):
-            events.append(UsageEvent(openai_usage(chunk["usage"], chunk.get("service_tier"))))
+        u = _usage_of(chunk)
+        if u:
+            events.append(UsageEvent(openai_usage(u, chunk.get("service_tier"))))
         if isinstance(chunk.get("error"), dict):
             events.append(_error(chunk["error"]))
         return events

@@ -408,6 +408,7 @@ class GeminiAdapter(Opens):
     dialect = "gemini"
     provider = "gcp.gemini"
     upstream_setting = "gemini_base_url"
+    names_deployment = False
     text_part = "text"
     cache_marker: bytes | None = None
     # Every chunk repeats the running usage: a hole of its own, read per chunk.

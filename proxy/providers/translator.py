@@ -76,6 +76,7 @@ class Api(Protocol):
     dialect: str  # the upstream family serving it (openai | anthropic | gemini): its upstreams and keys
     provider: str  # gen_ai.provider.name when the upstream's host does not say
     upstream_setting: str  # which settings field holds this dialect's base URL
+    names_deployment: bool  # the call's model is an operator's deployment name (Azure), not a model
 
     def auth_headers(self, key: str) -> dict[str, str]:
         """Headers carrying an upstream key in this dialect's own scheme."""

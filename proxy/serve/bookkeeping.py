@@ -30,7 +30,7 @@ from proxy.model import Anatomy, Call, Caller, CallRecord, Flushed, Outcome, Usa
 from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Answer, Translator
 from proxy.serve import accesslog, content
-from proxy.serve.appkeys import BACKGROUND, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
+from proxy.serve.appkeys import BACKGROUND, DEPLOYMENTS, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
 
@@ -84,10 +84,13 @@ async def finish_safely(*args: Any) -> None:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: Any, answer: Answer) -> None:
+async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: Any, answer: Answer,
+                 deployment: str | None = None) -> None:
     app, caller, call, hooks = request.app, cs.caller, tr.call, answer.hooks
     end = request.headers.get("x-run-end", "").lower() == "true"
     outcome = answer.outcome()
+    if deployment is not None:
+        app[DEPLOYMENTS].learn(deployment, outcome.response_model)
     admitted = _priced_as_run(app, admitted, outcome.response_model)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),

@@ -18,8 +18,9 @@ from proxy.model import Call, Caller, Rewrite, frozen
 from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Api, Translator
 from proxy.serve import accesslog, bookkeeping
-from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.appkeys import BACKGROUND, DEPLOYMENTS, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.serve.body import open_call
+from proxy.serve.deployments import unmapped_hint
 from proxy.serve.relay import relay
 from proxy.serve.routes import Target, target_for
 from proxy.serve.tenants import identify, presented_key
@@ -42,7 +43,8 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the run's previous settle is ordered
-    fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id))
+    fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id),
+                  deployment=tr.call.model if api.names_deployment else None)
     turn = Turn(results=results_ok(tr.call), guard=guard.rule(policy.guard),
                 trace=app[RUNS].candidate(caller, parent, arrived))
     response, hooks = await fwd.send(tr, turn)
@@ -64,6 +66,7 @@ class Forward:
     parent: spans.TraceParent | None
     arrived_ns: int
     key: KeyPolicy | None = None  # the caller's key's own limits
+    deployment: str | None = None  # the Azure deployment the call names, priced as the model it runs
 
     async def send(self, tr: Translator, turn: Turn, retry: bool = False) -> tuple[web.StreamResponse, Hooks]:
         request, caller, policy, ex = self.request, self.caller, self.policy, tr.request
@@ -77,9 +80,10 @@ class Forward:
                                       time.monotonic())
         call = ex.call
         grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
+        priced_as, hint = self._pricing(app)
         try:
             candidate = Candidate(caller, call, plan(policy, request.headers, self.key, caller.key_id), turn,
-                                  patch_bytes=CLAMP_BYTES + grown)
+                                  patch_bytes=CLAMP_BYTES + grown, priced_as=priced_as, price_hint=hint)
             admitted = await admit(app[STORE], app[PRICES], candidate, tz=app[SETTINGS].timezone)
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
@@ -112,7 +116,15 @@ class Forward:
             # A task of its own: the answer does not wait for the ledger, and a client that
             # disconnects cancels the relay, never the settlement.
             app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(
-                request, tr, admitted, cs, answer))
+                request, tr, admitted, cs, answer, self.deployment))
+
+    def _pricing(self, app: web.Application) -> tuple[str | None, str]:
+        """(model to price at, refusal hint) for a call naming an Azure deployment: the
+        model the deployment runs, or what to set when that is not known yet."""
+        if self.deployment is None:
+            return None, ""
+        model = app[DEPLOYMENTS].model(self.deployment)
+        return (model, "") if model else (None, unmapped_hint(self.deployment))
 
     def _start(self, call: Call, closed: tuple[dict[str, object], ...], stored: dict[str, object] | None,
                ) -> spans.CallSpan:

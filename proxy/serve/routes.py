@@ -6,14 +6,16 @@ import functools
 import os
 import re
 
-from proxy.config import Settings
+from proxy.config import Settings, Upstream
 from proxy.errors import ConfigError, UnknownRoute
 from proxy.model import Caller, frozen
-from proxy.providers.apis import FIXED_PATHS, for_path
+from proxy.providers.apis import AZURE_PREFIX, FIXED_PATHS, for_azure_path, for_path, for_upstream_path
+from proxy.providers.hosts import HOSTS
 from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
 
-__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "match", "provider_name", "target_for"]
+__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "check_upstreams", "match", "provider_name", "target_for",
+           "upstream"]
 
 SUPPORTED = (
     "POST /v1/chat/completions",
@@ -23,7 +25,11 @@ SUPPORTED = (
     "POST /v1beta/models/{model}:generateContent",
     "POST /v1beta/models/{model}:streamGenerateContent?alt=sse",
     "GET /v1/models",
-    "(any of these under /upstreams/{name}/ to pick a configured upstream)",
+    "POST /openai/deployments/{deployment}/chat/completions, /embeddings and /responses, /openai/responses and "
+    "/openai/v1/chat/completions, /responses and /embeddings (Azure OpenAI, ?api-version= as the SDK sends it)",
+    "(any of the OpenAI and Anthropic routes under /upstreams/{name}/ with the host's own path, e.g. "
+    f"/upstreams/groq/openai/v1/chat/completions, to pick a built-in host ({', '.join(HOSTS)}) or a configured "
+    "upstream)",
     "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
 )
 
@@ -41,8 +47,9 @@ class Route:
     mcp: str | None = None  # the MCP server of /mcp/{name}
 
 
-def match(raw_path: str) -> Route:
-    """The route for a request path exactly as the client sent it (no query).
+def match(raw_path: str, query: str = "") -> Route:
+    """The route for a request path exactly as the client sent it (no query; `query` picks
+    an Azure API's variant by its api-version).
 
     Refuses, for every route, a path that a client or server on the way could normalise
     into another one: what is metered must be what the upstream serves.
@@ -69,6 +76,9 @@ def match(raw_path: str) -> Route:
         if not _UPSTREAM_NAME.fullmatch(name):
             raise UnknownRoute(f"{name[:80]!r} is not an upstream name: use letters, digits, `.`, `_` and `-`.")
         path = "/" + rest
+        return Route(for_upstream_path(path), name, path)
+    if raw_path.startswith(AZURE_PREFIX):
+        return Route(for_azure_path(raw_path, query), None, raw_path)
     return Route(adapter_for(path), name, path)
 
 
@@ -154,6 +164,34 @@ def _provider(default: str, host: str, configured: str | None) -> str:
     return default
 
 
+def upstream(settings: Settings, name: str) -> Upstream | None:
+    """A named upstream: the config's entry laid over the built-in host of that name,
+    field by field (`upstreams: {groq: {base_url: ...}}` moves Groq and keeps the rest)."""
+    configured = settings.upstreams.get(name)
+    host = HOSTS.get(name)
+    if host is None:
+        return configured if configured is not None and configured.base_url else None
+    given = configured.model_dump(exclude_unset=True) if configured is not None else {}
+    return Upstream.model_construct(**{"dialect": "openai", "base_url": host.base_url, "key_env": host.key_env,
+                                       "provider_name": host.provider, **given})
+
+
+def check_upstreams(settings: Settings) -> None:
+    """At start-up and in check-config: each configured upstream can be reached, and each
+    tenant's `upstream` names one (ConfigError otherwise)."""
+    for name, up in settings.upstreams.items():
+        if not up.base_url and name not in HOSTS:
+            raise ConfigError(
+                f"Upstream {name!r} has no base_url: only the built-in hosts ({', '.join(HOSTS)}) have one "
+                f"already. Add `base_url:` to upstreams.{name}, e.g. http://127.0.0.1:8000.")
+    for tenant_name, tenant in settings.tenants.items():
+        if tenant.upstream and upstream(settings, tenant.upstream) is None:
+            raise ConfigError(
+                f"Tenant {tenant_name!r} names upstream {tenant.upstream!r}, which is not defined. Defined "
+                f"upstreams: {sorted(settings.upstreams) or 'none'}; built in: {', '.join(HOSTS)}. Add it "
+                "under `upstreams:`.")
+
+
 def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None) -> Target:
     dialect = api.dialect
     tenant = settings.tenants.get(caller.tenant)
@@ -161,18 +199,32 @@ def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str 
     key_env: str | None
     configured: str | None = None
     if name is not None:
-        up = settings.upstreams.get(name)
-        if up is None or up.dialect != dialect:
+        up = upstream(settings, name)
+        if up is None or up.dialect != dialect or not up.base_url:
             raise UnknownRoute(
-                f"No upstream named {name!r} for the {dialect} dialect. Configured: "
-                f"{sorted(k for k, u in settings.upstreams.items() if u.dialect == dialect) or 'none'}."
+                f"No upstream named {name!r} for the {dialect} dialect. Built in: {', '.join(HOSTS)}; "
+                f"configured: {sorted(k for k, u in settings.upstreams.items() if u.dialect == dialect) or 'none'}."
             )
-        base, key_env, configured = up.base_url, up.key_env, up.provider_name
+        base, configured = up.base_url, up.provider_name
+        # Keys per host as for the big three: the tenant's `upstream_keys` entry by the
+        # host's name, else the global one, else the upstream's own variable.
+        key_env = ((tenant.upstream_keys.get(name) if tenant else None) or settings.upstream_keys.get(name)
+                   or up.key_env)
     else:
         base = getattr(settings, api.upstream_setting)
+        if base is None:
+            raise ConfigError(_NO_BASE.get(api.upstream_setting, f"{api.upstream_setting} is not set."))
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
     url, provider, host, port = _endpoint(api.provider, base, configured)
     return Target(url, _auth(settings, api, caller, key_env), provider, host, port)
+
+
+_NO_BASE = {
+    "azure_openai_base_url": (
+        "This proxy has no Azure OpenAI endpoint: set SPANMETER_AZURE_OPENAI_BASE_URL (or azure_openai_base_url "
+        "in the config file) to your resource's endpoint, e.g. https://my-resource.openai.azure.com, and restart. "
+        "A tenant whose calls go to another resource names it under `upstreams:`."),
+}
 
 
 @functools.lru_cache(maxsize=256)

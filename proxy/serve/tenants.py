@@ -15,7 +15,7 @@ from tracing.traceparent import parse_traceparent
 __all__ = ["KeyIndex", "identify", "new_key", "presented_key"]
 
 OPEN_TENANT = "default"
-KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
+KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key")  # api-key: Azure OpenAI's
 _RUN_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 AGENT_NAME_MAX = 128
 CONVERSATION_ID_MAX = 256
@@ -47,7 +47,8 @@ def presented_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str |
     if auth:
         scheme, _, token = auth.partition(" ")
         return token.strip() if scheme.lower() == "bearer" else auth.strip()
-    return headers.get("x-api-key") or headers.get("x-goog-api-key") or query.get("key")
+    return (headers.get("x-api-key") or headers.get("x-goog-api-key") or headers.get("api-key")
+            or query.get("key"))
 
 
 def identify(
@@ -60,7 +61,7 @@ def identify(
         if not key:
             raise Unauthorized(
                 "No spanmeter key was sent. Send your spanmeter key as the SDK's API key "
-                "(Authorization: Bearer, x-api-key or x-goog-api-key). Create one with "
+                "(Authorization: Bearer, x-api-key, x-goog-api-key or Azure's api-key). Create one with "
                 "`spanmeter keys create --tenant NAME`."
             )
         found = keys.tenant_of(key)

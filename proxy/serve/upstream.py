@@ -31,7 +31,7 @@ HOP_BY_HOP = frozenset(
 # Never forwarded upstream: the caller's credentials (spanmeter injects the upstream's),
 # the agent's trace context (semconv 6.1: no agent traceparent at the provider) and ours
 # (x-run-*, x-spanmeter-*, and the run's agent name and conversation id).
-_STRIP_UP = HOP_BY_HOP | {"authorization", "x-api-key", "x-goog-api-key", "traceparent",
+_STRIP_UP = HOP_BY_HOP | {"authorization", "x-api-key", "x-goog-api-key", "api-key", "traceparent",
                           "tracestate", "baggage", "accept-encoding", "cookie",
                           "x-agent-name", "x-conversation-id"}
 _STRIP_DOWN = HOP_BY_HOP | {"content-encoding", "set-cookie"}
