@@ -49,12 +49,21 @@ FIELD_DOCS: dict[str, str] = {
                        "incoming path is appended.",
     "anthropic_base_url": "Anthropic upstream.",
     "gemini_base_url": "Gemini upstream.",
+    "azure_openai_base_url": "Azure OpenAI upstream: the resource's endpoint, e.g. "
+                             "`https://my-resource.openai.azure.com` (no default). Serves `/openai/...`; see "
+                             "docs/providers.md.",
+    "azure_deployments": "Azure deployment name -> the model it runs, e.g. `{prod-chat: gpt-4.1-mini}`: a call "
+                         "to a deployment is reserved at that model's price. A deployment not listed is learned "
+                         "from its answers; under a cost ceiling it is refused until then.",
     "mcp_servers": "MCP servers served at `/mcp/NAME` over Streamable HTTP: `{NAME: {url, key_env, "
                    "tool_costs: {tool: usd}}}`; see docs/mcp.md.",
-    "upstreams": "Named extra upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path "
-                 "prefix: `{NAME: {dialect, base_url, key_env, provider_name}}`.",
+    "upstreams": "Named upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path prefix: "
+                 "`{NAME: {dialect, base_url, key_env, provider_name}}`. Built in, with no config: groq, mistral, "
+                 "openrouter, deepseek, cerebras, together, fireworks, xai, zai, ollama; an entry with one of "
+                 "those names overrides only the fields it gives.",
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
-                     "`anthropic`, `gemini`). The built-in ones need be set only for the APIs called (unset: a "
+                     "`anthropic`, `gemini`, `azure`) and per built-in host by its name (`groq: GROQ_API_KEY`, "
+                     "each host's own variable by default). The built-in ones need be set only for the APIs called (unset: a "
                      "warning at start, and calls to that API get a 500 naming the variable); once this setting "
                      "is written in the config, every variable it names must be set at start (empty: calls go "
                      "without a key).",
@@ -155,8 +164,9 @@ FIELD_DOCS: dict[str, str] = {
     "tenants.upstream_keys": "Per-tenant override of `upstream_keys`.",
     "tenants.upstream": "The named upstream (under `upstreams`) all of this tenant's calls go to.",
     "tenants.policy": "The tenant's policy, over the global one; same fields as `policy`.",
-    "upstreams.dialect": "`openai`, `anthropic` or `gemini`: the wire format the upstream speaks.",
-    "upstreams.base_url": "Origin plus optional path prefix of the upstream.",
+    "upstreams.dialect": "`openai` (the default), `anthropic`, `gemini` or `azure`: the wire format the upstream "
+                         "speaks.",
+    "upstreams.base_url": "Origin plus optional path prefix of the upstream (a built-in host has its own).",
     "upstreams.key_env": "Environment variable holding its key (must be set when spanmeter starts); unset: "
                          "no key is sent.",
     "upstreams.provider_name": "`gen_ai.provider.name` on spans; default derived from the host.",

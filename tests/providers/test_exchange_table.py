@@ -49,10 +49,15 @@ def test_the_exchange_reads_what_changes_cost_and_refuses_what_cannot_be_bounded
 
 @pytest.mark.parametrize("case", _cases("paths.jsonl"), ids=lambda c: c["name"])
 def test_routes_match_the_path_exactly_as_it_is_sent(case: dict[str, Any]) -> None:
+    query = case.get("query", "")
     if case.get("refused"):
         with pytest.raises(UnknownRoute):
-            match(case["path"])
+            match(case["path"], query)
         return
-    route = match(case["path"])
+    route = match(case["path"], query)
     assert (route.adapter.api if route.adapter else None) == case["api"]
     assert route.upstream_name == case.get("upstream")
+    if "dialect" in case:
+        assert route.adapter is not None and route.adapter.dialect == case["dialect"]
+    if "stream_usage" in case:  # whether the api-version takes stream_options (Azure)
+        assert getattr(route.adapter, "stream_usage", None) is case["stream_usage"]

@@ -55,9 +55,12 @@ def test_tenant_keys_must_be_hashes_not_keys():
 
 
 def test_a_tenant_naming_an_undefined_upstream_is_refused():
+    # Checked where the built-in hosts are known: at start-up and by check-config.
+    from proxy.serve.routes import check_upstreams
+
     with pytest.raises(ConfigError) as ei:
-        load_settings(tenants={"acme": {"upstream": "nowhere"}})
-    assert "'nowhere'" in ei.value.message
+        check_upstreams(load_settings(tenants={"acme": {"upstream": "nowhere"}}))
+    assert "'nowhere'" in ei.value.message and "groq" in ei.value.message
 
 
 METRICS_PUSH = [
