@@ -63,10 +63,10 @@ FIELD_DOCS: dict[str, str] = {
                  "those names overrides only the fields it gives.",
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
                      "`anthropic`, `gemini`, `azure`) and per built-in host by its name (`groq: GROQ_API_KEY`, "
-                     "each host's own variable by default). The built-in ones need be set only for the APIs called (unset: a "
-                     "warning at start, and calls to that API get a 500 naming the variable); once this setting "
-                     "is written in the config, every variable it names must be set at start (empty: calls go "
-                     "without a key).",
+                     "each host's own variable by default). The built-in ones need be set only for the APIs "
+                     "called (unset: a warning at start, and calls to that API get a 500 naming the variable); "
+                     "once this setting is written in the config, every variable it names must be set at start "
+                     "(empty: calls go without a key).",
     "otlp_metrics": "Also push metrics over OTLP (as do OTEL_METRICS_EXPORTER=otlp or "
                     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT). Off by default: trace-only backends (Phoenix, "
                     "Langfuse, Tempo) refuse metrics; `/metrics` always serves them.",

@@ -15,7 +15,7 @@ import pytest
 from proxy.config import hash_key
 from proxy.ledger.pricing import PriceTable
 from proxy.ops.demo import serve_on_free_port
-from proxy.serve.appkeys import TEL
+from proxy.serve.appkeys import DEPLOYMENTS, TEL
 from tests.fakes.compatible import FakeHost, create_host
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
@@ -152,12 +152,11 @@ async def test_under_a_cost_ceiling_an_unknown_deployment_is_refused_naming_the_
 
 
 async def test_a_deployment_is_learned_from_its_answer_without_a_ceiling(traced):
-    host, make = traced
+    _, make = traced
     proxy, _ = await make()
     async with _azure(proxy.url) as c:
         await c.chat.completions.create(model="learnt", messages=MSG)
     await proxy.settled()
-    from proxy.serve.appkeys import DEPLOYMENTS
     assert proxy.app[DEPLOYMENTS].model("learnt") == "gpt-4.1-mini-2025-04-14"
 
 
