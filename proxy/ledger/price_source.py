@@ -12,9 +12,12 @@ How its data maps onto a `Price` (each choice is ours, read off its types):
   active one). A time-of-day price (DeepSeek's off-peak discount) is merged rate by rate with
   the dearest: a reservation must cover the call whenever it runs, so off-peak calls are
   charged the peak rate (at most 2x high, never low).
-- Rates: input (the dearest of its text, audio, image and video rates), cache read, cache write (5-minute), 1-hour cache write, output, in USD per
+- Rates: input, cache read, cache write (5-minute), 1-hour cache write, output, in USD per
   million tokens, to integer micro-USD rounded up. A model with no input or output token
-  price (audio by the hour, rerank) is left out. Output likewise takes the dearest modality.
+  price (audio by the hour, rerank) is left out. Audio, image and video token rates are not
+  carried: our usage does not split tokens by modality, and pricing at the dearest would
+  charge Gemini Flash's text at its audio rate (3.3x). Media is among what a reservation
+  does not bound (proxy.ledger.pricing).
 - Long context: a `TieredPrices` bills every token at the tier once the request's input
   tokens exceed `start` (genai-prices' "cliff"), which is our `LongContext` with
   `threshold_tokens = start`. Where rates have several tiers or different starts (two models
@@ -191,7 +194,8 @@ def _matcher(clause: MatchLogic) -> Matcher:
         suffix = clause.ends_with.lower()
         return lambda name: name.endswith(suffix)
     if isinstance(clause, ClauseContains):
-        return clause.contains.lower().__contains__
+        needle = clause.contains.lower()
+        return lambda name: needle in name
     if isinstance(clause, ClauseRegex):
         return _searcher(re.compile(clause.regex))
     if isinstance(clause, ClauseOr):
@@ -211,8 +215,8 @@ def _model(model: ModelInfo, today: date, source: str, label: str) -> Price | No
     prices = _in_force(model.prices, today)
     if getattr(prices, "input_mtok", None) is None or getattr(prices, "output_mtok", None) is None:
         return None
-    r_in, lc_in = _dearest_rate(prices, _INPUTS)
-    r_out, lc_out = _dearest_rate(prices, _OUTPUTS)
+    r_in, lc_in = _rate(prices, "input_mtok")
+    r_out, lc_out = _rate(prices, "output_mtok")
     r_read, lc_read = _rate(prices, "cache_read_mtok", r_in, lc_in)
     r_write, lc_write = _rate(prices, "cache_write_mtok", r_in, lc_in)
     if getattr(prices, "cache_write_mtok", None) is None and getattr(prices, "cache_write_5m_mtok", None) is not None:
@@ -265,18 +269,6 @@ def _rate(prices: ModelPrice, key: str, default: int = 0, default_lc: int = 0) -
     if isinstance(value, TieredPrices):
         return _micros(value.base), _micros(_top(value))
     return _micros(value), _micros(value)
-
-
-# Our usage does not split tokens by modality, so a model with dearer audio, image or video
-# token rates is priced at the dearest (gpt-4o-audio-preview: text $2.50, audio $40 in):
-# over-charged for text, never short for audio.
-_INPUTS: Final = ("input_mtok", "input_audio_mtok", "input_image_mtok", "input_video_mtok")
-_OUTPUTS: Final = ("output_mtok", "output_audio_mtok", "output_image_mtok", "output_video_mtok")
-
-
-def _dearest_rate(prices: ModelPrice, keys: tuple[str, ...]) -> tuple[int, int]:
-    rates = [_rate(prices, key) for key in keys if getattr(prices, key, None) is not None]
-    return max(r for r, _ in rates), max(lc for _, lc in rates)
 
 
 def _tier_start(prices: ModelPrice) -> int | None:
