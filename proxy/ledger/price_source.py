@@ -34,6 +34,7 @@ How its data maps onto a `Price` (each choice is ours, read off its types):
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -41,8 +42,9 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 from fractions import Fraction
-from typing import Final
+from typing import Any, Final
 
+import pydantic
 from genai_prices.types import (
     ClauseAnd,
     ClauseContains,
@@ -58,13 +60,14 @@ from genai_prices.types import (
     PriceVariant,
     Provider,
     StartDateConstraint,
+    Tier,
     TieredPrices,
     TimeOfDateConstraint,
 )
 
 from proxy.ledger.price_row import LongContext, Price
 
-__all__ = ["FREE_PROVIDERS", "PROVIDERS", "PriceSource", "ProviderPrices", "bundled", "compile_source"]
+__all__ = ["FREE_PROVIDERS", "PROVIDERS", "PriceSource", "ProviderPrices", "bundled", "compile_source", "from_snapshot"]
 
 # spanmeter's gen_ai.provider.name -> genai-prices' provider id. A name missing here is
 # "unknown": its models are priced at their first-party provider's rates.
@@ -323,3 +326,49 @@ def _bundled(today: date) -> PriceSource:
     from genai_prices.data import providers  # ~2,300 models: ~0.2 s, imported here only
 
     return compile_source(providers, today, f"genai-prices {__version__}")
+
+
+def from_snapshot(text: str | bytes, today: date | None = None) -> PriceSource:
+    """A refreshed data file (`spanmeter prices --refresh`), compiled for `today`.
+
+    The file is {"fetched_at": ISO time, "url": where from, "providers": genai-prices'
+    published JSON (a list of providers)}; its rows are labelled with the fetch date.
+    """
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("providers"), list):
+        raise ValueError("prices file: expected {\"fetched_at\": ..., \"providers\": [...]}, as written by "
+                         "`spanmeter prices --refresh`")
+    label = f"genai-prices data fetched {str(doc.get('fetched_at', 'at an unknown time'))[:10]}"
+    providers = _PROVIDERS.validate_python([_provider_raw(p) for p in doc["providers"]])
+    return compile_source(providers, today or date.today(), label)
+
+
+# Providers are dataclasses with pydantic validation; a ModelPrice is a plain class holding
+# whatever price keys the data names, so its raw mappings are built here before validation.
+_PROVIDERS: Final = pydantic.TypeAdapter(list[Provider], config=pydantic.ConfigDict(arbitrary_types_allowed=True))
+
+
+def _provider_raw(raw: dict[str, Any]) -> dict[str, Any]:
+    # Extractors read response bodies, which spanmeter's adapters do themselves.
+    return {**{k: v for k, v in raw.items() if k not in ("extractors", "models")},
+            "models": [_model_raw(m) for m in raw.get("models") or []]}
+
+
+def _model_raw(raw: dict[str, Any]) -> dict[str, Any]:
+    prices = raw.get("prices") or {}
+    out = {**raw, "prices": ([{**c, "prices": _model_price(c.get("prices") or {})} for c in prices]
+                             if isinstance(prices, list) else _model_price(prices))}
+    if raw.get("price_variants"):
+        out["price_variants"] = [{**v, "prices": _model_price(v.get("prices") or {})} for v in raw["price_variants"]]
+    return out
+
+
+def _model_price(raw: dict[str, Any]) -> ModelPrice:
+    return ModelPrice(**{key: _price_value(value) for key, value in raw.items() if value is not None})
+
+
+def _price_value(raw: Any) -> Decimal | TieredPrices:
+    if isinstance(raw, dict):
+        return TieredPrices(base=Decimal(str(raw["base"])),
+                            tiers=[Tier(start=int(t["start"]), price=Decimal(str(t["price"]))) for t in raw["tiers"]])
+    return Decimal(str(raw))

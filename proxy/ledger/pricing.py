@@ -131,8 +131,10 @@ class PriceTable:
 
             source = bundled()
         raw = yaml.safe_load(Path(path or DEFAULT_PATH).read_text(encoding="utf-8")) or {}
-        prices = {name: _merged(source.first_party(name), name, entry)
-                  for name, entry in (raw.get("models") or {}).items()}
+        models = raw.get("models") or {}
+        # A row that only adds to genai-prices' (max output, tiers) prices nothing without it.
+        prices = {name: _merged(base, name, entry) for name, entry in models.items()
+                  if (base := source.first_party(name)) is not None or "input" in entry}
         for name, entry in (overrides or {}).items():
             prices[name] = _override(prices.get(name) or source.first_party(name), name, entry)
         return cls(prices, _aliases(raw.get("aliases")), {str(k): str(v) for k, v in
