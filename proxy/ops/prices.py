@@ -63,7 +63,7 @@ def describe(table: PriceTable, model: str, provider: str | None, overrides: dic
 def refresh(data_dir: str | Path, url: str = UPDATE_URL, timeout_s: float = 30.0) -> Path:
     """Fetch genai-prices' published data into {data_dir}/prices.json with its date. The proxy
     reads it only at start-up, and only when the setting prices_file names it."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as answer:  # noqa: S310 (a fixed https URL)
+    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
         providers = json.loads(answer.read())
     doc = json.dumps({"fetched_at": datetime.now(UTC).isoformat(timespec="seconds"), "url": url,
                       "providers": providers})
