@@ -26,6 +26,7 @@ from proxy.govern.runs import Runs
 from proxy.ledger.anatomy import Splits
 from proxy.ledger.backends import open_store
 from proxy.ledger.failopen import FailOpenStore
+from proxy.ledger.price_source import PriceSource, from_snapshot
 from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.mcp.route import MCP_PREFIX, handle_mcp
@@ -98,7 +99,7 @@ def create_app(
     check_upstreams(settings)
     app[SETTINGS] = settings
     app[KEYS] = KeyIndex(settings)
-    app[PRICES] = PriceTable.load(overrides=settings.prices)
+    app[PRICES] = PriceTable.load(overrides=settings.prices, source=_price_source(settings.prices_file))
     app[DEPLOYMENTS] = Deployments(settings.azure_deployments)
     app.cleanup_ctx.append(_store_ctx(store))
     app.cleanup_ctx.append(_telemetry_ctx(telemetry))
@@ -230,6 +231,11 @@ def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], As
             await asyncio.get_running_loop().run_in_executor(None, tel.shutdown)
 
     return ctx
+
+
+def _price_source(path: str | None) -> PriceSource | None:
+    """A refreshed genai-prices file (`spanmeter prices --refresh`), else None: the installed data."""
+    return from_snapshot(Path(path).read_bytes()) if path else None
 
 
 def _priced_name(prices: PriceTable) -> Callable[[str], str | None]:

@@ -284,6 +284,9 @@ class Settings(BaseSettings):
     # model -> {input, cached_input, cache_write, cache_write_1h, output,
     #           service_tiers: {tier: multiplier}, inference_geos: {geo: multiplier}}
     prices: dict[str, dict[str, float | dict[str, float]]] = {}
+    # A genai-prices data file written by `spanmeter prices --refresh`, read at start-up only
+    # (a running ceiling never has its prices swapped); None: the installed genai-prices' data.
+    prices_file: str | None = None
     _policies: dict[str, Policy] = PrivateAttr(default_factory=dict)  # policy_for's cache
     _key_policies: dict[tuple[str, str], KeyPolicy] | None = PrivateAttr(default=None)  # key_policy's index
 

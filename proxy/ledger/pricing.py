@@ -47,18 +47,21 @@ size from the usage of the answers that created it and reserves it at
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import replace
 from datetime import date
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
-from proxy.model import Call, Usage, frozen
+from proxy.ledger.price_row import STANDARD_FACTOR, LongContext, Price
+from proxy.model import Call, Usage
+
+if TYPE_CHECKING:
+    from proxy.ledger.price_source import PriceSource
 
 __all__ = [
     "PROVIDER_OVERHEAD_TOKENS",
@@ -87,89 +90,14 @@ _VARIANT = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3,4}
 _FOUND_MAX: Final = 4096  # dated names remembered by a PriceTable (`_base`)
 
 
-@frozen
-class LongContext:
-    """Rates billed for the whole request once its input exceeds `threshold_tokens`."""
-
-    threshold_tokens: int
-    input: int
-    cached_input: int
-    cache_write: int
-    output: int
-    cache_write_1h: int | None = None  # None: the provider has one write rate, cache_write
-
-
-@frozen
-class Price:
-    """One model's rates in micro-USD per million tokens (= USD per token x 10^12 / 10^6)."""
-
-    model: str
-    input: int
-    cached_input: int
-    cache_write: int
-    output: int
-    source: str
-    as_of: str
-    max_output_tokens: int | None = None
-    long_context: LongContext | None = None
-    # Anthropic's 1-hour cache writes (2x input; cache_write is the 5-minute rate, 1.25x).
-    # None: the provider has one write rate, cache_write.
-    cache_write_1h: int | None = None
-    # Multipliers on every rate, by what the usage says the call was billed as:
-    # OpenAI service_tier (flex 0.5, priority 1.7-2.5 by model), Anthropic inference_geo
-    # (us 1.1 on Opus/Sonnet 4.6 and later). A tier or geo not listed bills at 1x.
-    service_tiers: tuple[tuple[str, Fraction], ...] = ()
-    inference_geos: tuple[tuple[str, Fraction], ...] = ()
-
-    def rates(self, input_tokens: int) -> tuple[int, int, int, int]:
-        """(input, cached_input, cache_write, output) for a request of this input size."""
-        lc = self.long_context
-        if lc is not None and input_tokens > lc.threshold_tokens:
-            return lc.input, lc.cached_input, lc.cache_write, lc.output
-        return self.input, self.cached_input, self.cache_write, self.output
-
-    def cache_write_1h_rate(self, input_tokens: int) -> int:
-        """The 1-hour cache-write rate for a request of this input size."""
-        lc = self.long_context
-        if lc is not None and input_tokens > lc.threshold_tokens:
-            return lc.cache_write if lc.cache_write_1h is None else lc.cache_write_1h
-        return self.cache_write if self.cache_write_1h is None else self.cache_write_1h
-
-    def reserve_factor(self, service_tier: str | None) -> Fraction:
-        """The largest factor a call asking for `service_tier` may be billed at: a request
-        without one (or `auto`) may run at any tier its project enables, and any geography."""
-        if not self.service_tiers and not self.inference_geos:
-            return STANDARD_FACTOR  # most models: no Fraction arithmetic on the hot path
-        return _reserve_factor(self.service_tiers, self.inference_geos, service_tier)
-
-    def multiplier(self, usage: Usage) -> Fraction:
-        """The factor on every rate for the tier and geography the usage was billed as."""
-        if usage.service_tier is None and usage.inference_geo is None:
-            return STANDARD_FACTOR
-        # OpenAI answers name their tier ("default", "auto"), which the table
-        # rarely lists: a factor of 1 stays STANDARD_FACTOR, so its callers keep the
-        # integer path (Fraction arithmetic costs ~1.5 us, two or three times a call).
-        tier = _lookup(self.service_tiers, usage.service_tier)
-        geo = _lookup(self.inference_geos, usage.inference_geo)
-        return tier if geo is STANDARD_FACTOR else geo if tier is STANDARD_FACTOR else tier * geo
-
-
-# The factor of a call billed at standard rates; `multiplier` returns this very object, so
-# a caller may skip Fraction arithmetic with `is STANDARD_FACTOR`.
-STANDARD_FACTOR = Fraction(1)
-
-
-@functools.lru_cache(maxsize=1024)
-def _reserve_factor(tiers: tuple[tuple[str, Fraction], ...], geos: tuple[tuple[str, Fraction], ...],
-                    service_tier: str | None) -> Fraction:
-    chosen = [f for _, f in tiers] if service_tier in (None, "auto") else [_lookup(tiers, service_tier)]
-    geo = max([f for _, f in geos], default=STANDARD_FACTOR)
-    factor = max([*chosen, STANDARD_FACTOR]) * max(geo, STANDARD_FACTOR)
-    return STANDARD_FACTOR if factor == 1 else factor
-
-
 class PriceTable:
-    """Shipped prices plus config overrides; lookup by exact name, dated variant or alias.
+    """Prices from genai-prices, our shipped rows and config overrides; lookup by exact name,
+    dated variant or alias, and optionally by provider.
+
+    Precedence, last wins: genai-prices' row for the model (at the provider the call went
+    to, else at the model's first-party provider), then our shipped prices.yaml row for that
+    name (field by field: what a yaml entry leaves out comes from genai-prices), then config
+    `pricing.overrides` (field by field again). docs/budgets.md has the full story.
 
     An alias (`claude-sonnet-4-0`, `gpt-4o`, `gemini-flash-latest`) is a name the provider
     resolves to another model, and may resolve to a newer one tomorrow. Looking one up
@@ -179,25 +107,38 @@ class PriceTable:
     """
 
     def __init__(self, prices: dict[str, Price], aliases: dict[str, tuple[str, ...]] | None = None,
-                 unpriced: dict[str, str] | None = None) -> None:
+                 unpriced: dict[str, str] | None = None, source: PriceSource | None = None) -> None:
         self._prices = prices
+        self.source = source
         # Longest names first, so "gpt-4o-mini-2024-07-18" finds gpt-4o-mini, not gpt-4o.
         self._by_length = sorted(prices, key=len, reverse=True)
-        # A dated name's variant search walks every known name (10 us, twice a call): each
-        # name is looked up once. Names are the caller's, so the memo is bounded.
+        # A dated name's variant search walks every known name (10 us, twice a call), and a
+        # genai-prices miss scans its matchers: each (provider, name) is looked up once.
+        # Names are the caller's, so the memo is bounded.
         self._found: dict[str, Price | None] = {}
+        self._by_provider: dict[tuple[str, str], Price | None] = {}
         self._aliases = {name: _dearest(name, self._base(name), {t: self._base(t) for t in targets})
                          for name, targets in (aliases or {}).items()}
         self._unpriced = dict(unpriced or {})
 
     @classmethod
-    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PriceTable:
+    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+             source: PriceSource | None = None) -> PriceTable:
+        """Our shipped rows over `source` (default: the installed genai-prices' data, compiled
+        for today), with `overrides` (config pricing.overrides) over both."""
+        if source is None:
+            from proxy.ledger.price_source import bundled  # its data costs ~0.2 s to import
+
+            source = bundled()
         raw = yaml.safe_load(Path(path or DEFAULT_PATH).read_text(encoding="utf-8")) or {}
-        prices = {name: _price(name, entry) for name, entry in (raw.get("models") or {}).items()}
+        models = raw.get("models") or {}
+        # A row that only adds to genai-prices' (max output, tiers) prices nothing without it.
+        prices = {name: _merged(base, name, entry) for name, entry in models.items()
+                  if (base := source.first_party(name)) is not None or "input" in entry}
         for name, entry in (overrides or {}).items():
-            prices[name] = _override(prices.get(name), name, entry)
+            prices[name] = _override(prices.get(name) or source.first_party(name), name, entry)
         return cls(prices, _aliases(raw.get("aliases")), {str(k): str(v) for k, v in
-                                                          (raw.get("unpriced") or {}).items()})
+                                                          (raw.get("unpriced") or {}).items()}, source)
 
     def unpriced(self) -> dict[str, str]:
         """Model names deliberately left without a price, each with the reason."""
@@ -210,14 +151,37 @@ class PriceTable:
         return len(self._prices)
 
     def models(self) -> list[str]:
+        """The names of our shipped and configured rows (genai-prices' are not listed)."""
         return sorted(self._prices)
 
-    def price(self, model: str | None) -> Price | None:
+    def price(self, model: str | None, provider: str | None = None) -> Price | None:
+        """The model's price; `provider` is the call's gen_ai.provider.name (None: unknown,
+        priced at the model's first-party provider)."""
         if not model:
             return None
         name = model.removeprefix("models/")
         alias = self._aliases.get(name)
-        return alias if alias is not None else self._base(name)
+        if alias is not None:
+            return alias
+        if provider is None:
+            return self._base(name)
+        key = (provider, name)
+        if key in self._by_provider:
+            return self._by_provider[key]
+        found = self._at(provider, name)
+        if len(self._by_provider) < _FOUND_MAX:
+            self._by_provider[key] = found
+        return found
+
+    def _at(self, provider: str, name: str) -> Price | None:
+        from proxy.ledger.price_source import FREE_PROVIDERS, PROVIDERS
+
+        if provider in FREE_PROVIDERS:
+            return _free(name, provider)
+        genai_id = PROVIDERS.get(provider)
+        if genai_id is None or self.source is None or genai_id not in self.source.provider_ids():
+            return self._base(name)
+        return self._shipped(name) or self.source.find(genai_id, name)
 
     def _base(self, name: str) -> Price | None:
         found = self._prices.get(name)
@@ -225,11 +189,25 @@ class PriceTable:
             return found
         if name in self._found:
             return self._found[name]
-        found = next((self._prices[known] for known in self._by_length
-                      if name.startswith(known) and _VARIANT.match(name[len(known):])), None)
+        found = self._shipped(name)
+        if found is None and self.source is not None:
+            found = self.source.first_party(name)
         if len(self._found) < _FOUND_MAX:
             self._found[name] = found
         return found
+
+    def _shipped(self, name: str) -> Price | None:
+        """Our own row (prices.yaml or config) for the name or the model it is a dated variant of."""
+        found = self._prices.get(name)
+        if found is not None:
+            return found
+        return next((self._prices[known] for known in self._by_length
+                     if name.startswith(known) and _VARIANT.match(name[len(known):])), None)
+
+
+def _free(name: str, provider: str) -> Price:
+    return Price(model=name, input=0, cached_input=0, cache_write=0, output=0,
+                 source=f"{provider}: runs on your own hardware, priced at $0 deliberately", as_of="always")
 
 
 def _aliases(raw: Any) -> dict[str, tuple[str, ...]]:
@@ -250,7 +228,7 @@ def _dearest(alias: str, own: Price | None, targets: dict[str, Price | None]) ->
     if missing or not targets:
         raise ValueError(f"prices alias {alias}: {', '.join(missing) or 'no model'} has no price; "
                          "add it under `models:` (or pricing.overrides) or drop the alias")
-    known = [p for p in (own, *targets.values()) if p is not None]
+    known = [p for p in (*targets.values(), own) if p is not None]  # a tie names the target
     return max(known, key=lambda p: (p.output, p.input, p.cache_write_1h_rate(0), p.cache_write, p.cached_input))
 
 
@@ -354,13 +332,6 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _lookup(factors: tuple[tuple[str, Fraction], ...], key: str | None) -> Fraction:
-    for name, factor in factors:
-        if name == key:
-            return factor
-    return STANDARD_FACTOR
-
-
 def _factors(raw: Any, where: str) -> tuple[tuple[str, Fraction], ...]:
     """{name: multiplier} -> exact fractions, e.g. {flex: 0.5, priority: 2}."""
     if not raw:
@@ -412,13 +383,17 @@ def _price(name: str, entry: dict[str, Any]) -> Price:
         cache_write=_rate(entry.get("cache_write", entry["input"]), where),
         output=_rate(entry["output"], where),
         source=str(entry["source"]),
-        as_of=entry["as_of"].isoformat() if isinstance(entry["as_of"], date) else str(entry["as_of"]),
+        as_of=_as_of(entry["as_of"]),
         max_output_tokens=int(entry["max_output_tokens"]) if entry.get("max_output_tokens") else None,
         long_context=_long_context(lc, where) if lc else None,
         cache_write_1h=_optional_rate(entry, "cache_write_1h", where),
         service_tiers=_factors(entry.get("service_tiers"), f"{where}: service_tiers"),
         inference_geos=_factors(entry.get("inference_geos"), f"{where}: inference_geos"),
     )
+
+
+def _as_of(value: Any) -> str:
+    return value.isoformat() if isinstance(value, date) else str(value)
 
 
 def _long_context(lc: dict[str, Any], where: str) -> LongContext:
@@ -432,18 +407,34 @@ def _long_context(lc: dict[str, Any], where: str) -> LongContext:
     )
 
 
-def _override(base: Price | None, name: str, entry: dict[str, Any]) -> Price:
+_RATES: Final = ("input", "cached_input", "cache_write", "cache_write_1h", "output")
+
+
+def _merged(base: Price | None, name: str, entry: dict[str, Any]) -> Price:
+    """A prices.yaml row over genai-prices' row for the same name, field by field. A row that
+    sets no rate (only max_output_tokens, tiers, geos) keeps genai-prices' source."""
+    if base is None:
+        return _price(name, entry)
+    if not any(k in entry for k in (*_RATES, "long_context")):
+        entry = {"source": base.source, "as_of": base.as_of, **entry}
+    return _override(base, name, entry, where=f"price of {name}")
+
+
+def _override(base: Price | None, name: str, entry: dict[str, Any], where: str = "") -> Price:
     """Config wins field by field; a model new to the table needs input and output."""
     if base is None:
         return _price(name, {"source": "config pricing.overrides", "as_of": "config", **entry})
-    where = f"pricing.overrides.{name}"
+    where = where or f"pricing.overrides.{name}"
     changes: dict[str, Any] = {
+        "model": name,
         "source": str(entry.get("source", "config pricing.overrides")),
-        "as_of": str(entry.get("as_of", "config")),
+        "as_of": _as_of(entry.get("as_of", "config")),
     }
-    for key in ("input", "cached_input", "cache_write", "cache_write_1h", "output"):
+    for key in _RATES:
         if key in entry:
             changes[key] = _rate(entry[key], where)
+    if "long_context" in entry:
+        changes["long_context"] = _long_context(entry["long_context"], where) if entry["long_context"] else None
     for key in ("service_tiers", "inference_geos"):
         if key in entry:
             changes[key] = _factors(entry[key], f"{where}.{key}")

@@ -241,6 +241,26 @@ def _parser() -> argparse.ArgumentParser:
     _admin_args(s)
     s.set_defaults(fn=_budget_get)
 
+    s = _command(sub, "prices", "what a model costs per million tokens, and where each number came from",
+                 "Prints a model's rates (input, cached input, cache writes, output, long-context tier, service "
+                 "tiers and geographies, max output) as the proxy would price a call to it, each with where it "
+                 "came from: genai-prices (its version and provider), a prices.yaml row (its source and date) "
+                 "or the config's prices overrides. --refresh fetches genai-prices' published data into "
+                 "{data_dir}/prices.json (the only network use, and only when asked); the proxy reads that "
+                 "file at start-up when the setting prices_file names it. Exits 1 for a model with no price.",
+                 ["spanmeter prices claude-sonnet-4-5",
+                  "spanmeter prices gpt-4o --provider azure.ai.openai",
+                  "spanmeter prices --refresh            # then set prices_file: .spanmeter/prices.json"])
+    s.add_argument("model", nargs="?", help="the model name a request sends (required unless --refresh)")
+    s.add_argument("--provider", metavar="P",
+                   help="the provider the call goes to, as gen_ai.provider.name (openai, gcp.vertex_ai, "
+                        "aws.bedrock, groq, ollama, ...) (default: none, the model's first-party provider)")
+    s.add_argument("--refresh", action="store_true",
+                   help="fetch genai-prices' latest data into {data_dir}/prices.json (default: off)")
+    _config_arg(s)
+    _data_dir_arg(s)
+    s.set_defaults(fn=_prices)
+
     ledger = _command(sub, "ledger", "the ledger itself: migrate a Redis ledger's keys",
                       "Maintenance of the ledger the proxy counts spend in (ledger_url).",
                       ["spanmeter ledger migrate-keys --ledger redis://redis:6379/0"])
@@ -329,6 +349,35 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"a whole number of at least 1, got {text!r}")
     return n
+
+
+# --- prices ------------------------------------------------------------------------------
+
+
+def _prices(args: argparse.Namespace) -> int:
+    from proxy.app import _price_source
+    from proxy.config import load_settings
+    from proxy.ledger.pricing import PriceTable
+    from proxy.ops.prices import describe, refresh
+
+    if args.refresh:
+        path = refresh(args.data_dir)
+        print(f"Wrote {path}. The proxy reads it at start-up when the setting prices_file names it.")
+        return 0
+    if not args.model:
+        print("spanmeter prices: name a model (or --refresh)", file=sys.stderr)
+        return 2
+    if args.config:
+        os.environ["SPANMETER_CONFIG"] = args.config
+    settings = load_settings()
+    table = PriceTable.load(overrides=settings.prices, source=_price_source(settings.prices_file))
+    lines = describe(table, args.model, args.provider, settings.prices)
+    if lines is None:
+        print(f"{args.model}: no known price{f' at {args.provider}' if args.provider else ''}. Add one under "
+              "prices: in the config (input and output, USD per million tokens).", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
 
 
 # --- serve and check-config ------------------------------------------------------------

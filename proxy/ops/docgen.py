@@ -99,7 +99,9 @@ FIELD_DOCS: dict[str, str] = {
                "provider key goes upstream).",
     "policy": "The global policy, under each tenant's own `policy`.",
     "prices": "Price overrides per model: `{MODEL: {input, cached_input, cache_write, output}}` in USD per "
-              "million tokens, over the shipped table (proxy/data/prices.yaml).",
+              "million tokens, over genai-prices' data and the shipped rows (proxy/data/prices.yaml).",
+    "prices_file": "A genai-prices data file written by `spanmeter prices --refresh`, read at start-up only; "
+                   "unset: the data of the installed genai-prices package.",
     "otlp_endpoint": "OTLP/HTTP base URL for spans (`http://collector:4318`); metrics go there too only "
                      "with `otlp_metrics`. The standard OTEL_EXPORTER_OTLP_ENDPOINT works too.",
     "export_process": "Encode and send spans in a child process (one per worker), out of the serving "

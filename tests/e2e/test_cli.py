@@ -248,3 +248,23 @@ def test_admin_commands_say_where_the_token_belongs(tmp_path):
     assert out.returncode == 2
     assert f"the config file {cfg} has no `admin_token:`" in out.stderr
     assert "put `admin_token: ...` in the config file both read" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_prices_says_what_a_model_costs_and_where_each_number_came_from(tmp_path: Path) -> None:
+    config = tmp_path / "spanmeter.yaml"
+    config.write_text("prices:\n  claude-sonnet-4-5: {output: 16}\n")
+    shipped = _spanmeter("prices", "claude-sonnet-4-5", "--config", str(config))
+    assert shipped.returncode == 0, shipped.stderr
+    out = shipped.stdout
+    assert re.search(r"input\s+\$3\s+genai-prices \S+ \(anthropic\)", out)
+    assert re.search(r"output\s+\$16\s+config prices \(override\)", out)
+    assert re.search(r"long_context\s+over 200000", out) and re.search(r"max_output\s+64000\s+prices.yaml", out)
+    ours = _spanmeter("prices", "claude-sonnet-4")  # a row prices.yaml keeps whole
+    assert re.search(r"long_context\s+over 200000\s+prices.yaml \(https://", ours.stdout), ours.stdout
+    local = _spanmeter("prices", "qwen3:8b", "--provider", "ollama")
+    assert re.search(r"output\s+\$0\s+ollama: .*\$0 deliberately", local.stdout), local.stdout
+    groq = _spanmeter("prices", "llama-3.3-70b-versatile", "--provider", "groq")
+    assert "genai-prices" in groq.stdout and "(groq)" in groq.stdout
+    unknown = _spanmeter("prices", "no-such-model-9")
+    assert unknown.returncode == 1 and "no known price" in unknown.stderr
+

@@ -2,7 +2,7 @@
 ../shared/cassettes/pairs.jsonl (issue 25), each cassette one run, against a replay
 upstream answering with the recorded bytes. The client gets the recorded bytes (or the
 same SSE events, or an announced rewrite), the span's tokens equal the recorded usage,
-the cost is the price table applied to it (computed here from prices.yaml), tool calls
+the cost is the price table's rates applied to it (computed here), tool calls
 answered in a later request become execute_tool spans, nothing answers 5xx. The same
 under a cost ceiling and in tenant mode: nothing real is refused."""
 
@@ -19,16 +19,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from proxy.config import hash_key
+from proxy.ledger.pricing import PriceTable
 from proxy.ops.demo import serve_on_free_port
 from proxy.serve.appkeys import TEL
 from tests.fakes.replay import MISSING, RECORDED, create_replay, decoded, recorded_pairs
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
-PRICES = yaml.safe_load((ROOT / "proxy" / "data" / "prices.yaml").read_text())
+PRICES = PriceTable.load()
 KEY = "sm-replay-key-0001"
 _DROP = {"host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "accept-encoding",
          "connection"}
@@ -116,23 +116,17 @@ def _answer_model(pair: dict[str, Any]) -> str | None:
 
 # ------------------------------------------------------------------ the price table, read here
 
-_DATED = re.compile(r"^(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8}|\d{2}-\d{2,4}|\d{3,4}|latest|preview|exp))+$")
-
-
 def _row(name: str | None) -> dict[str, Any] | None:
-    models, aliases = PRICES["models"], PRICES.get("aliases") or {}
-    if not name:
+    """The table's rates for a name in USD per million tokens: the rows are compiled from
+    genai-prices with prices.yaml over them, so the table is read, not the yaml file."""
+    price = PRICES.price(name)
+    if price is None:
         return None
-    name = name.removeprefix("models/")
-    if name in aliases:
-        rows = [r for r in (models.get(name), *(_row(t) for t in aliases[name])) if r]
-        return max(rows, key=lambda r: (Decimal(str(r["output"])), Decimal(str(r["input"]))))
-    if name in models:
-        return dict(models[name])
-    for known in sorted(models, key=len, reverse=True):
-        if name.startswith(known) and _DATED.match(name[len(known):]):
-            return dict(models[known])
-    return None
+    rates = {k: Decimal(getattr(price, k)) / 1_000_000 for k in ("input", "cached_input", "cache_write", "output")}
+    if price.cache_write_1h is not None:
+        rates["cache_write_1h"] = Decimal(price.cache_write_1h) / 1_000_000
+    return {**rates, "service_tiers": {k: Decimal(f.numerator) / f.denominator for k, f in price.service_tiers},
+            "inference_geos": {k: Decimal(f.numerator) / f.denominator for k, f in price.inference_geos}}
 
 
 def _expected_cost(pair: dict[str, Any], u: dict[str, int]) -> int:
