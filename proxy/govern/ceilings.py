@@ -71,6 +71,7 @@ class Candidate:
     # deployment's model), and what a refusal for want of a price should add.
     priced_as: str | None = None
     price_hint: str = ""
+    provider: str | None = None  # gen_ai.provider.name of the upstream: whose price list applies
 
 
 @frozen
@@ -238,7 +239,7 @@ async def admit(store: Store, prices: PriceTable, candidate: Candidate, *, tz: s
     caller, call, plan, turn = candidate.caller, candidate.call, candidate.plan, candidate.turn
     limits = plan.limits
     named = candidate.priced_as or call.model
-    price = prices.price(named) if named else None
+    price = prices.price(named, candidate.provider) if named else None
     # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder, a
     # wrap-up note): they are input too, so the bound covers the bytes they may add.
     bound = input_bound(call) + candidate.patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)

@@ -91,7 +91,7 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
     outcome = answer.outcome()
     if deployment is not None:
         app[DEPLOYMENTS].learn(deployment, outcome.response_model)
-    admitted = _priced_as_run(app, admitted, outcome.response_model)
+    admitted = _priced_as_run(app, admitted, outcome.response_model, cs.provider)
     failed = (outcome.status >= 400 or outcome.status == 0) and outcome.error_type not in _MAYBE_BILLED
     amount, source = settle_amount(admitted, _final_usage(outcome),
                                    failed_before_output=failed and not outcome.text
@@ -203,11 +203,12 @@ async def flush_anatomy(app: web.Application, flushed: list[tuple[tuple[str, ...
             raise outcome
 
 
-def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None) -> Admitted:
+def _priced_as_run(app: web.Application, admitted: Admitted, response_model: str | None,
+                   provider: str | None) -> Admitted:
     """The call charged at the price of the model the answer says ran, when the table knows
     it: an alias (claude-sonnet-4-0, gpt-4o) was reserved at the dearest model it may
     resolve to, and a dated snapshot may bill differently from its undated name."""
-    ran = app[PRICES].price(response_model) if response_model else None
+    ran = app[PRICES].price(response_model, provider) if response_model else None
     return admitted if ran is None or ran is admitted.price else replace(admitted, price=ran)
 
 

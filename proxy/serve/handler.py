@@ -83,7 +83,8 @@ class Forward:
         priced_as, hint = self._pricing(app)
         try:
             candidate = Candidate(caller, call, plan(policy, request.headers, self.key, caller.key_id), turn,
-                                  patch_bytes=CLAMP_BYTES + grown, priced_as=priced_as, price_hint=hint)
+                                  patch_bytes=CLAMP_BYTES + grown, priced_as=priced_as, price_hint=hint,
+                                  provider=self.target.provider)
             admitted = await admit(app[STORE], app[PRICES], candidate, tz=app[SETTINGS].timezone)
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)

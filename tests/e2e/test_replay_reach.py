@@ -6,7 +6,7 @@ path under /upstreams/{name}) to a replay upstream answering with the recorded b
 
 The client gets the recorded bytes; the span names the provider by its semconv name and
 the model the request named; its tokens are the recorded usage; its cost is that usage at
-the price table's rates, above 0, for every model the table knows (an Azure deployment is
+the price table's rates, above 0 (every model these recordings name is priced) (an Azure deployment is
 priced as the model its answer says ran); tool calls answered in a later request of the run
 become execute_tool spans; nothing answers 5xx. Bedrock's pairs wait for the Bedrock route
 (issue 53); Vertex's pair is replayed by tests/e2e/test_vertex.py."""
@@ -105,7 +105,7 @@ def _calls_and_results(pair: dict[str, Any]) -> tuple[set[str], set[str]]:
 
 def _expected_micros(prices: PriceTable, model: str, provider: str, u: dict[str, int]) -> int | None:
     """The usage at the table's rates, rounded up once; None for a model the table lacks."""
-    price = prices.price(model)
+    price = prices.price(model, provider)
     if price is None:
         return None
     micro = (u["in"] - u["read"]) * price.input + u["read"] * price.cached_input + (u["out"] or 0) * price.output
@@ -193,7 +193,9 @@ def _check(pairs: list[dict[str, Any]], got: dict[str, dict[str, Any]], spans: l
         ran = _answer_model(p) or p["model"]
         want_cost = _expected_micros(prices, ran, PROVIDER[p["provider"]], u)
         cost = round(float(a.get("spanmeter.cost.usd", 0.0)) * 1e6)
-        if want_cost is not None and (cost != want_cost or cost <= 0):
+        if want_cost is None:
+            problems.append(f"{where}: {ran} has no price at {PROVIDER[p['provider']]}")
+        elif cost != want_cost or cost <= 0:
             problems.append(f"{where}: cost {cost} micro-USD, the price table says {want_cost} for {ran}")
     missing = answered - tool_ids
     if missing:
