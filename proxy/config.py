@@ -14,9 +14,9 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -146,6 +146,27 @@ DEFAULT_POLICY = Policy(
 )
 
 
+# What an environment variable's name looks like (POSIX shells accept no other), and the
+# starts of the keys providers issue: a key pasted where its variable's name belongs would
+# otherwise be printed back as a "variable that is not set".
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEY_STARTS = ("sk-", "sk_", "sm-", "AIza", "gsk_", "xai-", "csk-", "pk-", "ya29.")
+
+
+def _check_variable(name: str) -> str:
+    if not name:
+        return name
+    if not _VARIABLE_NAME.fullmatch(name) or name.startswith(_KEY_STARTS):
+        raise ValueError(
+            "expected the NAME of an environment variable that holds the key (e.g. OPENAI_API_KEY), and this "
+            "is not one. If it is the key itself, it is now in the config: put it in spanmeter's environment "
+            "under a name, write that name here, and consider the key exposed")
+    return name
+
+
+VariableName = Annotated[str, AfterValidator(_check_variable)]
+
+
 class Upstream(_Strict):
     """A named upstream of one dialect (e.g. a local OpenAI-compatible server). An entry
     with the name of a built-in host (groq, mistral, ...: proxy/providers/hosts.py)
@@ -153,17 +174,19 @@ class Upstream(_Strict):
 
     dialect: Literal["openai", "anthropic", "gemini", "azure"] = "openai"
     base_url: str | None = None
-    key_env: str | None = None  # env var holding the upstream key
+    key_env: VariableName | None = None  # env var holding the upstream key
     # gen_ai.provider.name; default: the provider a well-known host names, else the dialect's API
     provider_name: str | None = None
+
 
 
 class McpServer(_Strict):
     """An MCP server served at /mcp/{name} (Streamable HTTP)."""
 
     url: str  # the server's MCP endpoint, e.g. http://tools.internal:8000/mcp
-    key_env: str | None = None  # env var holding the server's own credential (sent as a Bearer token)
+    key_env: VariableName | None = None  # env var holding the server's own credential (sent as a Bearer token)
     tool_costs: dict[str, float] = {}  # tool name -> USD per call, counted against run and tenant budgets
+
 
     @field_validator("tool_costs")
     @classmethod
@@ -216,7 +239,7 @@ class TenantConfig(_Strict):
     # sha256 hex of each spanmeter key (`spanmeter keys create` prints one), or
     # {hash, policy} for a key with limits of its own.
     keys: list[str | KeyConfig] = []
-    upstream_keys: dict[str, str] = {}  # dialect -> env var name of the upstream key
+    upstream_keys: dict[str, VariableName] = {}  # dialect -> env var name of the upstream key
     upstream: str | None = None  # name of an extra upstream all this tenant's calls go to
     policy: Policy = Policy()
 
@@ -256,7 +279,7 @@ class Settings(BaseSettings):
     upstreams: dict[str, Upstream] = {}
     mcp_servers: dict[str, McpServer] = {}  # served at /mcp/{name}
     # Env vars holding upstream keys, per dialect, used in tenant mode when a tenant names none.
-    upstream_keys: dict[str, str] = {
+    upstream_keys: dict[str, VariableName] = {
         "openai": "OPENAI_API_KEY",
         "anthropic": "ANTHROPIC_API_KEY",
         "gemini": "GEMINI_API_KEY",
@@ -461,16 +484,49 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _explain(exc: ValidationError) -> str:
+    """Every validation error of the settings, in our words. The one renderer of pydantic's
+    errors: none of them is printed any other way, because pydantic's own text quotes the
+    input, and an input under `keys` or `upstream_keys` may be a key pasted in clear."""
     path = os.environ.get(f"{ENV_PREFIX}CONFIG")
     lines = ["Invalid spanmeter configuration:"]
-    for err in exc.errors():
+    for err in exc.errors(include_input=True, include_url=False):
         loc = [str(p) for p in err["loc"]]
-        env = ENV_PREFIX + "__".join(loc).upper()
-        source = f"environment variable {env}" if env in os.environ else (
-            f"config file {path}" if path else "defaults")
-        lines.append(f"- {'.'.join(loc)} (from {source}): {_problem(loc, err)}.")
+        lines.append(f"- {'.'.join(loc)} (from {_source(loc, path)}): {_problem(loc, err)}.")
     lines.append(f"({_REFERENCE_HINT} with its type and default; `spanmeter check-config` checks a file.)")
     return "\n".join(lines)
+
+
+def _source(loc: list[str], path: str | None) -> str:
+    """Where the value at `loc` came from: the variable that set it or a section above it
+    (SPANMETER_TENANTS holds every tenant's keys), else the file."""
+    for end in range(len(loc), 0, -1):
+        env = ENV_PREFIX + "__".join(loc[:end]).upper()
+        if env in os.environ:
+            return f"environment variable {env}"
+    return f"config file {path}" if path else "defaults"
+
+
+# Settings whose values are, or are mistaken for, secrets: a key where its hash goes, a
+# provider key where a variable's name goes, the admin token. An error there never shows
+# the value (logs and CI output keep what a terminal shows).
+_SECRET_NAMES = frozenset({"keys", "hash", "upstream_keys", "key_env", "admin_token"})
+
+
+def _secret_at(loc: list[str]) -> bool:
+    # A tenant's whole block (`tenants.acme: ...`) holds its keys too.
+    return bool(_SECRET_NAMES.intersection(loc)) or (loc[:1] == ["tenants"] and len(loc) <= 2)
+
+
+def _shown(loc: list[str], given: Any) -> str:
+    """The value an error was about, as the error may show it: never a secret's, and of a
+    list or mapping only its kind (it may hold anything, a misplaced key among it)."""
+    if isinstance(given, dict):
+        return "a mapping"
+    if isinstance(given, (list, tuple, set)):
+        return "a list"
+    if _secret_at(loc):
+        return f"a {type(given).__name__} (not shown: this setting holds or names a secret)"
+    return repr(given)
 
 
 def _problem(loc: list[str], err: Any) -> str:
@@ -480,16 +536,25 @@ def _problem(loc: list[str], err: Any) -> str:
         guess = difflib.get_close_matches(loc[-1], _names_beside(loc), n=1, cutoff=0.6)
         hint = f"did you mean `{guess[0]}`? " if guess else ""
         return f"`{loc[-1]}` is not a setting here; {hint}remove it or fix its spelling"
+    expected = _expected(loc, err)
     if kind in ("model_type", "dict_type", "model_attributes_type") and isinstance(given, str):
+        text = _shown(loc, given[:80]) if _secret_at(loc) else f"the text {given[:80]!r}"
         return (f"expected a mapping of settings (`key: value` lines indented under `{loc[-1]}:`, or "
-                f"`{{key: value}}`), got the text {given[:80]!r}: is a colon missing after a key, or the "
-                f"space after a colon?")
+                f"`{{key: value}}`), got {text}: is a colon missing after a key, or the space after a colon?")
     if kind == "value_error":
         message = str((err.get("ctx") or {}).get("error") or err["msg"])
-        if "keys" in loc:  # a key pasted where its hash goes: never echo it
-            return message
-        return f"got {given!r}: {message}"
-    return f"got {given!r}; expected {err['msg'][0].lower()}{err['msg'][1:]}"
+        return message if _secret_at(loc) else f"got {_shown(loc, given)}: {message}"
+    return f"got {_shown(loc, given)}; expected {expected}"
+
+
+def _expected(loc: list[str], err: Any) -> str:
+    """What belongs at `loc`, from pydantic's message (which never quotes the input)."""
+    msg = str(err["msg"])
+    said = msg[0].lower() + msg[1:]
+    if "keys" in loc and "upstream_keys" not in loc:
+        return (f"{said}: `keys` is a list of sha256 hashes of spanmeter keys (64 hex characters, "
+                "`spanmeter keys create` prints one) or of `{hash: ..., policy: {...}}`, never a key in clear")
+    return said
 
 
 def _names_beside(loc: list[str]) -> list[str]:

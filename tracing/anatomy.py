@@ -19,7 +19,8 @@ its sends (a reader divides). A definition's cost over the run is the run's
 tool-definition cost shared by the definitions' bytes (they are all in the same cached
 prefix, so they bill alike); the bytes are counted when a run's tool list is first seen
 (again when it changes, or after the run's chain left the cache), not on every call. Tool names are bounded
-(`MAX_TOOLS`, the rest `_OTHER`). The run span, `spanmeter runs` and the admin API read
+per call (`MAX_TOOLS`, the rest `_OTHER`), and a run's anatomy lists the `MAX_RUN_TOOLS`
+dearest, the rest summed into `_OTHER` and counted in `folded`. The run span, `spanmeter runs` and the admin API read
 these back (`run_anatomy`).
 """
 
@@ -35,11 +36,16 @@ from opentelemetry.util.types import AttributeValue
 from proxy.model import Anatomy, Flushed, ToolCall
 from tracing import attributes as A
 
-__all__ = ["KINDS", "MAX_TOOLS", "TOP_RESULTS", "call_attrs", "call_totals", "flush_totals", "kinds_of", "run_anatomy",
-           "run_attrs"]
+__all__ = ["KINDS", "MAX_RUN_TOOLS", "MAX_TOOLS", "TOP_RESULTS", "call_attrs", "call_totals", "flush_totals",
+           "kinds_of", "run_anatomy", "run_attrs"]
 
 KINDS: Final = ("system", "tools", "tool_result", "history", "new")
 MAX_TOOLS: Final = 64  # tool names per call in the run totals; the rest are `_OTHER`
+# Tool names a run's anatomy lists (run span, `spanmeter runs`, admin API): the dearest; the
+# rest are summed into one `_OTHER` entry and counted in `folded`. A run's answers may name
+# any number of tools (450 names once made a run span of 65 KB), the way a metric label
+# may take any number of values (tracing/labels.py).
+MAX_RUN_TOOLS: Final = 32
 TOP_RESULTS: Final = 5  # results per call tracked by call id, and listed on the spans
 _PREFIX: Final = "anatomy|"
 _NAME_LIMIT: Final = 64
@@ -95,8 +101,14 @@ def call_totals(an: Anatomy, tool_calls: Sequence[ToolCall]) -> dict[str, int]:
     out: dict[str, int] = {}
     if an.definitions_new:
         out.update(_definition_totals(an.definitions))
+    named: set[str] = set()
     for tc in tool_calls:
-        key = _keys(tc.name)[2]
+        # Bounded per call as the definitions are: an answer names what the model likes.
+        if tc.name not in named and len(named) >= MAX_TOOLS:
+            key = _keys(A.LABEL_OTHER)[2]
+        else:
+            named.add(tc.name)
+            key = _keys(tc.name)[2]
         out[key] = out.get(key, 0) + 1
     return out
 
@@ -149,11 +161,13 @@ def call_attrs(an: Anatomy) -> dict[str, AttributeValue]:
     return attrs
 
 
-def run_anatomy(totals: Mapping[str, int]) -> dict[str, Any] | None:
+def run_anatomy(totals: Mapping[str, int], *, fold: bool = True) -> dict[str, Any] | None:
     """A run's anatomy from its totals (module docstring), or None when it has none:
     `parts` (kind -> tokens, cached_tokens, cost_usd), `tools` (name -> results_cost_usd,
-    definitions_cost_usd, calls), `declared`, `called`, `unused`, `unused_cost_usd` and
-    `top_results` (tool, call_id, bytes, sends, resent, cost_usd), dearest first."""
+    definitions_cost_usd, calls), `declared`, `called`, `unused`, `unused_cost_usd`,
+    `top_results` (tool, call_id, bytes, sends, resent, cost_usd), dearest first, and
+    `folded`: how many tools past the `MAX_RUN_TOOLS` dearest were summed into `_OTHER`
+    (`fold=False`: none, every name, for a reader that bounds them itself)."""
     parts: dict[str, dict[str, float]] = {}
     tools: dict[str, dict[str, float]] = {}
     top: dict[tuple[str, str], dict[str, int]] = {}
@@ -189,14 +203,37 @@ def run_anatomy(totals: Mapping[str, int]) -> dict[str, Any] | None:
          "sends": v.get("sends", 0), "resent": max(0, v.get("sends", 0) - 1), "cost_usd": v.get("micros", 0) / 1e6}
         for (name, cid), v in top.items()]
     results.sort(key=lambda r: -float(r["cost_usd"]))
+    unused_cost = round(sum(tools[n]["definitions_cost_usd"] for n in unused), 6)
+    ranked = sorted(tools, key=lambda n: (-tools[n]["results_cost_usd"] - tools[n]["definitions_cost_usd"],
+                                          -tools[n]["calls"], n))
+    folded = 0
+    if fold and len(ranked) > MAX_RUN_TOOLS:
+        tools, folded = _folded(tools, ranked[:MAX_RUN_TOOLS])
+        ranked = [n for n in ranked[:MAX_RUN_TOOLS] if n != A.LABEL_OTHER] + [A.LABEL_OTHER]
+        declared, called, unused = ([n for n in names if n in tools] for names in (declared, called, unused))
     return {
         "parts": {k: parts[k] for k in KINDS if k in parts},
-        "tools": {n: tools[n] for n in sorted(tools, key=lambda n: -tools[n]["results_cost_usd"]
-                                              - tools[n]["definitions_cost_usd"])},
+        "tools": {n: tools[n] for n in ranked},
         "declared": declared, "called": called, "unused": unused,
-        "unused_cost_usd": round(sum(tools[n]["definitions_cost_usd"] for n in unused), 6),
+        "unused_cost_usd": unused_cost,
         "top_results": results[:TOP_RESULTS],
+        "folded": folded,
     }
+
+
+def _folded(tools: dict[str, dict[str, float]], kept: list[str]) -> tuple[dict[str, dict[str, float]], int]:
+    """`tools` with every name but `kept` summed into `_OTHER`, and how many were (the
+    per-call `_OTHER` of the totals joins them, uncounted: its names were never known)."""
+    out = {n: tools[n] for n in kept if n != A.LABEL_OTHER}
+    other = _tool(out, A.LABEL_OTHER)
+    folded = 0
+    for name, t in tools.items():
+        if name in out and name != A.LABEL_OTHER:
+            continue
+        folded += name != A.LABEL_OTHER
+        for field, value in t.items():
+            other[field] += value
+    return out, folded
 
 
 def _tool(tools: dict[str, dict[str, float]], name: str) -> dict[str, float]:
@@ -213,8 +250,10 @@ def run_attrs(totals: Mapping[str, int]) -> dict[str, AttributeValue]:
     for kind, p in ra["parts"].items():
         attrs[f"spanmeter.run.input.{kind}.cost_usd"] = p["cost_usd"]
         attrs[f"spanmeter.run.input.{kind}.tokens"] = int(p["tokens"])
-    attrs[A.SPANMETER_RUN_TOOLS_DECLARED] = ra["declared"][:MAX_TOOLS]
-    attrs[A.SPANMETER_RUN_TOOLS_CALLED] = ra["called"][:MAX_TOOLS]
-    attrs[A.SPANMETER_RUN_TOOLS_UNUSED] = ra["unused"][:MAX_TOOLS]
+    attrs[A.SPANMETER_RUN_TOOLS_DECLARED] = ra["declared"]
+    attrs[A.SPANMETER_RUN_TOOLS_CALLED] = ra["called"]
+    attrs[A.SPANMETER_RUN_TOOLS_UNUSED] = ra["unused"]
     attrs[A.SPANMETER_RUN_TOOLS_UNUSED_COST_USD] = ra["unused_cost_usd"]
+    if ra["folded"]:
+        attrs[A.SPANMETER_RUN_TOOLS_FOLDED] = ra["folded"]
     return attrs

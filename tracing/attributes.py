@@ -274,6 +274,8 @@ SPANMETER_RUN_TOOLS_DECLARED: Final = "spanmeter.run.tools.declared"
 SPANMETER_RUN_TOOLS_CALLED: Final = "spanmeter.run.tools.called"
 SPANMETER_RUN_TOOLS_UNUSED: Final = "spanmeter.run.tools.unused"
 SPANMETER_RUN_TOOLS_UNUSED_COST_USD: Final = "spanmeter.run.tools.unused_cost_usd"
+# Tools past the run anatomy's bound (tracing/anatomy.py MAX_RUN_TOOLS), summed into `_OTHER`.
+SPANMETER_RUN_TOOLS_FOLDED: Final = "spanmeter.run.tools.folded"
 # Money the cache writes cost above plain input: `saved - cache_write_premium` is the net.
 SPANMETER_COST_CACHE_WRITE_PREMIUM: Final = "spanmeter.cost.cache_write_premium"
 

@@ -892,7 +892,7 @@ def record_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int]) ->
     try:
         labels = {A.SPANMETER_RUN_OUTCOME: run_outcome(totals), **_tenant(caller)}
         tel.instruments.runs_ended.add(1, labels)
-        ra = anatomy_attrs.run_anatomy(totals)
+        ra = anatomy_attrs.run_anatomy(totals, fold=False)  # the labels are bounded where they are made
         for name in ra["unused"] if ra is not None else ():
             usd = ra["tools"][name]["definitions_cost_usd"] if ra is not None else 0
             if usd:

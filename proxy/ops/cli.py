@@ -46,10 +46,35 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.fn(args) or 0)
     except ConfigError as exc:
-        print(exc.message, file=sys.stderr)
+        text = exc.message
+        if args.fn is _serve and _json_logs_asked():
+            text = _json_line("ERROR", text, {"error": "config_error"})
+        print(text, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _json_line(level: str, message: str, fields: dict[str, Any]) -> str:
+    """One line as the JSON log format writes it (proxy/serve/accesslog.py)."""
+    from proxy.serve.accesslog import JsonFormatter, logged
+
+    return JsonFormatter().format(logged("spanmeter", getattr(logging, level), "%s", (message,), fields))
+
+
+def _json_logs_asked() -> bool:
+    """Whether `serve` was asked for JSON logs, when the settings that say so did not load."""
+    if os.environ.get("SPANMETER_LOG_FORMAT", "").strip().lower() == "json":
+        return True
+    path = os.environ.get("SPANMETER_CONFIG")
+    if not path or "SPANMETER_LOG_FORMAT" in os.environ:
+        return False
+    from proxy.config import read_config_file
+
+    try:
+        return read_config_file(path).get("log_format") == "json"
+    except ConfigError:
+        return False
 
 
 # --- the parser --------------------------------------------------------------------------
@@ -429,7 +454,11 @@ def _say_listening(settings: Settings, port: int) -> None:
         f"{len(settings.tenants)} tenant(s)"
     where = f"http://{_url_host(settings.host)}:{port}"
     workers = f"; {settings.workers} workers" if settings.workers > 1 else ""
-    print(f"spanmeter listening on {where} - {mode}; ledger {_redact_url(settings.ledger)}{workers}", flush=True)
+    banner = f"spanmeter listening on {where} - {mode}; ledger {_redact_url(settings.ledger)}{workers}"
+    if settings.log_format == "json":
+        # A pipeline that merges stdout with stderr reads one JSON object per line, this one too.
+        banner = _json_line("INFO", banner, {"url": where, "port": port, "workers": settings.workers})
+    print(banner, flush=True)
     log.info("started (version %s): listening on %s, %s; ledger %s; admin API %s%s", _version(), where, mode,
              _redact_url(settings.ledger), "on" if settings.admin_token else "off", workers)
     if settings.fail_open:

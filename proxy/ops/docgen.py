@@ -271,6 +271,8 @@ def _policy_default(dotted: str) -> Any:
 def _type(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:  # a type with a validator: the type a reader writes
+        return _type(args[0])
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -40,7 +40,9 @@ __all__ = [
     "answered",
     "before_call",
     "configure_logging",
+    "escape_controls",
     "identified",
+    "logged",
     "request_finished",
     "request_logged",
     "request_seconds",
@@ -220,19 +222,23 @@ def _quote(v: object) -> str:
     if v is None:
         return "-"
     text = str(v)
-    # json.dumps escapes newlines and control characters, and _escape_breaks the line
-    # separators it keeps (U+2028, ...): a hostile model name cannot forge a log line.
-    return text if _SAFE.match(text) else _escape_breaks(json.dumps(text, ensure_ascii=False))
+    # Quoted with JSON's escapes; the formatter escapes what JSON leaves raw (DEL, C1, U+2028).
+    return text if _SAFE.fullmatch(text) else json.dumps(text, ensure_ascii=False)
 
 
-# Every character besides \n that some consumer splits lines on (str.splitlines does on all
-# of them; JavaScript on U+2028/U+2029): written as \uXXXX escapes, in text and JSON.
-_BREAKS = {c: f"\\u{c:04x}" for c in (0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+# Every character that is more than text to a log consumer or a terminal: C0 controls (line
+# breaks, ESC), DEL, C1 controls (U+0085 breaks lines for str.splitlines, U+009B starts a
+# terminal's control sequence), the line and paragraph separators (JavaScript splits on
+# them) and the bidirectional overrides (they reorder what a reader sees). Written as JSON
+# writes them, in text and JSON logs alike, so one value reads the same in both.
+_ESCAPES = {c: f"\\u{c:04x}" for c in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *range(0x202A, 0x202F),
+                                         *range(0x2066, 0x206A))} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 
 
-def _escape_breaks(line: str) -> str:
+def escape_controls(text: str) -> str:
+    """`text` with no character that could end a line, forge a record or drive a terminal."""
     # Printable ASCII (nearly every line) holds none of them: no translate.
-    return line if line.isascii() and line.isprintable() else line.translate(_BREAKS)
+    return text if text.isascii() and text.isprintable() else text.translate(_ESCAPES)
 
 
 # --- set-up -------------------------------------------------------------------------------
@@ -250,9 +256,19 @@ class TextFormatter(logging.Formatter):
         return _iso(record.created)
 
     def format(self, record: logging.LogRecord) -> str:
-        # A message may quote anything (an exception text); only \n breaks a text line, as
-        # a traceback's lines do.
-        return _escape_breaks(super().format(record))
+        # The formatter is the one place every line of every logger passes: a message may
+        # quote anything a caller sent (a path, a header, an exception's text), so it is
+        # escaped here, not at each call site. A traceback keeps its lines, each indented: a
+        # line that starts at column 0 is always a record of its own.
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        line = escape_controls(self.formatMessage(record))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for extra in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if extra:
+                line += "".join("\n    " + escape_controls(part) for part in extra.splitlines())
+        return line
 
 
 class JsonFormatter(logging.Formatter):
@@ -266,14 +282,19 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {"time": _iso(record.created), "level": record.levelname, "logger": record.name,
                                "message": record.getMessage()}
-        fields = getattr(record, "access", None)
-        if isinstance(fields, dict):
-            out.update(fields)
+        for name in ("access", "fields"):  # an access line's fields, or another record's
+            fields = getattr(record, name, None)
+            if isinstance(fields, dict):
+                out.update(fields)
         if self._worker is not None:
             out["worker"] = self._worker
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return _escape_breaks(json.dumps(out, ensure_ascii=False, default=str))
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        # json.dumps escapes C0 controls; what it leaves raw (DEL, C1, U+2028, ...) can
+        # only stand inside a string, where a \\u escape reads back as the same character.
+        return escape_controls(json.dumps(out, ensure_ascii=False, default=str))
 
 
 def _iso(created: float) -> str:
@@ -338,7 +359,7 @@ class _Offloaded(logging.Handler):
             text = [line + "\n" for line in lines if line is not None]
             if self._dropped:
                 dropped, self._dropped = self._dropped, 0
-                text.append(f"spanmeter: {dropped} log lines dropped: the log output was not being read fast enough\n")
+                text.append(self.format(_dropped_record(dropped)) + "\n")
             try:
                 for chunk in _whole_lines(text):
                     self._stream.write(chunk)
@@ -351,6 +372,19 @@ class _Offloaded(logging.Handler):
     def stop(self, timeout_s: float) -> None:
         self._queue.put(None)  # the end, past the bound: the writer must see it
         self._thread.join(timeout_s)
+
+
+def _dropped_record(n: int) -> logging.LogRecord:
+    """The notice of lines dropped, a record like any other: in JSON format, JSON."""
+    return logged("spanmeter.log", logging.WARNING, "%d log lines dropped: the log output was not being read fast "
+                  "enough", (n,), {"dropped": n})
+
+
+def logged(name: str, level: int, msg: str, args: tuple[Any, ...], fields: dict[str, Any]) -> logging.LogRecord:
+    """A log record with `fields` of its own, for a JSON line (the text line has the message)."""
+    record = logging.LogRecord(name, level, __file__, 0, msg, args, None)
+    record.fields = fields
+    return record
 
 
 def _whole_lines(lines: list[str]) -> Iterator[str]:

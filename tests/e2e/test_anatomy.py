@@ -10,6 +10,7 @@ import sys
 
 import aiohttp
 import openai
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
@@ -233,3 +234,56 @@ async def test_a_proxy_that_stops_adds_its_runs_results_cost_first(sim, tmp_path
         assert (await again[STORE].run_totals("default", "stopped"))[RESULT_MICROS] > 0
     finally:
         await runner.cleanup()
+
+
+def _many_tools_upstream(per_answer: int) -> web.Application:
+    """A chat upstream whose every answer calls `per_answer` tools no other answer named."""
+    answered = 0
+
+    async def chat(request: web.Request) -> web.Response:
+        nonlocal answered
+        answered += 1
+        calls = [{"id": f"call_{answered}_{i}", "type": "function",
+                  "function": {"name": f"tool_{answered}_{i}_" + "x" * 100, "arguments": "{}"}}
+                 for i in range(per_answer)]
+        return web.json_response({
+            "id": f"cc-{answered}", "object": "chat.completion", "created": 1, "model": "sim-small",
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": None, "tool_calls": calls}}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+async def test_a_run_whose_answers_name_many_tools_has_bounded_attributes_and_says_what_it_folded(
+        otlp_receiver, make_proxy):  # noqa: F811
+    runner, url = await serve_on_free_port(_many_tools_upstream(150))
+    try:
+        proxy = await make_proxy(otlp_endpoint=otlp_receiver.endpoint, anatomy=True, openai_base_url=url)
+        async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k",
+                                      default_headers={"X-Run-Id": "many-tools"}) as c:
+            for last in (False, False, True):
+                await c.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "go"}],
+                                                tools=TOOLS, extra_headers={"X-Run-End": "true"} if last else {})
+                await proxy.settled()
+        await asyncio.to_thread(proxy.app[TEL].force_flush)
+        for _ in range(100):
+            runs = [s for s in otlp_receiver.spans() if A.SPANMETER_RUN_ANATOMY in s["attributes"]]
+            if runs:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await runner.cleanup()
+    [run] = runs
+    a = run["attributes"]
+    size = sum(len(k) + len(json.dumps(v)) for k, v in a.items())
+    assert size < 16_000, size  # 450 names made it 65 KB
+    anatomy = json.loads(a[A.SPANMETER_RUN_ANATOMY])
+    assert len(anatomy["tools"]) <= 33 and A.LABEL_OTHER in anatomy["tools"]
+    assert len(a[A.SPANMETER_RUN_TOOLS_CALLED]) <= 32
+    # What was folded is said, and nothing is lost from the counts.
+    assert a[A.SPANMETER_RUN_TOOLS_FOLDED] == anatomy["folded"] > 0
+    assert sum(t["calls"] for t in anatomy["tools"].values()) == 450
+    assert anatomy["declared"] == ["delete_all", "get_weather", "send_email"]

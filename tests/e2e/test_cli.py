@@ -268,3 +268,55 @@ def test_prices_says_what_a_model_costs_and_where_each_number_came_from(tmp_path
     unknown = _spanmeter("prices", "no-such-model-9")
     assert unknown.returncode == 1 and "no known price" in unknown.stderr
 
+
+# A raw key where its hash belongs (or a provider key where a variable's name belongs), in
+# every shape an operator's slip gives it: the error says where and what was expected, and
+# never repeats the value, on stdout or stderr.
+_PASTED = "sm-PASTEDkey0123456789abcdefghij"
+_PROVIDER = "sk-proj-PASTEDprovider0123456789"
+_SHAPES = {
+    "a scalar for the list": f"keys: {_PASTED}",
+    "{hash: KEY}": f"keys: [{{hash: {_PASTED}}}]",
+    "{key: KEY}": f"keys: [{{key: {_PASTED}}}]",
+    "a typo beside it": f"keys: [{{hash: {_PASTED}, polcy: {{}}}}]",
+    "a mapping": f"keys: {{main: {_PASTED}}}",
+    "a list in a list": f"keys: [[{_PASTED}]]",
+    "the tenant's block as text": f"{_PASTED}",
+    "a provider key for a variable's name": f"keys: ['{'a' * 64}']\n    upstream_keys: {{openai: {_PROVIDER}}}",
+}
+
+
+def _tenant_config(tmp_path: Path, name: str, shape: str) -> Path:
+    cfg = tmp_path / f"{re.sub(r'[^a-z]+', '-', name)}.yaml"
+    body = f"tenants:\n  acme: {shape}\n" if not shape.startswith(("keys", "upstream")) else \
+        f"tenants:\n  acme:\n    {shape}\n"
+    cfg.write_text(body)
+    return cfg
+
+
+def _leaks(out: subprocess.CompletedProcess[str]) -> bool:
+    text = out.stdout + out.stderr
+    return _PASTED in text or _PROVIDER in text or "PASTED" in text
+
+
+async def test_no_config_error_repeats_a_pasted_key(tmp_path):
+    configs = {name: _tenant_config(tmp_path, name, shape) for name, shape in _SHAPES.items()}
+    checked = await _many(*(("check-config", "--config", str(c)) for c in configs.values()))
+    served = await _many(*(("serve", "--port", "0", "--config", str(configs[n]))
+                           for n in ("a scalar for the list", "{key: KEY}", "a list in a list",
+                                     "a provider key for a variable's name")))
+    by_env = await _many(*(("check-config",) for _ in range(1)),
+                         env={"SPANMETER_TENANTS": json.dumps({"acme": {"keys": _PASTED}})})
+    nested_env = await _many(("check-config",), env={"SPANMETER_TENANTS__ACME__UPSTREAM_KEYS__OPENAI": _PROVIDER,
+                                                     "SPANMETER_TENANTS": json.dumps({"acme": {"keys": ["a" * 64]}})})
+    for name, out in [*zip(configs, checked, strict=True), *zip(("serve",) * 4, served, strict=True),
+                      ("env", by_env[0]), ("nested env", nested_env[0])]:
+        assert out.returncode == 2, (name, out.stdout, out.stderr)
+        assert not _leaks(out), (name, out.stdout + out.stderr)
+        assert "Traceback" not in out.stderr, name
+        assert "tenants.acme" in out.stderr, (name, out.stderr)  # where it was
+    # What was expected, and where it came from.
+    assert "sha256" in checked[0].stderr and f"config file {configs['a scalar for the list']}" in checked[0].stderr
+    assert "environment variable" in checked[-1].stderr and "upstream_keys.openai" in checked[-1].stderr
+    assert "environment variable SPANMETER_TENANTS" in by_env[0].stderr
+    assert "environment variable SPANMETER_TENANTS__ACME__UPSTREAM_KEYS__OPENAI" in nested_env[0].stderr
