@@ -32,9 +32,22 @@ from proxy.mcp.route import MCP_PREFIX, handle_mcp
 from proxy.providers.apis import answering
 from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
-from proxy.serve.appkeys import BACKGROUND, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL, UPSTREAM
+from proxy.serve.appkeys import (
+    BACKGROUND,
+    CLOUD_TOKEN,
+    KEYS,
+    PREFIXES,
+    PRICES,
+    RUNS,
+    SETTINGS,
+    SPLITS,
+    STORE,
+    TEL,
+    UPSTREAM,
+)
 from proxy.serve.background import Background
 from proxy.serve.bookkeeping import flush_anatomy
+from proxy.serve.cloud_token import CloudToken
 from proxy.serve.handler import handle_call
 from proxy.serve.routes import match, unknown_route
 from proxy.serve.siblings import WORKER, WORKER_ATTRIBUTE, Worker, gather_metrics, worker_ctx
@@ -85,6 +98,7 @@ def create_app(
     app[SETTINGS] = settings
     app[KEYS] = KeyIndex(settings)
     app[PRICES] = PriceTable.load(overrides=settings.prices)
+    app[CLOUD_TOKEN] = CloudToken()  # no I/O until a call needs a token
     app.cleanup_ctx.append(_store_ctx(store))
     app.cleanup_ctx.append(_telemetry_ctx(telemetry))
     app.cleanup_ctx.append(_upstream_ctx)

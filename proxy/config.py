@@ -149,7 +149,8 @@ DEFAULT_POLICY = Policy(
 class Upstream(_Strict):
     """A named extra upstream of one dialect (e.g. a local OpenAI-compatible server)."""
 
-    dialect: Literal["openai", "anthropic", "gemini"]
+    # vertex: Vertex AI's routes (Gemini and Anthropic bodies, OAuth bearer; proxy/providers/vertex.py)
+    dialect: Literal["openai", "anthropic", "gemini", "vertex"]
     base_url: str
     key_env: str | None = None  # env var holding the upstream key
     # gen_ai.provider.name; default: the provider a well-known host names, else the dialect's API
@@ -245,6 +246,8 @@ class Settings(BaseSettings):
     openai_base_url: str = "https://api.openai.com"
     anthropic_base_url: str = "https://api.anthropic.com"
     gemini_base_url: str = "https://generativelanguage.googleapis.com"
+    # Vertex AI; unset: the host of the location in each call's path ({location}-aiplatform.googleapis.com).
+    vertex_base_url: str | None = None
     upstreams: dict[str, Upstream] = {}
     mcp_servers: dict[str, McpServer] = {}  # served at /mcp/{name}
     # Env vars holding upstream keys, per dialect, used in tenant mode when a tenant names none.

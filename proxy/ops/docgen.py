@@ -49,6 +49,9 @@ FIELD_DOCS: dict[str, str] = {
                        "incoming path is appended.",
     "anthropic_base_url": "Anthropic upstream.",
     "gemini_base_url": "Gemini upstream.",
+    "vertex_base_url": "Vertex AI upstream (Gemini and Anthropic on `/v1/projects/...` routes). Unset: the host "
+                       "of the location in each call's path, `https://{location}-aiplatform.googleapis.com` "
+                       "(`global`: `https://aiplatform.googleapis.com`). See docs/providers.md.",
     "mcp_servers": "MCP servers served at `/mcp/NAME` over Streamable HTTP: `{NAME: {url, key_env, "
                    "tool_costs: {tool: usd}}}`; see docs/mcp.md.",
     "upstreams": "Named extra upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path "
@@ -155,7 +158,8 @@ FIELD_DOCS: dict[str, str] = {
     "tenants.upstream_keys": "Per-tenant override of `upstream_keys`.",
     "tenants.upstream": "The named upstream (under `upstreams`) all of this tenant's calls go to.",
     "tenants.policy": "The tenant's policy, over the global one; same fields as `policy`.",
-    "upstreams.dialect": "`openai`, `anthropic` or `gemini`: the wire format the upstream speaks.",
+    "upstreams.dialect": "`openai`, `anthropic`, `gemini` or `vertex` (Vertex AI's routes): the wire format "
+                         "the upstream speaks.",
     "upstreams.base_url": "Origin plus optional path prefix of the upstream.",
     "upstreams.key_env": "Environment variable holding its key (must be set when spanmeter starts); unset: "
                          "no key is sent.",

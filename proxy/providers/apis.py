@@ -14,8 +14,9 @@ from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.providers.translator import Api
+from proxy.providers.vertex import VERTEX_ANTHROPIC, VERTEX_GEMINI, regional_base_url, vertex_route
 
-__all__ = ["FIXED_PATHS", "answering", "for_path"]
+__all__ = ["FIXED_PATHS", "answering", "for_path", "regional_base_url"]
 
 FIXED_PATHS: Final[Mapping[str, Api]] = {
     "/v1/chat/completions": CHAT,
@@ -34,12 +35,20 @@ def for_path(path: str) -> Api | None:
     found = FIXED_PATHS.get(path)
     if found is not None:
         return found
-    return GEMINI if _GEMINI.fullmatch(path) else None
+    if _GEMINI.fullmatch(path):
+        return GEMINI
+    return vertex_route(path) if path.startswith(_VERTEX_PREFIXES) else None
+
+
+# Vertex AI's model calls (proxy/providers/vertex.py), matched as exactly as Gemini's.
+_VERTEX_PREFIXES: Final = ("/v1/projects/", "/v1beta1/projects/")
 
 
 def answering(path: str, headers: Mapping[str, str]) -> Api:
     """The API whose error shape answers a request off the metered routes (a 404, a
     pass-through): the one its SDK's headers or path show, else OpenAI's."""
+    if path.startswith(_VERTEX_PREFIXES):
+        return VERTEX_ANTHROPIC if "/publishers/anthropic/" in path else VERTEX_GEMINI
     if "anthropic-version" in headers or path.startswith("/v1/messages"):
         return ANTHROPIC
     if "x-goog-api-key" in headers or path.startswith("/v1beta"):

@@ -9,7 +9,7 @@ import re
 from proxy.config import Settings
 from proxy.errors import ConfigError, UnknownRoute
 from proxy.model import Caller, frozen
-from proxy.providers.apis import FIXED_PATHS, for_path
+from proxy.providers.apis import FIXED_PATHS, for_path, regional_base_url
 from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
 
@@ -22,6 +22,14 @@ SUPPORTED = (
     "POST /v1/embeddings",
     "POST /v1beta/models/{model}:generateContent",
     "POST /v1beta/models/{model}:streamGenerateContent?alt=sse",
+    "POST /v1/projects/{project}/locations/{location}/publishers/google/models/{model}:generateContent "
+    "(Vertex AI; also under /v1beta1)",
+    "POST /v1/projects/{project}/locations/{location}/publishers/google/models/{model}:streamGenerateContent?alt=sse "
+    "(Vertex AI; also under /v1beta1)",
+    "POST /v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:rawPredict "
+    "(Anthropic on Vertex AI; also under /v1beta1)",
+    "POST /v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:streamRawPredict "
+    "(Anthropic on Vertex AI; also under /v1beta1)",
     "GET /v1/models",
     "(any of these under /upstreams/{name}/ to pick a configured upstream)",
     "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
@@ -112,6 +120,14 @@ class Target:
     provider: str  # gen_ai.provider.name
     server_address: str
     server_port: int
+    # The upstream's bearer token comes from the machine's own cloud credentials, fetched
+    # per call by proxy/serve/cloud_token.py (Vertex AI in tenant mode with no key configured).
+    ambient_token: bool = False
+
+
+# Dialects whose upstream takes an OAuth token from Application Default Credentials when no
+# key is configured for them: Vertex AI has no API keys of the kind the others take.
+_AMBIENT_TOKEN_DIALECTS = frozenset({"vertex"})
 
 
 # gen_ai.provider.name: the well-known value when the host says which provider serves
@@ -154,7 +170,9 @@ def _provider(default: str, host: str, configured: str | None) -> str:
     return default
 
 
-def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None) -> Target:
+def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None, path: str = "") -> Target:
+    """Where a call goes and with which credentials. `path`: the path as it goes upstream,
+    which names the upstream's host when its API's base URL is not set (Vertex AI's location)."""
     dialect = api.dialect
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
@@ -169,10 +187,22 @@ def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str 
             )
         base, key_env, configured = up.base_url, up.key_env, up.provider_name
     else:
-        base = getattr(settings, api.upstream_setting)
+        base = getattr(settings, api.upstream_setting) or _base_from_path(api, path)
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
     url, provider, host, port = _endpoint(api.provider, base, configured)
-    return Target(url, _auth(settings, api, caller, key_env), provider, host, port)
+    ambient = not settings.open_mode and not key_env and dialect in _AMBIENT_TOKEN_DIALECTS
+    return Target(url, _auth(settings, api, caller, key_env), provider, host, port, ambient)
+
+
+def _base_from_path(api: Api, path: str) -> str:
+    """The upstream named by the path itself, for an API whose base URL setting is unset."""
+    base = regional_base_url(path)
+    if base is None:
+        raise UnknownRoute(
+            f"spanmeter does not know where to send {path[:200]!r}: the {api.upstream_setting} setting is unset "
+            "and the path names no location (/v1/projects/{project}/locations/{location}/...). Send the path "
+            f"with its location, or set SPANMETER_{api.upstream_setting.upper()}.")
+    return base
 
 
 @functools.lru_cache(maxsize=256)

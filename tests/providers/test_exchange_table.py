@@ -56,3 +56,5 @@ def test_routes_match_the_path_exactly_as_it_is_sent(case: dict[str, Any]) -> No
     route = match(case["path"])
     assert (route.adapter.api if route.adapter else None) == case["api"]
     assert route.upstream_name == case.get("upstream")
+    if "dialect" in case:  # the upstream family: Vertex AI's routes speak Gemini and Anthropic bodies
+        assert route.adapter is not None and route.adapter.dialect == case["dialect"]
