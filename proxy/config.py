@@ -570,7 +570,7 @@ def _key_needs(settings: Settings) -> list[tuple[str, str, str, bool]]:
             if up is not None and up.key_env:
                 out.append((up.key_env, f"{up.dialect} API (upstream {tenant.upstream})", name, True))
             continue
-        for dialect in ("openai", "anthropic", "gemini"):
+        for dialect in ("openai", "anthropic", "gemini", "vertex"):  # vertex: only when a token variable is named
             own = tenant.upstream_keys.get(dialect)
             var = own or settings.upstream_keys.get(dialect)
             if var:
