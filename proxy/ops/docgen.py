@@ -57,8 +57,9 @@ FIELD_DOCS: dict[str, str] = {
     "upstreams": "Named extra upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path "
                  "prefix: `{NAME: {dialect, base_url, key_env, provider_name}}`.",
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
-                     "`anthropic`, `gemini`; `vertex` names a fixed bearer token, else Vertex AI calls take a token from "
-                     "Application Default Credentials). The built-in ones need be set only for the APIs called (unset: a "
+                     "`anthropic`, `gemini`; `vertex` names a fixed bearer token, else Vertex AI calls take a "
+                     "token from Application Default Credentials). The built-in ones need be set only for the APIs "
+                     "called (unset: a "
                      "warning at start, and calls to that API get a 500 naming the variable); once this setting "
                      "is written in the config, every variable it names must be set at start (empty: calls go "
                      "without a key).",

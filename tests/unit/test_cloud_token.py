@@ -4,6 +4,7 @@ google-auth, against a fake of Google's token endpoint (tests/fixtures/google_to
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from proxy.errors import UpstreamConnectError
 from proxy.serve.cloud_token import CloudToken, NoCloudCredentials
 from tests.fixtures.google_token import TokenEndpoint, service_account_key, token_endpoint  # noqa: F401
 
+SetEnv = Callable[[str, str], None]
+
 
 def _naive_utc(seconds: float) -> datetime:
     """An expiry as google-auth keeps one: naive, in UTC."""
@@ -21,7 +24,7 @@ def _naive_utc(seconds: float) -> datetime:
 
 
 async def test_adc_from_a_key_file_gives_a_token_fetched_once_while_it_is_fresh(
-        token_endpoint: TokenEndpoint, tmp_path: Path, monkeypatch_env) -> None:  # noqa: F811
+        token_endpoint: TokenEndpoint, tmp_path: Path, monkeypatch_env: SetEnv) -> None:  # noqa: F811
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(tmp_path / "sa.json",
                                                                                token_endpoint.url)))
     tokens = CloudToken()
@@ -30,7 +33,7 @@ async def test_adc_from_a_key_file_gives_a_token_fetched_once_while_it_is_fresh(
 
 
 async def test_concurrent_calls_share_one_refresh(token_endpoint: TokenEndpoint, tmp_path: Path,  # noqa: F811
-                                                  monkeypatch_env) -> None:
+                                                  monkeypatch_env: SetEnv) -> None:
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(tmp_path / "sa.json",
                                                                                token_endpoint.url)))
     tokens = CloudToken()
@@ -39,7 +42,7 @@ async def test_concurrent_calls_share_one_refresh(token_endpoint: TokenEndpoint,
 
 
 async def test_a_token_within_the_early_margin_of_its_expiry_is_refreshed(
-        token_endpoint: TokenEndpoint, tmp_path: Path, monkeypatch_env) -> None:  # noqa: F811
+        token_endpoint: TokenEndpoint, tmp_path: Path, monkeypatch_env: SetEnv) -> None:  # noqa: F811
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(tmp_path / "sa.json",
                                                                                token_endpoint.url)))
     token_endpoint.expires_in = 240  # under the 300 s margin: never good enough to keep
@@ -50,7 +53,7 @@ async def test_a_token_within_the_early_margin_of_its_expiry_is_refreshed(
 
 
 async def test_a_caller_that_goes_away_does_not_cancel_the_refresh(
-        token_endpoint: TokenEndpoint, tmp_path: Path, monkeypatch_env) -> None:  # noqa: F811
+        token_endpoint: TokenEndpoint, tmp_path: Path, monkeypatch_env: SetEnv) -> None:  # noqa: F811
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(tmp_path / "sa.json",
                                                                                token_endpoint.url)))
     tokens = CloudToken()
@@ -84,7 +87,7 @@ async def test_an_expired_token_that_cannot_be_refreshed_is_a_401_naming_the_set
 
 
 async def test_no_adc_is_a_401_naming_the_setting_and_is_not_probed_again_at_once(
-        tmp_path: Path, monkeypatch_env) -> None:
+        tmp_path: Path, monkeypatch_env: SetEnv) -> None:
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
     tokens = CloudToken()
     with pytest.raises(NoCloudCredentials) as ei:
@@ -96,7 +99,7 @@ async def test_no_adc_is_a_401_naming_the_setting_and_is_not_probed_again_at_onc
     assert again.value is ei.value, "answered from the failure, not looked up again"
 
 
-async def test_a_token_endpoint_that_is_down_is_retryable(tmp_path: Path, monkeypatch_env) -> None:
+async def test_a_token_endpoint_that_is_down_is_retryable(tmp_path: Path, monkeypatch_env: SetEnv) -> None:
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(
         tmp_path / "sa.json", "http://127.0.0.1:9/token")))  # the discard port: nobody answers
     with pytest.raises(UpstreamConnectError) as ei:
@@ -105,7 +108,7 @@ async def test_a_token_endpoint_that_is_down_is_retryable(tmp_path: Path, monkey
 
 
 async def test_a_refused_grant_is_a_401(token_endpoint: TokenEndpoint, tmp_path: Path,  # noqa: F811
-                                        monkeypatch_env) -> None:
+                                        monkeypatch_env: SetEnv) -> None:
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_key(tmp_path / "sa.json",
                                                                                token_endpoint.url)))
     token_endpoint.refuse = True
