@@ -35,6 +35,7 @@ from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
 from proxy.serve.appkeys import (
     BACKGROUND,
+    CLOUD_TOKEN,
     DEPLOYMENTS,
     KEYS,
     PREFIXES,
@@ -48,6 +49,7 @@ from proxy.serve.appkeys import (
 )
 from proxy.serve.background import Background
 from proxy.serve.bookkeeping import flush_anatomy
+from proxy.serve.cloud_token import CloudToken
 from proxy.serve.deployments import Deployments
 from proxy.serve.handler import handle_call
 from proxy.serve.routes import check_upstreams, match, unknown_route
@@ -101,6 +103,7 @@ def create_app(
     app[KEYS] = KeyIndex(settings)
     app[PRICES] = PriceTable.load(overrides=settings.prices, source=_price_source(settings.prices_file))
     app[DEPLOYMENTS] = Deployments(settings.azure_deployments)
+    app[CLOUD_TOKEN] = CloudToken()  # no I/O until a call needs a token
     app.cleanup_ctx.append(_store_ctx(store))
     app.cleanup_ctx.append(_telemetry_ctx(telemetry))
     app.cleanup_ctx.append(_upstream_ctx)

@@ -172,7 +172,8 @@ class Upstream(_Strict):
     with the name of a built-in host (groq, mistral, ...: proxy/providers/hosts.py)
     overrides only the fields it gives; any other entry needs `base_url`."""
 
-    dialect: Literal["openai", "anthropic", "gemini", "azure"] = "openai"
+    # vertex: Vertex AI's routes (Gemini and Anthropic bodies, OAuth bearer; proxy/providers/vertex.py)
+    dialect: Literal["openai", "anthropic", "gemini", "azure", "vertex"] = "openai"
     base_url: str | None = None
     key_env: VariableName | None = None  # env var holding the upstream key
     # gen_ai.provider.name; default: the provider a well-known host names, else the dialect's API
@@ -276,6 +277,8 @@ class Settings(BaseSettings):
     # Azure deployment -> the model it runs, to reserve a call at that model's price before
     # the answer names it (else learned from the deployment's earlier answers).
     azure_deployments: dict[str, str] = {}
+    # Vertex AI; unset: the host of the location in each call's path ({location}-aiplatform.googleapis.com).
+    vertex_base_url: str | None = None
     upstreams: dict[str, Upstream] = {}
     mcp_servers: dict[str, McpServer] = {}  # served at /mcp/{name}
     # Env vars holding upstream keys, per dialect, used in tenant mode when a tenant names none.
@@ -641,7 +644,7 @@ def _key_needs(settings: Settings) -> list[tuple[str, str, str, bool]]:
             if up is not None and up.key_env:
                 out.append((up.key_env, f"{up.dialect} API (upstream {tenant.upstream})", name, True))
             continue
-        for dialect in ("openai", "anthropic", "gemini"):
+        for dialect in ("openai", "anthropic", "gemini", "vertex"):  # vertex: only when a token variable is named
             own = tenant.upstream_keys.get(dialect)
             var = own or settings.upstream_keys.get(dialect)
             if var:

@@ -647,6 +647,11 @@ def _describe(settings: Settings) -> str:
         var = settings.upstream_keys.get(dialect)
         rows.append(("(default)", dialect, url, *(_key_state(var) if not settings.open_mode
                                                   else ("caller's own key", ""))))
+    # Vertex AI: no key of its own by default; its host is the location each call names.
+    vertex_var = settings.upstream_keys.get("vertex")
+    rows.append(("(default)", "vertex", settings.vertex_base_url or "https://{location}-aiplatform.googleapis.com",
+                 *(("caller's own token", "") if settings.open_mode else _key_state(vertex_var) if vertex_var
+                   else ("Application Default Credentials", ""))))
     for tenant_name, t in sorted(settings.tenants.items()):
         for dialect, var in sorted(t.upstream_keys.items()):
             if not t.upstream and dialect in base:

@@ -55,6 +55,9 @@ FIELD_DOCS: dict[str, str] = {
     "azure_deployments": "Azure deployment name -> the model it runs, e.g. `{prod-chat: gpt-4.1-mini}`: a call "
                          "to a deployment is reserved at that model's price. A deployment not listed is learned "
                          "from its answers; under a cost ceiling it is refused until then.",
+    "vertex_base_url": "Vertex AI upstream (Gemini and Anthropic on `/v1/projects/...` routes). Unset: the host "
+                       "of the location in each call's path, `https://{location}-aiplatform.googleapis.com` "
+                       "(`global`: `https://aiplatform.googleapis.com`). See docs/providers.md.",
     "mcp_servers": "MCP servers served at `/mcp/NAME` over Streamable HTTP: `{NAME: {url, key_env, "
                    "tool_costs: {tool: usd}}}`; see docs/mcp.md.",
     "upstreams": "Named upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path prefix: "
@@ -62,11 +65,12 @@ FIELD_DOCS: dict[str, str] = {
                  "openrouter, deepseek, cerebras, together, fireworks, xai, zai, ollama; an entry with one of "
                  "those names overrides only the fields it gives.",
     "upstream_keys": "Tenant mode: the environment variable holding the upstream key, per dialect (`openai`, "
-                     "`anthropic`, `gemini`, `azure`) and per built-in host by its name (`groq: GROQ_API_KEY`, "
-                     "each host's own variable by default). The built-in ones need be set only for the APIs "
-                     "called (unset: a warning at start, and calls to that API get a 500 naming the variable); "
-                     "once this setting is written in the config, every variable it names must be set at start "
-                     "(empty: calls go without a key).",
+                     "`anthropic`, `gemini`, `azure`; `vertex` names a fixed bearer token, else Vertex AI calls "
+                     "take a token from Application Default Credentials) and per built-in host by its name "
+                     "(`groq: GROQ_API_KEY`, each host's own variable by default). The built-in ones need be set "
+                     "only for the APIs called (unset: a warning at start, and calls to that API get a 500 naming "
+                     "the variable); once this setting is written in the config, every variable it names must be "
+                     "set at start (empty: calls go without a key).",
     "otlp_metrics": "Also push metrics over OTLP (as do OTEL_METRICS_EXPORTER=otlp or "
                     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT). Off by default: trace-only backends (Phoenix, "
                     "Langfuse, Tempo) refuse metrics; `/metrics` always serves them.",
@@ -166,8 +170,8 @@ FIELD_DOCS: dict[str, str] = {
     "tenants.upstream_keys": "Per-tenant override of `upstream_keys`.",
     "tenants.upstream": "The named upstream (under `upstreams`) all of this tenant's calls go to.",
     "tenants.policy": "The tenant's policy, over the global one; same fields as `policy`.",
-    "upstreams.dialect": "`openai` (the default), `anthropic`, `gemini` or `azure`: the wire format the upstream "
-                         "speaks.",
+    "upstreams.dialect": "`openai` (the default), `anthropic`, `gemini`, `azure` or `vertex` (Vertex AI's "
+                         "routes): the wire format the upstream speaks.",
     "upstreams.base_url": "Origin plus optional path prefix of the upstream (a built-in host has its own).",
     "upstreams.key_env": "Environment variable holding its key (must be set when spanmeter starts); unset: "
                          "no key is sent.",

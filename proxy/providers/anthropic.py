@@ -322,7 +322,7 @@ class AnthropicAdapter(Opens):
         return Call(
             api="messages",
             operation="chat",
-            model=_str(body.get("model")),
+            model=self.model_of(body, path),
             stream=body.get("stream") is True,
             max_output_tokens=count_field("max_tokens", body.get("max_tokens"), upper=MAX_TOKENS_LIMIT,
                                           what="the most tokens the answer may have, thinking included"),
@@ -336,6 +336,11 @@ class AnthropicAdapter(Opens):
             stop_sequences=tuple(s for s in stop if isinstance(s, str))
             if isinstance(stop, list) else (),
         )
+
+    def model_of(self, body: dict[str, Any], path: str) -> str | None:
+        """The model the upstream runs: the body's `model` here; a route that names the
+        model in its path (Anthropic on Vertex AI, proxy/providers/vertex.py) reads it there."""
+        return _str(body.get("model"))
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:
         return []  # usage always streams in message_start / message_delta

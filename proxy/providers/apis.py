@@ -15,8 +15,10 @@ from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.providers.translator import Api
+from proxy.providers.vertex import VERTEX_ANTHROPIC, VERTEX_GEMINI, regional_base_url, vertex_route
 
-__all__ = ["AZURE_PREFIX", "FIXED_PATHS", "answering", "for_azure_path", "for_path", "for_upstream_path"]
+__all__ = ["AZURE_PREFIX", "FIXED_PATHS", "answering", "for_azure_path", "for_path", "for_upstream_path",
+           "regional_base_url"]
 
 FIXED_PATHS: Final[Mapping[str, Api]] = {
     "/v1/chat/completions": CHAT,
@@ -35,7 +37,13 @@ def for_path(path: str) -> Api | None:
     found = FIXED_PATHS.get(path)
     if found is not None:
         return found
-    return GEMINI if _GEMINI.fullmatch(path) else None
+    if _GEMINI.fullmatch(path):
+        return GEMINI
+    return vertex_route(path) if path.startswith(_VERTEX_PREFIXES) else None
+
+
+# Vertex AI's model calls (proxy/providers/vertex.py), matched as exactly as Gemini's.
+_VERTEX_PREFIXES: Final = ("/v1/projects/", "/v1beta1/projects/")
 
 
 # The APIs an OpenAI-compatible host serves, by how its path ends: hosts put them under a
@@ -77,6 +85,8 @@ def for_azure_path(path: str, query: str) -> Api | None:
 def answering(path: str, headers: Mapping[str, str]) -> Api:
     """The API whose error shape answers a request off the metered routes (a 404, a
     pass-through): the one its SDK's headers or path show, else OpenAI's."""
+    if path.startswith(_VERTEX_PREFIXES):
+        return VERTEX_ANTHROPIC if "/publishers/anthropic/" in path else VERTEX_GEMINI
     if "anthropic-version" in headers or path.startswith("/v1/messages"):
         return ANTHROPIC
     if "x-goog-api-key" in headers or path.startswith("/v1beta"):

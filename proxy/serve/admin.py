@@ -13,7 +13,8 @@ from proxy.config import MAX_USD
 from proxy.errors import RequestError, Unauthorized
 from proxy.govern.runs import read_whole
 from proxy.providers.translator import Api
-from proxy.serve.appkeys import KEYS, RUNS, SETTINGS, STORE, UPSTREAM
+from proxy.serve.appkeys import CLOUD_TOKEN, KEYS, RUNS, SETTINGS, STORE, UPSTREAM
+from proxy.serve.cloud_token import authorized
 from proxy.serve.routes import target_for
 from proxy.serve.tenants import identify, presented_key
 from proxy.serve.upstream import forward_url, request_headers, response_headers, unreadable_body
@@ -168,8 +169,9 @@ async def passthrough(request: web.Request, api: Api, upstream_name: str | None)
     """Unmetered forwarding: GET /v1/models always, anything else only when allowed."""
     settings = request.app[SETTINGS]
     caller = identify(request.headers, request.query, settings, request.app[KEYS])
-    target = target_for(settings, api, caller, upstream_name)
     path = request.match_info.get("tail")
+    target = await authorized(target_for(settings, api, caller, upstream_name,
+                                         "/" + path if path is not None else request.path), request.app[CLOUD_TOKEN])
     url = forward_url(target.base_url, "/" + path if path is not None else request.path,
                       request.rel_url.raw_query_string, presented_key(request.headers, request.query))
     headers = request_headers(request.headers, target.auth)

@@ -11,6 +11,7 @@ from proxy.ledger.anatomy import Splits
 from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.serve.background import Background
+from proxy.serve.cloud_token import CloudToken
 from proxy.serve.deployments import Deployments
 from proxy.serve.tenants import KeyIndex
 from proxy.serve.upstream import Upstream
@@ -27,3 +28,4 @@ BACKGROUND = web.AppKey("background", Background)
 PREFIXES = web.AppKey("prefixes", PrefixMemory)  # stable prompt prefixes seen lately (proxy/govern/caching.py)
 DEPLOYMENTS = web.AppKey("deployments", Deployments)  # Azure deployment -> model (proxy/serve/deployments.py)
 SPLITS = web.AppKey("splits", Splits)  # the cost anatomy's last split per run
+CLOUD_TOKEN = web.AppKey("cloud_token", CloudToken)  # the machine's own cloud credentials' token (Vertex AI)

@@ -18,8 +18,21 @@ from proxy.model import Call, Caller, Rewrite, frozen
 from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Api, Translator
 from proxy.serve import accesslog, bookkeeping
-from proxy.serve.appkeys import BACKGROUND, DEPLOYMENTS, KEYS, PREFIXES, PRICES, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.appkeys import (
+    BACKGROUND,
+    CLOUD_TOKEN,
+    DEPLOYMENTS,
+    KEYS,
+    PREFIXES,
+    PRICES,
+    RUNS,
+    SETTINGS,
+    STORE,
+    TEL,
+    UPSTREAM,
+)
 from proxy.serve.body import open_call
+from proxy.serve.cloud_token import authorized
 from proxy.serve.deployments import unmapped_hint
 from proxy.serve.relay import relay
 from proxy.serve.routes import Target, target_for
@@ -39,7 +52,8 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
     caller = identify(request.headers, request.query, settings, app[KEYS])
     accesslog.identified(caller.tenant, caller.run_id)
     tr = await open_call(request, api, settings.max_body_bytes)
-    target = target_for(settings, api, caller, upstream_name)
+    target = target_for(settings, api, caller, upstream_name, _route_path(request))
+    target = await authorized(target, app[CLOUD_TOKEN])  # its token, if the machine's own credentials give it
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the run's previous settle is ordered
@@ -138,9 +152,14 @@ class Forward:
         return spans.start_call(app[TEL], caller, call, peer, lineage, start_ns=self.arrived_ns)
 
 
-def _upstream_url(target: Target, request: web.Request) -> str:
+def _route_path(request: web.Request) -> str:
+    """The path as it goes upstream (routes.match's, prefix removed, as sent)."""
     path = request.match_info.get("tail")
-    path = "/" + path if path is not None else request.path
+    return "/" + path if path is not None else request.path
+
+
+def _upstream_url(target: Target, request: web.Request) -> str:
+    path = _route_path(request)
     # The query as sent (still percent-encoded): decoding it would turn %26 into a separator
     # and %23 into a fragment on the way out.
     query = request.rel_url.raw_query_string

@@ -9,7 +9,14 @@ import re
 from proxy.config import Settings, Upstream
 from proxy.errors import ConfigError, UnknownRoute
 from proxy.model import Caller, frozen
-from proxy.providers.apis import AZURE_PREFIX, FIXED_PATHS, for_azure_path, for_path, for_upstream_path
+from proxy.providers.apis import (
+    AZURE_PREFIX,
+    FIXED_PATHS,
+    for_azure_path,
+    for_path,
+    for_upstream_path,
+    regional_base_url,
+)
 from proxy.providers.hosts import HOSTS
 from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
@@ -24,6 +31,14 @@ SUPPORTED = (
     "POST /v1/embeddings",
     "POST /v1beta/models/{model}:generateContent",
     "POST /v1beta/models/{model}:streamGenerateContent?alt=sse",
+    "POST /v1/projects/{project}/locations/{location}/publishers/google/models/{model}:generateContent "
+    "(Vertex AI; also under /v1beta1)",
+    "POST /v1/projects/{project}/locations/{location}/publishers/google/models/{model}:streamGenerateContent?alt=sse "
+    "(Vertex AI; also under /v1beta1)",
+    "POST /v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:rawPredict "
+    "(Anthropic on Vertex AI; also under /v1beta1)",
+    "POST /v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:streamRawPredict "
+    "(Anthropic on Vertex AI; also under /v1beta1)",
     "GET /v1/models",
     "POST /openai/deployments/{deployment}/chat/completions, /embeddings and /responses, /openai/responses and "
     "/openai/v1/chat/completions, /responses and /embeddings (Azure OpenAI, ?api-version= as the SDK sends it)",
@@ -122,6 +137,14 @@ class Target:
     provider: str  # gen_ai.provider.name
     server_address: str
     server_port: int
+    # The upstream's bearer token comes from the machine's own cloud credentials, fetched
+    # per call by proxy/serve/cloud_token.py (Vertex AI in tenant mode with no key configured).
+    ambient_token: bool = False
+
+
+# Dialects whose upstream takes an OAuth token from Application Default Credentials when no
+# key is configured for them: Vertex AI has no API keys of the kind the others take.
+_AMBIENT_TOKEN_DIALECTS = frozenset({"vertex"})
 
 
 # gen_ai.provider.name: the well-known value when the host says which provider serves
@@ -192,7 +215,9 @@ def check_upstreams(settings: Settings) -> None:
                 "under `upstreams:`.")
 
 
-def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None) -> Target:
+def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None, path: str = "") -> Target:
+    """Where a call goes and with which credentials. `path`: the path as it goes upstream,
+    which names the upstream's host when its API's base URL is not set (Vertex AI's location)."""
     dialect = api.dialect
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
@@ -207,16 +232,31 @@ def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str 
             )
         base, configured = up.base_url, up.provider_name
         # Keys per host as for the big three: the tenant's `upstream_keys` entry by the
-        # host's name, else the global one, else the upstream's own variable.
-        key_env = ((tenant.upstream_keys.get(name) if tenant else None) or settings.upstream_keys.get(name)
-                   or up.key_env)
+        # host's name, else the config entry's own key_env, else the global entry by the
+        # host's name, else the built-in host's variable.
+        own = settings.upstreams[name].key_env if name in settings.upstreams else None
+        key_env = ((tenant.upstream_keys.get(name) if tenant else None) or own
+                   or (settings.upstream_keys.get(name) if name in HOSTS else None) or up.key_env)
     else:
         base = getattr(settings, api.upstream_setting)
-        if base is None:
-            raise ConfigError(_NO_BASE.get(api.upstream_setting, f"{api.upstream_setting} is not set."))
+        if base is None and api.upstream_setting in _NO_BASE:
+            raise ConfigError(_NO_BASE[api.upstream_setting])
+        base = base or _base_from_path(api, path)
         key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
     url, provider, host, port = _endpoint(api.provider, base, configured)
-    return Target(url, _auth(settings, api, caller, key_env), provider, host, port)
+    ambient = not settings.open_mode and not key_env and dialect in _AMBIENT_TOKEN_DIALECTS
+    return Target(url, _auth(settings, api, caller, key_env), provider, host, port, ambient)
+
+
+def _base_from_path(api: Api, path: str) -> str:
+    """The upstream named by the path itself, for an API whose base URL setting is unset."""
+    base = regional_base_url(path)
+    if base is None:
+        raise UnknownRoute(
+            f"spanmeter does not know where to send {path[:200]!r}: the {api.upstream_setting} setting is unset "
+            "and the path names no location (/v1/projects/{project}/locations/{location}/...). Send the path "
+            f"with its location, or set SPANMETER_{api.upstream_setting.upper()}.")
+    return base
 
 
 _NO_BASE = {

@@ -44,6 +44,11 @@ ROUTES: list[tuple[str, ModuleType]] = [
     ("/v1/responses", responses),
     ("/v1/messages", anthropic),
     ("/{version:v1beta|v1}/models/{model}:{action:generateContent|streamGenerateContent}", gemini),
+    # Vertex AI: the same bodies on Google Cloud's paths (Anthropic's without `model`).
+    ("/{version:v1beta1|v1}/projects/{project}/locations/{location}/publishers/google/models/"
+     "{model}:{action:generateContent|streamGenerateContent}", gemini),
+    ("/{version:v1beta1|v1}/projects/{project}/locations/{location}/publishers/anthropic/models/"
+     "{model}:{action:rawPredict|streamRawPredict}", anthropic),
 ]
 
 

@@ -6,6 +6,7 @@ Streams keep the `event:` lines the SDK requires. Usage follows the real API:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import json5
@@ -34,6 +35,10 @@ def _result_text(block: dict[str, Any]) -> str:
     return content if isinstance(content, str) else _text(content)
 
 
+# Anthropic on Vertex AI names the model in the path (`.../models/{model}:rawPredict`), not the body.
+_VERTEX_MODEL = re.compile(r"/publishers/anthropic/models/([^/:]+):")
+
+
 def parse(body: dict[str, Any], path: str) -> Request:
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     # A user turn carrying only tool_result blocks is not what the user said.
@@ -46,7 +51,9 @@ def parse(body: dict[str, Any], path: str) -> Request:
     system = body.get("system")
     chars = len(system) if isinstance(system, str) else len(_text(system))
     chars += sum(len(_text(m.get("content"))) for m in messages)
-    return Request(str(body.get("model", "sim-small")), body.get("stream") is True, last_user,
+    on_vertex = _VERTEX_MODEL.search(path)
+    model = on_vertex.group(1) if on_vertex else str(body.get("model", "sim-small"))
+    return Request(model, body.get("stream") is True, last_user,
                    result, tools, chars, notice, len(messages))
 
 
