@@ -13,12 +13,13 @@ request side is the `Exchange` below and whose answer side folds the dialect's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from proxy.errors import MalformedBody, ProxyError
-from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, Usage, frozen
+from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, ToolResult, Usage, frozen
 from proxy.providers.splice import Edit, Path, splice
 from proxy.providers.sse import SseEvent
 
@@ -40,6 +41,7 @@ __all__ = [
     "array",
     "count_field",
     "integer",
+    "joined_results",
     "number",
     "open_exchange",
     "string",
@@ -512,6 +514,18 @@ class History:
         last = self._turns
         return [HistoryCall(cid, name, args, path, answered == last > 0, made)
                 for cid, name, args, path, answered, made in self._calls]
+
+
+def joined_results(results: list[ToolResult], new_from: int) -> tuple[ToolResult, ...]:
+    """Every tool result of a request, one per call id (the last: a result sent again
+    replaces the one before), those from index `new_from` on marked new. All of them are
+    joined by id to the calls still open in the run, wherever they stand: a call is closed
+    by its result even when an agent framework's own call and result came after it."""
+    last: dict[str, ToolResult] = {}
+    for i, r in enumerate(results):
+        last.pop(r.call_id, None)  # re-inserted: the dict keeps the order of last occurrence
+        last[r.call_id] = r if i >= new_from else replace(r, new=False)
+    return tuple(last.values())
 
 
 def vocabulary(error: ProxyError, words: Mapping[type[ProxyError], str]) -> str:
