@@ -315,7 +315,7 @@ class AnthropicAdapter(Opens):
     provider = "anthropic"
     upstream_setting = "anthropic_base_url"
     text_part = "text"
-    cache_marker: bytes | None = b"\"cache_control\""
+    cache_marker: str | None = "cache_control"
     text_shape: TextShape | None = TextShape(b'"text":', _plain_delta)
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

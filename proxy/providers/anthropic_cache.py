@@ -17,6 +17,7 @@ import orjson
 from proxy.model import Caller, Rewrite
 from proxy.providers.base import Exchange, Path
 from proxy.providers.cache import PrefixMemory
+from proxy.providers.members import has_member
 
 __all__ = ["BYTES_PER_TOKEN", "MARKER", "anthropic_breakpoints", "min_cacheable_tokens"]
 
@@ -42,7 +43,9 @@ def anthropic_breakpoints(ex: Exchange, caller: Caller, memory: PrefixMemory, no
     its bytes, and the call's cache-write premium so that the reservation covers their writes."""
     body = ex.body
     messages = body.get("messages")
-    if b'"cache_control"' in ex.raw or not isinstance(messages, list) or not messages:
+    # The client's own breakpoints, however it spelled them (proxy/providers/members.py):
+    # adding ours would pass the API's four, or send a second `cache_control` in a block.
+    if has_member(ex.raw, body, "cache_control") or not isinstance(messages, list) or not messages:
         return []
     floor = min_cacheable_tokens(ex.call.model or "") * BYTES_PER_TOKEN
     tools, system = body.get("tools"), body.get("system")

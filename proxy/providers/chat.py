@@ -337,7 +337,7 @@ class OpenAIFamily(Opens):
     dialect = "openai"
     provider = "openai"
     upstream_setting = "openai_base_url"
-    cache_marker: bytes | None = None  # automatic prompt caching bills no write premium
+    cache_marker: str | None = None  # automatic prompt caching bills no write premium
     text_shape: TextShape | None = None
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:

@@ -419,7 +419,7 @@ class GeminiAdapter(Opens):
     provider = "gcp.gemini"
     upstream_setting = "gemini_base_url"
     text_part = "text"
-    cache_marker: bytes | None = None
+    cache_marker: str | None = None
     # Every chunk repeats the running usage: a hole of its own, read per chunk.
     text_shape: TextShape | None = TextShape(b'"text":', _plain_chunk, usage=b'"usageMetadata":', usage_of=gemini_usage)
 
