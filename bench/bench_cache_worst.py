@@ -78,9 +78,9 @@ def run_bodies(shape: Shape, run: int = 0) -> list[bytes]:
         uses = [{"type": "tool_use", "id": f"toolu_{run}_{call}_{i}", "name": TOOLS[i % 3]["name"],
                  "input": {"city": f"city {i}"}} for i in range(shape.parallel)]
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text}, *uses]})
+        result = "sunny, 21 C, light wind " * (60 if shape.small else 8)
         messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": u["id"], "content": "sunny, 21 C, light wind " * (60 if shape.small else 8)}
-            for u in uses]})
+            {"type": "tool_result", "tool_use_id": u["id"], "content": result} for u in uses]})
     return bodies
 
 

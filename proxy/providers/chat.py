@@ -45,13 +45,13 @@ from proxy.providers.base import (
     HistoryCall,
     TextShape,
     count_field,
+    joined_results,
     number,
     open_exchange,
     text_of,
     vocabulary,
 )
 from proxy.providers.base import array as _list
-from proxy.providers.base import joined_results
 from proxy.providers.base import integer as _int
 from proxy.providers.cache import CacheScope
 from proxy.providers.chat_stream import USAGE_DROPPED, ChatStreamRepair, drop_usage_chunk

@@ -74,13 +74,13 @@ from proxy.providers.base import (
     HistoryCall,
     TextShape,
     count_field,
+    joined_results,
     number,
     open_exchange,
     text_of,
     vocabulary,
 )
 from proxy.providers.base import array as _list
-from proxy.providers.base import joined_results
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 from proxy.providers.cache import CacheScope

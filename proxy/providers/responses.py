@@ -49,11 +49,11 @@ from proxy.providers.base import (
     HistoryCall,
     TextShape,
     count_field,
+    joined_results,
     number,
     text_of,
 )
 from proxy.providers.base import array as _list
-from proxy.providers.base import joined_results
 from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 from proxy.providers.chat import OpenAIFamily, openai_usage
