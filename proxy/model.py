@@ -101,6 +101,10 @@ class ToolResult:
     content: str  # the result as the client sent it, serialised to text if it was JSON
     name: str | None = None
     is_error: bool = False  # the dialect said so (Anthropic is_error); envelopes are judged later
+    # It follows the model's last turn that called tools: what this request brings back (the
+    # call span's summary). An earlier one still closes a call left open by id: an agent
+    # framework may write its own call and result (tool search) after it.
+    new: bool = True
 
 
 @frozen

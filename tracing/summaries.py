@@ -41,11 +41,12 @@ def call_input(call: Call) -> str:
         parts.append(f"tools: {names}{more}")
     if call.output is not None and call.output.kind != "tool":
         parts.append(f"asks for json{f' ({_name(call.output.name)})' if call.output.name else ''}")
-    for result in call.tool_results[:SHOWN]:
+    new = [r for r in call.tool_results if r.new]  # the earlier ones were shown by earlier calls
+    for result in new[:SHOWN]:
         verdict = digests.tool_result_digest(result.content, is_error=result.is_error)
         parts.append(f"result {_name(result.name or result.call_id)}: {'✓' if verdict.ok else '✗'} {verdict.digest}")
-    if len(call.tool_results) > SHOWN:
-        parts.append(f"and {_plural(len(call.tool_results) - SHOWN, 'more result')}")
+    if len(new) > SHOWN:
+        parts.append(f"and {_plural(len(new) - SHOWN, 'more result')}")
     return "; ".join(parts)
 
 

@@ -16,15 +16,23 @@ owner's choice and goes untouched), breakpoints where they are expected to be re
   another run of the tenant sent the same prefix within the cache's 5 minutes (an agent
   sends the same tools and system prompt in every call of every run: from then on each
   call reads it at a tenth of the input rate, and it is written once per 5 minutes at
-  1.25x), or this run is looping (below);
-- a rolling one on the last block of the last message, from a run's third call on (the
-  model has answered twice: the agent is looping), when the whole prompt is above the
-  minimum, so the next turn reads everything before it (the API looks back up to 20
-  blocks from a breakpoint for the longest prefix it wrote).
+  1.25x), or this run is expected to go on (below);
+- a rolling one on the last block of the conversation when a next call is expected to
+  read it: when at least 30% of the agent's recent runs (the same tenant, model, tools
+  and system) that reached this call made another, or, with no runs to learn from, from
+  the run's third call on (the model has answered twice: the agent is looping), when the
+  whole prompt is above the minimum, so the next turn reads everything before it (the API
+  looks back up to 20 blocks from a breakpoint for the longest prefix it wrote). A
+  trailing assistant message is a prefill the next turn replaces: the block before it
+  gets the marker. A turn that added 20 blocks or more also gets one where the previous
+  turn's was, so that write stays within the lookback. A call that expects no next one
+  but follows a write gets a marker where that write was: it reads and writes nothing.
 
 A run alone waits for its third call, and a prefix for a second run: a one- or two-call
 run, or a prefix sent by one run only, would pay the write premium and read nothing.
-Two of the API's four. So that a message's bytes are the same in every turn (the provider
+The first run of an unknown agent that ends on its third call still pays one write
+(bench/bench_cache_worst.py, README "Prompt caching"). At most three of the API's four.
+So that a message's bytes are the same in every turn (the provider
 caches a prefix by its exact content), a message given as a string is sent as the one
 text block the API reads it as, in every turn that gets the rolling breakpoint: between
 turn N and N+1 only the rolling marker moves. bench/bench_caching.py prices both choices

@@ -61,6 +61,7 @@ from proxy.providers.base import (
     HistoryCall,
     TextShape,
     count_field,
+    joined_results,
     number,
     text_of,
     vocabulary,
@@ -137,11 +138,13 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 
 
 def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
-    # The results new in this request answer the last assistant turn that used tools; a
-    # turn an agent framework adds after them (deferred tool loading does) does not make
-    # them old. Names come from that turn's tool_use blocks: tool_result carries only the id.
+    # Every result, joined by id (joined_results): an agent framework that loads tools on
+    # demand writes its own tool_use turn and result after the model's, so the model's
+    # call may be answered before the last turn that used tools. Those after that turn
+    # are the new ones. Names come from the tool_use blocks: tool_result carries only the id.
     results: list[ToolResult] = []
     names: dict[str, str] = {}
+    new_from = 0
     for m in messages:
         if not isinstance(m, dict):
             continue
@@ -149,7 +152,8 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
             used = {str(b.get("id")): str(b.get("name")) for b in _blocks(m.get("content"))
                     if b.get("type") == "tool_use"}
             if used:
-                results, names = [], used
+                names |= used
+                new_from = len(results)
             continue
         for b in _blocks(m.get("content")):
             if b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str):
@@ -157,7 +161,7 @@ def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
                 text = content if isinstance(content, str) else text_of(content)
                 results.append(ToolResult(b["tool_use_id"], text, names.get(b["tool_use_id"]),
                                           b.get("is_error") is True))
-    return tuple(results)
+    return joined_results(results, new_from)
 
 
 def _input_parts(body: dict[str, Any]) -> list[InputPart]:
@@ -312,7 +316,7 @@ class AnthropicAdapter(Opens):
     upstream_setting = "anthropic_base_url"
     names_deployment = False
     text_part = "text"
-    cache_marker: bytes | None = b"\"cache_control\""
+    cache_marker: str | None = "cache_control"
     text_shape: TextShape | None = TextShape(b'"text":', _plain_delta)
 
     def parse_request(self, body: dict[str, Any], path: str) -> Call:

@@ -17,6 +17,7 @@ import orjson
 from proxy.model import Caller, Rewrite
 from proxy.providers.base import Exchange, Path
 from proxy.providers.cache import PrefixMemory
+from proxy.providers.members import has_member
 
 __all__ = ["BYTES_PER_TOKEN", "MARKER", "anthropic_breakpoints", "min_cacheable_tokens"]
 
@@ -30,6 +31,9 @@ _MIN_TOKENS: Final = (("claude-opus-4-5", 4096), ("claude-opus-4-6", 4096), ("cl
 # bytes per token, so 4 under-counts tokens; a miss only forgoes a saving (a prefix below the
 # minimum is not cached, and not billed a write).
 BYTES_PER_TOKEN: Final = 4
+# Blocks the API looks back from a breakpoint for a prefix it wrote before (the breakpoint's
+# own block included).
+LOOKBACK: Final = 20
 _NO_MARKER_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -42,22 +46,33 @@ def anthropic_breakpoints(ex: Exchange, caller: Caller, memory: PrefixMemory, no
     its bytes, and the call's cache-write premium so that the reservation covers their writes."""
     body = ex.body
     messages = body.get("messages")
-    if b'"cache_control"' in ex.raw or not isinstance(messages, list) or not messages:
+    # The client's own breakpoints, however it spelled them (proxy/providers/members.py):
+    # adding ours would pass the API's four, or send a second `cache_control` in a block.
+    if has_member(ex.raw, body, "cache_control") or not isinstance(messages, list) or not messages:
         return []
     floor = min_cacheable_tokens(ex.call.model or "") * BYTES_PER_TOKEN
     tools, system = body.get("tools"), body.get("system")
-    answered = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-    looping = answered >= 2
+    # A last assistant message is a prefill the model continues: the next turn replaces it
+    # with the whole answer, so a breakpoint on it would write what is never read again.
+    turns = messages[:-1] if _role(messages[-1]) == "assistant" else messages
+    answered = sum(1 for m in turns if _role(m) == "assistant")
+    agent = hashlib.sha256(orjson.dumps([caller.tenant, ex.call.model, tools, system])).digest()
+    going_on = memory.goes_on(agent, caller.run_id, answered + 1, now)
+    # Without runs of this agent to learn from, a run is taken to go on once it loops (the
+    # model answered twice); a write on a run's last call is what `auto` pays over `off`.
+    next_call = answered >= 2 if going_on is None else going_on
     stable_at: Path | None = None
-    if _size(tools) + _size(system) >= floor:
-        digest = hashlib.sha256(orjson.dumps([caller.tenant, ex.call.model, tools, system])).digest()
-        if memory.shared(digest, caller.run_id, now) or looping:
-            if isinstance(system, str | list) and system:
-                stable_at = ("system",)
-            elif isinstance(tools, list) and tools and isinstance(tools[-1], dict):
-                stable_at = ("tools", len(tools) - 1)
-    last = messages[-1]
-    rolling = looping and len(ex.raw) >= floor and isinstance(last, dict) and _markable(last.get("content"))
+    if _size(tools) + _size(system) >= floor and (memory.shared(agent, caller.run_id, now) or next_call):
+        if isinstance(system, str | list) and system:
+            stable_at = ("system",)
+        elif isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+            stable_at = ("tools", len(tools) - 1)
+    rolling = _rolling(turns) if next_call and answered >= 1 and len(ex.raw) >= floor else []
+    wrote_before = memory.wrote(agent, caller.run_id, bool(rolling))
+    if wrote_before and not rolling and (before := _previous_end(turns)) is not None:
+        # No next call expected, but the call before wrote the conversation up to here: a
+        # breakpoint where it wrote reads that, and writes nothing.
+        rolling = [before]
     if stable_at is None and not rolling:
         return []
     rewrites: list[Rewrite] = []
@@ -65,13 +80,46 @@ def anthropic_breakpoints(ex: Exchange, caller: Caller, memory: PrefixMemory, no
         _mark(ex, stable_at)
         rewrites.append(Rewrite("cache_breakpoint", str(stable_at[0])))
     if rolling:
-        for i, message in enumerate(messages[:-1]):  # the same bytes in every turn: see the docstring
-            if isinstance(message, dict) and isinstance(message.get("content"), str):
+        for i, message in enumerate(turns):  # the same bytes in every turn: see the docstring
+            if i not in rolling and isinstance(message, dict) and isinstance(message.get("content"), str):
                 _as_block(ex, ("messages", i, "content"), marked=False)
-        _mark(ex, ("messages", len(messages) - 1, "content"))
+        for i in rolling:
+            _mark(ex, ("messages", i, "content"))
         rewrites.append(Rewrite("cache_breakpoint", "messages"))
     ex.call = replace(ex.call, cache_write="5m")  # the writes they cause are reserved for
     return rewrites
+
+
+def _rolling(turns: list[Any]) -> list[int]:
+    """The messages whose last block gets a rolling breakpoint: the last one, and when this
+    turn added more blocks than the API looks back over, also the end of the previous
+    request (where its rolling breakpoint wrote), so that its write is still read."""
+    if not _markable(_content(turns[-1])):
+        return []
+    before = _previous_end(turns)
+    if before is not None and sum(len(_as_blocks(_content(m))) for m in turns[before + 1:]) >= LOOKBACK:
+        return [before, len(turns) - 1]
+    return [len(turns) - 1]
+
+
+def _previous_end(turns: list[Any]) -> int | None:
+    """The last message of the previous request, where its rolling breakpoint was: the one
+    before the model's last answer; None when it cannot carry a breakpoint."""
+    last_answer = max((i for i, m in enumerate(turns) if _role(m) == "assistant"), default=-1)
+    before = last_answer - 1
+    return before if before >= 0 and _markable(_content(turns[before])) else None
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None
+
+
+def _content(message: Any) -> Any:
+    return message.get("content") if isinstance(message, dict) else None
+
+
+def _as_blocks(content: Any) -> list[Any]:
+    return [content] if isinstance(content, str) else content if isinstance(content, list) else []
 
 
 def _markable(content: Any) -> bool:

@@ -13,12 +13,14 @@ request side is the `Exchange` below and whose answer side folds the dialect's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from proxy.errors import MalformedBody, ProxyError
-from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, Usage, frozen
+from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, ToolResult, Usage, frozen
+from proxy.providers.members import has_member, member_values, spelled_plainly
 from proxy.providers.splice import Edit, Path, splice
 from proxy.providers.sse import SseEvent
 
@@ -40,6 +42,7 @@ __all__ = [
     "array",
     "count_field",
     "integer",
+    "joined_results",
     "number",
     "open_exchange",
     "string",
@@ -117,9 +120,9 @@ class Dialect(Protocol):
     text_part: str  # the type of a text part in a tool result's content list
     # The body's list of conversation items, which an agent's next request appends to (cost anatomy).
     conversation: str | None
-    # Bytes that mark an explicit prompt-cache breakpoint (Anthropic `cache_control`),
+    # The member that marks an explicit prompt-cache breakpoint (Anthropic `cache_control`),
     # whose writes bill above plain input; None when the API bills no write premium.
-    cache_marker: bytes | None
+    cache_marker: str | None
     # How a plain text delta of this API's streams looks; None: every event is parsed.
     text_shape: TextShape | None
 
@@ -223,16 +226,22 @@ def open_exchange(adapter: Dialect, raw: bytes, path: str) -> Exchange:
     # parse_request has just built and nobody else holds. `dataclasses.replace` would build
     # the 25-field Call a second time (~2% of the event loop's CPU per call).
     object.__setattr__(call, "body_bytes", len(raw))
-    object.__setattr__(call, "cache_write", _cache_write(adapter, raw))
+    object.__setattr__(call, "cache_write", _cache_write(adapter, raw, body))
     return Exchange(adapter, call, raw, body)
 
 
-def _cache_write(adapter: Dialect, raw: bytes) -> str:
-    """The dearest cache write the request may cause: a byte scan (the body is JSON text,
-    so a breakpoint's key appears verbatim; a false positive only reserves more)."""
-    if adapter.cache_marker is None or adapter.cache_marker not in raw:
+def _cache_write(adapter: Dialect, raw: bytes, body: dict[str, Any]) -> str:
+    """The dearest cache write the request may cause, as the provider's parser reads its
+    breakpoints (proxy/providers/members.py): a body spelled plainly is read by its bytes
+    (a `"1h"` anywhere reserves the dearer write: a false positive only reserves more);
+    one with escapes from its parsed markers, a lifetime other than 5 minutes at 1 hour."""
+    key = adapter.cache_marker
+    if key is None or not has_member(raw, body, key):
         return ""
-    return "1h" if b'"1h"' in raw else "5m"
+    if spelled_plainly(raw):
+        return "1h" if b'"1h"' in raw else "5m"
+    lifetimes = {m.get("ttl", "5m") if isinstance(m, dict) else "5m" for m in member_values(body, key)}
+    return "5m" if lifetimes == {"5m"} else "1h"
 
 
 class Exchange:
@@ -512,6 +521,18 @@ class History:
         last = self._turns
         return [HistoryCall(cid, name, args, path, answered == last > 0, made)
                 for cid, name, args, path, answered, made in self._calls]
+
+
+def joined_results(results: list[ToolResult], new_from: int) -> tuple[ToolResult, ...]:
+    """Every tool result of a request, one per call id (the last: a result sent again
+    replaces the one before), those from index `new_from` on marked new. All of them are
+    joined by id to the calls still open in the run, wherever they stand: a call is closed
+    by its result even when an agent framework's own call and result came after it."""
+    last: dict[str, ToolResult] = {}
+    for i, r in enumerate(results):
+        last.pop(r.call_id, None)  # re-inserted: the dict keeps the order of last occurrence
+        last[r.call_id] = r if i >= new_from else replace(r, new=False)
+    return tuple(last.values())
 
 
 def vocabulary(error: ProxyError, words: Mapping[type[ProxyError], str]) -> str:

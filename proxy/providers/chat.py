@@ -47,6 +47,7 @@ from proxy.providers.base import (
     HistoryCall,
     TextShape,
     count_field,
+    joined_results,
     number,
     open_exchange,
     text_of,
@@ -106,29 +107,29 @@ def _call_names(message: dict[str, Any]) -> dict[str, str]:
 
 
 def _tool_results(messages: list[Any]) -> tuple[ToolResult, ...]:
-    # The results new in this request answer the model's last turn that called tools; an
-    # agent framework may add turns of its own after them (an assistant note, a user
-    # message), so the walk back goes past those to the turn with the calls. Earlier
-    # results were seen in earlier requests of the run. Tool messages rarely carry a name:
-    # it comes from the assistant's tool call of that id. Only the tail is read.
-    start = len(messages)
-    names: dict[str, str] = {}
-    while start > 0:
-        m = messages[start - 1]
-        if isinstance(m, dict) and m.get("role") == "assistant":
-            names = _call_names(m)
-            if names:
-                break
-        start -= 1
+    # Every tool message, joined by id (joined_results): an agent framework may add turns
+    # of its own after the model's (an assistant note, its own tool call and result when it
+    # loads tools on demand), so a call may be answered before the last turn with calls.
+    # Those after that turn are the new ones. Tool messages rarely carry a name: it comes
+    # from the assistant's tool call of that id.
     results: list[ToolResult] = []
-    for m in messages[start:]:
-        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+    names: dict[str, str] = {}
+    new_from = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "assistant":
+            called = _call_names(m)
+            if called:
+                names |= called
+                new_from = len(results)
+        elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
             content = m.get("content")
             text = content if isinstance(content, str) else text_of(content)
             call_id = m["tool_call_id"]
             name = m.get("name") if isinstance(m.get("name"), str) else None
             results.append(ToolResult(call_id, text, name or names.get(call_id)))
-    return tuple(results)
+    return joined_results(results, new_from)
 
 
 def _history(messages: list[Any]) -> list[HistoryCall]:
@@ -362,7 +363,7 @@ class OpenAIFamily(Opens):
     provider = "openai"
     upstream_setting = "openai_base_url"
     names_deployment = False
-    cache_marker: bytes | None = None  # automatic prompt caching bills no write premium
+    cache_marker: str | None = None  # automatic prompt caching bills no write premium
     text_shape: TextShape | None = None
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:

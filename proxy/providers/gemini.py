@@ -74,6 +74,7 @@ from proxy.providers.base import (
     HistoryCall,
     TextShape,
     count_field,
+    joined_results,
     number,
     open_exchange,
     text_of,
@@ -204,21 +205,30 @@ def _name_ids(parts: list[Any], key: str, seen: dict[str, int] | None = None) ->
 
 
 def _tool_results(contents: list[Any]) -> tuple[ToolResult, ...]:
+    # Every result, joined by id wherever it stands (joined_results): an agent framework
+    # may write its own model turn with a call and its result after the model's (tools
+    # loaded on demand). Only a turn that calls functions makes the results before it old.
+    # An id made from the function's name is reused when a later turn calls that function
+    # again: the older result then answers the older call only, and is dropped.
     results: list[ToolResult] = []
+    given: set[str] = set()  # ids the model gave, not made from a name
+    new_from = 0
     for content in contents:
         if not isinstance(content, dict):
             continue
         if content.get("role") == "model":
-            # Only a turn that calls functions makes the results before it old: a model
-            # turn an agent framework adds after the results does not answer them.
-            if _name_ids(_list(content.get("parts")), "functionCall"):
-                results = []
+            called = {cid for _, cid in _name_ids(_list(content.get("parts")), "functionCall")}
+            if called:
+                results = [r for r in results if r.call_id in given or r.call_id not in called]
+                new_from = len(results)
             continue
         for resp, call_id in _name_ids(_list(content.get("parts")), "functionResponse"):
             payload = resp.get("response")
             text = orjson.dumps(payload).decode() if payload is not None else ""
+            if _str(resp.get("id")):
+                given.add(call_id)
             results.append(ToolResult(call_id, text, _str(resp.get("name"))))
-    return tuple(results)
+    return joined_results(results, new_from)
 
 
 def _input_parts(body: dict[str, Any]) -> list[InputPart]:
@@ -410,7 +420,7 @@ class GeminiAdapter(Opens):
     upstream_setting = "gemini_base_url"
     names_deployment = False
     text_part = "text"
-    cache_marker: bytes | None = None
+    cache_marker: str | None = None
     # Every chunk repeats the running usage: a hole of its own, read per chunk.
     text_shape: TextShape | None = TextShape(b'"text":', _plain_chunk, usage=b'"usageMetadata":', usage_of=gemini_usage)
 

@@ -49,6 +49,7 @@ from proxy.providers.base import (
     HistoryCall,
     TextShape,
     count_field,
+    joined_results,
     number,
     text_of,
 )
@@ -156,15 +157,16 @@ def _tool_name(tool: Any) -> str:
 
 
 def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
-    # Results after the model's last turn that called functions are new in this request.
-    # A turn is a run of model items (echoed function_call, reasoning, assistant message);
-    # a model item that follows anything else starts the next turn, and only a turn with a
-    # function_call makes the results before it old: a message an agent framework adds
-    # after the results does not. Call ids map back to names.
+    # Every function_call_output, joined by id (joined_results): an agent framework may
+    # add items of its own after the model's turn (a message, its own function call and
+    # output when it loads tools on demand). The new ones follow the model's last turn that
+    # called functions: a turn is a run of model items (echoed function_call, reasoning,
+    # assistant message), and a model item that follows anything else starts the next one.
     results: list[ToolResult] = []
     names: dict[str, str] = {}
     previous_was_model = False
     calls_in_turn = False
+    new_from = 0
     for item in items:
         if not isinstance(item, dict):
             continue
@@ -174,7 +176,7 @@ def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
             previous_was_model = True
             if item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
                 if not calls_in_turn:
-                    results, calls_in_turn = [], True
+                    new_from, calls_in_turn = len(results), True
                 names[item["call_id"]] = str(item.get("name") or "")
             continue
         previous_was_model = False
@@ -182,7 +184,7 @@ def _tool_results(items: list[Any]) -> tuple[ToolResult, ...]:
             out = item.get("output")
             text = out if isinstance(out, str) else text_of(out)
             results.append(ToolResult(item["call_id"], text, names.get(item["call_id"]) or None))
-    return tuple(results)
+    return joined_results(results, new_from)
 
 
 def _history(items: list[Any]) -> list[HistoryCall]:
