@@ -92,7 +92,8 @@ async def make_proxy(sim: Sim, tmp_path: Path) -> AsyncIterator[ProxyFactory]:
         return Proxy(url, app, data)
 
     yield make
-    for r in runners:
+    # Last in, first out: each app restores the process state it found (gc thresholds).
+    for r in reversed(runners):
         await r.cleanup()
 
 
