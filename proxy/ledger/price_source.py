@@ -339,13 +339,17 @@ def from_snapshot(text: str | bytes, today: date | None = None) -> PriceSource:
         raise ValueError("prices file: expected {\"fetched_at\": ..., \"providers\": [...]}, as written by "
                          "`spanmeter prices --refresh`")
     label = f"genai-prices data fetched {str(doc.get('fetched_at', 'at an unknown time'))[:10]}"
-    providers = _PROVIDERS.validate_python([_provider_raw(p) for p in doc["providers"]])
+    providers = _providers_adapter().validate_python([_provider_raw(p) for p in doc["providers"]])
     return compile_source(providers, today or date.today(), label)
 
 
 # Providers are dataclasses with pydantic validation; a ModelPrice is a plain class holding
 # whatever price keys the data names, so its raw mappings are built here before validation.
-_PROVIDERS: Final = pydantic.TypeAdapter(list[Provider], config=pydantic.ConfigDict(arbitrary_types_allowed=True))
+# Built on first use: a refreshed file is read at most once per start, and building the schema
+# at import would cost every start-up.
+@functools.cache
+def _providers_adapter() -> pydantic.TypeAdapter[list[Provider]]:
+    return pydantic.TypeAdapter(list[Provider], config=pydantic.ConfigDict(arbitrary_types_allowed=True))
 
 
 def _provider_raw(raw: dict[str, Any]) -> dict[str, Any]:
