@@ -48,7 +48,7 @@ from payloads import MODEL, REQUEST_AGENT  # noqa: E402
 
 from proxy.app import GC_GEN0_THRESHOLD  # noqa: E402
 from proxy.ledger.anatomy import FLUSH_EVERY, Chain, Split, Splits, shares, split_of  # noqa: E402
-from proxy.ledger.pricing import PriceTable  # noqa: E402
+from proxy.pricing import PriceTable  # noqa: E402
 from proxy.model import Anatomy, Usage  # noqa: E402
 from proxy.providers.chat import CHAT  # noqa: E402
 from tracing.anatomy import call_attrs, call_totals, flush_totals  # noqa: E402

@@ -26,10 +26,10 @@ from proxy.govern.runs import Runs
 from proxy.ledger.anatomy import Splits
 from proxy.ledger.backends import open_store
 from proxy.ledger.failopen import FailOpenStore
-from proxy.ledger.price_source import PriceSource, from_snapshot
-from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.mcp.route import MCP_PREFIX, handle_mcp
+from proxy.pricing import PriceTable
+from proxy.pricing.source import PriceSource, from_snapshot
 from proxy.providers.apis import answering
 from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin

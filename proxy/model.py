@@ -391,7 +391,7 @@ class CallRecord:
     chunk_gaps_s: Sequence[float] = ()
     delivered_text: str | None = None
     delivered_arguments: Mapping[str, str] | None = None
-    capture: Mapping[str, Any] | None = None
+    capture: Mapping[str, object] | None = None
     anatomy: Anatomy | None = None
     refusal: str | None = None
 

@@ -82,8 +82,8 @@ from operator import add, sub
 from typing import Any, Final
 from zlib import crc32
 
-from proxy.ledger.pricing import STANDARD_FACTOR, Price, cost
 from proxy.model import Anatomy, Flushed, InputPart, Usage
+from proxy.pricing import STANDARD_FACTOR, Price, cost
 
 __all__ = ["FLUSH_EVERY", "NANO", "OTHER", "TOP_RESULTS", "Chain", "Split", "Splits", "anatomy",
            "apportion", "shares", "shares_general", "split_of"]

@@ -34,8 +34,8 @@ from proxy.ledger.anatomy import (
     split_of,
     split_parts,
 )
-from proxy.ledger.pricing import Price, PriceTable, cost
 from proxy.model import Anatomy, Flushed, ToolCall, Usage, UsageEvent
+from proxy.pricing import Price, PriceTable, cost
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import Dialect, open_exchange
 from proxy.providers.chat import CHAT
