@@ -19,11 +19,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from proxy.anatomy import Splits
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.govern.caching import PrefixMemory
 from proxy.govern.runs import Runs
-from proxy.ledger.anatomy import Splits
 from proxy.ledger.backends import open_store
 from proxy.ledger.failopen import FailOpenStore
 from proxy.ledger.store import Store
@@ -284,7 +284,7 @@ async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 # How long a run's calls pause before what its tool results cost is added to its totals on
-# its own (proxy/ledger/anatomy.py): well under any run's idle end.
+# its own (proxy/anatomy/shares.py): well under any run's idle end.
 ANATOMY_IDLE_S = 1.0
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from proxy.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
 from proxy.errors import (
     CeilingReached,
     ProxyError,
@@ -23,7 +24,6 @@ from proxy.errors import (
 )
 from proxy.govern.ceilings import Admitted, settle_amount
 from proxy.govern.runs import CALL_COUNTERS, pending_tools
-from proxy.ledger.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
 from proxy.model import Anatomy, Call, Caller, CallRecord, Flushed, Outcome, Usage
 from proxy.pricing import Price, cache_savings, cache_write_premium
 from proxy.providers.hooks import Hooks
@@ -147,7 +147,7 @@ def _anatomy(app: web.Application, cs: spans.CallSpan, tr: Translator, price: Pr
              end: bool) -> tuple[Anatomy | None, list[Flushed]]:
     """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY);
     and what the run's parts and tool results cost since its chain's last flush, when it is
-    time to say (proxy/ledger/anatomy.py: every FLUSH_EVERY calls of the run, the run's
+    time to say (proxy/anatomy/shares.py: every FLUSH_EVERY calls of the run, the run's
     end). The sums are counted in metrics under the call's provider and model (`labels`)."""
     splits: Splits = app[SPLITS]
     caller: Caller = cs.caller
@@ -156,7 +156,7 @@ def _anatomy(app: web.Application, cs: spans.CallSpan, tr: Translator, price: Pr
     an = None
     try:
         if app[SETTINGS].anatomy and usage is not None:
-            # A run's next request resends this one: its chain is kept for it (proxy/ledger/anatomy.py).
+            # A run's next request resends this one: its chain is kept for it (proxy/anatomy/shares.py).
             ex = tr.request  # it reads the request's parts in its API's shapes
             key = (caller.tenant, caller.run_id) if caller.run_id_source != "generated" else None
             chain = splits.get(key) if key else None
