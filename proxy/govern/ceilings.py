@@ -1,18 +1,11 @@
-"""Admission: turn policy, prices and the request into one atomic reservation.
+"""Admission: policy, the call's one price quote and the request into one atomic reservation.
 
-The worst case is reserved before anything is sent upstream, on every scope the call
-touches (run, tenant day, tenant month, and the key's day and month), so concurrent
-calls can never overshoot. Under a cost ceiling, a request without a max-token field is
-clamped to what the remaining budget affords, and one asking for more than the model's
-output cap to that cap. Under runs.max_tokens the call's tokens are held the same way
-(input bound + output bound, cut to what the run has left), and a request that asked
-for more output than the tokens held allow is clamped to them. The same store operation
-checks the run's calls and wall time, and draws on the rate buckets of the tenant and
-the key.
-
-Layers: the tenant's policy, then its key's (the tighter ceiling wins; a key's budgets
-and rate limits are its own, held besides the tenant's), then request headers, which
-only tighten (`X-Run-Max-Calls`, `-Cost-Usd`, `-Tokens`, `-Seconds`, `X-Run-Wrap-Up-At`).
+`plan` layers the tenant's policy, its key's (the tighter ceiling wins; a key's budgets and
+rate limits are held besides the tenant's) and the request's `X-Run-*` headers (which only
+tighten). `admit` quotes the call once (proxy/pricing/quote.py), builds its `Turn` whole,
+reserves the worst case on every scope in one store operation, and says how to clamp the
+request's output to what was reserved (cost) or held (runs.max_tokens). `settle_amount`
+says what a finished call is charged.
 """
 
 from __future__ import annotations
