@@ -7,7 +7,7 @@ after a warm-up, each step apart and then the whole of what a call adds:
   split     the request's parts: in a run, the last request's split and the new turn's
             items only (the request is checked to be the last one with items appended);
             `cold` is the first request of a run, split whole
-  shares    proxy.ledger.anatomy.shares: tokens, cached tokens and micro-USD per group of parts
+  shares    proxy.anatomy.shares: tokens, cached tokens and micro-USD per group of parts
   record    the run-total counters, the span attributes and the run chain's sums (metrics come
             with the chain's flushes, every FLUSH_EVERY calls: `flush`)
 
@@ -46,10 +46,10 @@ sys.path.insert(0, str(HERE))
 
 from payloads import MODEL, REQUEST_AGENT  # noqa: E402
 
+from proxy.anatomy import FLUSH_EVERY, Chain, Split, Splits, shares, split_of  # noqa: E402
 from proxy.app import GC_GEN0_THRESHOLD  # noqa: E402
-from proxy.ledger.anatomy import FLUSH_EVERY, Chain, Split, Splits, shares, split_of  # noqa: E402
-from proxy.ledger.pricing import PriceTable  # noqa: E402
 from proxy.model import Anatomy, Usage  # noqa: E402
+from proxy.pricing import PriceTable  # noqa: E402
 from proxy.providers.chat import CHAT  # noqa: E402
 from tracing.anatomy import call_attrs, call_totals, flush_totals  # noqa: E402
 from tracing.setup import TelemetryConfig, setup_telemetry  # noqa: E402

@@ -19,17 +19,17 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from proxy.anatomy import Splits
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.govern.caching import PrefixMemory
 from proxy.govern.runs import Runs
-from proxy.ledger.anatomy import Splits
 from proxy.ledger.backends import open_store
 from proxy.ledger.failopen import FailOpenStore
-from proxy.ledger.price_source import PriceSource, from_snapshot
-from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
 from proxy.mcp.route import MCP_PREFIX, handle_mcp
+from proxy.pricing import PriceTable
+from proxy.pricing.source import PriceSource, from_snapshot
 from proxy.providers.apis import answering
 from proxy.providers.translator import Api
 from proxy.serve import accesslog, admin
@@ -284,7 +284,7 @@ async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 # How long a run's calls pause before what its tool results cost is added to its totals on
-# its own (proxy/ledger/anatomy.py): well under any run's idle end.
+# its own (proxy/anatomy/shares.py): well under any run's idle end.
 ANATOMY_IDLE_S = 1.0
 
 

@@ -303,16 +303,16 @@ class Outcome:
 # One part of a request's input, in prompt order, as its API module splits it:
 # (kind, size, name, call_id). `kind`: system | tools (one tool definition) | tool_result |
 # history (earlier turns) | new (this turn's new content). `size`: its bytes as the request
-# carries them, approximated by the length of its text (see proxy/ledger/anatomy.py). `name`:
+# carries them, approximated by the length of its text (see proxy/anatomy/shares.py). `name`:
 # the tool's (tools, tool_result), else "". `call_id`: the tool call a result answers, else "".
 # A plain tuple, not a NamedTuple: an agent turn has dozens of parts, split on every call,
 # and a NamedTuple's Python-level constructor cost more than the rest of the split.
 InputPart = tuple[str, int, str, str]
 
 
-@dataclass(slots=True)  # not frozen: proxy/ledger/anatomy.py fills in its `top`, `late` and costs after building it
+@dataclass(slots=True)  # not frozen: proxy/anatomy/shares.py fills in its `top`, `late` and costs after building it
 class Anatomy:
-    """Where a call's billed input went, by unit (proxy/ledger/anatomy.py: a kind of part, or a
+    """Where a call's billed input went, by unit (proxy/anatomy/shares.py: a kind of part, or a
     part): unit i, of kind `kinds_of_units[i]`, has `tokens[i]` of the billed input tokens,
     `cached[i]` of them read from the prompt cache, and costs `costs[i]` micro-USD. The units
     add up exactly to `input_tokens` and `input_cost_micros` (the call's cost with its output
@@ -332,7 +332,7 @@ class Anatomy:
     # False when the definitions are those of the run's last request, already counted in its
     # totals: they are counted once per tool list, not on every call (tracing/anatomy.py).
     definitions_new: bool = True
-    # What the run's chain prices its tool results with (proxy/ledger/anatomy.py `Chain`), in
+    # What the run's chain prices its tool results with (proxy/anatomy/shares.py `Chain`), in
     # nano-micro-USD: a byte at the prompt's first window (its cached prefix, when it has one);
     # the results wholly past that window, by their index among the request's results:
     # (first, end, what a byte of them cost above that); and the results across a window's
@@ -344,7 +344,7 @@ class Anatomy:
 
 @frozen
 class Flushed:
-    """What a run's chain (proxy/ledger/anatomy.py `Chain`) summed since its last flush: its
+    """What a run's chain (proxy/anatomy/shares.py `Chain`) summed since its last flush: its
     tool results' micro-USD per tool (grouped as the split groups them) and per tracked
     result (tool, call id, bytes, micro-USD, sends), and its calls' parts per kind (the
     labels the calls came with, kind, tokens, cached tokens, micro-USD)."""
@@ -391,7 +391,7 @@ class CallRecord:
     chunk_gaps_s: Sequence[float] = ()
     delivered_text: str | None = None
     delivered_arguments: Mapping[str, str] | None = None
-    capture: Mapping[str, Any] | None = None
+    capture: Mapping[str, object] | None = None
     anatomy: Anatomy | None = None
     refusal: str | None = None
 

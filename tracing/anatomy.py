@@ -10,7 +10,7 @@ operation; the totals are name -> integer, summed), all named `anatomy|...`:
     anatomy|result|<tool>|micros                what the tool's results cost, likewise
     anatomy|top|<tool>|<call id>|micros|sends|bytes   one of the run's largest results, likewise
 
-The last three come from the run's chain (proxy/ledger/anatomy.py `Chain`), which sums the
+The last three come from the run's chain (proxy/anatomy/shares.py `Chain`), which sums the
 calls' parts and prices every result on every send without a per-call step per result:
 they arrive with a call every `FLUSH_EVERY` calls of the chain, with the run's last call,
 or on their own a moment after the run's calls pause (`flush_totals`). Summed over the run, a result's micros are
@@ -82,7 +82,7 @@ _DEFS: dict[int, tuple[dict[str, int], dict[str, int]]] = {}  # id(definitions) 
 
 def _definition_totals(defs: dict[str, int]) -> dict[str, int]:
     """The definitions' byte counters; a run's requests share one dict while its tools stay
-    the same (proxy/ledger/anatomy.py), so they are made once per tool list, not per call."""
+    the same (proxy/anatomy/shares.py), so they are made once per tool list, not per call."""
     found = _DEFS.get(id(defs))
     if found is not None and found[0] is defs:
         return found[1]

@@ -257,7 +257,7 @@ SPANMETER_RUNS_ENDED: Final = "spanmeter.runs.ended"
 SPANMETER_CACHE_INPUT_TOKENS: Final = "spanmeter.cache.input_tokens"
 # Money the cache reads saved, from the price table (PromQL has no prices to do it with).
 SPANMETER_COST_SAVED: Final = "spanmeter.cost.saved"
-# Cost anatomy (proxy/ledger/anatomy.py): input cost by kind of part (`spanmeter.input.part`:
+# Cost anatomy (proxy/anatomy/shares.py): input cost by kind of part (`spanmeter.input.part`:
 # system | tools | tool_result | history | new), the input cost tool results caused by
 # tool name (every send counts: over a run, their re-sends), and at a run's end the cost
 # of the definitions of tools the run never called.

@@ -561,7 +561,7 @@ def record_input_cost(m: Instruments, key: tuple[str, str, str | None], micros: 
 
 
 def record_flushed(tel: Telemetry, tenant: str, flushed: Flushed) -> None:
-    """What a run's chain summed since its last flush (proxy/ledger/anatomy.py: it sums its
+    """What a run's chain summed since its last flush (proxy/anatomy/shares.py: it sums its
     calls and prices its tool results, and they arrive with its flushes, not per call): the
     input cost by kind of part, by the provider and model its calls were labelled with, and
     what its tool results cost by tool name."""

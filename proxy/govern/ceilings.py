@@ -1,46 +1,26 @@
-"""Admission: turn policy, prices and the request into one atomic reservation.
+"""Admission: policy, the call's one price quote and the request into one atomic reservation.
 
-The worst case is reserved before anything is sent upstream, on every scope the call
-touches (run, tenant day, tenant month, and the key's day and month), so concurrent
-calls can never overshoot. Under a cost ceiling, a request without a max-token field is
-clamped to what the remaining budget affords, and one asking for more than the model's
-output cap to that cap. Under runs.max_tokens the call's tokens are held the same way
-(input bound + output bound, cut to what the run has left), and a request that asked
-for more output than the tokens held allow is clamped to them. The same store operation
-checks the run's calls and wall time, and draws on the rate buckets of the tenant and
-the key.
-
-Layers: the tenant's policy, then its key's (the tighter ceiling wins; a key's budgets
-and rate limits are its own, held besides the tenant's), then request headers, which
-only tighten (`X-Run-Max-Calls`, `-Cost-Usd`, `-Tokens`, `-Seconds`, `X-Run-Wrap-Up-At`).
+`plan` layers the tenant's policy, its key's (the tighter ceiling wins; a key's budgets and
+rate limits are held besides the tenant's) and the request's `X-Run-*` headers (which only
+tighten). `admit` quotes the call once (proxy/pricing/quote.py), builds its `Turn` whole,
+reserves the worst case on every scope in one store operation, and says how to clamp the
+request's output to what was reserved (cost) or held (runs.max_tokens). `settle_amount`
+says what a finished call is charged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
-from fractions import Fraction
 
 from proxy.config import MAX_RUN_CALLS, MAX_RUN_SECONDS, MAX_RUN_TOKENS, MAX_USD, KeyPolicy, Policy, RunPolicy
 from proxy.errors import NOT_ECHOED, RequestError
-from proxy.ledger.pricing import (
-    Price,
-    PriceTable,
-    affordable_output_tokens,
-    cost,
-    dearest_input_rate,
-    input_bound,
-    reservation,
-)
-from proxy.ledger.store import NO_TURN, Admission, Ask, Limits, Rate, Store, Turn, costed
+from proxy.ledger.store import Admission, Ask, GuardRule, Limits, Rate, Store, Turn, costed
 from proxy.model import Call, Caller, Rewrite, Usage, frozen
+from proxy.pricing import MIN_ANSWER_TOKENS, Price, PriceTable, Quote, cost, input_bound, quote
 
 __all__ = ["NOTE_BYTES", "Admitted", "Candidate", "Plan", "admit", "limits_for", "plan", "settle_amount"]
 
-MIN_ANSWER_TOKENS = 16  # below this an answer is not worth sending: refuse instead
-DEFAULT_MAX_OUTPUT = 32_768  # when neither the request nor the price table bounds output
-MAX_RESERVE = 2**50  # micro-USD (~$1e9): below 2^53, where Redis's Lua numbers stop being exact
 # The most a wrap-up note adds to a request (proxy/govern/wrapup.py): counted in the input bound
 # of every call that may carry one, since the note is placed after the admission.
 NOTE_BYTES = 512
@@ -59,13 +39,16 @@ class Plan:
 @frozen
 class Candidate:
     """One model call up for admission, built once by the handler: who calls, what the call is,
-    the plan it is admitted under, what the turn closes, and how many bytes spanmeter's
-    own patches (clamp, reminder, cache breakpoints) may add to it upstream."""
+    the plan it is admitted under, what the turn closes (its tool results, the loop guard,
+    the run's trace ids to keep), and how many bytes spanmeter's own patches (clamp,
+    reminder, cache breakpoints) may add to it upstream. `admit` makes its `Turn` whole."""
 
     caller: Caller
     call: Call
     plan: Plan
-    turn: Turn = NO_TURN
+    results: tuple[tuple[str, bool], ...] = ()
+    guard: GuardRule | None = None
+    trace: dict[str, str] | None = None
     patch_bytes: int = 0
     # The model to price the call at when its own names none the table knows (an Azure
     # deployment's model), and what a refusal for want of a price should add.
@@ -83,6 +66,7 @@ class Admitted:
     limits: Limits
     wrap_up_at: float | None = None
     now: datetime | None = None  # the admission's clock
+    quote: Quote | None = None  # the call's price, worked out once (None: made outside admission)
 
 
 def _micros(usd: float | None) -> int | None:
@@ -229,91 +213,47 @@ def _header_usd(value: str, name: str) -> int:
 
 async def admit(store: Store, prices: PriceTable, candidate: Candidate, *, tz: str,
                 now: datetime | None = None) -> Admitted:
-    """One store operation: the turn's tool results and the call's reservation together.
-
-    The reservation covers every answer the request asks for (`output_multiplier`), each
-    bounded by the request's max-token value or, without one, the model's output cap; a
-    model's cap also bounds a larger request value, since no answer can exceed it. The
-    same bounds, in tokens, are what the call draws from a tokens-per-minute limit.
-    """
-    caller, call, plan, turn = candidate.caller, candidate.call, candidate.plan, candidate.turn
+    """One store operation: the turn's tool results and the call's reservation together,
+    at the call's one price quote (proxy/pricing/quote.py). The same bounds, in tokens, are
+    what the call draws from a tokens-per-minute limit and holds under runs.max_tokens."""
+    caller, call, plan = candidate.caller, candidate.call, candidate.plan
     limits = plan.limits
     named = candidate.priced_as or call.model
     price = prices.price(named, candidate.provider) if named else None
     # What goes upstream is the request plus spanmeter's patches (a clamp, a reminder, a
     # wrap-up note): they are input too, so the bound covers the bytes they may add.
     bound = input_bound(call) + candidate.patch_bytes + (NOTE_BYTES if plan.wrap_up_at is not None else 0)
-    n = call.output_multiplier
-    factor = price.reserve_factor(call.service_tier) if price else Fraction(1)
-    if price is None:
-        lo = hi = 0
-    else:
-        cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
-        asked = call.max_output_tokens
-        if asked is not None or not call.generates_output:
-            lo = hi = reservation(price, bound, min(asked or 0, cap), n, factor, call.cache_write)
-        else:
-            lo = reservation(price, bound, MIN_ANSWER_TOKENS, n, factor, call.cache_write)
-            hi = reservation(price, bound, cap, n, factor, call.cache_write)
-    most = rate_tokens(call, bound, price)
+    q = quote(call, price, bound)
+    most = q.tokens[1]
     rates = tuple(Rate(owner, "requests" if unit == "requests" else "tokens", limit,
                        1 if unit == "requests" else most)
                   for owner, unit, limit in plan.rates)
-    turn = replace(turn, reserve=(min(lo, MAX_RESERVE), min(hi, MAX_RESERVE)), priced=price is not None,
-                   model=call.model, price_hint=candidate.price_hint if price is None else "",
-                   context=call.stored_context,
-                   input_rate=dearest_input_rate(price, factor) if price else 0, key=caller.key_id, rates=rates,
-                   tokens=(least_tokens(call, bound, price), most))
+    turn = Turn(reserve=q.reserve, results=candidate.results, guard=candidate.guard, trace=candidate.trace,
+                context=call.stored_context, input_rate=q.input_rate, priced=price is not None, model=call.model,
+                price_hint=candidate.price_hint if price is None else "", key=caller.key_id, rates=rates,
+                tokens=q.tokens)
     now = now or datetime.now(UTC)
     adm = await store.admit(Ask(caller.tenant, caller.run_id, now, limits, tz=tz), turn)
     in_force = adm.limits or limits
     clamp = capped = None
     rewrites: tuple[Rewrite, ...] = ()
     if price is not None and costed(in_force) and call.generates_output:
-        cap = price.max_output_tokens or DEFAULT_MAX_OUTPUT
         if call.max_output_tokens is None:
-            affordable = affordable_output_tokens(price, adm.reserved, bound + adm.context_tokens, n, factor,
-                                                  call.cache_write)
-            clamp = min(cap, max(MIN_ANSWER_TOKENS, affordable))
-        elif call.max_output_tokens > cap:
+            clamp = min(q.output_cap, max(MIN_ANSWER_TOKENS, q.affordable_output(adm.reserved, adm.context_tokens)))
+        elif call.max_output_tokens > q.output_cap:
             # Reserved at the model's cap: forwarding more would let a compatible server, or
             # a provider whose cap grew past the price table, generate (and bill) past it.
-            clamp = capped = cap
+            clamp = capped = q.output_cap
     if in_force.run_max_tokens is not None and call.generates_output:
         # The output the tokens held allow, written into the request when it asked for more
         # (or named no bound): the model can never use more than the ledger holds for it.
         held = (adm.tokens - bound - adm.context_tokens) // call.output_multiplier
-        asked = _output_bound(call, price)
-        if held < (asked if clamp is None else min(asked, clamp)):
+        if held < (q.output_bound if clamp is None else min(q.output_bound, clamp)):
             clamp = held  # at least the least answer, or what was asked when less: the store held that
     if clamp is not None:
         rewrites = ((Rewrite("max_tokens_capped", f"{call.max_output_tokens}->{clamp}"),) if clamp == capped
                     else (Rewrite("max_tokens_clamp", str(clamp)),))
-    return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now)
-
-
-def _output_bound(call: Call, price: Price | None) -> int:
-    """The most output tokens one answer may have: the request's max-token value, else the
-    model's cap (which also bounds a larger request value)."""
-    cap = (price.max_output_tokens if price else None) or DEFAULT_MAX_OUTPUT
-    return min(call.max_output_tokens, cap) if call.max_output_tokens is not None else cap
-
-
-def rate_tokens(call: Call, bound: int, price: Price | None) -> int:
-    """The most tokens a call may use, what it draws from a tokens-per-minute limit and
-    holds under runs.max_tokens: its input bound plus the output it may generate, for every
-    answer."""
-    if not call.generates_output:
-        return bound
-    return bound + _output_bound(call, price) * call.output_multiplier
-
-
-def least_tokens(call: Call, bound: int, price: Price | None) -> int:
-    """The fewest tokens worth admitting a call for under runs.max_tokens: its input bound
-    plus the least answer worth sending (or what the request asked, when less)."""
-    if not call.generates_output:
-        return bound
-    return bound + min(MIN_ANSWER_TOKENS, _output_bound(call, price)) * call.output_multiplier
+    return Admitted(adm, price, rewrites, clamp, in_force, plan.wrap_up_at, now, q)
 
 
 def settle_amount(

@@ -6,26 +6,28 @@ call's answer reader points to; streams are rewritten event by event by its API'
 rewriter, which hands this module the text and arguments as they stream (`StreamEdits`)
 and sends what it gets back: a `StreamRepairer` each, holding back only what it must.
 Every repair is recorded (`Hooks.repairs`, and `x-spanmeter-rewrites` for bodies).
+`response_hooks` returns the call's verdict: once the answer is read, `retry()` says whether
+to ask again (`repair.on_invalid: retry`) and with what.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from proxy.config import Policy, RepairPolicy
 from proxy.errors import SchemaViolation
-from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent
+from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent, frozen
 from proxy.providers.answer import CallKey, Json
 from proxy.providers.hooks import EventHook, Hooks
 from proxy.providers.sse import SseEvent
 from proxy.providers.translator import Answer
 from proxy.repair import StreamRepairer, problems, repair_arguments, repair_output, violation_feedback
 
-__all__ = ["HOLD_LIMIT", "install", "response_hooks"]
+__all__ = ["HOLD_LIMIT", "NO_RETRY", "Retry", "Verdict", "install", "response_hooks"]
 
 log = logging.getLogger("spanmeter.outputs")
 
@@ -35,12 +37,34 @@ log = logging.getLogger("spanmeter.outputs")
 HOLD_LIMIT = 64 * 1024
 
 
-def install(answer: Answer, policy: RepairPolicy) -> None:
-    """Add the body and stream hooks this call's answer needs, if any."""
+@frozen
+class Retry:
+    """Ask the model again: the answer that did not match the schema, and the problems."""
+
+    output: str
+    feedback: str
+
+
+class Verdict:
+    """What the repair driver decided for one call, read once its answer is done."""
+
+    __slots__ = ()
+
+    def retry(self) -> Retry | None:
+        """The retry to send (`repair.on_invalid: retry`), or None."""
+        return None
+
+
+NO_RETRY: Final = Verdict()  # a call whose output is not repaired (most): nothing to decide
+
+
+def install(answer: Answer, policy: RepairPolicy) -> Verdict:
+    """Add the body and stream hooks this call's answer needs, if any; the verdict they reach."""
     call, hooks = answer.call, answer.hooks
     if policy.mode == "off" or (call.output is None and not call.tools):
-        return
-    hooks.on_body.append(_BodyRepair(answer, call, policy, hooks))
+        return NO_RETRY
+    body = _BodyRepair(answer, call, policy, hooks)
+    hooks.on_body.append(body)
     if call.stream and policy.mode == "repair":
         edits = _StreamEdits(call, policy, hooks)
         rewriter = answer.rewriter(edits)
@@ -49,13 +73,15 @@ def install(answer: Answer, policy: RepairPolicy) -> None:
             hooks.on_event.append(held)
             hooks.holds.append(held)
             hooks.reads_text |= call.output is not None  # the text is repaired: no delta may be skipped
+    return body
 
 
 def _schema_of(call: Call, tool: str | None) -> dict[str, Any] | None:
     return next((t.parameters for t in call.tools if t.name == tool), None)
 
 
-def _record(hooks: Hooks, policy: RepairPolicy, rep: Repair | None, changed: bool) -> None:
+def _record(hooks: Hooks, policy: RepairPolicy, rep: Repair | None, changed: bool,
+            body: _BodyRepair | None = None) -> None:
     if rep is None:
         return
     hooks.repairs.append(rep)
@@ -63,8 +89,8 @@ def _record(hooks: Hooks, policy: RepairPolicy, rep: Repair | None, changed: boo
         hooks.rewrites.append(Rewrite("repair", f"{rep.target}:{'+'.join(rep.actions) or 'normalised'}"))
     if rep.valid is not False or "truncation" in rep.actions:
         return
-    if policy.on_invalid == "retry" and rep.target == "output":
-        hooks.retry_feedback = violation_feedback(list(rep.problems))
+    if policy.on_invalid == "retry" and rep.target == "output" and body is not None:
+        body.feedback = violation_feedback(list(rep.problems))
         return
     if policy.on_invalid == "error":
         where = "the structured output" if rep.target == "output" else f"the arguments of tool call {rep.target[5:]}"
@@ -74,11 +100,19 @@ def _record(hooks: Hooks, policy: RepairPolicy, rep: Repair | None, changed: boo
             "repair.on_invalid to `pass` for this tenant to receive such answers unchanged.")
 
 
-class _BodyRepair:
-    """A whole answer: its text and each call's arguments, where the API module says they are."""
+class _BodyRepair(Verdict):
+    """A whole answer: its text and each call's arguments, where the API module says they
+    are; and the verdict on it (a retry when its output stayed invalid under on_invalid: retry)."""
+
+    __slots__ = ("answer", "call", "feedback", "hooks", "output", "policy")
 
     def __init__(self, answer: Answer, call: Call, policy: RepairPolicy, hooks: Hooks) -> None:
         self.answer, self.call, self.policy, self.hooks = answer, call, policy, hooks
+        self.feedback: str | None = None  # the problems, when the output should be asked for again
+        self.output = ""  # the answer that did not match, shown to the model with the feedback
+
+    def retry(self) -> Retry | None:
+        return None if self.feedback is None else Retry(self.output, self.feedback)
 
     def __call__(self, parsed: object) -> bytes | None:
         if not isinstance(parsed, dict):
@@ -95,10 +129,10 @@ class _BodyRepair:
         if not slots:
             return False
         text = "".join(h[k] for h, k in slots)
-        self.hooks.retry_output = text
+        self.output = text
         new, rep = repair_output(text, spec, close_truncated=bool(self.policy.close_truncated))
         apply = new is not None and self.policy.mode == "repair"
-        _record(self.hooks, self.policy, rep, apply)
+        _record(self.hooks, self.policy, rep, apply, self)
         if apply:
             for i, (holder, key) in enumerate(slots):
                 holder[key] = new if i == 0 else ""
@@ -265,10 +299,10 @@ class _HeldStream:
             self._hooks.rewrites.append(Rewrite("repair", "stream"))
 
 
-def response_hooks(answer: Answer, policy: Policy, *, retry: bool = False) -> None:
+def response_hooks(answer: Answer, policy: Policy, *, retry: bool = False) -> Verdict:
     """The repair this call's answer gets under the tenant's policy (after the API's own
-    stream filters, which the answer installed when it was opened)."""
+    stream filters, which the answer installed when it was opened), and its verdict."""
     repair = policy.repair
     if retry or answer.call.stream:  # one retry at most; a stream's status line is gone before the verdict
         repair = repair.model_copy(update={"on_invalid": "pass" if repair.on_invalid == "retry" else repair.on_invalid})
-    install(answer, repair)
+    return install(answer, repair)

@@ -59,12 +59,12 @@ class Runs:
         # What must reach a run's totals before it ends (the cost anatomy's unflushed sums).
         self.before_end: Callable[[str, str], Awaitable[None]] | None = None
 
-    def candidate(self, caller: Caller, parent: spans.TraceParent | None, start_ns: int) -> dict[str, Any]:
+    def candidate(self, caller: Caller, parent: spans.TraceParent | None, start_ns: int) -> dict[str, str]:
         """Trace ids for the run (starting at its first call's arrival), kept by the
         admission if the run has none yet, with what the run span says of the run's
         caller: how the run was named, its agent and conversation (the first call's)."""
         known = self._known.get((caller.tenant, caller.run_id))
-        found: dict[str, Any] = {"ids": (known or spans.new_run_trace(parent, start_ns=start_ns)).encode(),
+        found: dict[str, str] = {"ids": (known or spans.new_run_trace(parent, start_ns=start_ns)).encode(),
                                  "source": caller.run_id_source}
         if caller.agent_name is not None:
             found["agent"] = caller.agent_name

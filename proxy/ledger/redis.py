@@ -811,7 +811,7 @@ def _cluster_client(url: str, *, max_connections: int, timeout_s: float, failove
         retry=Retry(NoBackoff(), 0),
     )
     if failover:
-        client.commands_parser = redis_compat.FailoverCommandsParser(client)
+        redis_compat.fail_over_command_lookup(client)
     return client
 
 

@@ -5,6 +5,8 @@
     redis._parsers.base.BaseParser.parse_error   an error reply -> redis-py's exception
                                             (NoScriptError, MovedError, ...) for redis_pipe.py
     redis._parsers.AsyncCommandsParser      subclassed by `FailoverCommandsParser`
+    RedisCluster.commands_parser            set to that parser (`fail_over_command_lookup`):
+                                            an undocumented attribute the client reads
     RedisCluster._initialize                set: learn the Cluster's layout again before the
                                             next command, after a node's connection failed
 
@@ -31,7 +33,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["ENV", "FailoverCommandsParser", "internals", "parse_error", "relearn_layout", "take_streams"]
+__all__ = ["ENV", "FailoverCommandsParser", "fail_over_command_lookup", "internals", "parse_error", "relearn_layout",
+           "take_streams"]
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +85,11 @@ def moved() -> list[str]:
     conn = Connection()  # not connected: its streams are None until connect()
     if not (hasattr(conn, "_reader") and hasattr(conn, "_writer")):
         gone.append("AbstractConnection._reader/_writer")
-    if "_initialize" not in getattr(RedisCluster, "__slots__", ()):
+    slots = getattr(RedisCluster, "__slots__", ())
+    if "_initialize" not in slots:
         gone.append("RedisCluster._initialize")
+    if "commands_parser" not in slots:
+        gone.append("RedisCluster.commands_parser")
     return gone
 
 
@@ -116,6 +122,12 @@ def relearn_layout(client: RedisCluster) -> None:
     """As redis-py's client does after a connection error: learn the layout again before
     the next command (a replica may have taken over the node's slots)."""
     client._initialize = True
+
+
+def fail_over_command_lookup(client: RedisCluster) -> None:
+    """The Cluster client asks the primaries in turn for COMMAND (`FailoverCommandsParser`),
+    not only the first of its layout."""
+    client.commands_parser = FailoverCommandsParser(client)
 
 
 class FailoverCommandsParser(AsyncCommandsParser):

@@ -382,8 +382,8 @@ def _positive_int(text: str) -> int:
 def _prices(args: argparse.Namespace) -> int:
     from proxy.app import _price_source
     from proxy.config import load_settings
-    from proxy.ledger.pricing import PriceTable
     from proxy.ops.prices import describe, refresh
+    from proxy.pricing import PriceTable
 
     if args.refresh:
         path = refresh(args.data_dir)

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from proxy.ledger.price_source import from_snapshot
-from proxy.ledger.pricing import DEFAULT_PATH, PriceTable
+from proxy.pricing.source import from_snapshot
+from proxy.pricing.table import DEFAULT_PATH, PriceTable
 
 __all__ = ["describe", "refresh"]
 

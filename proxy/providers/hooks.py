@@ -1,6 +1,7 @@
 """Per-call response rewriting: the hooks a call's answer passes through on its way to the
-client (its `Answer` runs them; the repair driver and the API's stream filters add them).
-Every change a hook makes is recorded."""
+client (its `Answer` runs them; the repair driver and the API's stream filters add them),
+and what they did to it. Every change a hook makes is recorded; what the call does next
+(ask again) is not left here: the repair driver returns it (proxy/govern/outputs.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ BodyHook = Callable[[object], bytes | None]
 
 @dataclass
 class Hooks:
-    """Per-call response rewriting, chosen by the handler; every change is recorded."""
+    """Per-call response rewriting, chosen by the handler: the hooks (inputs) and what they
+    changed (outputs: rewrites, repairs, what the agent received)."""
 
     on_event: list[EventHook] = field(default_factory=list)
     on_body: list[BodyHook] = field(default_factory=list)
@@ -46,8 +48,6 @@ class Hooks:
     holds: list[Holder] = field(default_factory=list)  # the event hooks that may hold events back
     rewrites: list[Rewrite] = field(default_factory=list)
     repairs: list[Repair] = field(default_factory=list)
-    retry_feedback: str | None = None  # set when repaired output should be asked for again
-    retry_output: str = ""  # the answer that did not match, shown to the model with the feedback
     # What the agent received where a repair changed the model's answer (the observer keeps
     # what the model sent): the answer's text, and tool-call arguments by call id.
     delivered_text: str | None = None

@@ -4,7 +4,7 @@ Text is counted by its length (code points, not UTF-8 bytes, and without its JSO
 quotes and escapes): reading `len` of a string costs nothing, and an agent turn is mostly
 text. Structured values (a tool's definition, an image part, a JSON tool result) are
 counted by their compact JSON text. Both are approximations of the bytes the request
-carries, which proxy/ledger/anatomy.py documents.
+carries, which proxy/anatomy/shares.py documents.
 """
 
 from __future__ import annotations

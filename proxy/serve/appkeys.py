@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.anatomy import Splits
 from proxy.config import Settings
 from proxy.govern.caching import PrefixMemory
 from proxy.govern.runs import Runs
-from proxy.ledger.anatomy import Splits
-from proxy.ledger.pricing import PriceTable
 from proxy.ledger.store import Store
+from proxy.pricing import PriceTable
 from proxy.serve.background import Background
 from proxy.serve.cloud_token import CloudToken
 from proxy.serve.deployments import Deployments

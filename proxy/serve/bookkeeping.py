@@ -1,19 +1,19 @@
-"""Bookkeeping after the answer, off the caller's path: the one settle, the spans, the metrics,
-the access line and the run's end; and the same for a refused or abandoned call. It never
-raises into the answer."""
+"""Bookkeeping after the answer, off the caller's path: from the call's one `CallState`, its
+one `CallRecord`, then the one settle, the span, the metrics, the access line and the run's
+end; and the same for a refused or abandoned call (its call and span). It never raises into
+the answer."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any
 
 from aiohttp import web
 
-from proxy.config import Policy
+from proxy.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
 from proxy.errors import (
     CeilingReached,
     ProxyError,
@@ -24,13 +24,13 @@ from proxy.errors import (
 )
 from proxy.govern.ceilings import Admitted, settle_amount
 from proxy.govern.runs import CALL_COUNTERS, pending_tools
-from proxy.ledger.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
-from proxy.ledger.pricing import Price, cache_savings, cache_write_premium
 from proxy.model import Anatomy, Call, Caller, CallRecord, Flushed, Outcome, Usage
+from proxy.pricing import Price, cache_savings, cache_write_premium
 from proxy.providers.hooks import Hooks
-from proxy.providers.translator import Answer, Translator
+from proxy.providers.translator import Translator
 from proxy.serve import accesslog, content
 from proxy.serve.appkeys import BACKGROUND, DEPLOYMENTS, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
+from proxy.serve.state import CallState
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
 
@@ -39,7 +39,7 @@ __all__ = ["abandoned", "finish", "finish_safely", "flush_anatomy", "refused"]
 log = logging.getLogger("spanmeter.handler")
 
 
-async def refused(app: web.Application, call: Call, cs: Any, exc: ProxyError) -> None:
+async def refused(app: web.Application, call: Call, cs: spans.CallSpan, exc: ProxyError) -> None:
     caller = cs.caller
     record = CallRecord(caller, call, _refusal_outcome(exc), cs.start_ns, time.time_ns(), forwarded=False,
                         cost_micros=0, refusal=_reason(exc))
@@ -61,7 +61,7 @@ def _reason(exc: ProxyError) -> str:
     return exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code
 
 
-def abandoned(app: web.Application, call: Call, cs: Any) -> None:
+def abandoned(app: web.Application, call: Call, cs: spans.CallSpan) -> None:
     """End the span of a call whose client went away before it was forwarded."""
     outcome = Outcome(status=499, error_type="client_disconnected", complete=False,
                       error_message="the client closed the connection before the call was forwarded")
@@ -74,19 +74,21 @@ def _refusal_outcome(exc: ProxyError) -> Outcome:
     return Outcome(status=exc.status, error_type=exc.error_type, error_message=exc.message, complete=False)
 
 
-async def finish_safely(*args: Any) -> None:
+async def finish_safely(state: CallState) -> None:
     """`finish`, which must never turn a delivered answer into an error."""
-    work = finish(*args)
-    del args  # `finish` lets go of the request and its answer before it waits for the ledger
+    work = finish(state)
+    del state  # `finish` lets go of the request and its answer before it waits for the ledger
     try:
         await work
     except Exception:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: Any, answer: Answer,
-                 deployment: str | None = None) -> None:
-    app, caller, call, hooks = request.app, cs.caller, tr.call, answer.hooks
+async def finish(state: CallState) -> None:
+    request, tr, admitted, answer, cs, deployment = (state.request, state.tr, state.admitted, state.answer, state.span,
+                                                     state.deployment)
+    app, caller, call, hooks, capture = request.app, cs.caller, tr.call, answer.hooks, state.capture
+    del state
     end = request.headers.get("x-run-end", "").lower() == "true"
     outcome = answer.outcome()
     if deployment is not None:
@@ -105,7 +107,7 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
         premium_micros=_premium(admitted, outcome.usage, source), rewrites=hooks.rewrites, repairs=hooks.repairs,
         chunk_gaps_s=answer.chunk_gaps_s, delivered_text=hooks.delivered_text,
         delivered_arguments=hooks.delivered_arguments,
-        capture=_capture(app, app[SETTINGS].policy_for(caller.tenant), tr, outcome, hooks),
+        capture=_capture(tr, outcome, hooks) if capture else None,
         anatomy=an)
     try:
         # One store operation: the charge, the run's totals and its open tool calls.
@@ -141,11 +143,11 @@ async def finish(request: web.Request, tr: Translator, admitted: Admitted, cs: A
     await app[RUNS].after_call(caller, end=end)
 
 
-def _anatomy(app: web.Application, cs: Any, tr: Translator, price: Price | None, usage: Usage | None,
+def _anatomy(app: web.Application, cs: spans.CallSpan, tr: Translator, price: Price | None, usage: Usage | None,
              end: bool) -> tuple[Anatomy | None, list[Flushed]]:
     """Where the call's input went, when the provider said how much it was (SPANMETER_ANATOMY);
     and what the run's parts and tool results cost since its chain's last flush, when it is
-    time to say (proxy/ledger/anatomy.py: every FLUSH_EVERY calls of the run, the run's
+    time to say (proxy/anatomy/shares.py: every FLUSH_EVERY calls of the run, the run's
     end). The sums are counted in metrics under the call's provider and model (`labels`)."""
     splits: Splits = app[SPLITS]
     caller: Caller = cs.caller
@@ -154,7 +156,7 @@ def _anatomy(app: web.Application, cs: Any, tr: Translator, price: Price | None,
     an = None
     try:
         if app[SETTINGS].anatomy and usage is not None:
-            # A run's next request resends this one: its chain is kept for it (proxy/ledger/anatomy.py).
+            # A run's next request resends this one: its chain is kept for it (proxy/anatomy/shares.py).
             ex = tr.request  # it reads the request's parts in its API's shapes
             key = (caller.tenant, caller.run_id) if caller.run_id_source != "generated" else None
             chain = splits.get(key) if key else None
@@ -226,11 +228,9 @@ def _final_usage(outcome: Outcome) -> Usage:
 _MAYBE_BILLED = frozenset({UpstreamTimeout("").error_type, UpstreamProtocolError("").error_type})
 
 
-def _capture(app: web.Application, policy: Policy, tr: Translator, outcome: Outcome, hooks: Hooks) -> Any:
-    """Message content for the span, only when the process captures it and the tenant allows:
-    the model's answer and, if a repair changed it, the answer the agent received."""
-    if app[TEL].config.capture_content != "SPAN_ONLY" or policy.capture_content == "NO_CONTENT":
-        return None
+def _capture(tr: Translator, outcome: Outcome, hooks: Hooks) -> Mapping[str, object]:
+    """Message content for the span of a call whose content is captured (state.captures): the
+    model's answer and, if a repair changed it, the answer the agent received."""
     return content.capture(tr.request.input_messages(), outcome, delivered_text=hooks.delivered_text,
                            delivered_arguments=hooks.delivered_arguments)
 
@@ -259,7 +259,7 @@ def _report_budgets(app: web.Application, caller: Caller, admitted: Admitted, am
             app[TEL].set_budget(caller.tenant, window, limit - left, limit)
 
 
-def _failed_tools(closed: tuple[dict[str, Any], ...]) -> int:
+def _failed_tools(closed: tuple[dict[str, object], ...]) -> int:
     """Tool results that came back failed: the run's totals count what its tool spans say.
     A call executed on the MCP route was counted there, from the server's own verdict."""
     return sum(1 for c in closed if not c.get("ok", True) and not c.get("mcp"))
@@ -279,7 +279,7 @@ def _premium(admitted: Admitted, usage: Usage, source: str) -> int:
     return cache_write_premium(admitted.price, usage)
 
 
-def _totals(record: CallRecord, closed: tuple[dict[str, Any], ...]) -> dict[str, int]:
+def _totals(record: CallRecord, closed: tuple[dict[str, object], ...]) -> dict[str, int]:
     """The call's additions to its run's totals: the counters it adds to (CALL_COUNTERS:
     those it leaves at zero are not written; a run reads as having them all)."""
     outcome = record.outcome

@@ -1,4 +1,9 @@
-"""The request path, top to bottom. Each step is one call; see docs/request-path.md."""
+"""The request path, top to bottom. Each step is one call; see docs/request-path.md.
+
+A call's facts are decided once and handed on, not left on a shared object: the capture
+decision and the route in `Forward`, the turn's facts in the admission's `Candidate`, the
+repair driver's retry in its returned `Verdict`, everything the bookkeeping reads in one
+`CallState`."""
 
 from __future__ import annotations
 
@@ -11,9 +16,8 @@ from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
 from proxy.govern import caching, guard, wrapup
 from proxy.govern.ceilings import Candidate, admit, plan
-from proxy.govern.outputs import response_hooks
+from proxy.govern.outputs import Retry, response_hooks
 from proxy.govern.runs import results_ok
-from proxy.ledger.store import Turn
 from proxy.model import Call, Caller, Rewrite, frozen
 from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Api, Translator
@@ -36,6 +40,7 @@ from proxy.serve.cloud_token import authorized
 from proxy.serve.deployments import unmapped_hint
 from proxy.serve.relay import relay
 from proxy.serve.routes import Target, target_for
+from proxy.serve.state import CallState, captures
 from proxy.serve.tenants import identify, presented_key
 from proxy.serve.upstream import forward_url, request_headers
 from tracing import spans
@@ -58,15 +63,26 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the run's previous settle is ordered
     fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id),
-                  deployment=tr.call.model if api.names_deployment else None)
-    turn = Turn(results=results_ok(tr.call), guard=guard.rule(policy.guard),
-                trace=app[RUNS].candidate(caller, parent, arrived))
-    response, hooks = await fwd.send(tr, turn)
-    if hooks.retry_feedback is None:
+                  deployment=tr.call.model if api.names_deployment else None,
+                  capture=captures(app[TEL].config.capture_content, policy))
+    response, again = await fwd.send(tr, Closes(results_ok(tr.call), app[RUNS].candidate(caller, parent, arrived)))
+    if again is None:
         return response
     # repair.on_invalid=retry: ask once more, the problems fed back; it counts as a call.
-    response, _ = await fwd.send(tr.retry(hooks.retry_output, hooks.retry_feedback), Turn(), retry=True)
+    response, _ = await fwd.send(tr.retry(again.output, again.feedback), NO_CLOSES, retry=True)
     return response
+
+
+@frozen
+class Closes:
+    """What a request's first call closes in the ledger: its tool results (call id, ok) and
+    the run's trace ids to keep if the run has none. A retry closes nothing."""
+
+    results: tuple[tuple[str, bool], ...] = ()
+    trace: dict[str, str] | None = None
+
+
+NO_CLOSES = Closes()
 
 
 @frozen
@@ -81,8 +97,10 @@ class Forward:
     arrived_ns: int
     key: KeyPolicy | None = None  # the caller's key's own limits
     deployment: str | None = None  # the Azure deployment the call names, priced as the model it runs
+    capture: bool = False  # its content is captured (state.captures), decided once for the request
 
-    async def send(self, tr: Translator, turn: Turn, retry: bool = False) -> tuple[web.StreamResponse, Hooks]:
+    async def send(self, tr: Translator, closes: Closes, retry: bool = False,
+                   ) -> tuple[web.StreamResponse, Retry | None]:
         request, caller, policy, ex = self.request, self.caller, self.policy, tr.request
         app = request.app
         hooks = Hooks(rewrites=[Rewrite("repair_retry", "schema")] if retry else [])
@@ -96,7 +114,8 @@ class Forward:
         grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
         priced_as, hint = self._pricing(app)
         try:
-            candidate = Candidate(caller, call, plan(policy, request.headers, self.key, caller.key_id), turn,
+            candidate = Candidate(caller, call, plan(policy, request.headers, self.key, caller.key_id),
+                                  closes.results, None if retry else guard.rule(policy.guard), closes.trace,
                                   patch_bytes=CLAMP_BYTES + grown, priced_as=priced_as, price_hint=hint,
                                   provider=self.target.provider)
             admitted = await admit(app[STORE], app[PRICES], candidate, tz=app[SETTINGS].timezone)
@@ -114,13 +133,13 @@ class Forward:
         if admitted.clamp_to is not None:
             ex.clamp(admitted.clamp_to)
         answer = tr.answer(hooks)
-        response_hooks(answer, policy, retry=retry)
+        verdict = response_hooks(answer, policy, retry=retry)
         started = time.perf_counter()
         try:
             async with app[UPSTREAM].send(_upstream_url(self.target, request), ex.request_bytes(),
                                           request_headers(request.headers, self.target.auth)) as upstream:
                 extra = {"x-spanmeter-run-id": caller.run_id, **left}
-                return await relay(request, upstream, answer, extra, started), hooks
+                return await relay(request, upstream, answer, extra, started), verdict.retry()
         except ProxyError as exc:
             accesslog.answered(exc.status, answer.status)  # before the answer's status takes exc.status
             answer.failed(exc)
@@ -131,7 +150,7 @@ class Forward:
             # A task of its own: the answer does not wait for the ledger, and a client that
             # disconnects cancels the relay, never the settlement.
             app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(
-                request, tr, admitted, cs, answer, self.deployment))
+                CallState(request, tr, admitted, answer, cs, self.capture, self.deployment)))
 
     def _pricing(self, app: web.Application) -> tuple[str | None, str]:
         """(model to price at, refusal hint) for a call naming an Azure deployment: the
@@ -144,10 +163,9 @@ class Forward:
     def _start(self, call: Call, closed: tuple[dict[str, object], ...], stored: dict[str, object] | None,
                ) -> spans.CallSpan:
         """The run's trace, the spans of the tool calls this request closed, and the call's span."""
-        app, caller, policy = self.request.app, self.caller, self.policy
+        app, caller = self.request.app, self.caller
         lineage = spans.Lineage(self.parent, app[RUNS].trace(caller, stored, self.parent))
-        app[RUNS].close_tools(caller, call, closed, lineage, self.arrived_ns,
-                              capture=policy.capture_content != "NO_CONTENT")
+        app[RUNS].close_tools(caller, call, closed, lineage, self.arrived_ns, capture=self.capture)
         peer = spans.Peer(self.target.provider, self.target.server_address, self.target.server_port)
         return spans.start_call(app[TEL], caller, call, peer, lineage, start_ns=self.arrived_ns)
 

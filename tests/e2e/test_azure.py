@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from proxy.config import hash_key
-from proxy.ledger.pricing import PriceTable
 from proxy.ops.demo import serve_on_free_port
+from proxy.pricing import PriceTable
 from proxy.serve.appkeys import DEPLOYMENTS, TEL
 from tests.fakes.compatible import FakeHost, create_host
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401

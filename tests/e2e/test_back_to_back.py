@@ -19,8 +19,8 @@ import pytest
 
 from proxy.config import hash_key
 from proxy.ledger.messages import usd
-from proxy.ledger.pricing import PriceTable, cost
 from proxy.model import Usage
+from proxy.pricing import PriceTable, cost
 from proxy.serve.appkeys import STORE
 
 KEY = "sm-chain-test-key"

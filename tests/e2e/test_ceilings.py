@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from proxy.config import hash_key
-from proxy.ledger.pricing import PriceTable, cost
 from proxy.model import Usage
+from proxy.pricing import PriceTable, cost
 from proxy.serve.appkeys import STORE
 
 KEY = "sm-ceiling-test-key"

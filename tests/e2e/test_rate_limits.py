@@ -21,7 +21,7 @@ from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
 from proxy.config import hash_key
-from proxy.ledger.pricing import PROVIDER_OVERHEAD_TOKENS
+from proxy.pricing import PROVIDER_OVERHEAD_TOKENS
 from proxy.serve.appkeys import STORE, TEL
 from proxy.serve.handler import CLAMP_BYTES
 from tracing.local import read_spans

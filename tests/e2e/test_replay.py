@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 
 from proxy.config import hash_key
-from proxy.ledger.pricing import PriceTable
 from proxy.ops.demo import serve_on_free_port
+from proxy.pricing import PriceTable
 from proxy.serve.appkeys import TEL
 from tests.fakes.replay import MISSING, RECORDED, create_replay, decoded, recorded_pairs
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401

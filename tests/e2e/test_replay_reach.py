@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.ledger.pricing import PriceTable
 from proxy.ops.demo import serve_on_free_port
+from proxy.pricing import PriceTable
 from proxy.serve.appkeys import TEL
 from tests.fakes.replay import create_replay, decoded
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401

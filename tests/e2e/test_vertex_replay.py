@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.ledger.pricing import PriceTable
 from proxy.ops.demo import serve_on_free_port
+from proxy.pricing import PriceTable
 from proxy.serve.appkeys import TEL
 from tests.conftest import ProxyFactory
 from tests.fakes.replay import MISSING, RECORDED, create_replay, decoded

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import hash_key
 from proxy.ledger.backends import open_store
-from proxy.ledger.pricing import PROVIDER_OVERHEAD_TOKENS
+from proxy.pricing import PROVIDER_OVERHEAD_TOKENS
 from proxy.serve.siblings import WORKER_ATTRIBUTE
 from tests.fixtures.otlp import OtlpReceiver, otlp_receiver  # noqa: F401
 from tests.tracing.test_export_process import export_children

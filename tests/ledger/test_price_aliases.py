@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from proxy.ledger.pricing import PriceTable
+from proxy.pricing import PriceTable
 from tests.fakes.replay import MISSING, RECORDED, recorded_pairs
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "policy"

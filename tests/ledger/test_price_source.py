@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.ledger.price_row import LongContext, Price
-from proxy.ledger.price_source import PriceSource, bundled, from_snapshot
-from proxy.ledger.pricing import PriceTable, _price
+from proxy.pricing.row import LongContext, Price
+from proxy.pricing.source import PriceSource, bundled, from_snapshot
+from proxy.pricing.table import PriceTable, _price
 
 ROOT = Path(__file__).resolve().parents[2]
 DISAGREEMENTS = ROOT / "tests" / "data" / "ledger" / "price_disagreements.json"

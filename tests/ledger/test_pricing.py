@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from proxy.config import Settings
-from proxy.ledger.pricing import (
-    _FOUND_MAX,
+from proxy.model import Call, Usage
+from proxy.pricing import (
     PROVIDER_OVERHEAD_TOKENS,
     STANDARD_FACTOR,
     PriceTable,
@@ -21,7 +21,7 @@ from proxy.ledger.pricing import (
     input_bound,
     reservation,
 )
-from proxy.model import Call, Usage
+from proxy.pricing.table import _FOUND_MAX
 
 CASES = yaml.safe_load((Path(__file__).parents[1] / "data" / "policy" / "pricing_cases.yaml").read_text())
 TABLE = PriceTable.load()

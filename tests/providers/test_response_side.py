@@ -10,7 +10,7 @@ import pytest
 
 from proxy.config import Policy, RepairPolicy
 from proxy.errors import ProxyError
-from proxy.govern.outputs import response_hooks
+from proxy.govern.outputs import Retry, Verdict, response_hooks
 from proxy.model import Outcome
 from proxy.providers.hooks import Hooks
 from proxy.providers.sse import Framer
@@ -19,12 +19,12 @@ from proxy.serve import content
 from tests.providers.cases import Case, input_message_cases, normalised, repair_cases, retry_cases
 
 
-def _hooks(case: Case) -> tuple[Hooks, Any]:
+def _hooks(case: Case) -> tuple[Hooks, Any, Verdict]:
     req = case.input["request"]
     tr = open_call(case.adapter, orjson.dumps(req["body"]), req["path"])
     hooks = Hooks()
-    response_hooks(tr.answer(hooks), Policy(repair=RepairPolicy(**case.input["policy"])))
-    return hooks, tr.request
+    verdict = response_hooks(tr.answer(hooks), Policy(repair=RepairPolicy(**case.input["policy"])))
+    return hooks, tr.request, verdict
 
 
 def _stream(case: Case, hooks: Hooks, sse: str) -> str:
@@ -52,7 +52,7 @@ def _body(hooks: Hooks, body: Any) -> Any:
 
 @pytest.mark.parametrize("case", repair_cases(), ids=str)
 def test_an_answer_is_repaired_in_its_dialects_own_framing(case: Case) -> None:
-    hooks, _ = _hooks(case)
+    hooks, _, verdict = _hooks(case)
     response, want = case.input["response"], case.expected
     got: dict[str, Any] = {}
     try:
@@ -67,7 +67,9 @@ def test_an_answer_is_repaired_in_its_dialects_own_framing(case: Case) -> None:
     assert normalised(hooks.repairs) == want["repairs"]
     assert hooks.delivered_text == want.get("delivered_text")
     assert hooks.delivered_arguments == want.get("delivered_arguments", {})
-    assert (hooks.retry_feedback, hooks.retry_output) == (want.get("retry_feedback"), want.get("retry_output", ""))
+    # The repair driver's verdict, returned to the handler: ask again, with the answer and the problems.
+    asked = Retry(want["retry_output"], want["retry_feedback"]) if "retry_feedback" in want else None
+    assert verdict.retry() == asked
 
 
 @pytest.mark.parametrize("case", retry_cases(), ids=str)

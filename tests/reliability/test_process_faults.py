@@ -11,9 +11,9 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from proxy.ledger.pricing import PriceTable, cost
 from proxy.ledger.sqlite import SqliteStore
 from proxy.model import Usage
+from proxy.pricing import PriceTable, cost
 from tests.reliability.dialects import DIALECTS, post
 from tests.reliability.served import serve
 

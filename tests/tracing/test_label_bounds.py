@@ -9,8 +9,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy import errors
-from proxy.ledger.pricing import PriceTable
 from proxy.model import Call, Caller, CallRecord, Outcome, Repair, Rewrite, ToolRecord
+from proxy.pricing import PriceTable
 from tests.tracing.refusals import refuse
 from tracing import attributes as A
 from tracing import spans

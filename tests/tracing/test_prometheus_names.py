@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.anatomy import anatomy
 from proxy.errors import CeilingReached
-from proxy.ledger.anatomy import anatomy
 from proxy.model import (
     Call,
     Caller,

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.ledger.anatomy import (
+from proxy.anatomy import (
     Chain,
     Split,
     Splits,
@@ -34,8 +34,8 @@ from proxy.ledger.anatomy import (
     split_of,
     split_parts,
 )
-from proxy.ledger.pricing import Price, PriceTable, cost
 from proxy.model import Anatomy, Flushed, ToolCall, Usage, UsageEvent
+from proxy.pricing import Price, PriceTable, cost
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import Dialect, open_exchange
 from proxy.providers.chat import CHAT
@@ -629,7 +629,7 @@ def test_a_chain_prices_every_result_on_every_send(turns: list[tuple[int, str, f
 def test_the_written_out_path_shares_as_the_general_one(dialect: str, system: str, tools: list[str],
                                                          turns: list[tuple[str, Any]], usage: Usage,
                                                          price: Price | None) -> None:
-    """Calls without cache writes take a written-out path (proxy.ledger.anatomy._shares_read): it
+    """Calls without cache writes take a written-out path (proxy.anatomy._shares_read): it
     gives the same anatomy as the general arithmetic, and the kinds add up exactly."""
     usage = replace(usage, cache_write_tokens=0, cache_write_1h_tokens=0)
     body = BUILDERS[dialect](system, tools, turns)

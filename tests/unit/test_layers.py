@@ -21,18 +21,20 @@ ALLOWED: dict[str, set[str]] = {
     "tracing": {"proxy.model"},
     "proxy.repair": {"proxy.model", "proxy.errors"},
     "proxy.providers": {"proxy.model", "proxy.errors"},
+    "proxy.pricing": {"proxy.model", "proxy.errors"},
+    "proxy.anatomy": {"proxy.model", "proxy.errors", "proxy.pricing"},
     "proxy.ledger": {"proxy.model", "proxy.errors"},
     "proxy.simulator": {"proxy.model", "proxy.errors"},
     "proxy.govern": {"proxy.model", "proxy.errors", "proxy.config", "proxy.repair", "proxy.providers",
-                     "proxy.ledger", "tracing"},
+                     "proxy.ledger", "proxy.pricing", "tracing"},
     "proxy.serve": {"proxy.model", "proxy.errors", "proxy.config", "proxy.repair", "proxy.providers",
-                    "proxy.ledger", "tracing", "proxy.govern"},
-    "proxy.mcp": {"proxy.model", "proxy.errors", "proxy.config", "proxy.providers", "proxy.ledger", "tracing",
-                  "proxy.govern", "proxy.serve"},
-    "proxy.app": {"proxy.model", "proxy.errors", "proxy.config", "proxy.providers", "proxy.ledger", "tracing",
-                  "proxy.govern", "proxy.serve", "proxy.mcp"},
-    "proxy.ops": {"proxy.model", "proxy.errors", "proxy.config", "proxy.ledger", "tracing", "proxy.serve",
-                  "proxy.simulator", "proxy.app"},
+                    "proxy.ledger", "proxy.pricing", "proxy.anatomy", "tracing", "proxy.govern"},
+    "proxy.mcp": {"proxy.model", "proxy.errors", "proxy.config", "proxy.providers", "proxy.ledger", "proxy.pricing",
+                  "tracing", "proxy.govern", "proxy.serve"},
+    "proxy.app": {"proxy.model", "proxy.errors", "proxy.config", "proxy.providers", "proxy.ledger", "proxy.pricing",
+                  "proxy.anatomy", "tracing", "proxy.govern", "proxy.serve", "proxy.mcp"},
+    "proxy.ops": {"proxy.model", "proxy.errors", "proxy.config", "proxy.ledger", "proxy.pricing", "tracing",
+                  "proxy.serve", "proxy.simulator", "proxy.app"},
     "proxy.__main__": {"proxy.ops"},
 }
 
@@ -144,7 +146,7 @@ def test_only_the_providers_import_an_api_module(module: str) -> None:
 
 @pytest.mark.parametrize("module", ["proxy.errors", "proxy.app", "proxy.govern.caching", "proxy.govern.outputs",
                                     "proxy.serve.handler", "proxy.serve.relay", "proxy.serve.bookkeeping",
-                                    "proxy.ledger.anatomy"])
+                                    "proxy.anatomy.shares"])
 def test_the_shared_code_names_no_dialect(module: str) -> None:
     found = sorted({m.group(0).lower() for word in _code_words(MODULES[module]) for m in DIALECT_WORDS.finditer(word)})
     assert not found, f"{module} names {found}: that knowledge belongs in the API's module under proxy/providers/"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from proxy.govern.ceilings import Admitted, settle_amount
-from proxy.ledger.pricing import PriceTable, cost
 from proxy.ledger.store import Admission, Limits
 from proxy.model import Usage
+from proxy.pricing import PriceTable, cost
 
 PRICE = PriceTable.load().price("sim-small")
 RESERVED = 5_000

@@ -17,7 +17,7 @@ How its data maps onto a `Price` (each choice is ours, read off its types):
   price (audio by the hour, rerank) is left out. Audio, image and video token rates are not
   carried: our usage does not split tokens by modality, and pricing at the dearest would
   charge Gemini Flash's text at its audio rate (3.3x). Media is among what a reservation
-  does not bound (proxy.ledger.pricing).
+  does not bound (proxy.pricing).
 - Long context: a `TieredPrices` bills every token at the tier once the request's input
   tokens exceed `start` (genai-prices' "cliff"), which is our `LongContext` with
   `threshold_tokens = start`. Where rates have several tiers or different starts (two models
@@ -65,7 +65,7 @@ from genai_prices.types import (
     TimeOfDateConstraint,
 )
 
-from proxy.ledger.price_row import LongContext, Price
+from proxy.pricing.row import LongContext, Price
 
 __all__ = ["FREE_PROVIDERS", "PROVIDERS", "PriceSource", "ProviderPrices", "bundled", "compile_source", "from_snapshot"]
 

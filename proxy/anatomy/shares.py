@@ -79,14 +79,37 @@ from heapq import nlargest
 from itertools import accumulate
 from math import gcd
 from operator import add, sub
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from zlib import crc32
 
-from proxy.ledger.pricing import STANDARD_FACTOR, Price, cost
 from proxy.model import Anatomy, Flushed, InputPart, Usage
+from proxy.pricing import STANDARD_FACTOR, Price, cost
 
-__all__ = ["FLUSH_EVERY", "NANO", "OTHER", "TOP_RESULTS", "Chain", "Split", "Splits", "anatomy",
-           "apportion", "shares", "shares_general", "split_of"]
+__all__ = ["FLUSH_EVERY", "NANO", "OTHER", "TOP_RESULTS", "Chain", "Conversation", "Split", "Splits", "anatomy",
+           "apportion", "shares", "shares_general", "split_of", "split_parts"]
+
+class NamedCall(Protocol):
+    """A tool call of a request's conversation: its id and the tool's name."""
+
+    @property
+    def call_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+class Conversation(Protocol):
+    """What the anatomy reads of a request, in its API's shapes (the call's request side,
+    proxy/providers/translator.py `Exchange`): the body's list of conversation items, the
+    parts of a body (or of a body holding only some items), and its tool calls."""
+
+    @property
+    def conversation(self) -> str | None: ...
+
+    def input_parts(self, body: dict[str, Any]) -> list[InputPart]: ...
+
+    def tool_history(self, body: dict[str, Any]) -> Sequence[NamedCall]: ...
+
 
 TOP_RESULTS: Final = 5  # the largest results, by bytes, listed per call
 MAX_TRACKED: Final = 32  # results a chain prices one by one for the run's dearest (those ever in a call's top)
@@ -156,7 +179,7 @@ class Split:
         self.end: int | None = None  # byte offset of the conversation's end in the request, once known
         self.head = self.tail = 0  # CRC-32s, once `raw` is let go
         self.items = 0
-        self.last_item: Any = None
+        self.last_item: object = None
         self.near: tuple[int, list[int]] = (0, [0] * len(self.unit_bytes))  # a part, and the units' bytes before it
 
     def _add(self, parts: Sequence[InputPart]) -> None:
@@ -264,12 +287,12 @@ def split_parts(parts: Sequence[InputPart], per_part: bool = False) -> Split:
     return sp
 
 
-def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | None) -> Split:
+def split_of(adapter: Conversation, raw: bytes, body: dict[str, Any], previous: Split | None) -> Split:
     """The request's split: `previous` (the run's last request) extended in place by the new
     items only, when the request is it with items appended; else the adapter's whole split."""
     key = adapter.conversation
     items = body.get(key) if key is not None else None
-    if not isinstance(items, list):
+    if key is None or not isinstance(items, list):
         return split_parts(adapter.input_parts(body))
     if previous is not None:
         if len(raw) == previous.size and _again(previous, raw):  # the same request again (a retry, a loop)
@@ -301,7 +324,7 @@ def split_of(adapter: Any, raw: bytes, body: dict[str, Any], previous: Split | N
     return sp
 
 
-def _named(adapter: Any, body: dict[str, Any], tail: list[InputPart]) -> list[InputPart]:
+def _named(adapter: Conversation, body: dict[str, Any], tail: list[InputPart]) -> list[InputPart]:
     names = {c.call_id: c.name for c in adapter.tool_history(body)}
     return [(kind, size, names.get(cid, ""), cid) if kind == "tool_result" and not name else (kind, size, name, cid)
             for kind, size, name, cid in tail]

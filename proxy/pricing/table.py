@@ -57,11 +57,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
-from proxy.ledger.price_row import STANDARD_FACTOR, LongContext, Price
 from proxy.model import Call, Usage
+from proxy.pricing.row import STANDARD_FACTOR, LongContext, Price
 
 if TYPE_CHECKING:
-    from proxy.ledger.price_source import PriceSource
+    from proxy.pricing.source import PriceSource
 
 __all__ = [
     "PROVIDER_OVERHEAD_TOKENS",
@@ -127,7 +127,7 @@ class PriceTable:
         """Our shipped rows over `source` (default: the installed genai-prices' data, compiled
         for today), with `overrides` (config pricing.overrides) over both."""
         if source is None:
-            from proxy.ledger.price_source import bundled  # its data costs ~0.2 s to import
+            from proxy.pricing.source import bundled  # its data costs ~0.2 s to import
 
             source = bundled()
         raw = yaml.safe_load(Path(path or DEFAULT_PATH).read_text(encoding="utf-8")) or {}
@@ -174,7 +174,7 @@ class PriceTable:
         return found
 
     def _at(self, provider: str, name: str) -> Price | None:
-        from proxy.ledger.price_source import FREE_PROVIDERS, PROVIDERS
+        from proxy.pricing.source import FREE_PROVIDERS, PROVIDERS
 
         if provider in FREE_PROVIDERS:
             return _free(name, provider)

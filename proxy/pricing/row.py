@@ -1,6 +1,6 @@
 """A model's rates: the `Price` row every price source compiles to. Pure, no I/O.
 
-Rates are integer micro-USD per million tokens (proxy.ledger.pricing says why).
+Rates are integer micro-USD per million tokens (proxy.pricing says why).
 """
 
 from __future__ import annotations
