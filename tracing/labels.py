@@ -91,7 +91,7 @@ KNOWN_ERROR_TYPES: Final[frozenset[str]] = frozenset(
         "spanmeter.spanmeter_error",
         "spanmeter.unknown_route", "spanmeter.upstream_error", "spanmeter.upstream_protocol_error",
         "spanmeter.upstream_timeout", "spanmeter.upstream_unreachable", "spanmeter.undecodable_body",
-        "spanmeter.upstream_redirect",
+        "spanmeter.upstream_redirect", "spanmeter.no_upstream_credentials",
         "client_disconnected", "cancelled", "error", A.ERROR_TOOL, A.ERROR_TOOL_RESULT_MISSING,
         "queue_full", "export_failed", "export_process_down", A.LABEL_OTHER,
         # JSON-RPC 2.0 and MCP error codes (MCP spans' error.type is the code)
