@@ -50,6 +50,7 @@ test: $(VENV)/.test system-deps
 # pydantic>=2.12), so the test files that drive them run in `make test` only.
 LOWEST       := .venv-lowest
 AGENT_TESTS  := tests/e2e/test_mcp.py tests/e2e/test_mcp_ceilings.py tests/e2e/test_wrap_up.py \
+                tests/e2e/test_refusal_labels.py \
                 tests/deploy/test_dashboard_names.py tests/deploy/test_dashboards_prometheus.py
 
 $(LOWEST)/.installed: pyproject.toml .ci/floors.py

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar, dataclass_transform
 
 __all__ = [
+    "REFUSAL_KINDS",
+    "REFUSAL_REASONS",
     "Anatomy",
     "Api",
     "Call",
@@ -33,6 +35,7 @@ __all__ = [
     "MetaEvent",
     "Outcome",
     "OutputSpec",
+    "RefusalReason",
     "Repair",
     "Rewrite",
     "RunIdSource",
@@ -70,6 +73,36 @@ Api = Literal["chat", "responses", "messages", "gemini", "embeddings"]
 
 # How a call's run id was found: an X-Run-Id header, an incoming traceparent, or made up.
 RunIdSource = Literal["header", "traceparent", "generated"]
+
+# Why spanmeter refused a call before it reached the upstream, model call or MCP tool call
+# alike: the `spanmeter.reason` of `spanmeter.limit.rejections`, the span's refusal and the
+# access line's `refused=`. The one list of these words: the ledger's refusals name their
+# limit in them, proxy/serve/pipeline.py maps every refusal to one, tracing/labels.py admits
+# no other, and docs/operations.md is generated from REFUSAL_KINDS.
+RefusalReason = Literal[
+    "run_calls", "run_tool_calls", "run_cost", "run_tokens", "run_seconds",
+    "tenant_day", "tenant_month", "key_day", "key_month", "unknown_price", "stored_context",
+    "rate_requests", "rate_tokens",
+    "loop_detected",
+    "ledger_unavailable",
+    "invalid_request",
+    "refused",
+]  # fmt: skip
+
+# Each reason with what refused the call (its HTTP status on the model route), for the docs.
+REFUSAL_KINDS: Mapping[RefusalReason, str] = {
+    "run_calls": "ceilings, 402", "run_tool_calls": "ceilings, 402", "run_cost": "ceilings, 402",
+    "run_tokens": "ceilings, 402", "run_seconds": "ceilings, 402", "tenant_day": "ceilings, 402",
+    "tenant_month": "ceilings, 402", "key_day": "ceilings, 402", "key_month": "ceilings, 402",
+    "unknown_price": "a cost it cannot bound under a cost ceiling, 402",
+    "stored_context": "a cost it cannot bound under a cost ceiling, 402",
+    "rate_requests": "rate limits, 429", "rate_tokens": "rate limits, 429",
+    "loop_detected": "the loop guard, 409",
+    "ledger_unavailable": "the ledger unreachable, 503",
+    "invalid_request": "a run-limit header it cannot read, 400",
+    "refused": "any other refusal at admission",
+}  # fmt: skip
+REFUSAL_REASONS: frozenset[str] = frozenset(REFUSAL_KINDS)
 
 @frozen
 class Caller:
@@ -372,8 +405,7 @@ class CallRecord:
     received it where a repair changed it (`outcome` is what the model wrote).
     `chunk_gaps_s`: a stream's time between consecutive chunks after the first.
     `capture`: message content for the span (None when it is not captured).
-    `anatomy`: where its input went. `refusal`: why spanmeter refused it (a ceiling or
-    error code)."""
+    `anatomy`: where its input went. `refusal`: why spanmeter refused it (`RefusalReason`)."""
 
     caller: Caller
     call: Call
@@ -393,7 +425,7 @@ class CallRecord:
     delivered_arguments: Mapping[str, str] | None = None
     capture: Mapping[str, object] | None = None
     anatomy: Anatomy | None = None
-    refusal: str | None = None
+    refusal: RefusalReason | None = None
 
 
 @frozen

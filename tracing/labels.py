@@ -15,8 +15,10 @@ through `LabelBounds` before it reaches an instrument:
   tool-name rule (`[A-Za-z0-9_.:-]`, at most `LABEL_VALUE_LIMIT` chars); else `_OTHER`.
 - `mcp.method.name`: the methods of the MCP specification (`MCP_METHODS`), then the first
   `MAX_KINDS` other `a/b` tokens a server answered (not with "method not found"); else `_OTHER`.
-- `spanmeter.kind`, `spanmeter.reason`, `spanmeter.guard.action`: spanmeter's own words,
-  set by its code; bounded all the same (the first `MAX_KINDS`), else `_OTHER`.
+- `spanmeter.reason` of `spanmeter.limit.rejections`: the refusal vocabulary
+  (`proxy.model.REFUSAL_REASONS`, model and MCP calls alike) and nothing else; else `_OTHER`.
+- `spanmeter.kind`, `spanmeter.guard.action`, a wrap-up's `spanmeter.reason`: spanmeter's own
+  words, set by its code; bounded all the same (the first `MAX_KINDS`), else `_OTHER`.
 
 Without a price table (`known_model=None`, e.g. tracing used on its own) no model is
 known and models are admitted like tool names: the first `MAX_MODEL_VARIANTS`, then
@@ -41,6 +43,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from proxy.model import REFUSAL_REASONS
 from tracing import attributes as A
 
 __all__ = [
@@ -205,7 +208,7 @@ class ModelLabels:
 class LabelBounds:
     """Every steerable label of one process, bounded; see the module docstring."""
 
-    __slots__ = ("error_types", "kinds", "mcp_methods", "models", "tools")
+    __slots__ = ("error_types", "kinds", "mcp_methods", "models", "refusals", "tools")
 
     def __init__(
         self,
@@ -220,6 +223,8 @@ class LabelBounds:
         self.error_types = BoundedValues(max_error_types, known=KNOWN_ERROR_TYPES)
         self.tools = BoundedValues(max_tool_names)
         self.kinds = BoundedValues(max_kinds)
+        # Closed: a dashboard filters on these words, so no other may appear beside them.
+        self.refusals = BoundedValues(0, known=REFUSAL_REASONS)
         self.mcp_methods = BoundedValues(max_kinds, known=MCP_METHODS, pattern=_METHOD)
 
     def model(self, model: str | None, *, admit: bool = True) -> str | None:
@@ -233,6 +238,10 @@ class LabelBounds:
 
     def kind(self, kind: str, *, admit: bool = True) -> str:
         return self.kinds.get(kind, admit=admit)
+
+    def refusal(self, reason: str) -> str:
+        """A refusal's reason: one of the vocabulary, else `_OTHER`."""
+        return self.refusals.get(reason, admit=False)
 
     def mcp_method(self, method: str, *, admit: bool = True) -> str:
         return self.mcp_methods.get(method, admit=admit)

@@ -31,7 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from proxy.model import Caller, frozen
+from proxy.model import Caller, RefusalReason, frozen
 from tracing import attributes as A
 from tracing import digests
 from tracing.setup import Telemetry
@@ -46,6 +46,7 @@ from tracing.spans import (
     _redact,
     _status_text,
     _text,
+    count_refusal,
     record_guard_action,
 )
 
@@ -84,7 +85,7 @@ class McpOutcome:
     rpc_message: str = ""
     error_type: str | None = None  # spanmeter's own: a refusal, an upstream failure, cancelled
     error_message: str = ""
-    refusal: str | None = None  # the ceiling or guard that refused it (metric label)
+    refusal: RefusalReason | None = None  # why spanmeter refused it, in the model calls' words
     reminded: int = 0  # the loop guard added its reminder for this streak of identical calls
     rewrites: Sequence[str] = ()
 
@@ -167,7 +168,7 @@ def _attrs(caller: Caller, req: McpRequest, out: McpOutcome, failure: str | None
         A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
         A.ERROR_TYPE: _name(failure) if failure else None,
         A.RPC_RESPONSE_STATUS_CODE: str(out.rpc_code) if out.rpc_code is not None else None,
-        A.SPANMETER_REFUSAL_REASON: _text(_redact(out.error_message, caller)) if out.refusal else None,
+        A.SPANMETER_REFUSAL_REASON: out.refusal,  # as on a model call's span; the message is the status
         A.SPANMETER_REWRITES: tuple(out.rewrites) if out.rewrites else None,
     }
     if out.reminded:
@@ -226,6 +227,10 @@ def _record_metrics(tel: Telemetry, record: McpRecord, failure: str | None, ctx:
     error = bounds.error_type(failure, admit=admit)
     timed = {**labels, A.ERROR_TYPE: error} if error else labels
     m.mcp_duration.record(seconds, timed, context=ctx)
+    if out.refusal:  # any request refused, a tools/list by a rate limit too, as a model call is counted
+        which: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL, A.GEN_AI_TOOL_NAME: tool} if tool else {
+            A.MCP_METHOD_NAME: labels[A.MCP_METHOD_NAME]}
+        count_refusal(tel, caller, out.refusal, which, ctx)
     if tool is None:
         return
     tool_labels: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_EXECUTE_TOOL, A.GEN_AI_TOOL_NAME: tool,
@@ -233,9 +238,7 @@ def _record_metrics(tel: Telemetry, record: McpRecord, failure: str | None, ctx:
     outcome = "refused" if out.refusal else "ok" if failure is None else "failed"
     m.tool_calls.add(1, {**tool_labels, A.SPANMETER_OUTCOME: outcome}, context=ctx)
     if out.refusal:
-        reason = {A.SPANMETER_REASON: bounds.kind(out.refusal), A.SPANMETER_TENANT_ID: caller.tenant}
-        m.limit_rejections.add(1, reason, context=ctx)
-        if out.refusal == "loop_guard":
+        if out.refusal == "loop_detected":
             record_guard_action(tel, caller, "refuse", tool_name=req.tool or "", repeats=0)
         return
     m.execute_tool_duration.record(seconds, {**tool_labels, A.ERROR_TYPE: error} if error else tool_labels,

@@ -63,6 +63,7 @@ __all__ = [
     "RunTrace",
     "SpanRef",
     "TraceParent",
+    "count_refusal",
     "end_call",
     "end_run",
     "new_run_trace",
@@ -312,11 +313,16 @@ def end_call(tel: Telemetry, cs: CallSpan, record: CallRecord) -> None:
 
 def _count_refusal(tel: Telemetry, caller: Caller, call: Call, provider: str, reason: str, ctx: Context) -> None:
     # A refused call never mints a label value: its model is one already known or `_OTHER`.
-    # The reason is spanmeter's own word (a ceiling or error code), bounded all the same.
-    bounds = tel.instruments.labels
-    labels = {A.SPANMETER_REASON: bounds.kind(reason.removeprefix("spanmeter.")), **_tenant(caller)}
-    labels.update(_model_labels(call, provider, bounds.model(call.model, admit=False)))
-    tel.instruments.limit_rejections.add(1, labels, context=ctx)
+    model = _model_labels(call, provider, tel.instruments.labels.model(call.model, admit=False))
+    count_refusal(tel, caller, reason, model, ctx)
+
+
+def count_refusal(tel: Telemetry, caller: Caller, reason: str, labels: Attrs, ctx: Context | None) -> None:
+    """One call refused before its upstream, a model's or an MCP tool's, in
+    `spanmeter.limit.rejections`: `reason` from the one vocabulary (proxy.model.RefusalReason),
+    so a dashboard filtering on a reason sees both; `labels` say which call it was."""
+    bounded = {A.SPANMETER_REASON: tel.instruments.labels.refusal(reason), **_tenant(caller), **labels}
+    tel.instruments.limit_rejections.add(1, bounded, context=ctx)
 
 
 def _request_attrs(caller: Caller, call: Call, provider: str, address: str, port: int) -> Attrs:

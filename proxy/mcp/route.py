@@ -10,9 +10,13 @@
          key's requests-per-minute limits, or to fix the run's trace ids when neither
          this process nor a traceparent gives them
       -> upstream.send with the server's own credential (never the caller's key)
-      -> relay: a JSON answer whole, an SSE answer event by event as each completes;
-         GET streams and DELETE pass through as they come
+      -> serve/relay.py through wire.Reader: a JSON answer whole, an SSE answer event
+         by event as each completes; GET streams and DELETE pass through as they come
       -> the span, then (off the answer's path) the settlement: ONE store operation.
+
+The skeleton is the model route's (proxy/serve/pipeline.py): the same upstream client,
+relay and background order, and a refusal named in the same words
+(proxy.model.RefusalReason) on its span and in `spanmeter.limit.rejections`.
 
 Headers the protocol needs (`Mcp-Session-Id`, `MCP-Protocol-Version`, `Mcp-Method`,
 `Last-Event-ID`, `Accept`) pass both ways; credentials, cookies and trace headers do
@@ -25,19 +29,15 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from proxy.config import KeyPolicy, McpServer, Policy, Settings
 from proxy.errors import (
-    CeilingReached,
     ConfigError,
-    LoopRefused,
     ProxyError,
     Refusal,
     UnknownRoute,
@@ -49,12 +49,13 @@ from proxy.govern.ceilings import plan
 from proxy.ledger.store import Admission, Ask, Limits, Rate, ToolTurn
 from proxy.mcp import wire
 from proxy.model import Caller, Rewrite
-from proxy.providers.sse import Framer, SseEvent
-from proxy.serve.appkeys import BACKGROUND, KEYS, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.appkeys import KEYS, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.serve.body import read_body
+from proxy.serve.pipeline import add_run_totals, admission_turn, after_answer, refusal_reason, refusal_totals
+from proxy.serve.relay import relay
 from proxy.serve.routes import match
 from proxy.serve.tenants import identify
-from proxy.serve.upstream import UpstreamResponse, host_port, request_headers, response_headers
+from proxy.serve.upstream import host_port, request_headers, response_headers
 from tracing import mcp as mcp_spans
 from tracing.digests import canonical_sha256
 from tracing.spans import Lineage, RunTrace, SpanRef, TraceParent, parse_traceparent
@@ -142,52 +143,36 @@ async def _pass(request: web.Request, server: McpServer, caller: Caller, raw: by
 
 
 @dataclass
-class _Seen:
-    """What the relay learnt of the answer; owned by the call so a cancelled relay loses nothing."""
+class _Books:
+    """What the route learnt of one request beside its answer: its admission or refusal,
+    the model tool call it executes (`entry`), its run's trace; kept by the call so a
+    cancelled relay loses nothing."""
 
-    request_id: wire.RequestId
-    note: str | None = None  # the loop guard's reminder, added to a tools/call result
-    status: int = 0
+    run_trace: RunTrace | None
+    admission: Admission | None = None
+    refusal: ProxyError | None = None
+    entry: dict[str, Any] = field(default_factory=dict)
     session: str | None = None  # the session the server named in its answer (to initialize)
-    answer: wire.Answer | None = None
-    error: ProxyError | None = None
-    cancelled: bool = False
     reminded: int = 0  # the streak the loop guard's reminder was added for
-    rewrites: list[Rewrite] = field(default_factory=list)
+    cancelled: bool = False
 
-    def message(self, data: Any) -> bytes | None:
-        """Look at one message of the answer; the bytes to send instead, if any."""
-        answer = wire.read_answer(data, self.request_id)
-        if answer is None or self.answer is not None:
-            return None
-        self.answer = answer
-        if self.note is not None and answer.result is not None:
-            return wire.with_note(data, self.note)
-        return None
 
-    def event(self, event: SseEvent) -> bytes:
-        if not event.data or '"id"' not in event.data:
-            return event.raw  # a priming event, or a notification: nothing to read
-        try:
-            replaced = self.message(event.json())
-        except orjson.JSONDecodeError:
-            return event.raw
-        return event.raw if replaced is None else wire.sse_event(event.raw, replaced)
-
-    def outcome(self, refusal: ProxyError | None) -> mcp_spans.McpOutcome:
-        exc = refusal or self.error
-        a = self.answer
-        return mcp_spans.McpOutcome(
-            status=self.status, result=a.result_text() if a else None, is_error=bool(a and a.is_error),
-            rpc_code=a.code if a else None, rpc_message=a.message if a else "",
-            error_type="client_disconnected" if self.cancelled else exc.error_type if exc else None,
-            error_message=exc.message if exc else "", refusal=_reason(refusal) if refusal else None,
-            reminded=self.reminded, rewrites=[r.header_value() for r in self.rewrites])
+def _outcome(reader: wire.Reader, books: _Books) -> mcp_spans.McpOutcome:
+    refusal, a = books.refusal, reader.answer
+    exc = refusal or reader.error
+    return mcp_spans.McpOutcome(
+        status=reader.status, result=a.result_text() if a else None, is_error=bool(a and a.is_error),
+        rpc_code=a.code if a else None, rpc_message=a.message if a else "",
+        error_type="client_disconnected" if books.cancelled else exc.error_type if exc else None,
+        error_message=exc.message if exc else "", refusal=refusal_reason(refusal) if refusal else None,
+        reminded=books.reminded, rewrites=[r.header_value() for r in reader.hooks.rewrites])
 
 
 @dataclass
 class _Call:
-    """One JSON-RPC request of a POST: admission (tools/call), relay, span, settlement."""
+    """One JSON-RPC request of a POST, on the shared skeleton (proxy/serve/pipeline.py):
+    admit (a tools/call; any request under a rate limit), forward, relay through the wire
+    format's reader, span, settle off the answer's path."""
 
     request: web.Request
     caller: Caller
@@ -203,45 +188,55 @@ class _Call:
         parent = parse_traceparent(self.request.headers.get("traceparent")) or parse_traceparent(
             msg.meta("traceparent"), msg.meta("tracestate"))
         assert msg.id is not None
-        seen = _Seen(msg.id)
-        admission: Admission | None = None
-        refusal: ProxyError | None = None
-        entry: dict[str, Any] = {}
-        run_trace = app[RUNS].known(self.caller)
-        settings = app[SETTINGS]
-        key = settings.key_policy(self.caller.tenant, self.caller.key_id)
+        books = _Books(app[RUNS].known(self.caller))
+        reader = wire.Reader(msg.id)
         try:
-            planned = plan(policy, self.request.headers, key, self.caller.key_id)
-            rates = tuple(Rate(owner, "requests", limit, 1) for owner, unit, limit in planned.rates
-                          if unit == "requests")
-            if msg.tool is not None or rates or (parent is None and run_trace is None):
-                try:
-                    admission = await self._admit(policy, key, planned.limits, rates, parent)
-                except Refusal as exc:
-                    refusal, entry = exc, (exc.closed[0] if exc.closed else {})
-                    run_trace = app[RUNS].trace(self.caller, exc.trace, parent)
-                    self._book_refusal(exc, entry)
-                    raise
-                entry = admission.closed[0] if admission.closed else {}
-                run_trace = app[RUNS].trace(self.caller, admission.trace, parent)
-            seen.note = self._reminder(policy, entry, seen)
-            return await self._forward(seen)
+            await self._admission(policy, parent, books)
+            self._remind(policy, books, reader)
+            return await self._forward(reader, books)
         except asyncio.CancelledError:
-            seen.cancelled = True
+            books.cancelled = True
             raise
         except ProxyError as exc:
-            if refusal is None and seen.error is None:
-                seen.error = exc  # e.g. an invalid X-Run-Max-Cost-Usd, or the ledger unreachable
+            if books.refusal is None and reader.error is None:
+                reader.error = exc  # e.g. the server's credential is not set
             raise
         finally:
-            self._span(seen, refusal, entry, parent, run_trace, policy)
-            if admission is not None and admission.id:
-                app[BACKGROUND].spawn((self.caller.tenant, self.caller.run_id), self._settle(admission, entry, seen))
+            self._span(reader, books, parent, policy)
+            if books.admission is not None and books.admission.id:
+                after_answer(app, self.caller, self._settle(books.admission, reader))
+
+    async def _admission(self, policy: Policy, parent: TraceParent | None, books: _Books) -> None:
+        """Admit the request when it needs it: a tools/call always; any request to draw on a
+        requests-per-minute limit, or to fix the run's trace ids when neither this process
+        nor a traceparent gives them. Whatever stops it here is a refusal, as on the model
+        route: counted under its reason, and raised."""
+        app, caller = self.request.app, self.caller
+        try:
+            key = app[SETTINGS].key_policy(caller.tenant, caller.key_id)
+            planned = plan(policy, self.request.headers, key, caller.key_id)
+            rates = tuple(Rate(owner, "requests", limit, 1) for owner, unit, limit in planned.rates
+                          if unit == "requests")
+            if self.msg.tool is None and not rates and (parent is not None or books.run_trace is not None):
+                return
+            await admission_turn(app, caller)  # the model call's tool calls are stored
+            books.admission = await self._admit(policy, key, planned.limits, rates, parent)
+        except ProxyError as exc:
+            books.refusal = exc
+            if isinstance(exc, Refusal):  # the ledger closed the call's model tool call and fixed the trace ids
+                books.entry = exc.closed[0] if exc.closed else {}
+                books.run_trace = app[RUNS].trace(caller, exc.trace, parent)
+            # A refused tool call a model made is a failed tool call of its run.
+            totals = refusal_totals(exc, 1 if "id" in books.entry else 0)
+            if totals:
+                after_answer(app, caller, add_run_totals(app[STORE], caller, totals))
+            raise
+        books.entry = books.admission.closed[0] if books.admission.closed else {}
+        books.run_trace = app[RUNS].trace(caller, books.admission.trace, parent)
 
     async def _admit(self, policy: Policy, key: KeyPolicy | None, limits: Limits, rates: tuple[Rate, ...],
                      parent: TraceParent | None) -> Admission:
         app, msg, caller = self.request.app, self.msg, self.caller
-        await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the model call's tool calls are stored
         turn = ToolTurn(trace=app[RUNS].candidate(caller, parent, self.arrived_ns), key=caller.key_id, rates=rates)
         if msg.tool is not None:
             turn = replace(turn, name=msg.tool, sig=f"{msg.tool}:{canonical_sha256(msg.arguments)}",
@@ -252,58 +247,50 @@ class _Call:
         ask = Ask(caller.tenant, caller.run_id, datetime.now(UTC), limits, tz=settings.timezone)
         return await app[STORE].admit_tool(ask, turn)
 
-    def _reminder(self, policy: Policy, entry: dict[str, Any], seen: _Seen) -> str | None:
+    def _remind(self, policy: Policy, books: _Books, reader: wire.Reader) -> None:
         """From the threshold on, the loop guard's reminder goes into the tool's result."""
-        streak = int(entry.get("streak", 0))
+        streak = int(books.entry.get("streak", 0))
         if self.msg.tool is None or policy.guard.action != "remind" or streak < (
                 policy.guard.threshold or guard.DEFAULT_THRESHOLD):
-            return None
-        seen.rewrites.append(Rewrite("loop_reminder", f"{self.msg.tool}x{streak}"))
-        seen.reminded = streak
-        return guard.reminder(self.msg.tool, streak)
+            return
+        reader.hooks.rewrites.append(Rewrite("loop_reminder", f"{self.msg.tool}x{streak}"))
+        reader.note = guard.reminder(self.msg.tool, streak)
+        books.reminded = streak
 
-    async def _forward(self, seen: _Seen) -> web.StreamResponse:
+    async def _forward(self, reader: wire.Reader, books: _Books) -> web.StreamResponse:
         app, request = self.request.app, self.request
         headers = request_headers(request.headers, _auth(app[SETTINGS], self.server, self.caller))
         try:
             async with app[UPSTREAM].send(self.server.url, self.raw, headers, method="POST") as up:
-                seen.status, seen.session = up.status, up.headers.get(wire.SESSION_HEADER)
-                return await _relay(request, up, seen, self.caller)
+                books.session = up.headers.get(wire.SESSION_HEADER)
+                return await relay(request, up, reader, {"x-spanmeter-run-id": self.caller.run_id},
+                                   time.perf_counter(), errors_inside=True)
         except ProxyError as exc:
-            seen.error = exc
+            reader.error = exc
             raise
 
-    def _span(self, seen: _Seen, refusal: ProxyError | None, entry: dict[str, Any], parent: TraceParent | None,
-              run_trace: RunTrace | None, policy: Policy) -> None:
+    def _span(self, reader: wire.Reader, books: _Books, parent: TraceParent | None, policy: Policy) -> None:
         msg, (address, port) = self.msg, host_port(self.server.url)
         req = mcp_spans.McpRequest(
             server=self.name, method=msg.method or "", request_id=str(msg.id), server_address=address,
-            server_port=port, session_id=self.request.headers.get(wire.SESSION_HEADER) or seen.session,
+            server_port=port, session_id=self.request.headers.get(wire.SESSION_HEADER) or books.session,
             protocol_version=self.request.headers.get(wire.PROTOCOL_HEADER), tool=msg.tool,
             arguments=msg.arguments if msg.tool is not None else None, prompt=msg.prompt,
             resource_uri=msg.resource_uri)
+        entry = books.entry
         link = entry.get("link")
         mcp_spans.record_request(self.request.app[TEL], mcp_spans.McpRecord(
-            self.caller, req, seen.outcome(refusal), self.arrived_ns, time.time_ns(), Lineage(parent, run_trace),
-            call_id=str(entry["id"]) if "id" in entry else None,
+            self.caller, req, _outcome(reader, books), self.arrived_ns, time.time_ns(),
+            Lineage(parent, books.run_trace), call_id=str(entry["id"]) if "id" in entry else None,
             link=SpanRef(int(link[0]), int(link[1])) if link else None,
             capture=policy.capture_content != "NO_CONTENT"))
 
-    def _book_refusal(self, exc: Refusal, entry: dict[str, Any]) -> None:
-        """A refused tool call: a ceiling hit, and a failed tool call when a model made it."""
-        totals = {"ceilings_hit": 1 if isinstance(exc, CeilingReached) else 0,
-                  "tool_failures": 1 if "id" in entry else 0}
-        if any(totals.values()):
-            store, caller = self.request.app[STORE], self.caller
-            self.request.app[BACKGROUND].spawn((caller.tenant, caller.run_id), _safely(
-                store.run_add(caller.tenant, caller.run_id, {k: v for k, v in totals.items() if v})))
-
-    async def _settle(self, admission: Admission, entry: dict[str, Any], seen: _Seen) -> None:
+    async def _settle(self, admission: Admission, reader: wire.Reader) -> None:
         """The tool's cost unless the server is known not to have run it; the run's failed
         tool calls by the server's own verdict. One store operation."""
-        answer = seen.answer
-        amount = admission.reserved if _maybe_ran(seen) else 0
-        failed = answer is None or answer.failed or seen.status >= 400
+        answer = reader.answer
+        amount = admission.reserved if _maybe_ran(reader) else 0
+        failed = answer is None or answer.failed or reader.status >= 400
         try:
             await self.request.app[STORE].settle(admission, amount, run_totals={
                 "tool_failures": 1 if failed else 0, "cost_micros": amount})
@@ -313,62 +300,16 @@ class _Call:
             log.exception("settling an MCP tool call failed")
 
 
-async def _relay(request: web.Request, up: UpstreamResponse, seen: _Seen, caller: Caller) -> web.StreamResponse:
-    headers = response_headers(up.headers)
-    headers["x-spanmeter-run-id"] = caller.run_id
-    if seen.note is not None:
-        headers["x-spanmeter-rewrites"] = ", ".join(r.header_value() for r in seen.rewrites)
-    if not up.is_sse:
-        # One JSON-RPC message: the protocol does not stream it, so it is read whole.
-        body = await up.read()
-        try:
-            replaced = seen.message(orjson.loads(body))
-        except orjson.JSONDecodeError:
-            replaced = None
-        return web.Response(body=body if replaced is None else replaced, status=up.status, headers=headers)
-    resp = web.StreamResponse(status=up.status, headers=headers)
-    await resp.prepare(request)
-    framer = Framer()
-    try:
-        async for chunk in up.chunks():
-            out = b"".join(seen.event(e) for e in framer.feed(chunk))
-            if out:
-                await resp.write(out)
-        tail = framer.flush()
-        if tail is not None:
-            await resp.write(seen.event(tail))
-    except ProxyError as exc:
-        seen.error = exc
-        if seen.answer is None:  # the status line is gone: the error is the request's last event
-            await resp.write(wire.error_event(seen.request_id, exc))
-    await resp.write_eof()
-    return resp
-
-
-def _maybe_ran(seen: _Seen) -> bool:
+def _maybe_ran(reader: wire.Reader) -> bool:
     """Whether the server may have run the tool. Only its own word that it did not (a
     JSON-RPC error, an error status, a redirect) or a connection never made proves it; a
     request sent whose answer was never read (the client left, `read_timeout_s` cut it, a
     body that is not JSON, an answer to another id) may well have run a paid tool:
     unknown is not zero, as on the model route."""
-    if seen.answer is not None:
-        return seen.answer.code is None and seen.status < 400
-    return seen.status < 300 and not isinstance(seen.error, UpstreamConnectError | UpstreamRedirect)
+    if reader.answer is not None:
+        return reader.answer.code is None and reader.status < 400
+    return reader.status < 300 and not isinstance(reader.error, UpstreamConnectError | UpstreamRedirect)
 
 
 def _tighter(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
-
-
-def _reason(exc: ProxyError) -> str:
-    """The refusal's metric label: which ceiling, or the loop guard."""
-    if isinstance(exc, LoopRefused):
-        return "loop_guard"
-    return exc.limit if isinstance(exc, CeilingReached) else exc.code
-
-
-async def _safely(work: Awaitable[None]) -> None:
-    try:
-        await work
-    except Exception:
-        log.warning("could not record the totals of a refused MCP tool call", exc_info=True)

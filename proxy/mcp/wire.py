@@ -19,6 +19,9 @@ only moves bytes and keeps books. What it reads:
 A tools/call result is `{"content": [blocks], "isError": bool, "structuredContent"?}`;
 `isError: true` is a tool failure the model should see, a JSON-RPC `error` a failure of
 the call itself (unknown tool, invalid arguments).
+
+`Reader` is the route's answer reader for the shared relay (proxy/serve/relay.py
+`Relayed`), as a model API's `Answer` is for a model call.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from typing import Any, Final, Literal
 import orjson
 
 from proxy.errors import CeilingReached, LoopRefused, MalformedBody, ProxyError, RateLimited, Refusal, RequestError
-from proxy.model import frozen
+from proxy.model import Rewrite, frozen
+from proxy.providers.hooks import Hooks
+from proxy.providers.sse import Framer, SseEvent
 
 __all__ = [
     "CEILING_REACHED",
@@ -40,6 +45,7 @@ __all__ = [
     "SESSION_HEADER",
     "Answer",
     "Message",
+    "Reader",
     "error_body",
     "error_code",
     "error_event",
@@ -171,6 +177,84 @@ def read_answer(data: Any, request_id: RequestId) -> Answer | None:
         return Answer(code=code if isinstance(code, int) and not isinstance(code, bool) else INTERNAL_ERROR,
                       message=_str(error.get("message")) or "")
     return Answer(result=result if isinstance(result, dict) else {})
+
+
+class Reader:
+    """The answer to one request as the relay reads it: the one message that answers
+    `request_id`, found in a JSON body or among the SSE events, with `note` (the loop
+    guard's reminder) added to a tools/call result. What it learnt stays here, so a relay
+    cancelled half-way loses nothing. JSON-RPC answers failures in the body whatever the
+    HTTP status: it is relayed with `errors_inside`."""
+
+    __slots__ = ("answer", "chunk_gaps_s", "complete", "error", "first_chunk_s", "hooks", "note", "request_id",
+                 "status")
+
+    def __init__(self, request_id: RequestId, note: str | None = None, rewrites: tuple[Rewrite, ...] = ()) -> None:
+        self.request_id = request_id
+        self.note = note
+        self.hooks = Hooks(rewrites=list(rewrites))  # the relay announces them in x-spanmeter-rewrites
+        self.status = 0
+        self.complete = False
+        self.first_chunk_s: float | None = None
+        self.chunk_gaps_s: list[float] = []
+        self.answer: Answer | None = None
+        self.error: ProxyError | None = None  # the answer broke off, or never came
+
+    def body(self, raw: bytes) -> bytes:
+        """One JSON-RPC message, read whole (the protocol does not stream it): what to send."""
+        try:
+            replaced = self._message(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            return raw
+        return raw if replaced is None else replaced
+
+    def stream(self) -> _EventStream:
+        return _EventStream(self)
+
+    def cut(self, exc: ProxyError) -> bytes:
+        """The stream broke off: once its status line went, the error is the request's last
+        event, unless the answer came already."""
+        self.error = exc
+        return b"" if self.answer is not None else error_event(self.request_id, exc)
+
+    def event(self, event: SseEvent) -> bytes:
+        """One SSE event: as it came, or re-framed when the note went into it."""
+        if not event.data or '"id"' not in event.data:
+            return event.raw  # a priming event, or a notification: nothing to read
+        try:
+            replaced = self._message(event.json())
+        except orjson.JSONDecodeError:
+            return event.raw
+        return event.raw if replaced is None else sse_event(event.raw, replaced)
+
+    def _message(self, data: Any) -> bytes | None:
+        """Look at one message of the answer; the bytes to send instead, if any."""
+        answer = read_answer(data, self.request_id)
+        if answer is None or self.answer is not None:
+            return None
+        self.answer = answer
+        if self.note is not None and answer.result is not None:
+            return with_note(data, self.note)
+        return None
+
+
+class _EventStream:
+    """An SSE answer, event by event as each completes (relay.Feed)."""
+
+    __slots__ = ("_framer", "_reader")
+
+    def __init__(self, reader: Reader) -> None:
+        self._reader, self._framer = reader, Framer()
+
+    def feed(self, chunk: bytes) -> bytes:
+        return b"".join(self._reader.event(e) for e in self._framer.feed(chunk))
+
+    def flush(self) -> bytes:
+        tail = self._framer.flush()
+        return b"" if tail is None else self._reader.event(tail)
+
+    def release(self) -> bytes:
+        return b""  # nothing is held back: a partial event at a cut is dropped
 
 
 def with_note(data: dict[str, Any], note: str) -> bytes:

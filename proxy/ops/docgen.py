@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from proxy.config import DEFAULT_POLICY, ENV_PREFIX, Policy, Settings, TenantConfig, Upstream
+from proxy.model import REFUSAL_KINDS
 
 __all__ = ["FIELD_DOCS", "METRIC_DOCS", "fields", "generated_parts", "main", "render", "rewrite"]
 
@@ -180,6 +181,16 @@ FIELD_DOCS: dict[str, str] = {
 
 # What each metric tells an operator (the instrument's own description is in
 # tracing/attributes.py; this is what to do with it).
+def _refusal_reasons() -> str:
+    """The refusal vocabulary (proxy.model.REFUSAL_KINDS), each run of reasons with what refused them."""
+    groups: list[tuple[str, list[str]]] = []
+    for reason, kind in REFUSAL_KINDS.items():
+        if not groups or groups[-1][0] != kind:
+            groups.append((kind, []))
+        groups[-1][1].append(f"`{reason}`")
+    return "; ".join(f"{', '.join(reasons)} ({kind})" for kind, reasons in groups)
+
+
 METRIC_DOCS: dict[str, str] = {
     "gen_ai.client.operation.duration": "Whole model call through spanmeter, stream included, by model, "
                                         "provider, tenant and error.type. Rising p95 with no change in tokens: "
@@ -210,11 +221,12 @@ METRIC_DOCS: dict[str, str] = {
     "spanmeter.cost.cache_write_premium": "US dollars cache writes cost above plain input (Anthropic's "
                                           "1.25x/2x), by tenant and model: `saved` minus this is what "
                                           "caching saved, net.",
-    "spanmeter.limit.rejections": "Calls refused before reaching the upstream, by `spanmeter_reason`: "
-                                  "`run_calls`, `run_cost`, `run_tokens`, `run_seconds`, `tenant_day`, "
-                                  "`tenant_month`, `key_day`, `key_month` (ceilings), `rate_requests`, "
-                                  "`rate_tokens` (rate limits, 429), `loop_detected`, `ledger_unavailable`, "
-                                  "... A step up after a change: a budget, ceiling or rate limit set too low.",
+    "spanmeter.limit.rejections": "Calls refused before reaching the upstream, model calls and MCP requests "
+                                  f"alike, by `spanmeter_reason`: {_refusal_reasons()}. An MCP refusal has "
+                                  "`gen_ai_tool_name` (a `tools/call`) or `mcp_method_name` (any other request) "
+                                  "where a model call has its model; the statuses are the model route's, the MCP "
+                                  "route answers a refusal as a JSON-RPC error (docs/mcp.md). A step up after a "
+                                  "change: a budget, ceiling or rate limit set too low.",
     "spanmeter.repairs": "Repairs made to structured output and tool arguments, by kind (fence, "
                          "trailing_comma, ...). A model or prompt change shows here first.",
     "spanmeter.tool.calls": "Tool calls by outcome: ok, failed (error envelope, is_error, non-zero exit "

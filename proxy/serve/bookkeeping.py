@@ -17,7 +17,6 @@ from proxy.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
 from proxy.errors import (
     CeilingReached,
     ProxyError,
-    RateLimited,
     Refusal,
     UpstreamProtocolError,
     UpstreamTimeout,
@@ -30,6 +29,7 @@ from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Translator
 from proxy.serve import accesslog, content
 from proxy.serve.appkeys import BACKGROUND, DEPLOYMENTS, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
+from proxy.serve.pipeline import refusal_reason
 from proxy.serve.state import CallState
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
@@ -42,7 +42,7 @@ log = logging.getLogger("spanmeter.handler")
 async def refused(app: web.Application, call: Call, cs: spans.CallSpan, exc: ProxyError) -> None:
     caller = cs.caller
     record = CallRecord(caller, call, _refusal_outcome(exc), cs.start_ns, time.time_ns(), forwarded=False,
-                        cost_micros=0, refusal=_reason(exc))
+                        cost_micros=0, refusal=refusal_reason(exc))
     spans.end_call(app[TEL], cs, record)
     accesslog.access(record)
     totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
@@ -54,11 +54,6 @@ async def refused(app: web.Application, call: Call, cs: spans.CallSpan, exc: Pro
         except ProxyError:
             log.warning("could not record the totals of refused call of run %s", caller.run_id)
     app[BACKGROUND].spawn((caller.tenant, caller.run_id), app[RUNS].after_call(caller, end=False))
-
-
-def _reason(exc: ProxyError) -> str:
-    """Why a call was refused, in spanmeter's words: the limit (run_calls, rate_tokens, ...)."""
-    return exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code
 
 
 def abandoned(app: web.Application, call: Call, cs: spans.CallSpan) -> None:

@@ -1,6 +1,7 @@
-"""Moves the upstream response to the client through the call's answer reader
-(proxy/providers/translator.py `Answer`): the I/O and the timings live here, everything
-about the API's bytes in the reader.
+"""Moves the upstream response to the client through the call's answer reader: the I/O
+and the timings live here, everything about the wire format's bytes in the reader
+(`Relayed`: a model call's proxy/providers/translator.py `Answer`, an MCP request's
+proxy/mcp/wire.py `Reader`).
 
 Bytes go to the client before they are observed only in the sense that observation never
 delays or fails the write. Streams are forwarded event by event, as soon as each event is
@@ -11,32 +12,67 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.errors import ProxyError
-from proxy.providers.hooks import Hooks
-from proxy.providers.translator import Answer
+from proxy.model import Rewrite
 from proxy.serve.upstream import UpstreamResponse, response_headers
 
-__all__ = ["relay"]
+__all__ = ["Relayed", "relay"]
+
+
+class Stamped(Protocol):
+    rewrites: list[Rewrite]  # announced in x-spanmeter-rewrites
+
+
+class Feed(Protocol):
+    """An answer's stream reader: the bytes to send for each chunk, at the end, and on a cut."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def flush(self) -> bytes: ...
+    def release(self) -> bytes: ...
+
+
+class Relayed(Protocol):
+    """What the relay needs of an answer's reader, whatever its wire format: it reads the
+    answer whole (`body`) or chunk by chunk (`stream`), ends a cut stream in its own words
+    (`cut`), and keeps what the relay learnt."""
+
+    status: int
+    complete: bool
+    first_chunk_s: float | None
+    chunk_gaps_s: list[float]
+
+    @property
+    def hooks(self) -> Stamped: ...
+    def body(self, raw: bytes) -> bytes: ...
+    def stream(self) -> Feed: ...
+    def cut(self, exc: ProxyError) -> bytes: ...
 
 
 async def relay(
-    request: web.Request, upstream: UpstreamResponse, answer: Answer, extra_headers: dict[str, str], started: float,
+    request: web.Request, upstream: UpstreamResponse, answer: Relayed, extra_headers: dict[str, str], started: float,
+    *, errors_inside: bool = False,
 ) -> web.StreamResponse:
+    """`errors_inside`: the wire format answers failures in the body whatever the status
+    (JSON-RPC), so the reader reads an error status's body too; a model API's error body
+    passes untouched."""
     headers = response_headers(upstream.headers)
     headers.update(extra_headers)
     answer.status = upstream.status
-    if upstream.is_sse and upstream.status < 300:
+    read = errors_inside or upstream.status < 300
+    if upstream.is_sse and read:
         return await _stream(request, upstream, answer, headers, started)
-    return await _whole(upstream, answer, headers)
+    return await _whole(upstream, answer, headers, read)
 
 
-async def _whole(upstream: UpstreamResponse, answer: Answer, headers: CIMultiDict[str]) -> web.StreamResponse:
+async def _whole(upstream: UpstreamResponse, answer: Relayed, headers: CIMultiDict[str],
+                 read: bool) -> web.StreamResponse:
     raw = await upstream.read()
-    if upstream.status < 300:
+    if read:
         raw = answer.body(raw)
     _stamp(headers, answer.hooks)
     answer.complete = True
@@ -44,7 +80,7 @@ async def _whole(upstream: UpstreamResponse, answer: Answer, headers: CIMultiDic
 
 
 async def _stream(
-    request: web.Request, upstream: UpstreamResponse, answer: Answer, headers: CIMultiDict[str], started: float,
+    request: web.Request, upstream: UpstreamResponse, answer: Relayed, headers: CIMultiDict[str], started: float,
 ) -> web.StreamResponse:
     # Headers leave before the body, so rewrites decided up front are all that can be
     # listed here; stream repairs are recorded on the span.
@@ -77,7 +113,7 @@ async def _stream(
     return resp
 
 
-def _stamp(headers: CIMultiDict[str], hooks: Hooks) -> None:
+def _stamp(headers: CIMultiDict[str], hooks: Stamped) -> None:
     if hooks.rewrites:
         headers["x-spanmeter-rewrites"] = ", ".join(r.header_value() for r in hooks.rewrites)
 

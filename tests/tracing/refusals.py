@@ -2,17 +2,18 @@
 
 The proxy refuses a call before it reaches the upstream (a ceiling, a rate limit, the loop
 guard) in proxy/serve/bookkeeping.refused: the call's span, opened when the request
-arrived, is ended with the record of a call never forwarded, whose `refusal` is the limit
-that refused it (a ceiling or rate bucket) or the error's code. `refuse` makes the same
-two calls on `tracing.spans` from a real error of proxy/errors.py.
+arrived, is ended with the record of a call never forwarded, whose `refusal` is its
+reason in the one vocabulary (proxy/serve/pipeline.refusal_reason). `refuse` makes the
+same two calls on `tracing.spans` from a real error of proxy/errors.py.
 """
 
 from __future__ import annotations
 
 import time
 
-from proxy.errors import CeilingReached, ProxyError, RateLimited
+from proxy.errors import ProxyError
 from proxy.model import Call, Caller, CallRecord, Outcome
+from proxy.serve.pipeline import refusal_reason
 from tracing import spans
 from tracing.setup import Telemetry
 
@@ -24,8 +25,7 @@ def refuse(tel: Telemetry, caller: Caller, call: Call, exc: ProxyError, peer: sp
            end_ns: int | None = None) -> spans.CallSpan:
     cs = spans.start_call(tel, caller, call, peer, lineage, start_ns=start_ns)
     outcome = Outcome(status=exc.status, error_type=exc.error_type, error_message=exc.message, complete=False)
-    reason = exc.limit if isinstance(exc, CeilingReached | RateLimited) else exc.code
     record = CallRecord(caller, call, outcome, cs.start_ns, time.time_ns() if end_ns is None else end_ns,
-                        forwarded=False, cost_micros=0, refusal=reason)
+                        forwarded=False, cost_micros=0, refusal=refusal_reason(exc))
     spans.end_call(tel, cs, record)
     return cs
