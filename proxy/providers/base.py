@@ -323,7 +323,7 @@ def joined_results(results: list[ToolResult], new_from: int) -> tuple[ToolResult
 
 
 def vocabulary(error: ProxyError, words: Mapping[type[ProxyError], str]) -> str:
-    """`error` in a dialect's error vocabulary: the word of its nearest class in `words`
+    """`error` in an API's error vocabulary: the word of its nearest class in `words`
     (which lists ProxyError itself, so every error has one)."""
     for cls in type(error).__mro__:
         word = words.get(cls)

@@ -41,7 +41,7 @@ _INT: Final = re.compile(rb"-?(?:0|[1-9][0-9]*)")
 
 _TEXT, _IGNORED_STRING, _IGNORED_INT, _USAGE = range(4)
 _TEMPLATES: Final = 4  # kept per stream: one per text block / output item in flight is plenty
-_LEARNS: Final = 8  # per stream: a dialect whose deltas never repeat a shape stops paying for learning
+_LEARNS: Final = 8  # per stream: an API whose deltas never repeat a shape stops paying for learning
 _MARKER: Final = b"spanmeter-probe"
 
 
