@@ -50,12 +50,11 @@ from proxy.config import DEFAULT_POLICY
 from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.hooks import Hooks
 from proxy.providers.responses import RESPONSES
-from proxy.providers.translator import Answer, open_call
+from proxy.providers.translator import Answer, Api, open_call
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 EVENTS = 50
@@ -108,7 +107,7 @@ def _request(dialect: str) -> tuple[bytes, str]:
     return orjson.dumps(req["body"]), req["path"]
 
 
-STREAMS: list[tuple[str, Dialect, list[bytes]]] = [
+STREAMS: list[tuple[str, Api, list[bytes]]] = [
     ("chat", CHAT, SSE_EVENTS),
     ("anthropic", ANTHROPIC, _anthropic()),
     ("responses", RESPONSES, _responses()),
@@ -116,7 +115,7 @@ STREAMS: list[tuple[str, Dialect, list[bytes]]] = [
 ]
 
 
-def _answer(adapter: Dialect, dialect: str) -> Answer:
+def _answer(adapter: Api, dialect: str) -> Answer:
     """A streaming call's answer, opened as the handler opens it: prepared, repair hooks on."""
     tr = open_call(adapter, *_request(dialect))
     hooks = Hooks()
@@ -135,7 +134,7 @@ def _relay_once(answer: Answer, chunks: list[bytes]) -> tuple[bytes, Outcome]:
     return b"".join(out), answer.outcome()
 
 
-def _measure(adapter: Dialect, dialect: str, chunks: list[bytes], n: int, repeats: int) -> float:
+def _measure(adapter: Api, dialect: str, chunks: list[bytes], n: int, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         answers = [_answer(adapter, dialect) for _ in range(n)]

@@ -61,10 +61,10 @@ from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 __all__ = ["create_app"]
 
 log = logging.getLogger("spanmeter")
-# The dialect a request's errors are answered in. aiohttp 3.14 added typed request keys and
+# The API a request's errors are answered in. aiohttp 3.14 added typed request keys and
 # warns on a str key; the releases before it (down to our floor) take a str.
-ADAPTER: Final[Any] = (web.RequestKey("adapter", Api) if hasattr(web, "RequestKey")
-                       else "spanmeter.adapter")
+ANSWERING_API: Final[Any] = (web.RequestKey("answering_api", Api) if hasattr(web, "RequestKey")
+                             else "spanmeter.answering_api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -131,16 +131,16 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         path, _, query = request.raw_path.partition("?")
         route = match(path, query)
     except ProxyError:
-        request[ADAPTER] = _answering(request)  # the refusal is answered and logged in it
+        request[ANSWERING_API] = _answering(request)  # the refusal is answered and logged in it
         raise
-    api, upstream_name = route.adapter, route.upstream_name
+    api, upstream_name = route.api, route.upstream_name
     request.match_info["tail"] = route.path.removeprefix("/")
-    # The dialect errors are answered in: the route's, guessed only off the metered routes.
-    request[ADAPTER] = api if api is not None else _answering(request)
+    # The API errors are answered in: the route's, guessed only off the metered routes.
+    request[ANSWERING_API] = api if api is not None else _answering(request)
     if api is not None and request.method == "POST":
         return await handle_call(request, api, upstream_name)
     if (request.method == "GET" and route.path == "/v1/models") or request.app[SETTINGS].allow_passthrough:
-        return await admin.passthrough(request, request[ADAPTER], upstream_name)
+        return await admin.passthrough(request, request[ANSWERING_API], upstream_name)
     raise unknown_route(request.method, request.path)
 
 
@@ -177,7 +177,7 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
     call's own line, written by its bookkeeping or the refusal path, says it)."""
     if accesslog.request_logged():
         return
-    api = request.get(ADAPTER)
+    api = request.get(ANSWERING_API)
     if api is None:  # the admin API and run control: not a model call
         log.log(logging.ERROR if exc.status >= 500 else logging.INFO, "%s %s answered %d %s: %s",
                 request.method, json.dumps(request.path), exc.status, exc.error_type, exc.message)
@@ -186,7 +186,7 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
 
 
 def render(request: web.Request, exc: ProxyError) -> web.Response:
-    api: Api = request.get(ADAPTER) or _answering(request)
+    api: Api = request.get(ANSWERING_API) or _answering(request)
     request_id = "req_" + uuid.uuid4().hex[:24]
     headers = {**exc.headers(), "x-request-id": request_id}
     response = web.Response(body=api.render_error(exc, request_id), status=exc.status,

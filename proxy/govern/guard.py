@@ -115,7 +115,7 @@ def remind(ex: Exchange, policy: GuardPolicy) -> Reminded:
         return []
     threshold = policy.threshold or DEFAULT_THRESHOLD
     try:
-        history = ex.history()
+        history = ex.tool_history()
     except Exception:
         log.exception("reading the request's tool history failed; no reminder")
         return []

@@ -37,7 +37,7 @@ class Slot(NamedTuple):
 
 class ArgumentSlot(NamedTuple):
     """Where a tool call's arguments are, `holder[key]`: JSON text, or an object the
-    dialect sends already parsed (Anthropic `input`, Gemini `args`)."""
+    API sends already parsed (Anthropic `input`, Gemini `args`)."""
 
     holder: Json
     key: str

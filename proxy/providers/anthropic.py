@@ -311,7 +311,7 @@ def _plain_delta(event: SseEvent) -> bool:
 class AnthropicAdapter(Opens):
     api = "messages"
     conversation: str | None = "messages"
-    dialect = "anthropic"
+    family = "anthropic"
     provider = "anthropic"
     upstream_setting = "anthropic_base_url"
     names_deployment = False
@@ -350,7 +350,7 @@ class AnthropicAdapter(Opens):
         return []  # usage always streams in message_start / message_delta
 
     def set_max_tokens(self, ex: Exchange, value: int) -> None:
-        ex.set_top("max_tokens", value)
+        ex.splicer.set_top("max_tokens", value)
 
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         return [(block, "content") for m in body.get("messages") or () if isinstance(m, dict)
@@ -366,13 +366,13 @@ class AnthropicAdapter(Opens):
         block = {"type": "text", "text": text}
         last = messages[-1] if messages else None
         if not (isinstance(last, dict) and last.get("role") == "user"):
-            return ex.append_item(("messages",), {"role": "user", "content": [block]})
+            return ex.splicer.append_item(("messages",), {"role": "user", "content": [block]})
         content = last.get("content")
         if isinstance(content, list):
-            return ex.append_item(("messages", -1, "content"), block)
+            return ex.splicer.append_item(("messages", -1, "content"), block)
         if isinstance(content, str):  # its text block keeps the string's bytes as they came
             note = orjson.dumps(block).decode()
-            return ex.replace_value(("messages", -1, "content"), [{"type": "text", "text": content}, block],
+            return ex.splicer.replace_value(("messages", -1, "content"), [{"type": "text", "text": content}, block],
                                     lambda old: '[{"type":"text","text":' + old + "}," + note + "]")
         return False
 

@@ -145,7 +145,8 @@ def _mark(ex: Exchange, at: Path) -> None:
     elif isinstance(value, list):
         _mark(ex, (*at, len(value) - 1))
     elif isinstance(value, dict):
-        ex.replace_value(at, {**value, "cache_control": MARKER}, lambda old: old.rstrip()[:-1] + _MARKER_TEXT + "}")
+        ex.splicer.replace_value(at, {**value, "cache_control": MARKER},
+                                 lambda old: old.rstrip()[:-1] + _MARKER_TEXT + "}")
 
 
 def _as_block(ex: Exchange, at: Path, *, marked: bool) -> None:
@@ -158,4 +159,4 @@ def _as_block(ex: Exchange, at: Path, *, marked: bool) -> None:
         block["cache_control"] = MARKER
     tail = _MARKER_TEXT if marked else ""
     # The string's own bytes are kept inside the block.
-    ex.replace_value(at, [block], lambda old: '[{"type":"text","text":' + old + tail + "}]")
+    ex.splicer.replace_value(at, [block], lambda old: '[{"type":"text","text":' + old + tail + "}]")

@@ -47,7 +47,7 @@ def deployment_of(path: str) -> str | None:
 class _Azure:
     """What Azure changes in an OpenAI API: its upstream, its key header, the deployment."""
 
-    dialect = "azure"
+    family = "azure"
     provider = AZURE_PROVIDER
     upstream_setting = "azure_openai_base_url"
     names_deployment = True

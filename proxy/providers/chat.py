@@ -350,7 +350,7 @@ def openai_cache_key(ex: Exchange, tenant: str, run_id: str, agent: str | None) 
         return []
     scope = f"agent:{agent}" if agent else f"run:{run_id}"
     key = "sm-" + hashlib.sha256(f"{tenant}\0{scope}".encode()).hexdigest()[:32]
-    ex.set_top("prompt_cache_key", key)
+    ex.splicer.set_top("prompt_cache_key", key)
     return [Rewrite("prompt_cache_key", "agent" if agent else "run")]
 
 
@@ -359,7 +359,7 @@ class OpenAIFamily(Opens):
 
     cache_key = False  # the API takes `prompt_cache_key` (chat and responses)
 
-    dialect = "openai"
+    family = "openai"
     provider = "openai"
     upstream_setting = "openai_base_url"
     names_deployment = False
@@ -440,14 +440,14 @@ class ChatAdapter(OpenAIFamily):
             return []
         # Without it a chat stream never reports usage, and unknown usage can only be
         # settled at the reservation. The usage-only chunk is dropped on the way back.
-        ex.set_top("stream_options", {**(so if isinstance(so, dict) else {}), "include_usage": True})
+        ex.splicer.set_top("stream_options", {**(so if isinstance(so, dict) else {}), "include_usage": True})
         return [Rewrite("include_usage", "injected")]
 
     def set_max_tokens(self, ex: Exchange, value: int) -> None:
         # A request with both fields: which one a server honours differs, so both get it.
         both = [f for f in ("max_completion_tokens", "max_tokens") if f in ex.body]
         for field in both if len(both) == 2 else [ex.call.max_tokens_field]:
-            ex.set_top(field, value)
+            ex.splicer.set_top(field, value)
 
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         return [(m, "content") for m in _list(body.get("messages"))
@@ -455,7 +455,7 @@ class ChatAdapter(OpenAIFamily):
 
     def append_note(self, ex: Exchange, text: str) -> bool:
         """A new final user message (a system message would move up front and break the cache)."""
-        return ex.append_item(("messages",), {"role": "user", "content": text})
+        return ex.splicer.append_item(("messages",), {"role": "user", "content": text})
 
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return _history(_list(body.get("messages")))
@@ -531,8 +531,8 @@ class _ChatCall(CallTranslator):
 
     __slots__ = ("_asked_usage",)
 
-    def __init__(self, dialect: ChatAdapter, request: Exchange, *, asked_usage: bool) -> None:
-        super().__init__(dialect, request)
+    def __init__(self, api: ChatAdapter, request: Exchange, *, asked_usage: bool) -> None:
+        super().__init__(api, request)
         self._asked_usage = asked_usage
 
     def answer(self, hooks: Hooks) -> Answer:

@@ -415,7 +415,7 @@ def _plain_chunk(event: SseEvent) -> bool:
 class GeminiAdapter(Opens):
     api = "gemini"
     conversation: str | None = "contents"
-    dialect = "gemini"
+    family = "gemini"
     provider = "gcp.gemini"
     upstream_setting = "gemini_base_url"
     names_deployment = False
@@ -465,11 +465,11 @@ class GeminiAdapter(Opens):
         key = "generation_config" if "generation_config" in body else "generationConfig"
         config = body.get(key)
         if not isinstance(config, dict):
-            ex.set_top(key, {"maxOutputTokens": value})
+            ex.splicer.set_top(key, {"maxOutputTokens": value})
             return
         config = {k: v for k, v in config.items() if k != "max_output_tokens"}
         config["maxOutputTokens"] = value
-        ex.set_top(key, config)  # only the config's bytes change, never the conversation's
+        ex.splicer.set_top(key, config)  # only the config's bytes change, never the conversation's
 
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         # Matched by id, or by the name-based id of the module docstring.
@@ -478,7 +478,7 @@ class GeminiAdapter(Opens):
 
     def append_note(self, ex: Exchange, text: str) -> bool:
         """A new final user content."""
-        return ex.append_item(("contents",), {"role": "user", "parts": [{"text": text}]})
+        return ex.splicer.append_item(("contents",), {"role": "user", "parts": [{"text": text}]})
 
     def tool_history(self, body: dict[str, Any]) -> list[HistoryCall]:
         return _history(_list(body.get("contents")))
@@ -559,7 +559,7 @@ class _GeminiCall(CallTranslator):
     __slots__ = ()
 
     def answer(self, hooks: Hooks) -> Answer:
-        return Answer(self._dialect, self.call, hooks, _AnswerEvents())
+        return Answer(self._roles, self.call, hooks, _AnswerEvents())
 
 
 GEMINI = GeminiAdapter()

@@ -25,7 +25,7 @@ class Observer:
 
     Text is kept as a list of pieces (joined once at the end) so a long stream costs
     linear time. Tool-call arguments are assembled per index from their fragments; the
-    indexes are the answer's own, as its API module's reader numbers them (no dialect rule
+    indexes are the answer's own, as its API module's reader numbers them (no wire format's rule
     lives here).
     """
 

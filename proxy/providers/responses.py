@@ -312,7 +312,7 @@ class ResponsesAdapter(OpenAIFamily):
         return []  # usage always arrives in response.completed
 
     def set_max_tokens(self, ex: Exchange, value: int) -> None:
-        ex.set_top("max_output_tokens", value)
+        ex.splicer.set_top("max_output_tokens", value)
 
     def tool_result_slots(self, body: dict[str, Any], call_id: str) -> list[tuple[dict[str, Any], str]]:
         return [(it, "output") for it in _list(body.get("input"))
@@ -324,13 +324,13 @@ class ResponsesAdapter(OpenAIFamily):
         item = {"role": "user", "content": text}
         given = ex.body.get("input")
         if isinstance(given, list):
-            return ex.append_item(("input",), item)
+            return ex.splicer.append_item(("input",), item)
         if isinstance(given, str):  # its message keeps the string's bytes as they came
             note = orjson.dumps(item).decode()
-            return ex.replace_value(("input",), [{"role": "user", "content": given}, item],
+            return ex.splicer.replace_value(("input",), [{"role": "user", "content": given}, item],
                                     lambda old: '[{"role":"user","content":' + old + "}," + note + "]")
         if "input" not in ex.body:  # a stored prompt alone
-            ex.set_top("input", [item])
+            ex.splicer.set_top("input", [item])
             return True
         return False
 

@@ -28,8 +28,8 @@ from typing import Any, Final
 import orjson
 
 from proxy.model import MetaEvent, StreamEvent, TextDelta, UsageEvent
-from proxy.providers.base import Dialect, TextShape
 from proxy.providers.observer import Observer
+from proxy.providers.roles import AnswerReader, TextShape
 from proxy.providers.sse import EventEnds, SseEvent, parse_sse_event
 
 __all__ = ["TextShortcut"]
@@ -41,7 +41,7 @@ _INT: Final = re.compile(rb"-?(?:0|[1-9][0-9]*)")
 
 _TEXT, _IGNORED_STRING, _IGNORED_INT, _USAGE = range(4)
 _TEMPLATES: Final = 4  # kept per stream: one per text block / output item in flight is plenty
-_LEARNS: Final = 8  # per stream: a dialect whose deltas never repeat a shape stops paying for learning
+_LEARNS: Final = 8  # per stream: an API whose deltas never repeat a shape stops paying for learning
 _MARKER: Final = b"spanmeter-probe"
 
 
@@ -64,7 +64,7 @@ class _Template:
 # chat deltas with their obfuscation pad). Both are bounded by the few shapes an API has
 # (a hostile upstream inventing shapes only makes them start over).
 _Steps = tuple[tuple[int, bytes], ...]
-_SHARED: dict[tuple[str, bytes, _Steps], _Template] = {}
+_SHARED: dict[tuple[TextShape, bytes, _Steps], _Template] = {}
 _BODIES: dict[_Steps, re.Pattern[bytes]] = {}
 _RUNS: dict[tuple[_Steps, int], _Rows] = {}
 _SHARED_MAX: Final = 256
@@ -79,10 +79,10 @@ class TextShortcut:
     for every other event the caller parses in full and then calls `learn`.
     """
 
-    __slots__ = ("_adapter", "_last", "_learns", "_observer", "_shape", "_templates")
+    __slots__ = ("_last", "_learns", "_observer", "_reader", "_shape", "_templates")
 
-    def __init__(self, adapter: Dialect, shape: TextShape, observer: Observer) -> None:
-        self._adapter = adapter
+    def __init__(self, reader: AnswerReader, shape: TextShape, observer: Observer) -> None:
+        self._reader = reader
         self._shape = shape
         self._observer = observer
         self._templates: list[_Template] = []
@@ -176,7 +176,7 @@ class TextShortcut:
         steps = tuple((kind, raw[end:holes[i + 1][0]] if i + 1 < len(holes) else raw[end:])
                       for i, (_, end, kind) in enumerate(holes))
         side = tuple(e for e in parsed if isinstance(e, MetaEvent) or (isinstance(e, UsageEvent) and not usage_hole))
-        shared = (self._adapter.api, raw[:holes[0][0]], steps)
+        shared = (self._shape, raw[:holes[0][0]], steps)  # a shape is its API's: one reader parses it
         known = _SHARED.get(shared) if not side else None
         if known is not None and self._reads(known, raw, parsed):
             return known
@@ -194,8 +194,8 @@ class TextShortcut:
                 parsed: list[StreamEvent]) -> bool:
         """The template reads what the full parse read, from the event it was learnt from
         and from a probe with every hole changed (a marker as the text, empty usage), which
-        the adapter parses in full: the text hole is the text's token, the usage hole the
-        usage the adapter reads."""
+        the API's reader parses in full: the text hole is the text's token, the usage hole the
+        usage the reader reads."""
         probe, at = [], 0
         for start, end, kind in holes:
             probe += [raw[at:start], {_TEXT: _MARKER, _IGNORED_STRING: b"", _IGNORED_INT: b"0", _USAGE: b"{}"}[kind]]
@@ -203,7 +203,7 @@ class TextShortcut:
         probe.append(raw[at:])
         probe_raw = b"".join(probe)
         try:
-            want = self._adapter.parse_event(parse_sse_event(probe_raw))
+            want = self._reader.parse_event(parse_sse_event(probe_raw))
         except (ValueError, TypeError, KeyError, AttributeError, IndexError):
             return False
         return self._reads(t, raw, parsed) and self._reads(t, probe_raw, want) \

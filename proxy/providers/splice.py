@@ -1,4 +1,5 @@
 """Edit a JSON document in its bytes: only the edited values change, nothing else moves.
+`Splicer` keeps one request's parsed body and its edits; `splice` applies edits to bytes.
 
 Re-serialising a parsed request (orjson.dumps(orjson.loads(raw))) keeps the values of
 most JSON but not its bytes, and not all of its values: whitespace and escapes change
@@ -19,8 +20,11 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]
+from typing import Any
 
-__all__ = ["Path", "locate", "splice"]
+import orjson
+
+__all__ = ["Edit", "Path", "Splicer", "holds", "locate", "splice"]
 
 Path = tuple[str | int, ...]
 # An edit of one value: the value's JSON text as it came -> its new JSON text.
@@ -163,3 +167,115 @@ def _edited(text: str, lo: int, hi: int, spans: list[tuple[int, int, Edit]]) -> 
         at, i = end, j
     out.append(text[at:hi])
     return "".join(out)
+
+
+class Splicer:
+    """One request's body and the edits of its bytes. A request nobody edits goes as it came;
+    a new top-level field is spliced in before the final `}`; an edited value replaces only
+    that value's bytes, so the rest (and the provider's cached prefix) is kept to the byte.
+    `body` is kept equal to what is sent."""
+
+    __slots__ = ("_added", "_edited", "_edits", "_sent", "body", "raw")
+
+    def __init__(self, raw: bytes, body: dict[str, Any]) -> None:
+        self.raw = raw
+        self.body = body
+        self._added: dict[str, Any] = {}
+        self._edits: dict[Path, Edit] = {}
+        self._edited = False
+        self._sent: bytes | None = None  # request_bytes, until the next edit
+
+    def set_top(self, key: str, value: Any) -> None:
+        """Set a top-level field of the request."""
+        if key in self.body and key not in self._added:
+            text = orjson.dumps(value).decode()
+            self._edits[(key,)] = lambda _old: text
+        else:
+            self._added[key] = value
+        self.body[key] = value
+        self._sent = None
+
+    def append_item(self, path: Path, item: Any) -> bool:
+        """Append `item` to the array at `path` (-1 for the last element on the way): in
+        `body`, and in the bytes before the array's closing bracket."""
+        at = _absolute(self.body, path)
+        array = _follow(self.body, at) if at is not None else None
+        if at is None or not isinstance(array, list):
+            return False
+        encoded = orjson.dumps(item).decode()
+        array.append(item)
+        self.edit(at, lambda old: old[:-1] + ("," if old[1:-1].strip() else "") + encoded + old[-1])
+        return True
+
+    def replace_value(self, path: Path, value: Any, edit: Edit) -> bool:
+        """Put `value` at `path` (-1 for the last element on the way) in `body`, and in the
+        bytes `edit` of the old value's JSON text (which may keep it, byte for byte)."""
+        at = _absolute(self.body, path)
+        if not at:
+            return False
+        holder: Any = _follow(self.body, at[:-1])  # `_absolute` found every step: it holds the key
+        holder[at[-1]] = value
+        self.edit(at, edit)
+        return True
+
+    def edit(self, path: Path, edit: Edit) -> None:
+        """Edit the bytes of the value at `path` (absolute), after any edit of it so far; the
+        caller has made the same change in `body`."""
+        before = self._edits.get(path)
+        self._edits[path] = edit if before is None else lambda old: edit(before(old))
+        self._sent = None
+
+    def edited(self) -> None:
+        """`body` was changed in place where no edit says: the request is re-serialised whole."""
+        self._edited = True
+        self._sent = None
+
+    def request_bytes(self) -> bytes:
+        """The request as it goes upstream: spliced once per set of edits."""
+        if self._sent is None:
+            self._sent = self._request_bytes()
+        return self._sent
+
+    def _request_bytes(self) -> bytes:
+        if self._edited:
+            return orjson.dumps(self.body)
+        out = self.raw
+        if self._edits:
+            try:
+                out = splice(out, self._edits)
+            except (ValueError, IndexError, UnicodeDecodeError, RecursionError):
+                return orjson.dumps(self.body)  # cannot happen for a body orjson parsed; never fail a call
+        if not self._added:
+            return out
+        end = out.rindex(b"}")  # the body parsed as a JSON object: its last byte is `}`
+        fields = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in self._added.items())
+        sep = b"," if len(self.body) > len(self._added) else b""
+        return out[:end] + sep + fields + out[end:]
+
+
+def _absolute(body: Any, path: Path) -> Path | None:
+    """`path` with negative indexes counted from the end, or None when it is not in `body`."""
+    out: list[str | int] = []
+    node = body
+    for step in path:
+        if isinstance(step, int) and isinstance(node, list) and -len(node) <= step < len(node):
+            step %= len(node)
+        if not holds(node, step):
+            return None
+        out.append(step)
+        node = node[step]
+    return tuple(out)
+
+
+def _follow(body: Any, path: Path) -> Any:
+    """The value at `path` in parsed JSON (a path `_absolute` returned)."""
+    for step in path:
+        body = body[step]
+    return body
+
+
+def holds(container: Any, step: str | int) -> bool:
+    """Whether `container[step]` is a member or an element of parsed JSON."""
+    if isinstance(container, dict):
+        return isinstance(step, str) and step in container
+    return isinstance(container, list) and isinstance(step, int) and 0 <= step < len(container)

@@ -1,4 +1,4 @@
-"""Server-sent events: the one framing of every dialect's stream (the relay, its text-delta
+"""Server-sent events: the one framing of every API's stream (the relay, its text-delta
 shortcut and the MCP route), and one event parsed. Pure."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class SseEvent:
 
 class Framer:
     """Splits a byte stream into SSE events as soon as each is complete: the one framing of
-    every dialect's stream (the relay, its text-delta shortcut and the MCP route read
+    every API's stream (the relay, its text-delta shortcut and the MCP route read
     events through it).
 
     An event ends at a blank line, and per the SSE spec a line ends at CRLF, LF or CR, in

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from proxy.model import StreamEvent
-from proxy.providers.base import Dialect, Events
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
+from proxy.providers.roles import AnswerReader, Events
 from proxy.providers.shortcut import TextShortcut
 from proxy.providers.sse import Framer, parse_sse_event
 
@@ -37,13 +37,13 @@ class StreamRelay:
 
     __slots__ = ("_events", "_framer", "_hooks", "_observer", "_shortcut", "taken")
 
-    def __init__(self, adapter: Dialect, events: Events, observer: Observer, hooks: Hooks) -> None:
+    def __init__(self, reader: AnswerReader, events: Events, observer: Observer, hooks: Hooks) -> None:
         self._events = events  # this answer's reader of events (Answer's `events`)
         self._observer = observer
         self._hooks = hooks
         self._framer = Framer()
-        shape = adapter.text_shape
-        self._shortcut = None if shape is None or hooks.reads_text else TextShortcut(adapter, shape, observer)
+        shape = reader.text_shape
+        self._shortcut = None if shape is None or hooks.reads_text else TextShortcut(reader, shape, observer)
         self.taken = 0  # events taken by their bytes, unparsed
 
     def feed(self, chunk: bytes) -> bytes:

@@ -1,41 +1,29 @@
 """One model call as its API module translates it, both directions. Pure: no I/O, no clock.
 
-An API module (chat, responses, anthropic, gemini, embeddings) is opened once per call
-(`open_call`, or `Api.open`). The `Translator` it returns owns that call:
-
-- the request: its facts (`call`) and the bytes going upstream with their byte-exact
-  patches (`request`, an `Exchange`: prepare, clamp, note, reminders, cache breakpoints);
-- the answer (`answer(hooks)`): the observation of a whole body or of a stream (its framing,
-  the text fast path, the dialect's own stream filters), usage, tool calls, stored sizes,
-  and where the repair driver may rewrite the answer's text and arguments;
-- its errors, in the API's own words (`error`), and the repair's retry (`retry`).
-
-Most modules' calls are `CallTranslator`s. A module whose calls carry state of their own
-subclasses it from its `open`: chat keeps whether the client itself asked for the stream's
-usage (and drops the usage chunk it did not ask for), Gemini reads each answer's stream with
-a reader of its own that numbers tool calls across chunks.
-
-The shared code (serve/handler, serve/relay, govern/outputs, serve/bookkeeping) knows a call
-through `Translator` and `Answer` alone, and a route through `Api`: what a wire format is
-(its dialect object, with the pure per-format functions the table tests drive) stays in its
-module.
+The shared code (serve/handler, serve/relay, govern/outputs, serve/bookkeeping) knows a route
+through `Api` and a call through the `Translator` `Api.open` returns: its facts (`call`),
+the request going upstream with its patches (`request`, a base.Exchange), the answer's
+reader (`answer(hooks)`: `Answer`), its errors and the repair's retry. Most calls are
+`CallTranslator`s over the API object's roles (proxy/providers/roles.py); a module whose
+calls carry state of their own subclasses it from its `open` (chat, Gemini).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import replace
-from typing import Protocol
+from functools import cached_property
+from typing import Protocol, runtime_checkable
 
 import orjson
 
 from proxy.errors import ProxyError
 from proxy.model import Call, Outcome, StreamError
 from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
-from proxy.providers.base import Dialect, Events, Exchange, open_exchange
+from proxy.providers.base import Exchange, HasRoles, Roles, open_exchange, roles_of
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
+from proxy.providers.roles import Events
 from proxy.providers.stream import StreamRelay, safely_parsed
 
 __all__ = ["Answer", "Api", "CallTranslator", "Opens", "Translator", "open_call"]
@@ -69,21 +57,23 @@ class Translator(Protocol):
         ...
 
 
+@runtime_checkable
 class Api(Protocol):
-    """A wire format as routing sees it, before a call is opened."""
+    """The route's identity, as routing sees an API before a call is opened (a role: see
+    proxy/providers/roles.py)."""
 
     api: str  # one of proxy.model.Api
-    dialect: str  # the upstream family serving it (openai | anthropic | gemini): its upstreams and keys
+    family: str  # the upstream family serving it (openai | anthropic | gemini | azure | vertex): upstreams, keys
     provider: str  # gen_ai.provider.name when the upstream's host does not say
-    upstream_setting: str  # which settings field holds this dialect's base URL
+    upstream_setting: str  # which settings field holds this family's base URL
     names_deployment: bool  # the call's model is an operator's deployment name (Azure), not a model
 
     def auth_headers(self, key: str) -> dict[str, str]:
-        """Headers carrying an upstream key in this dialect's own scheme."""
+        """Headers carrying an upstream key in this family's own scheme."""
         ...
 
     def render_error(self, error: ProxyError, request_id: str) -> bytes:
-        """The dialect's JSON error body for `error`, for a call refused before it was opened."""
+        """The API's JSON error body for `error`, for a call refused before it was opened."""
         ...
 
     def open(self, raw: bytes, path: str) -> Translator:
@@ -98,22 +88,25 @@ def open_call(api: Api, raw: bytes, path: str) -> Translator:
 
 
 class Opens:
-    """What makes an API module's dialect object an `Api`: it opens one translator per call."""
+    """What makes an API module's object an `Api`: its roles, checked once, and one
+    translator per call."""
 
-    __slots__ = ()
+    @cached_property
+    def roles(self) -> Roles:
+        return roles_of(self)
 
-    def open(self: Dialect, raw: bytes, path: str) -> Translator:
+    def open(self, raw: bytes, path: str) -> Translator:
         return CallTranslator(self, open_exchange(self, raw, path))
 
 
 class CallTranslator:
-    """The translator of one call: its module's dialect object does the per-format work.
-    A module whose calls carry state of their own subclasses it (see the module docstring)."""
+    """The translator of one call, over its API object's roles. A module whose calls carry
+    state of their own subclasses it (see the module docstring)."""
 
-    __slots__ = ("_dialect", "request")
+    __slots__ = ("_roles", "request")
 
-    def __init__(self, dialect: Dialect, request: Exchange) -> None:
-        self._dialect = dialect
+    def __init__(self, api: HasRoles, request: Exchange) -> None:
+        self._roles = api.roles
         self.request = request
 
     @property
@@ -121,35 +114,33 @@ class CallTranslator:
         return self.request.call
 
     def answer(self, hooks: Hooks) -> Answer:
-        return Answer(self._dialect, self.request.call, hooks, self._dialect)
+        roles = self._roles
+        return Answer(roles, self.request.call, hooks, roles.answers)
 
     def error(self, exc: ProxyError, request_id: str, *, streaming: bool) -> bytes:
         if streaming:
-            return self._dialect.render_stream_error(exc)
-        return self._dialect.render_error(exc, request_id)
+            return self._roles.errors.render_stream_error(exc)
+        return self._roles.errors.render_error(exc, request_id)
 
     def retry(self, answer: str, feedback: str) -> Translator:
-        ex = self.request
-        body = self._dialect.retry_body(ex.body, answer, feedback)
-        raw = orjson.dumps(body)
         again = copy.copy(self)  # the same call once more: a subclass's own state goes with it
-        # Its own size bounds its input.
-        again.request = Exchange(self._dialect, replace(ex.call, body_bytes=len(raw)), raw, body)
+        again.request = self.request.retried(answer, feedback)
         return again
 
 
 class Answer:
     """The answer of one call as it is read: observed, rewritten through the call's hooks,
     and what the relay learnt on the way (the handler holds it, so a cancelled relay loses
-    nothing). `events` reads the answer's events: the dialect object itself, or a reader of
+    nothing). `events` reads the answer's events: the API object itself, or a reader of
     this answer alone when the module's events depend on the ones before. The repair driver
     adds its hooks at `text_slots`, `argument_slots` and `rewriter`."""
 
-    __slots__ = ("_dialect", "_observer", "call", "chunk_gaps_s", "complete", "delivered_ns", "events",
+    __slots__ = ("_errors", "_observer", "_reader", "call", "chunk_gaps_s", "complete", "delivered_ns", "events",
                  "first_chunk_s", "hooks", "status")
 
-    def __init__(self, dialect: Dialect, call: Call, hooks: Hooks, events: Events) -> None:
-        self._dialect = dialect
+    def __init__(self, roles: Roles, call: Call, hooks: Hooks, events: Events) -> None:
+        self._reader = roles.answers
+        self._errors = roles.errors
         self.events = events
         self._observer = Observer()
         self.call = call
@@ -164,7 +155,7 @@ class Answer:
 
     def stream(self) -> StreamRelay:
         """The reader of this answer's stream, bound once: the relay feeds it each chunk."""
-        return StreamRelay(self._dialect, self.events, self._observer, self.hooks)
+        return StreamRelay(self._reader, self.events, self._observer, self.hooks)
 
     def body(self, raw: bytes) -> bytes:
         """A whole successful answer, observed and rewritten by the body hooks: what to send."""
@@ -192,7 +183,7 @@ class Answer:
         """The stream ends with `exc` after its status line went: noted, and the API's
         terminal error event."""
         self._observer.feed([StreamError(exc.error_type, exc.message)])
-        return self._dialect.render_stream_error(exc)
+        return self._errors.render_stream_error(exc)
 
     def failed(self, exc: ProxyError) -> None:
         """The call failed with `exc` (upstream unreachable, timed out, broke the protocol)."""
@@ -204,19 +195,19 @@ class Answer:
 
     def stored_sizes(self, outcome: Outcome) -> dict[str, int]:
         """Stored context this answer revealed the size of, in tokens (see Call.stored_context)."""
-        return self._dialect.stored_sizes(self.call, outcome)
+        return self._reader.stored_sizes(self.call, outcome)
 
     # The repair driver's side (proxy/govern/outputs.py).
 
     def text_slots(self, body: Json) -> list[Slot]:
         """Where a whole answer's text is, in order (the first choice or candidate only)."""
-        return self._dialect.text_slots(body)
+        return self._reader.text_slots(body)
 
     def argument_slots(self, body: Json) -> list[ArgumentSlot]:
         """Each tool call's arguments in a whole answer, with its call id and tool name."""
-        return self._dialect.argument_slots(body)
+        return self._reader.argument_slots(body)
 
     def rewriter(self, edits: StreamEdits) -> EventRewrite | None:
         """A rewriter of this API's stream events that hands the answer's text and each tool
-        call's arguments to `edits` as they stream, in the dialect's own framing."""
-        return self._dialect.stream_rewriter(edits)
+        call's arguments to `edits` as they stream, in the API's own framing."""
+        return self._reader.stream_rewriter(edits)

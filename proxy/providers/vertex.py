@@ -7,7 +7,7 @@
   body is Anthropic Messages without `model` (it carries `anthropic_version`), streamed when
   it says `stream: true`; the model (`claude-sonnet-4-5@20250929`) is in the path.
 
-So each is its module's dialect object with three differences, not a copy of the module:
+So each is its module's API object with three differences, not a copy of the module:
 the upstream family (`vertex`: its base URL setting and upstreams), the provider name
 (`gcp.vertex_ai`) and the credential (an OAuth bearer token), plus, for Anthropic, the
 model read from the path.
@@ -52,9 +52,9 @@ def _bearer(key: str) -> dict[str, str]:
 
 
 class VertexGemini(GeminiAdapter):
-    """Gemini on Vertex AI: the Gemini module's dialect, Vertex's upstream and credential."""
+    """Gemini on Vertex AI: the Gemini module's API object, Vertex's upstream and credential."""
 
-    dialect = "vertex"
+    family = "vertex"
     provider = "gcp.vertex_ai"
     upstream_setting = "vertex_base_url"
 
@@ -63,9 +63,9 @@ class VertexGemini(GeminiAdapter):
 
 
 class VertexAnthropic(AnthropicAdapter):
-    """Anthropic on Vertex AI: the Anthropic module's dialect, the model read from the path."""
+    """Anthropic on Vertex AI: the Anthropic module's API object, the model read from the path."""
 
-    dialect = "vertex"
+    family = "vertex"
     provider = "gcp.vertex_ai"
     upstream_setting = "vertex_base_url"
 

@@ -21,7 +21,7 @@ from proxy.providers.hosts import HOSTS
 from proxy.providers.translator import Api
 from proxy.serve.upstream import host_port
 
-__all__ = ["SUPPORTED", "Route", "Target", "adapter_for", "check_upstreams", "match", "provider_name", "target_for",
+__all__ = ["SUPPORTED", "Route", "Target", "api_for", "check_upstreams", "match", "provider_name", "target_for",
            "upstream"]
 
 SUPPORTED = (
@@ -56,7 +56,7 @@ _AMBIGUOUS = re.compile(r"(?:^|/)\.{1,2}(?:/|$)|//|\\|%(?:2[fFeE3]|5[cC]|3[fF])"
 
 @frozen
 class Route:
-    adapter: Api | None  # None: not a metered route
+    api: Api | None  # None: not a metered route
     upstream_name: str | None  # from an /upstreams/{name}/ prefix
     path: str  # the path as it goes upstream, prefix removed, exactly as received
     mcp: str | None = None  # the MCP server of /mcp/{name}
@@ -94,14 +94,14 @@ def match(raw_path: str, query: str = "") -> Route:
         return Route(for_upstream_path(path), name, path)
     if raw_path.startswith(AZURE_PREFIX):
         return Route(for_azure_path(raw_path, query), None, raw_path)
-    return Route(adapter_for(path), name, path)
+    return Route(api_for(path), name, path)
 
 
 # The routes of the fixed paths, as match would build them (none is ambiguous).
 _FIXED_ROUTES = {path: Route(api, None, path) for path, api in FIXED_PATHS.items()}
 
 
-def adapter_for(path: str) -> Api | None:
+def api_for(path: str) -> Api | None:
     """The API of a metered path (already stripped of any /upstreams/{name} prefix)."""
     return for_path(path)
 
@@ -142,14 +142,14 @@ class Target:
     ambient_token: bool = False
 
 
-# Dialects whose upstream takes an OAuth token from Application Default Credentials when no
+# Upstream families that take an OAuth token from Application Default Credentials when no
 # key is configured for them: Vertex AI has no API keys of the kind the others take.
-_AMBIENT_TOKEN_DIALECTS = frozenset({"vertex"})
+_AMBIENT_TOKEN_FAMILIES = frozenset({"vertex"})
 
 
 # gen_ai.provider.name: the well-known value when the host says which provider serves
 # the call, else the instrumentation's best knowledge, the API the client speaks (its
-# module's `provider`, one value per dialect); server.address still names the host. Never the host itself: the
+# module's `provider`, one value per API); server.address still names the host. Never the host itself: the
 # value is a metric label, and hosts are not a bounded set.
 _KNOWN_HOSTS = {
     "api.openai.com": "openai",
@@ -218,17 +218,17 @@ def check_upstreams(settings: Settings) -> None:
 def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None, path: str = "") -> Target:
     """Where a call goes and with which credentials. `path`: the path as it goes upstream,
     which names the upstream's host when its API's base URL is not set (Vertex AI's location)."""
-    dialect = api.dialect
+    family = api.family
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
     key_env: str | None
     configured: str | None = None
     if name is not None:
         up = upstream(settings, name)
-        if up is None or up.dialect != dialect or not up.base_url:
+        if up is None or up.dialect != family or not up.base_url:
             raise UnknownRoute(
-                f"No upstream named {name!r} for the {dialect} dialect. Built in: {', '.join(HOSTS)}; "
-                f"configured: {sorted(k for k, u in settings.upstreams.items() if u.dialect == dialect) or 'none'}."
+                f"No upstream named {name!r} for the {family} dialect. Built in: {', '.join(HOSTS)}; "
+                f"configured: {sorted(k for k, u in settings.upstreams.items() if u.dialect == family) or 'none'}."
             )
         base, configured = up.base_url, up.provider_name
         # Keys per host as for the big three: the tenant's `upstream_keys` entry by the
@@ -242,9 +242,9 @@ def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str 
         if base is None and api.upstream_setting in _NO_BASE:
             raise ConfigError(_NO_BASE[api.upstream_setting])
         base = base or _base_from_path(api, path)
-        key_env = (tenant.upstream_keys.get(dialect) if tenant else None) or settings.upstream_keys.get(dialect)
+        key_env = (tenant.upstream_keys.get(family) if tenant else None) or settings.upstream_keys.get(family)
     url, provider, host, port = _endpoint(api.provider, base, configured)
-    ambient = not settings.open_mode and not key_env and dialect in _AMBIENT_TOKEN_DIALECTS
+    ambient = not settings.open_mode and not key_env and family in _AMBIENT_TOKEN_FAMILIES
     return Target(url, _auth(settings, api, caller, key_env), provider, host, port, ambient)
 
 
@@ -283,7 +283,7 @@ def _auth(settings: Settings, api: Api, caller: Caller, key_env: str | None) -> 
     key = os.environ.get(key_env)
     if key is None:
         raise ConfigError(
-            f"This proxy has no key for the {api.dialect} API: the upstream key for tenant {caller.tenant!r} "
+            f"This proxy has no key for the {api.family} API: the upstream key for tenant {caller.tenant!r} "
             f"is read from the environment variable {key_env}, which is not set in the proxy's environment. "
             f"Set {key_env} and restart spanmeter (or call an API whose key is set)."
         )

@@ -18,16 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from proxy.model import Call, Outcome
-from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Dialect
-from proxy.providers.chat import CHAT
-from proxy.providers.embeddings import EMBEDDINGS
-from proxy.providers.gemini import GEMINI
-from proxy.providers.responses import RESPONSES
+from proxy.providers.anthropic import ANTHROPIC, AnthropicAdapter
+from proxy.providers.chat import CHAT, ChatAdapter
+from proxy.providers.embeddings import EMBEDDINGS, EmbeddingsAdapter
+from proxy.providers.gemini import GEMINI, GeminiAdapter
+from proxy.providers.responses import RESPONSES, ResponsesAdapter
+
+# An API object of any module, with every role it plays (proxy/providers/roles.py).
+ApiObject = ChatAdapter | ResponsesAdapter | AnthropicAdapter | GeminiAdapter | EmbeddingsAdapter
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-ADAPTERS: dict[str, Dialect] = {
+ADAPTERS: dict[str, ApiObject] = {
     "chat": CHAT, "responses": RESPONSES, "anthropic": ANTHROPIC, "gemini": GEMINI,
     "embeddings": EMBEDDINGS,
 }
@@ -41,7 +43,7 @@ class Case:
     expected: dict[str, Any]
 
     @property
-    def adapter(self) -> Dialect:
+    def adapter(self) -> ApiObject:
         return ADAPTERS[self.dialect]
 
     def __str__(self) -> str:

@@ -24,10 +24,10 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.providers.anthropic import ANTHROPIC, anthropic_error_type
-from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI, google_status
 from proxy.providers.responses import RESPONSES
+from tests.providers.cases import ApiObject
 
 BUDGET = CeilingReached("Run R has spent $5.02 of its $5.00 limit. Raise the run budget "
                         "(PROXY_LIMITS__RUN_COST_USD) or start a new run.", limit="run_cost")
@@ -81,7 +81,7 @@ async def server() -> AsyncIterator[tuple[ErrorServer, str]]:
     await runner.cleanup()
 
 
-def _serve(fake: ErrorServer, adapter: Dialect, error: ProxyError) -> None:
+def _serve(fake: ErrorServer, adapter: ApiObject, error: ProxyError) -> None:
     fake.reply = Reply(error.status, adapter.render_error(error, "req_spanmeter_1"),
                        error.headers())
 

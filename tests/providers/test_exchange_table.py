@@ -55,9 +55,9 @@ def test_routes_match_the_path_exactly_as_it_is_sent(case: dict[str, Any]) -> No
             match(case["path"], query)
         return
     route = match(case["path"], query)
-    assert (route.adapter.api if route.adapter else None) == case["api"]
+    assert (route.api.api if route.api else None) == case["api"]
     assert route.upstream_name == case.get("upstream")
     if "dialect" in case:
-        assert route.adapter is not None and route.adapter.dialect == case["dialect"]
+        assert route.api is not None and route.api.family == case["dialect"]
     if "stream_usage" in case:  # whether the api-version takes stream_options (Azure)
-        assert getattr(route.adapter, "stream_usage", None) is case["stream_usage"]
+        assert getattr(route.api, "stream_usage", None) is case["stream_usage"]

@@ -19,7 +19,6 @@ from google import genai
 from google.genai import types
 
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.observer import Observer
@@ -27,6 +26,7 @@ from proxy.providers.responses import RESPONSES
 from proxy.providers.sse import Framer
 from proxy.simulator import create_simulator
 from proxy.simulator.script import GREETING
+from tests.providers.cases import ApiObject
 
 MODEL = "claude-sonnet-5-5"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -198,7 +198,7 @@ async def test_responses_parse_with_text_format(sim: str) -> None:
 
 # ---- our adapters read the simulator's streams
 
-STREAMS: list[tuple[str, Dialect, str, dict[str, Any]]] = [
+STREAMS: list[tuple[str, ApiObject, str, dict[str, Any]]] = [
     ("chat", CHAT, "/v1/chat/completions",
      {"model": "m", "stream": True, "stream_options": {"include_usage": True},
       "messages": [{"role": "user", "content": "SCENARIO:tool"}],
@@ -219,7 +219,7 @@ STREAMS: list[tuple[str, Dialect, str, dict[str, Any]]] = [
 @pytest.mark.parametrize(("dialect", "adapter", "path", "body"), STREAMS,
                          ids=[s[0] for s in STREAMS])
 async def test_our_adapter_reads_a_simulated_tool_call_stream(
-    sim: str, dialect: str, adapter: Dialect, path: str, body: dict[str, Any]
+    sim: str, dialect: str, adapter: ApiObject, path: str, body: dict[str, Any]
 ) -> None:
     framer, observer = Framer(), Observer()
     async with aiohttp.ClientSession() as session, session.post(sim + path, json=body) as resp:

@@ -24,13 +24,12 @@ from hypothesis import strategies as st
 from proxy.config import DEFAULT_POLICY
 from proxy.govern.outputs import response_hooks
 from proxy.model import Outcome
-from proxy.providers.base import Dialect
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.sse import Framer, SseEvent, parse_sse_event
 from proxy.providers.translator import Answer, open_call
 from tests.fakes.replay import MISSING, decoded, recorded_pairs
-from tests.providers.cases import ADAPTERS, DATA, Case, stream_cases
+from tests.providers.cases import ADAPTERS, DATA, ApiObject, Case, stream_cases
 
 DIALECTS = ("chat", "anthropic", "responses", "gemini")
 
@@ -71,7 +70,7 @@ def _hooks(dialect: str, request: Request) -> Hooks:
     return _answer(dialect, request).hooks
 
 
-def _relay(adapter: Dialect, dialect: str, request: Request, chunks: list[bytes], *, full: bool) -> Relayed:
+def _relay(adapter: ApiObject, dialect: str, request: Request, chunks: list[bytes], *, full: bool) -> Relayed:
     answer = _answer(dialect, request)
     hooks = answer.hooks
     assert not hooks.reads_text  # no structured output asked: the shortcut may run
@@ -84,7 +83,7 @@ def _relay(adapter: Dialect, dialect: str, request: Request, chunks: list[bytes]
     return Relayed(sent, answer.outcome(), records, relay.taken)
 
 
-def _reference(adapter: Dialect, dialect: str, request: Request, stream: bytes) -> tuple[bytes, Outcome]:
+def _reference(adapter: ApiObject, dialect: str, request: Request, stream: bytes) -> tuple[bytes, Outcome]:
     """The stream relayed as the spec frames it, every event parsed, the first hook that
     claims an event deciding its bytes: what the relay must do however the stream is cut."""
     answer = _answer(dialect, request)

@@ -22,7 +22,7 @@ from proxy.errors import RequestError
 from proxy.model import Call
 from proxy.serve.appkeys import SETTINGS
 from proxy.serve.body import open_call
-from proxy.serve.routes import adapter_for
+from proxy.serve.routes import api_for
 from tests.reliability.dialects import DIALECTS, Dialect, post
 
 BAD_BODIES = {
@@ -150,7 +150,7 @@ class _Request:
 
 
 def _read(data: bytes, d: Dialect, piece: int) -> Any:
-    adapter = adapter_for(d.path(False).split("?")[0])
+    adapter = api_for(d.path(False).split("?")[0])
     assert adapter is not None
     request = _Request(data, d.path(False), piece)
     # The call's request side: what the reader read, and what goes upstream.

@@ -37,16 +37,17 @@ from proxy.anatomy import (
 from proxy.model import Anatomy, Flushed, ToolCall, Usage, UsageEvent
 from proxy.pricing import Price, PriceTable, cost
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Dialect, open_exchange
+from proxy.providers.base import open_exchange
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.providers.responses import RESPONSES
 from proxy.providers.sse import Framer
 from tests.fakes.replay import MISSING, RECORDED, decoded, recorded_pairs
+from tests.providers.cases import ApiObject
 from tracing.anatomy import call_totals, flush_totals, run_anatomy
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anatomy"
-ADAPTERS: dict[str, Dialect] = {"chat": CHAT, "responses": RESPONSES, "messages": ANTHROPIC, "gemini": GEMINI}
+ADAPTERS: dict[str, ApiObject] = {"chat": CHAT, "responses": RESPONSES, "messages": ANTHROPIC, "gemini": GEMINI}
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
          "gemini": "/v1beta/models/m:generateContent"}
 
@@ -225,7 +226,7 @@ def test_parts_add_up_in_every_dialect(dialect: str, system: str, tools: list[st
 # --- the real recorded pairs ---------------------------------------------------------------
 
 
-def _usage_of(adapter: Dialect, pair: dict[str, Any]) -> Usage:
+def _usage_of(adapter: ApiObject, pair: dict[str, Any]) -> Usage:
     raw = decoded(pair)
     if pair["stream"]:
         events = [e for ev in Framer().feed(raw) for e in adapter.parse_event(ev)]

@@ -63,7 +63,7 @@ def test_overlapping_edits_fall_back_to_one_consistent_body() -> None:
     raw = b'{"messages": [{"role": "tool", "tool_call_id": "c", "content": "x"}]}'
     ex = open_exchange(CHAT, raw, "/v1/chat/completions")
     ex.prefix_tool_result("c", REMINDER)
-    ex.set_top("messages", [{"role": "user", "content": "replaced"}])  # holds the edited value
+    ex.splicer.set_top("messages", [{"role": "user", "content": "replaced"}])  # holds the edited value
     assert orjson.loads(ex.request_bytes()) == {"messages": [{"role": "user", "content": "replaced"}]}
 
 

@@ -12,13 +12,13 @@ import yaml
 from proxy.config import Settings
 from proxy.model import Caller
 from proxy.providers.anthropic import ANTHROPIC
-from proxy.providers.base import Dialect
 from proxy.providers.chat import CHAT
 from proxy.providers.gemini import GEMINI
 from proxy.serve.routes import target_for
+from tests.providers.cases import ApiObject
 
 CASES = yaml.safe_load((Path(__file__).parents[1] / "data" / "routes" / "provider_names.yaml").read_text())
-ADAPTERS: dict[str, Dialect] = {"openai": CHAT, "anthropic": ANTHROPIC, "gemini": GEMINI}
+ADAPTERS: dict[str, ApiObject] = {"openai": CHAT, "anthropic": ANTHROPIC, "gemini": GEMINI}
 SETTING = {"openai": "openai_base_url", "anthropic": "anthropic_base_url", "gemini": "gemini_base_url"}
 CALLER = Caller("default", "run-1", "generated")
 
