@@ -29,7 +29,8 @@ async def relay(
     headers = response_headers(upstream.headers)
     headers.update(extra_headers)
     answer.status = upstream.status
-    if upstream.is_sse and upstream.status < 300:
+    answer.read_headers(upstream.headers)
+    if upstream.is_stream and upstream.status < 300:
         return await _stream(request, upstream, answer, headers, started)
     return await _whole(upstream, answer, headers)
 
