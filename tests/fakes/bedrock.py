@@ -64,7 +64,7 @@ def _credential(request: web.Request, body: bytes) -> str | None:
     if not auth.startswith("AWS4-HMAC-SHA256 "):
         return "Missing Authentication Token"
     fields = dict(part.strip().split("=", 1) for part in auth.removeprefix("AWS4-HMAC-SHA256 ").split(","))
-    access, date, region, service, _ = fields["Credential"].split("/")
+    access, _date, region, service, _ = fields["Credential"].split("/")
     if access != cfg["access_key"] or region != cfg["region"] or service != "bedrock":
         return f"The security token included in the request is invalid ({access}, {region}, {service})."
     signed = fields["SignedHeaders"].split(";")
@@ -145,8 +145,8 @@ def _converse_stream(body: dict[str, Any]) -> list[bytes]:
                 event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '{"city": '}}}),
                 event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '"Oslo"}'}}}),
                 event("contentBlockStop", {"contentBlockIndex": 1})]
-    return out + [event("messageStop", {"stopReason": "tool_use" if tool else "end_turn"}),
-                  event("metadata", {"usage": _usage(body), "metrics": {"latencyMs": 5}})]
+    return [*out, event("messageStop", {"stopReason": "tool_use" if tool else "end_turn"}),
+            event("metadata", {"usage": _usage(body), "metrics": {"latencyMs": 5}})]
 
 
 def _invoke_stream() -> list[bytes]:
