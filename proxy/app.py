@@ -31,9 +31,10 @@ from proxy.mcp.route import MCP_PREFIX, handle_mcp
 from proxy.pricing import PriceTable
 from proxy.pricing.source import PriceSource, from_snapshot
 from proxy.providers.apis import answering
-from proxy.providers.translator import Api
+from proxy.providers.translator import Api, error_headers
 from proxy.serve import accesslog, admin
 from proxy.serve.appkeys import (
+    AWS_SIGNER,
     BACKGROUND,
     CLOUD_TOKEN,
     DEPLOYMENTS,
@@ -47,6 +48,7 @@ from proxy.serve.appkeys import (
     TEL,
     UPSTREAM,
 )
+from proxy.serve.aws_sign import AwsSigner
 from proxy.serve.background import Background
 from proxy.serve.bookkeeping import flush_anatomy
 from proxy.serve.cloud_token import CloudToken
@@ -104,6 +106,7 @@ def create_app(
     app[PRICES] = PriceTable.load(overrides=settings.prices, source=_price_source(settings.prices_file))
     app[DEPLOYMENTS] = Deployments(settings.azure_deployments)
     app[CLOUD_TOKEN] = CloudToken()  # no I/O until a call needs a token
+    app[AWS_SIGNER] = AwsSigner()  # the same: credentials are loaded when a Bedrock call needs them
     app.cleanup_ctx.append(_store_ctx(store))
     app.cleanup_ctx.append(_telemetry_ctx(telemetry))
     app.cleanup_ctx.append(_upstream_ctx)
@@ -188,7 +191,7 @@ def _log_error(request: web.Request, exc: ProxyError) -> None:
 def render(request: web.Request, exc: ProxyError) -> web.Response:
     api: Api = request.get(ANSWERING_API) or _answering(request)
     request_id = "req_" + uuid.uuid4().hex[:24]
-    headers = {**exc.headers(), "x-request-id": request_id}
+    headers = {**exc.headers(), **error_headers(api, exc), "x-request-id": request_id}
     response = web.Response(body=api.render_error(exc, request_id), status=exc.status,
                             content_type="application/json", headers=headers)
     if request.content.exception() is not None:

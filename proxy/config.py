@@ -173,9 +173,17 @@ class Upstream(_Strict):
     overrides only the fields it gives; any other entry needs `base_url`."""
 
     # vertex: Vertex AI's routes (Gemini and Anthropic bodies, OAuth bearer; proxy/providers/vertex.py)
-    dialect: Literal["openai", "anthropic", "gemini", "azure", "vertex"] = "openai"
+    # bedrock: AWS Bedrock's routes (Converse and InvokeModel; proxy/providers/bedrock.py)
+    dialect: Literal["openai", "anthropic", "gemini", "azure", "vertex", "bedrock"] = "openai"
     base_url: str | None = None
     key_env: VariableName | None = None  # env var holding the upstream key
+    # bedrock: calls are signed (SigV4) with this AWS profile's credentials, or with the keys in
+    # these variables, rather than the standard chain's; and sent to this region's endpoint.
+    aws_profile: str | None = None
+    aws_access_key_id_env: VariableName | None = None
+    aws_secret_access_key_env: VariableName | None = None
+    aws_session_token_env: VariableName | None = None
+    aws_region: str | None = None
     # gen_ai.provider.name; default: the provider a well-known host names, else the dialect's API
     provider_name: str | None = None
 
@@ -279,6 +287,10 @@ class Settings(BaseSettings):
     azure_deployments: dict[str, str] = {}
     # Vertex AI; unset: the host of the location in each call's path ({location}-aiplatform.googleapis.com).
     vertex_base_url: str | None = None
+    # AWS Bedrock; unset: https://bedrock-runtime.{region}.amazonaws.com, the region from
+    # bedrock_region, else AWS_REGION / AWS_DEFAULT_REGION in spanmeter's environment.
+    bedrock_base_url: str | None = None
+    bedrock_region: str | None = None
     upstreams: dict[str, Upstream] = {}
     mcp_servers: dict[str, McpServer] = {}  # served at /mcp/{name}
     # Env vars holding upstream keys, per dialect, used in tenant mode when a tenant names none.

@@ -67,7 +67,8 @@ def frozen(cls: type[_C]) -> type[_C]:
     them on every call. Equality and hashing are a frozen dataclass's: by the fields."""
     return dataclass(slots=True, unsafe_hash="__hash__" not in cls.__dict__)(cls)
 
-Api = Literal["chat", "responses", "messages", "gemini", "embeddings"]
+# converse, invoke: AWS Bedrock's Converse and InvokeModel (proxy/providers/bedrock.py)
+Api = Literal["chat", "responses", "messages", "gemini", "embeddings", "converse", "invoke"]
 """Which wire format a call speaks. One adapter per value."""
 
 

@@ -27,6 +27,7 @@ the call itself (unknown tool, invalid arguments).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, Final, Literal
 
@@ -199,6 +200,9 @@ class Reader:
         self.chunk_gaps_s: list[float] = []
         self.answer: Answer | None = None
         self.error: ProxyError | None = None  # the answer broke off, or never came
+
+    def read_headers(self, headers: Mapping[str, str]) -> None:
+        """MCP's answers say nothing in their headers that the reader needs."""
 
     def body(self, raw: bytes) -> bytes:
         """One JSON-RPC message, read whole (the protocol does not stream it): what to send."""

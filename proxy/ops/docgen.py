@@ -59,6 +59,10 @@ FIELD_DOCS: dict[str, str] = {
     "vertex_base_url": "Vertex AI upstream (Gemini and Anthropic on `/v1/projects/...` routes). Unset: the host "
                        "of the location in each call's path, `https://{location}-aiplatform.googleapis.com` "
                        "(`global`: `https://aiplatform.googleapis.com`). See docs/providers.md.",
+    "bedrock_base_url": "AWS Bedrock upstream (`/model/{id}/converse`, `/invoke`, ...). Unset: "
+                        "`https://bedrock-runtime.{region}.amazonaws.com`. See docs/providers.md.",
+    "bedrock_region": "The AWS region of Bedrock calls (the endpoint's, and SigV4's); unset: AWS_REGION, else "
+                      "AWS_DEFAULT_REGION in spanmeter's environment.",
     "mcp_servers": "MCP servers served at `/mcp/NAME` over Streamable HTTP: `{NAME: {url, key_env, "
                    "tool_costs: {tool: usd}}}`; see docs/mcp.md.",
     "upstreams": "Named upstreams, chosen by a tenant's `upstream:` or the `/upstreams/NAME/` path prefix: "
@@ -171,8 +175,16 @@ FIELD_DOCS: dict[str, str] = {
     "tenants.upstream_keys": "Per-tenant override of `upstream_keys`.",
     "tenants.upstream": "The named upstream (under `upstreams`) all of this tenant's calls go to.",
     "tenants.policy": "The tenant's policy, over the global one; same fields as `policy`.",
-    "upstreams.dialect": "`openai` (the default), `anthropic`, `gemini`, `azure` or `vertex` (Vertex AI's "
-                         "routes): the wire format the upstream speaks.",
+    "upstreams.dialect": "`openai` (the default), `anthropic`, `gemini`, `azure`, `vertex` (Vertex AI's "
+                         "routes) or `bedrock` (AWS Bedrock's): the wire format the upstream speaks.",
+    "upstreams.aws_profile": "bedrock: the AWS profile whose credentials sign the calls (SigV4); unset: AWS's "
+                             "standard chain.",
+    "upstreams.aws_access_key_id_env": "bedrock: environment variable holding the access key id that signs the "
+                                       "calls (with `aws_secret_access_key_env`).",
+    "upstreams.aws_secret_access_key_env": "bedrock: environment variable holding the secret access key.",
+    "upstreams.aws_session_token_env": "bedrock: environment variable holding a session token, if the keys are "
+                                       "temporary.",
+    "upstreams.aws_region": "bedrock: the region its calls go to and are signed for (over `bedrock_region`).",
     "upstreams.base_url": "Origin plus optional path prefix of the upstream (a built-in host has its own).",
     "upstreams.key_env": "Environment variable holding its key (must be set when spanmeter starts); unset: "
                          "no key is sent.",

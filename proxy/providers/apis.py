@@ -10,6 +10,8 @@ from typing import Final
 
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.azure import azure_api
+from proxy.providers.bedrock import CONVERSE_API, bedrock_route
+from proxy.providers.bedrock import regional_base_url as bedrock_base_url
 from proxy.providers.chat import CHAT
 from proxy.providers.embeddings import EMBEDDINGS
 from proxy.providers.gemini import GEMINI
@@ -17,7 +19,8 @@ from proxy.providers.responses import RESPONSES
 from proxy.providers.translator import Api
 from proxy.providers.vertex import VERTEX_ANTHROPIC, VERTEX_GEMINI, regional_base_url, vertex_route
 
-__all__ = ["AZURE_PREFIX", "FIXED_PATHS", "answering", "for_azure_path", "for_path", "for_upstream_path",
+__all__ = ["AZURE_PREFIX", "BEDROCK_PREFIX", "FIXED_PATHS", "answering", "bedrock_base_url", "for_azure_path",
+           "for_bedrock_path", "for_path", "for_upstream_path",
            "regional_base_url"]
 
 FIXED_PATHS: Final[Mapping[str, Api]] = {
@@ -39,7 +42,13 @@ def for_path(path: str) -> Api | None:
         return found
     if _GEMINI.fullmatch(path):
         return GEMINI
+    if path.startswith(BEDROCK_PREFIX):
+        return bedrock_route(path)
     return vertex_route(path) if path.startswith(_VERTEX_PREFIXES) else None
+
+
+# AWS Bedrock's model calls (proxy/providers/bedrock.py): /model/{modelId}/converse, ...
+BEDROCK_PREFIX: Final = "/model/"
 
 
 # Vertex AI's model calls (proxy/providers/vertex.py), matched as exactly as Gemini's.
@@ -50,6 +59,11 @@ _VERTEX_PREFIXES: Final = ("/v1/projects/", "/v1beta1/projects/")
 # prefix of their own (`/openai/v1` at Groq, `/api/v1` at OpenRouter, none at DeepSeek).
 _BY_ENDING: Final = (("/chat/completions", CHAT), ("/responses", RESPONSES), ("/embeddings", EMBEDDINGS),
                      ("/v1/messages", ANTHROPIC))
+
+
+def for_bedrock_path(path: str) -> Api | None:
+    """The Bedrock API (Converse or InvokeModel) of a path under /model/, exactly as sent."""
+    return bedrock_route(path)
 
 
 def for_upstream_path(path: str) -> Api | None:
@@ -87,6 +101,8 @@ def answering(path: str, headers: Mapping[str, str]) -> Api:
     pass-through): the one its SDK's headers or path show, else OpenAI's."""
     if path.startswith(_VERTEX_PREFIXES):
         return VERTEX_ANTHROPIC if "/publishers/anthropic/" in path else VERTEX_GEMINI
+    if path.startswith(BEDROCK_PREFIX):
+        return bedrock_route(path) or CONVERSE_API
     if "anthropic-version" in headers or path.startswith("/v1/messages"):
         return ANTHROPIC
     if "x-goog-api-key" in headers or path.startswith("/v1beta"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from proxy.model import StreamEvent
 from proxy.providers.hooks import Hooks
@@ -19,10 +19,26 @@ from proxy.providers.roles import AnswerReader, Events
 from proxy.providers.shortcut import TextShortcut
 from proxy.providers.sse import Framer, parse_sse_event
 
-__all__ = ["StreamRelay", "safely_parsed"]
+__all__ = ["ChunkRelay", "StreamRelay", "safely_parsed"]
 
 T = TypeVar("T")
 log = logging.getLogger("spanmeter.relay")
+
+
+class ChunkRelay(Protocol):
+    """What the relay asks of a stream's reader, whatever its framing."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send the client for what `chunk` completes."""
+        ...
+
+    def flush(self) -> bytes:
+        """The bytes still held at the stream's end."""
+        ...
+
+    def release(self) -> bytes:
+        """What is held, as it is held: the stream was cut."""
+        ...
 
 
 class StreamRelay:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Protocol, runtime_checkable
 
@@ -24,9 +25,9 @@ from proxy.providers.base import Exchange, HasRoles, Roles, open_exchange, roles
 from proxy.providers.hooks import Hooks
 from proxy.providers.observer import Observer
 from proxy.providers.roles import Events
-from proxy.providers.stream import StreamRelay, safely_parsed
+from proxy.providers.stream import ChunkRelay, StreamRelay, safely_parsed
 
-__all__ = ["Answer", "Api", "CallTranslator", "Opens", "Translator", "open_call"]
+__all__ = ["Answer", "Api", "CallTranslator", "ErrorHeaders", "Opens", "Translator", "error_headers", "open_call"]
 
 log = logging.getLogger("spanmeter.relay")
 
@@ -80,6 +81,19 @@ class Api(Protocol):
         """The translator of one call: the body parsed once, the facts read, bad values
         refused (MalformedBody)."""
         ...
+
+
+@runtime_checkable
+class ErrorHeaders(Protocol):
+    """An API whose errors carry a header of its own (Bedrock's `x-amzn-errortype`, which
+    botocore reads the exception's name from)."""
+
+    def error_headers(self, error: ProxyError) -> dict[str, str]: ...
+
+
+def error_headers(api: Api, error: ProxyError) -> dict[str, str]:
+    """The headers `api` answers `error` with besides its body (most APIs: none)."""
+    return api.error_headers(error) if isinstance(api, ErrorHeaders) else {}
 
 
 def open_call(api: Api, raw: bytes, path: str) -> Translator:
@@ -153,9 +167,15 @@ class Answer:
 
     # The relay's side.
 
-    def stream(self) -> StreamRelay:
-        """The reader of this answer's stream, bound once: the relay feeds it each chunk."""
+    def stream(self) -> ChunkRelay:
+        """The reader of this answer's stream, bound once: the relay feeds it each chunk. SSE
+        here; an API whose streams are framed otherwise returns its own (Bedrock's
+        event-stream frames: proxy/providers/eventstream.py)."""
         return StreamRelay(self._reader, self.events, self._observer, self.hooks)
+
+    def read_headers(self, headers: Mapping[str, str]) -> None:
+        """The upstream's answer headers, before its body: what most APIs read nothing from
+        (Bedrock's token counts are read there)."""
 
     def body(self, raw: bytes) -> bytes:
         """A whole successful answer, observed and rewritten by the body hooks: what to send."""

@@ -10,6 +10,7 @@ from proxy.govern.caching import PrefixMemory
 from proxy.govern.runs import Runs
 from proxy.ledger.store import Store
 from proxy.pricing import PriceTable
+from proxy.serve.aws_sign import AwsSigner
 from proxy.serve.background import Background
 from proxy.serve.cloud_token import CloudToken
 from proxy.serve.deployments import Deployments
@@ -29,3 +30,4 @@ PREFIXES = web.AppKey("prefixes", PrefixMemory)  # stable prompt prefixes seen l
 DEPLOYMENTS = web.AppKey("deployments", Deployments)  # Azure deployment -> model (proxy/serve/deployments.py)
 SPLITS = web.AppKey("splits", Splits)  # the cost anatomy's last split per run
 CLOUD_TOKEN = web.AppKey("cloud_token", CloudToken)  # the machine's own cloud credentials' token (Vertex AI)
+AWS_SIGNER = web.AppKey("aws_signer", AwsSigner)  # SigV4 for Bedrock, with AWS credentials kept (aws_sign.py)

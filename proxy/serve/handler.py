@@ -23,6 +23,7 @@ from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Api, Translator
 from proxy.serve import accesslog, bookkeeping
 from proxy.serve.appkeys import (
+    AWS_SIGNER,
     BACKGROUND,
     CLOUD_TOKEN,
     DEPLOYMENTS,
@@ -59,6 +60,8 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
     tr = await open_call(request, api, settings.max_body_bytes)
     target = target_for(settings, api, caller, upstream_name, _route_path(request))
     target = await authorized(target, app[CLOUD_TOKEN])  # its token, if the machine's own credentials give it
+    if target.aws is not None:  # signed by spanmeter (Bedrock): its credentials, loaded before admission
+        await app[AWS_SIGNER].ready(target.aws)
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
     await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the run's previous settle is ordered
@@ -136,8 +139,11 @@ class Forward:
         verdict = response_hooks(answer, policy, retry=retry)
         started = time.perf_counter()
         try:
-            async with app[UPSTREAM].send(_upstream_url(self.target, request), ex.request_bytes(),
-                                          request_headers(request.headers, self.target.auth)) as upstream:
+            url, body = _upstream_url(self.target, request), ex.request_bytes()
+            headers = request_headers(request.headers, self.target.auth)
+            if self.target.aws is not None:  # the exact URL and bytes sent, after every patch
+                headers = app[AWS_SIGNER].sign(self.target.aws, url, body, headers)
+            async with app[UPSTREAM].send(url, body, headers) as upstream:
                 extra = {"x-spanmeter-run-id": caller.run_id, **left}
                 return await relay(request, upstream, answer, extra, started), verdict.retry()
         except ProxyError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Protocol
 
 from aiohttp import web
@@ -48,6 +49,7 @@ class Relayed(Protocol):
 
     @property
     def hooks(self) -> Stamped: ...
+    def read_headers(self, headers: Mapping[str, str]) -> None: ...
     def body(self, raw: bytes) -> bytes: ...
     def stream(self) -> Feed: ...
     def cut(self, exc: ProxyError) -> bytes: ...
@@ -63,8 +65,9 @@ async def relay(
     headers = response_headers(upstream.headers)
     headers.update(extra_headers)
     answer.status = upstream.status
+    answer.read_headers(upstream.headers)
     read = errors_inside or upstream.status < 300
-    if upstream.is_sse and read:
+    if upstream.is_stream and read:
         return await _stream(request, upstream, answer, headers, started)
     return await _whole(upstream, answer, headers, read)
 

@@ -11,14 +11,18 @@ from proxy.errors import ConfigError, UnknownRoute
 from proxy.model import Caller, frozen
 from proxy.providers.apis import (
     AZURE_PREFIX,
+    BEDROCK_PREFIX,
     FIXED_PATHS,
+    bedrock_base_url,
     for_azure_path,
+    for_bedrock_path,
     for_path,
     for_upstream_path,
     regional_base_url,
 )
 from proxy.providers.hosts import HOSTS
 from proxy.providers.translator import Api
+from proxy.serve.aws_sign import AwsSigning
 from proxy.serve.upstream import host_port
 
 __all__ = ["SUPPORTED", "Route", "Target", "api_for", "check_upstreams", "match", "provider_name", "target_for",
@@ -45,6 +49,9 @@ SUPPORTED = (
     "(any of the OpenAI and Anthropic routes under /upstreams/{name}/ with the host's own path, e.g. "
     f"/upstreams/groq/openai/v1/chat/completions, to pick a built-in host ({', '.join(HOSTS)}) or a configured "
     "upstream)",
+    "POST /model/{modelId}/converse, /model/{modelId}/converse-stream, /model/{modelId}/invoke and "
+    "/model/{modelId}/invoke-with-response-stream (AWS Bedrock; the model id as the SDK encodes it, an inference "
+    "profile or an ARN)",
     "POST, GET and DELETE /mcp/{name} (MCP Streamable HTTP, to a server configured under mcp_servers)",
 )
 
@@ -72,6 +79,9 @@ def match(raw_path: str, query: str = "") -> Route:
     fixed = _FIXED_ROUTES.get(raw_path)
     if fixed is not None:  # the common case, found by one dict lookup
         return fixed
+    bedrock = _bedrock_route(raw_path)
+    if bedrock is not None:  # before the check below: an ARN's `%2F` is allowed in its model segment alone
+        return bedrock
     if _AMBIGUOUS.search(raw_path):
         raise UnknownRoute(
             f"spanmeter does not serve the path {raw_path[:200]!r}: it has dot segments, empty "
@@ -95,6 +105,24 @@ def match(raw_path: str, query: str = "") -> Route:
     if raw_path.startswith(AZURE_PREFIX):
         return Route(for_azure_path(raw_path, query), None, raw_path)
     return Route(api_for(path), name, path)
+
+
+def _bedrock_route(raw_path: str) -> Route | None:
+    """A Bedrock model call, also under /upstreams/{name}/: matched whole by its pattern
+    (proxy/providers/bedrock_wire.py), in which `%2F` may stand only inside the model id,
+    as ARNs have it (`arn%3Aaws%3Abedrock%3A...%3Ainference-profile%2Fus.anthropic...`).
+    That segment goes upstream as sent and never becomes a separator on the way: a path
+    with `%2F` anywhere else is refused below as every other route refuses it."""
+    name, path = None, raw_path
+    if raw_path.startswith("/upstreams/"):
+        name, _, rest = raw_path.removeprefix("/upstreams/").partition("/")
+        if not _UPSTREAM_NAME.fullmatch(name) or name.startswith("."):
+            return None
+        path = "/" + rest
+    if not path.startswith(BEDROCK_PREFIX):
+        return None
+    api = for_bedrock_path(path)
+    return Route(api, name, path) if api is not None else None
 
 
 # The routes of the fixed paths, as match would build them (none is ambiguous).
@@ -140,6 +168,9 @@ class Target:
     # The upstream's bearer token comes from the machine's own cloud credentials, fetched
     # per call by proxy/serve/cloud_token.py (Vertex AI in tenant mode with no key configured).
     ambient_token: bool = False
+    # The call is signed with SigV4 by spanmeter, with these credentials (AWS Bedrock when the
+    # caller sent no Bedrock API key: proxy/serve/aws_sign.py).
+    aws: AwsSigning | None = None
 
 
 # Upstream families that take an OAuth token from Application Default Credentials when no
@@ -203,7 +234,7 @@ def check_upstreams(settings: Settings) -> None:
     """At start-up and in check-config: each configured upstream can be reached, and each
     tenant's `upstream` names one (ConfigError otherwise)."""
     for name, up in settings.upstreams.items():
-        if not up.base_url and name not in HOSTS:
+        if not up.base_url and name not in HOSTS and up.dialect != "bedrock":  # bedrock: the region's
             raise ConfigError(
                 f"Upstream {name!r} has no base_url: only the built-in hosts ({', '.join(HOSTS)}) have one "
                 f"already. Add `base_url:` to upstreams.{name}, e.g. http://127.0.0.1:8000.")
@@ -218,6 +249,8 @@ def check_upstreams(settings: Settings) -> None:
 def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str | None, path: str = "") -> Target:
     """Where a call goes and with which credentials. `path`: the path as it goes upstream,
     which names the upstream's host when its API's base URL is not set (Vertex AI's location)."""
+    if api.family == "bedrock":
+        return _bedrock_target(settings, api, caller, upstream_name)
     family = api.family
     tenant = settings.tenants.get(caller.tenant)
     name = upstream_name or (tenant.upstream if tenant else None)
@@ -246,6 +279,48 @@ def target_for(settings: Settings, api: Api, caller: Caller, upstream_name: str 
     url, provider, host, port = _endpoint(api.provider, base, configured)
     ambient = not settings.open_mode and not key_env and family in _AMBIENT_TOKEN_FAMILIES
     return Target(url, _auth(settings, api, caller, key_env), provider, host, port, ambient)
+
+
+_BEDROCK_HOST = re.compile(r"bedrock-runtime(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com")
+
+
+def _bedrock_target(settings: Settings, api: Api, caller: Caller, upstream_name: str | None) -> Target:
+    """Where a Bedrock call goes, and how it is authorised: the caller's Bedrock API key in
+    open mode, a key from a variable in tenant mode, else spanmeter's own SigV4 signature
+    with the credentials of the tenant's upstream entry or AWS's standard chain."""
+    tenant = settings.tenants.get(caller.tenant)
+    name = upstream_name or (tenant.upstream if tenant else None)
+    up = settings.upstreams.get(name) if name is not None else None
+    if name is not None and (up is None or up.dialect != "bedrock"):
+        raise UnknownRoute(
+            f"No upstream named {name!r} for Bedrock's routes; configured: "
+            f"{sorted(k for k, u in settings.upstreams.items() if u.dialect == 'bedrock') or 'none'}. "
+            "Add it under `upstreams:` with `dialect: bedrock`.")
+    region = ((up.aws_region if up else None) or settings.bedrock_region or os.environ.get("AWS_REGION")
+              or os.environ.get("AWS_DEFAULT_REGION"))
+    base = (up.base_url if up else None) or settings.bedrock_base_url or (bedrock_base_url(region) if region else None)
+    if base is None:
+        raise ConfigError(
+            "This proxy does not know which AWS region to send Bedrock calls to: set SPANMETER_BEDROCK_REGION "
+            "(or AWS_REGION in spanmeter's environment), or SPANMETER_BEDROCK_BASE_URL, and restart.")
+    url, provider, host, port = _endpoint(api.provider, base, up.provider_name if up else None)
+    key = caller.upstream_key
+    if settings.open_mode and key and not key.startswith("AWS4-"):
+        return Target(url, api.auth_headers(key), provider, host, port)  # a Bedrock API key
+    key_env = (up.key_env if up else None) or (tenant.upstream_keys.get("bedrock") if tenant else None) \
+        or settings.upstream_keys.get("bedrock")
+    if not settings.open_mode and key_env:
+        return Target(url, _auth(settings, api, caller, key_env), provider, host, port)
+    at = _BEDROCK_HOST.fullmatch(host)
+    signing_region = region or (at["region"] if at else None)
+    if signing_region is None:
+        raise ConfigError(
+            f"spanmeter signs Bedrock calls for a region, and none is set for {base!r}: set "
+            "SPANMETER_BEDROCK_REGION (or AWS_REGION), or `aws_region:` on the upstream entry.")
+    key_envs = ((up.aws_access_key_id_env, up.aws_secret_access_key_env, up.aws_session_token_env)
+                if up and up.aws_access_key_id_env and up.aws_secret_access_key_env else None)
+    return Target(url, {}, provider, host, port,
+                  aws=AwsSigning(signing_region, up.aws_profile if up else None, key_envs))
 
 
 def _base_from_path(api: Api, path: str) -> str:

@@ -41,6 +41,7 @@ _STRIP_DOWN = HOP_BY_HOP | {"content-encoding", "set-cookie"}
 # so its label must go too. Any other encoding reaches us, and goes on, as sent.
 _DECODED_BY_SERVER = frozenset({"gzip", "deflate", "br", "zstd"})
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_STREAM_TYPES = frozenset({"text/event-stream", "application/vnd.amazon.eventstream"})
 
 
 # What becomes of a header, by its name exactly as sent, remembered: clients and upstreams
@@ -143,6 +144,11 @@ class UpstreamResponse:
     @property
     def is_sse(self) -> bool:
         return self._resp.content_type == "text/event-stream"
+
+    @property
+    def is_stream(self) -> bool:
+        """An answer read as it comes: SSE, or AWS event-stream frames (Bedrock)."""
+        return self._resp.content_type in _STREAM_TYPES
 
     async def read(self) -> bytes:
         try:

@@ -8,8 +8,8 @@ The client gets the recorded bytes; the span names the provider by its semconv n
 the model the request named; its tokens are the recorded usage; its cost is that usage at
 the price table's rates, above 0 (every model these recordings name is priced) (an Azure deployment is
 priced as the model its answer says ran); tool calls answered in a later request of the run
-become execute_tool spans; nothing answers 5xx. Bedrock's pairs wait for the Bedrock route
-(issue 53); Vertex's pair is replayed by tests/e2e/test_vertex.py."""
+become execute_tool spans; nothing answers 5xx. Bedrock's pairs are replayed by
+tests/e2e/test_replay_bedrock.py; Vertex's pair is replayed by tests/e2e/test_vertex.py."""
 
 from __future__ import annotations
 

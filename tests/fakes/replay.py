@@ -1,8 +1,10 @@
 """A replay upstream: answers each request with the bytes a real provider sent for it.
 
 The pair is named by the `x-replay-pair` request header (spanmeter forwards it). A
-stream goes out cut at awkward byte offsets (inside a line, a CRLF, a UTF-8 character),
-a different cut per pair, so the proxy's framing is tried on real bytes.
+stream goes out cut at awkward byte offsets (inside a line, a CRLF, a UTF-8 character; for
+AWS event-stream frames, inside a prelude, a header or a CRC), a different cut per pair, so
+the proxy's framing is tried on real bytes. Bedrock's recorded `x-amzn-bedrock-*` headers
+(its token counts) go out with the answer, as the real host sent them.
 """
 
 from __future__ import annotations
@@ -44,10 +46,19 @@ def decoded(pair: dict[str, Any]) -> bytes:
     return base64.b64decode(r["decoded_b64"] if r.get("decoded_b64") is not None else r["body_b64"] or "")
 
 
-def _content_type(pair: dict[str, Any]) -> str:
+def _recorded_headers(pair: dict[str, Any]) -> list[tuple[str, str]]:
     raw = pair["response"].get("headers") or []
-    pairs = raw.items() if isinstance(raw, dict) else raw  # [[name, value], ...] as recorded
-    return next((str(v) for k, v in pairs if k.lower() == "content-type"), "application/json")
+    return [(str(k), str(v)) for k, v in (raw.items() if isinstance(raw, dict) else raw)]  # [[name, value], ...]
+
+
+def _content_type(pair: dict[str, Any]) -> str:
+    return next((v for k, v in _recorded_headers(pair) if k.lower() == "content-type"), "application/json")
+
+
+def _kept_headers(pair: dict[str, Any]) -> dict[str, str]:
+    """The content type, and Bedrock's own headers (its token counts) as recorded."""
+    kept = {k: v for k, v in _recorded_headers(pair) if k.lower().startswith("x-amzn-bedrock-")}
+    return {"Content-Type": _content_type(pair), **kept}
 
 
 async def _answer(request: web.Request) -> web.StreamResponse:
@@ -56,10 +67,10 @@ async def _answer(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "replay: no recorded pair for this request"}}, status=599)
     await request.read()
     body, status = decoded(pair), int(pair["response"]["status"])
-    ctype = _content_type(pair)
-    if not (pair["stream"] and status < 300 and "event-stream" in ctype):
-        return web.Response(body=body, status=status, headers={"Content-Type": ctype})
-    resp = web.StreamResponse(status=status, headers={"Content-Type": ctype})
+    ctype, headers = _content_type(pair), _kept_headers(pair)
+    if not (pair["stream"] and status < 300 and ("event-stream" in ctype or "eventstream" in ctype)):
+        return web.Response(body=body, status=status, headers=headers)
+    resp = web.StreamResponse(status=status, headers=headers)
     await resp.prepare(request)
     i, at = zlib.crc32(pair["id"].encode()) % len(CUTS), 0
     while at < len(body):

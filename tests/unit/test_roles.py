@@ -8,6 +8,7 @@ from typing import Any, Generic, Protocol
 
 import pytest
 
+from proxy.providers import bedrock
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.apis import FIXED_PATHS, answering, for_path
 from proxy.providers.azure import azure_api
@@ -55,6 +56,12 @@ def _routed() -> dict[str, object]:
             apis[f"azure {kind} {query}"] = azure_api(kind, "d", v1=False, query=query)
         apis[f"azure v1 {kind}"] = azure_api(kind, None, v1=True, query="")
     apis["answering"] = answering("/nowhere", {})
+    # Bedrock: Converse's route object, and the object of each InvokeModel body family (the
+    # invoke route's own object only picks one of those per call: see the test below).
+    apis["bedrock converse"] = bedrock.CONVERSE_API
+    apis["bedrock invoke anthropic"], apis["bedrock invoke nova"] = bedrock._ANTHROPIC, bedrock._NOVA
+    for fam, obj in bedrock._TEXT.items():
+        apis[f"bedrock invoke {fam.name}"] = obj
     return apis
 
 
@@ -86,6 +93,13 @@ def test_every_routed_api_object_plays_its_roles_with_their_signatures(name: str
             continue
         have = inspect.signature(getattr(api, member))
         assert list(have.parameters) == list(inspect.signature(want).parameters)[1:], f"{name}.{member}{have}"
+
+
+def test_the_invoke_route_is_an_api_that_opens_each_call_with_its_familys_object() -> None:
+    assert isinstance(bedrock.INVOKE_API, Api)
+    tr = bedrock.INVOKE_API.open(b'{"inputText": "hi", "textGenerationConfig": {"maxTokenCount": 9}}',
+                                 "/model/amazon.titan-text-express-v1/invoke")
+    assert tr.call.model == "amazon.titan-text-express-v1" and tr.call.max_output_tokens == 9
 
 
 @pytest.mark.parametrize("name", sorted(ROUTED))

@@ -1,0 +1,164 @@
+"""A fake AWS Bedrock runtime: Converse and InvokeModel (Anthropic bodies), whole and streamed
+in AWS event-stream frames, with Bedrock's token-count headers, exactly as the real host
+speaks them. It checks every request's credential as Bedrock would: a Bedrock API key
+(`Authorization: Bearer`) against the one it was given, or a SigV4 signature recomputed with
+botocore from the fake AWS keys it was given (what the proxy must have signed, over the exact
+path and bytes it sent). A request that fails answers 403 in Bedrock's error shape.
+
+The frames are encoded here by hand per the AWS event-stream spec (botocore has a decoder
+and no public encoder): outside-world code, independent of spanmeter's own encoder.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from typing import Any
+
+from aiohttp import web
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+SEEN = web.AppKey("seen", list)
+CONFIG = web.AppKey("config", dict)
+EVENTSTREAM = "application/vnd.amazon.eventstream"
+
+
+def create_bedrock(*, access_key: str, secret_key: str, api_key: str, region: str = "us-east-1") -> web.Application:
+    app = web.Application()
+    app[SEEN] = []
+    app[CONFIG] = {"access_key": access_key, "secret_key": secret_key, "api_key": api_key, "region": region}
+    app.router.add_post("/model/{model}/{action}", _answer)
+    return app
+
+
+def frame(headers: dict[str, str], payload: bytes) -> bytes:
+    """One frame: prelude (total length, headers length, CRC), string headers, payload, CRC."""
+    head = b""
+    for name, value in headers.items():
+        key, text = name.encode(), value.encode()
+        head += bytes([len(key)]) + key + b"\x07" + struct.pack(">H", len(text)) + text
+    prelude = struct.pack(">II", 12 + len(head) + len(payload) + 4, len(head))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + head + payload
+    return message + struct.pack(">I", zlib.crc32(message))
+
+
+def event(kind: str, data: dict[str, Any]) -> bytes:
+    return frame({":event-type": kind, ":content-type": "application/json", ":message-type": "event"},
+                 json.dumps({**data, "p": "abcdef"}).encode())
+
+
+def _chunk(data: dict[str, Any]) -> bytes:
+    return event("chunk", {"bytes": base64.b64encode(json.dumps(data).encode()).decode()})
+
+
+def _credential(request: web.Request, body: bytes) -> str | None:
+    """What is wrong with the request's credential, or None."""
+    cfg = request.app[CONFIG]
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("Bearer "):
+        return None if auth == f"Bearer {cfg['api_key']}" else "The security token included in the request is invalid."
+    if not auth.startswith("AWS4-HMAC-SHA256 "):
+        return "Missing Authentication Token"
+    fields = dict(part.strip().split("=", 1) for part in auth.removeprefix("AWS4-HMAC-SHA256 ").split(","))
+    access, _date, region, service, _ = fields["Credential"].split("/")
+    if access != cfg["access_key"] or region != cfg["region"] or service != "bedrock":
+        return f"The security token included in the request is invalid ({access}, {region}, {service})."
+    signed = fields["SignedHeaders"].split(";")
+    headers = {name: request.headers[name] for name in signed if name in request.headers}
+    url = f"http://{request.host}{request.raw_path}"
+    again = AWSRequest(method=request.method, url=url, data=body, headers=headers)
+    again.context["timestamp"] = request.headers["X-Amz-Date"]
+    auth_v4 = SigV4Auth(Credentials(cfg["access_key"], cfg["secret_key"]), "bedrock", region)
+    want = auth_v4.signature(auth_v4.string_to_sign(again, auth_v4.canonical_request(again)), again)
+    if want != fields["Signature"]:
+        return "The request signature we calculated does not match the signature you provided."
+    return None
+
+
+def _usage(body: dict[str, Any]) -> dict[str, int]:
+    return {"inputTokens": 40, "outputTokens": 12, "totalTokens": 52 + 30,
+            "cacheReadInputTokens": 30, "cacheWriteInputTokens": 0}
+
+
+def _wants_tool(body: dict[str, Any]) -> str | None:
+    tools = (body.get("toolConfig") or {}).get("tools") or []
+    last = (body.get("messages") or [{}])[-1]
+    answered = any("toolResult" in b for b in last.get("content") or [])
+    return tools[0]["toolSpec"]["name"] if tools and not answered else None
+
+
+async def _answer(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    problem = _credential(request, body)
+    request.app[SEEN].append({"path": request.raw_path, "headers": dict(request.headers), "body": body,
+                              "problem": problem})
+    if problem is not None:
+        return web.json_response({"message": problem}, status=403,
+                                 headers={"x-amzn-errortype": "UnrecognizedClientException:http://internal.amazon.com/"})
+    parsed = json.loads(body)
+    action = request.match_info["action"]
+    cut = request.headers.get("x-fake-cut") == "1"
+    if action == "converse":
+        return web.json_response(_converse(parsed))
+    if action == "invoke":
+        answer = {"id": "msg_bdrk_01", "type": "message", "role": "assistant", "model": "claude-3-5-sonnet-20240620",
+                  "content": [{"type": "text", "text": "Hello from Bedrock."}], "stop_reason": "end_turn",
+                  "usage": {"input_tokens": 14, "output_tokens": 6}}
+        return web.json_response(answer, headers={"x-amzn-bedrock-input-token-count": "14",
+                                                  "x-amzn-bedrock-output-token-count": "6"})
+    frames = _converse_stream(parsed) if action == "converse-stream" else _invoke_stream()
+    resp = web.StreamResponse(headers={"Content-Type": EVENTSTREAM})
+    await resp.prepare(request)
+    for i, f in enumerate(frames):
+        if cut and i == 3:
+            await resp.write(f[: len(f) // 2])  # half a frame, then the connection drops
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+        await resp.write(f)
+    await resp.write_eof()
+    return resp
+
+
+def _converse(body: dict[str, Any]) -> dict[str, Any]:
+    tool = _wants_tool(body)
+    content: list[dict[str, Any]] = [{"text": "Let me look."}]
+    if tool:
+        content.append({"toolUse": {"toolUseId": "tooluse_fake_01", "name": tool, "input": {"city": "Paris"}}})
+    return {"output": {"message": {"role": "assistant", "content": content if tool else [{"text": "It is sunny."}]}},
+            "stopReason": "tool_use" if tool else "end_turn", "usage": _usage(body), "metrics": {"latencyMs": 5}}
+
+
+def _converse_stream(body: dict[str, Any]) -> list[bytes]:
+    tool = _wants_tool(body)
+    out = [event("messageStart", {"role": "assistant"}),
+           event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "It is "}}),
+           event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "sunny."}}),
+           event("contentBlockStop", {"contentBlockIndex": 0})]
+    if tool:
+        out += [event("contentBlockStart", {"contentBlockIndex": 1,
+                                            "start": {"toolUse": {"toolUseId": "tooluse_fake_02", "name": tool}}}),
+                event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '{"city": '}}}),
+                event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '"Oslo"}'}}}),
+                event("contentBlockStop", {"contentBlockIndex": 1})]
+    return [*out, event("messageStop", {"stopReason": "tool_use" if tool else "end_turn"}),
+            event("metadata", {"usage": _usage(body), "metrics": {"latencyMs": 5}})]
+
+
+def _invoke_stream() -> list[bytes]:
+    return [
+        _chunk({"type": "message_start", "message": {
+            "id": "msg_bdrk_02", "type": "message", "role": "assistant", "model": "claude-3-5-sonnet-20240620",
+            "content": [], "stop_reason": None, "usage": {"input_tokens": 20, "output_tokens": 1}}}),
+        _chunk({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        _chunk({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi "}}),
+        _chunk({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "there."}}),
+        _chunk({"type": "content_block_stop", "index": 0}),
+        _chunk({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}}),
+        _chunk({"type": "message_stop", "amazon-bedrock-invocationMetrics": {
+            "inputTokenCount": 20, "outputTokenCount": 8, "invocationLatency": 300, "firstByteLatency": 100}}),
+    ]
