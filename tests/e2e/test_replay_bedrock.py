@@ -24,9 +24,9 @@ from urllib.parse import unquote
 
 import aiohttp
 import pytest
-from proxy.pricing import PriceTable
 
 from proxy.ops.demo import serve_on_free_port
+from proxy.pricing import PriceTable
 from proxy.serve.appkeys import TEL
 from tests.fakes.replay import create_replay, decoded
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
