@@ -23,6 +23,7 @@ from proxy.anatomy import Splits
 from proxy.config import Settings
 from proxy.errors import ProxyError
 from proxy.govern.caching import PrefixMemory
+from proxy.govern.ceilings import Plans
 from proxy.govern.runs import Runs
 from proxy.ledger.backends import open_store
 from proxy.ledger.failopen import FailOpenStore
@@ -39,6 +40,7 @@ from proxy.serve.appkeys import (
     CLOUD_TOKEN,
     DEPLOYMENTS,
     KEYS,
+    PLANS,
     PREFIXES,
     PRICES,
     RUNS,
@@ -105,6 +107,7 @@ def create_app(
     app[KEYS] = KeyIndex(settings)
     app[PRICES] = PriceTable.load(overrides=settings.prices, source=_price_source(settings.prices_file))
     app[DEPLOYMENTS] = Deployments(settings.azure_deployments)
+    app[PLANS] = Plans()
     app[CLOUD_TOKEN] = CloudToken()  # no I/O until a call needs a token
     app[AWS_SIGNER] = AwsSigner()  # the same: credentials are loaded when a Bedrock call needs them
     app.cleanup_ctx.append(_store_ctx(store))

@@ -19,7 +19,7 @@ from proxy.ledger.store import Admission, Ask, GuardRule, Limits, Rate, Store, T
 from proxy.model import Call, Caller, Rewrite, Usage, frozen
 from proxy.pricing import MIN_ANSWER_TOKENS, Price, PriceTable, Quote, cost, input_bound, quote
 
-__all__ = ["NOTE_BYTES", "Admitted", "Candidate", "Plan", "admit", "limits_for", "plan", "settle_amount"]
+__all__ = ["NOTE_BYTES", "Admitted", "Candidate", "Plan", "Plans", "admit", "limits_for", "plan", "settle_amount"]
 
 # The most a wrap-up note adds to a request (proxy/govern/wrapup.py): counted in the input bound
 # of every call that may carry one, since the note is placed after the admission.
@@ -131,29 +131,35 @@ def _header_value(name: str, value: str, header: str) -> float | int:
 _WRAP_UP_HEADER = "X-Run-Wrap-Up-At"
 _PLAN_HEADERS = tuple(header.lower() for header in (*(h for _, h in _RUN_FIELDS.values()), _WRAP_UP_HEADER))
 _PLAN_CACHE_MAX = 1024
-# Plans of requests that send none of _PLAN_HEADERS, which depend on the policies alone:
-# (id(policy), id(key), key_id) -> (policy, key, plan). Building one costs ~4 µs, on every
-# call. The entry holds the objects it was built from and is used only if they are the very
-# ones passed (`is`), so a freed policy whose id is reused can never be served a stale plan.
-# Policies are immutable (frozen pydantic models, built once per tenant by Settings).
-_plans: dict[tuple[int, int, str | None], tuple[Policy, KeyPolicy | None, Plan]] = {}
 
 
 def plan(policy: Policy, headers: Mapping[str, str], key: KeyPolicy | None = None,
          key_id: str | None = None) -> Plan:
     """Everything a call is admitted under, from the tenant's policy, its key's (`key`, of
     the caller's key `key_id`) and the request's headers."""
-    if any(h in headers for h in _PLAN_HEADERS):
-        return _plan(policy, headers, key, key_id)
-    cache_key = (id(policy), id(key), key_id)
-    found = _plans.get(cache_key)
-    if found is not None and found[0] is policy and found[1] is key:
-        return found[2]
-    built = _plan(policy, headers, key, key_id)
-    if len(_plans) >= _PLAN_CACHE_MAX:
-        _plans.clear()
-    _plans[cache_key] = (policy, key, built)
-    return built
+    return _plan(policy, headers, key, key_id)
+
+
+class Plans:
+    """The plans of one process's settings. A request that sends none of the plan headers is
+    admitted under a plan that depends on its tenant's policy and its key's alone, both fixed
+    for the settings the process serves: each is built once (~4 µs) per tenant and key."""
+
+    __slots__ = ("_built",)
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[str, str | None], Plan] = {}
+
+    def plan(self, tenant: str, policy: Policy, headers: Mapping[str, str], key: KeyPolicy | None = None,
+             key_id: str | None = None) -> Plan:
+        if any(h in headers for h in _PLAN_HEADERS):
+            return _plan(policy, headers, key, key_id)
+        found = self._built.get((tenant, key_id))
+        if found is None:
+            found = _plan(policy, headers, key, key_id)
+            if len(self._built) < _PLAN_CACHE_MAX:  # tenants and keys are configured: bounded anyway
+                self._built[(tenant, key_id)] = found
+        return found
 
 
 def _plan(policy: Policy, headers: Mapping[str, str], key: KeyPolicy | None, key_id: str | None) -> Plan:

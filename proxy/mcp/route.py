@@ -45,11 +45,10 @@ from proxy.errors import (
     UpstreamRedirect,
 )
 from proxy.govern import guard
-from proxy.govern.ceilings import plan
 from proxy.ledger.store import Admission, Ask, Limits, Rate, ToolTurn
 from proxy.mcp import wire
 from proxy.model import Caller, Rewrite
-from proxy.serve.appkeys import KEYS, RUNS, SETTINGS, STORE, TEL, UPSTREAM
+from proxy.serve.appkeys import KEYS, PLANS, RUNS, SETTINGS, STORE, TEL, UPSTREAM
 from proxy.serve.body import read_body
 from proxy.serve.pipeline import add_run_totals, admission_turn, after_answer, refusal_reason, refusal_totals
 from proxy.serve.relay import relay
@@ -214,7 +213,7 @@ class _Call:
         app, caller = self.request.app, self.caller
         try:
             key = app[SETTINGS].key_policy(caller.tenant, caller.key_id)
-            planned = plan(policy, self.request.headers, key, caller.key_id)
+            planned = app[PLANS].plan(caller.tenant, policy, self.request.headers, key, caller.key_id)
             rates = tuple(Rate(owner, "requests", limit, 1) for owner, unit, limit in planned.rates
                           if unit == "requests")
             if self.msg.tool is None and not rates and (parent is not None or books.run_trace is not None):

@@ -7,6 +7,7 @@ from aiohttp import web
 from proxy.anatomy import Splits
 from proxy.config import Settings
 from proxy.govern.caching import PrefixMemory
+from proxy.govern.ceilings import Plans
 from proxy.govern.runs import Runs
 from proxy.ledger.store import Store
 from proxy.pricing import PriceTable
@@ -27,6 +28,7 @@ TEL = web.AppKey("telemetry", Telemetry)
 RUNS = web.AppKey("runs", Runs)
 BACKGROUND = web.AppKey("background", Background)
 PREFIXES = web.AppKey("prefixes", PrefixMemory)  # stable prompt prefixes seen lately (proxy/govern/caching.py)
+PLANS = web.AppKey("plans", Plans)  # the plan of each tenant and key (proxy/govern/ceilings.py)
 DEPLOYMENTS = web.AppKey("deployments", Deployments)  # Azure deployment -> model (proxy/serve/deployments.py)
 SPLITS = web.AppKey("splits", Splits)  # the cost anatomy's last split per run
 CLOUD_TOKEN = web.AppKey("cloud_token", CloudToken)  # the machine's own cloud credentials' token (Vertex AI)

@@ -15,7 +15,7 @@ from aiohttp import web
 from proxy.config import KeyPolicy, Policy
 from proxy.errors import ProxyError, Refusal
 from proxy.govern import caching, guard, wrapup
-from proxy.govern.ceilings import Candidate, admit, plan
+from proxy.govern.ceilings import Candidate, admit
 from proxy.govern.outputs import Retry, response_hooks
 from proxy.govern.runs import results_ok
 from proxy.model import Call, Caller, Rewrite, frozen
@@ -28,6 +28,7 @@ from proxy.serve.appkeys import (
     CLOUD_TOKEN,
     DEPLOYMENTS,
     KEYS,
+    PLANS,
     PREFIXES,
     PRICES,
     RUNS,
@@ -117,7 +118,8 @@ class Forward:
         grown = len(ex.request_bytes()) - call.body_bytes if reminded or hooks.rewrites else 0
         priced_as, hint = self._pricing(app)
         try:
-            candidate = Candidate(caller, call, plan(policy, request.headers, self.key, caller.key_id),
+            candidate = Candidate(caller, call, app[PLANS].plan(caller.tenant, policy, request.headers, self.key,
+                                                                caller.key_id),
                                   closes.results, None if retry else guard.rule(policy.guard), closes.trace,
                                   patch_bytes=CLAMP_BYTES + grown, priced_as=priced_as, price_hint=hint,
                                   provider=self.target.provider)

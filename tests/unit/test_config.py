@@ -7,7 +7,7 @@ from multidict import CIMultiDict
 
 from proxy.config import KeyPolicy, Settings, load_settings
 from proxy.errors import ConfigError, RequestError
-from proxy.govern.ceilings import limits_for, plan
+from proxy.govern.ceilings import Plans, limits_for, plan
 from tracing.setup import TelemetryConfig, otlp_url
 
 
@@ -150,7 +150,9 @@ def test_a_plan_remembered_without_headers_never_answers_a_request_that_sends_th
         "max_llm_calls": 3}}}})
     policy = settings.policy_for("default")
     assert plan(policy, CIMultiDict()).limits.run_max_calls == 10
-    assert plan(policy, CIMultiDict()) is plan(policy, CIMultiDict())  # remembered
+    plans = Plans()
+    assert plans.plan("t", policy, CIMultiDict()) is plans.plan("t", policy, CIMultiDict())  # remembered
+    assert plans.plan("t", policy, CIMultiDict({header: "2"})).limits.run_max_calls == 2  # headers: built anew
     assert plan(policy, CIMultiDict({header: "2"})).limits.run_max_calls == 2
     assert plan(policy, CIMultiDict({"x-run-wrap-up-at": "0.5"})).wrap_up_at is None
     key = KeyPolicy(runs={"max_llm_calls": 4})
