@@ -37,7 +37,7 @@ async def messages_loop(url: str) -> None:
                    "defer_loading": True}]
     async with anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0, default_headers=HEADERS) as c:
         msgs: Any = [{"role": "user", "content": ASK}]
-        first = await c.messages.create(model="claude-sonnet-4-5", max_tokens=200, tools=tools, messages=msgs)
+        first = await c.messages.create(model="claude-sonnet-5-5", max_tokens=200, tools=tools, messages=msgs)
         use = next(b for b in first.content if b.type == "tool_use")
         msgs += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
@@ -48,7 +48,7 @@ async def messages_loop(url: str) -> None:
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_search_1",
                                                "content": [{"type": "tool_reference",
                                                             "tool_name": "get_forecast"}]}]}]
-        await c.messages.create(model="claude-sonnet-4-5", max_tokens=200, tools=tools, messages=msgs)
+        await c.messages.create(model="claude-sonnet-5-5", max_tokens=200, tools=tools, messages=msgs)
 
 
 async def chat_loop(url: str) -> None:

@@ -152,7 +152,8 @@ async def test_a_cost_ceiling_refuses_in_the_routes_own_error_shape(make_proxy: 
     proxy = await make_proxy(vertex_base_url=sim.url, policy={"runs": {"max_cost_usd": 0.000001}})
     if route == "gemini":
         with pytest.raises(genai.errors.ClientError) as gi:
-            await gemini_client(proxy).aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
+            client = gemini_client(proxy)
+            await client.aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
         assert gi.value.code == 402 and gi.value.status == "RESOURCE_EXHAUSTED"
         assert "max_cost_usd" in str(gi.value)
     else:
@@ -168,7 +169,8 @@ async def test_structured_output_is_repaired_on_both_routes(make_proxy: ProxyFac
     proxy = await make_proxy(vertex_base_url=sim.url)
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"}},
               "required": ["name", "born"]}
-    out = await gemini_client(proxy).aio.models.generate_content(
+    client = gemini_client(proxy)
+    out = await client.aio.models.generate_content(
         model="gemini-2.5-flash", contents="SCENARIO:json_fenced",
         config=types.GenerateContentConfig(response_mime_type="application/json", response_json_schema=schema))
     assert json.loads(out.text or "")["born"] == 1815
@@ -202,7 +204,8 @@ async def test_tenant_mode_sends_an_adc_token_and_never_the_spanmeter_key(
     proxy = await make_proxy(vertex_base_url=sim.url, tenants={"acme": {"keys": [hash_key(KEY)]}})
     # The SDKs send the spanmeter key where they send a Google token: Authorization: Bearer.
     for _ in range(2):
-        await gemini_client(proxy, token=KEY, run="t-run").aio.models.generate_content(
+        client = gemini_client(proxy, token=KEY, run="t-run")
+        await client.aio.models.generate_content(
             model="gemini-2.5-flash", contents="hi")
     client = claude_client(proxy, token=KEY, run="t-run")
     await client.messages.create(model=CLAUDE, max_tokens=50, messages=[{"role": "user", "content": "hi"}])
@@ -219,7 +222,8 @@ async def test_tenant_mode_without_adc_is_a_401_in_each_routes_shape(
     monkeypatch_env("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
     proxy = await make_proxy(vertex_base_url=sim.url, tenants={"acme": {"keys": [hash_key(KEY)]}})
     with pytest.raises(genai.errors.ClientError) as gi:
-        await gemini_client(proxy, token=KEY).aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
+        client = gemini_client(proxy, token=KEY)
+        await client.aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
     assert gi.value.code == 401 and gi.value.status == "UNAUTHENTICATED"
     assert "GOOGLE_APPLICATION_CREDENTIALS" in str(gi.value)
     client = claude_client(proxy, token=KEY)
@@ -235,7 +239,8 @@ async def test_a_vertex_upstream_per_tenant(make_proxy: ProxyFactory, sim: Sim, 
     proxy = await make_proxy(
         upstreams={"vx": {"dialect": "vertex", "base_url": sim.url, "key_env": "VERTEX_GATEWAY_TOKEN"}},
         tenants={"acme": {"keys": [hash_key(KEY)], "upstream": "vx"}})
-    await gemini_client(proxy, token=KEY).aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
+    client = gemini_client(proxy, token=KEY)
+    await client.aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
     assert sim.last.path == GEMINI_PATH and sim.last.headers["Authorization"] == "Bearer gw-token"
 
 
