@@ -1,0 +1,121 @@
+"""Budget leases (proxy/ledger/leases.py) on real SQLite and a real redis-server: a hot run's
+calls are served from a lease, the ceilings hold exactly as without, and a kill -9 mid-load
+only over-counts. The whole store contract runs leased too (test_store_contract.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from proxy.errors import CeilingReached
+from proxy.ledger.backends import open_store
+from proxy.ledger.leases import LEASE_CALLS, LeasedStore
+from proxy.ledger.store import Ask, Limits, Store, Turn
+from tests.ledger.test_store_contract import T0
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def pair(ledger: str) -> tuple[Store, Store]:
+    """A leased store and a plain one on the same ledger (what another worker sees)."""
+    leased, plain = open_store(ledger, leases=True), open_store(ledger, leases=False)
+    yield leased, plain
+    await leased.aclose()
+    await plain.aclose()
+
+
+def _ask(tenant: str, limits: Limits) -> Ask:
+    return Ask(tenant, "hot", T0, limits)
+
+
+async def test_a_hot_run_is_served_from_a_lease_that_stands_as_spent(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    assert isinstance(leased, LeasedStore)
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_calls=10_000, day_budget=10**9)
+    for _ in range(10):
+        await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100))), 40)
+    # What the call's path sees: exact.
+    assert await leased.spend(tenant, run_id="hot") == 400
+    assert await leased.run_calls(tenant, "hot") == 10
+    # What the ledger holds meanwhile: the whole lease, calls and money, as spent.
+    assert await plain.run_calls(tenant, "hot") == 3 + LEASE_CALLS
+    assert await plain.spend(tenant, day="2026-05-14") >= 400
+    await leased.aclose()  # returns the lease
+    assert await plain.run_calls(tenant, "hot") == 10
+    assert await plain.spend_detail(tenant, run_id="hot") == await plain.spend_detail(tenant, day="2026-05-14")
+    assert await plain.spend(tenant, run_id="hot") == 400
+
+
+@pytest.mark.parametrize("cap", [5, 40, 100])
+async def test_sequential_calls_stop_exactly_at_the_call_ceiling(pair: tuple[Store, Store], cap: int) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_calls=cap)
+    made = 0
+    with pytest.raises(CeilingReached) as ei:
+        while True:
+            await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 10))), 10)
+            made += 1
+    assert ei.value.limit == "run_calls" and made == cap
+    assert await leased.run_calls(tenant, "hot") == cap
+    await leased.aclose()
+    assert await plain.run_calls(tenant, "hot") == cap
+
+
+async def test_concurrent_leased_calls_never_cross_a_cost_ceiling(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_cost=20_000)
+
+    async def agent() -> int:
+        spent = 0
+        while True:
+            try:
+                a = await leased.admit(_ask(tenant, limits), Turn(reserve=(30, 30)))
+            except CeilingReached:
+                return spent
+            await asyncio.sleep(0)
+            await leased.settle(a, 30)
+            spent += 30
+
+    spent = sum(await asyncio.gather(*(agent() for _ in range(8))))
+    assert spent <= 20_000
+    await leased.aclose()
+    assert spent == await plain.spend(tenant, run_id="hot") <= 20_000
+
+
+def test_kill_9_with_leases_only_over_counts(ledger: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lease_child.py")), ledger],
+                             stdout=subprocess.PIPE, env=env, cwd=ROOT)
+    assert child.stdout is not None
+    lines: list[bytes] = []
+    while sum(line.startswith(b"settled") for line in lines) < 500:
+        line = child.stdout.readline()
+        assert line, f"the child died early with {child.wait()}"
+        lines.append(line)
+    os.kill(child.pid, signal.SIGKILL)
+    lines += child.stdout.read().splitlines()
+    child.wait()
+    admitted = [line for line in lines if line.startswith(b"admitted")]
+    settled = sum(1 for line in lines if line.startswith(b"settled"))
+    charged = 70 * settled + 100 * (len(admitted) - settled)  # an unsettled call is charged its reservation
+
+    async def check() -> None:
+        store = open_store(ledger, leases=False)
+        try:
+            spend = await store.spend("crash", run_id="hot")
+            calls = await store.run_calls("crash", "hot")
+            assert spend >= charged, "a crash must never under-count money"
+            assert calls >= len(admitted), "nor calls"
+            assert calls <= 5_000 and spend <= 5_000 * 100, "and no ceiling is crossed"
+        finally:
+            await store.aclose()
+
+    asyncio.run(check())
