@@ -11,10 +11,12 @@ are written behind in one settle of the lease when it is returned (spent, older 
 stands as spent, so a crash or a power cut only over-counts: by the lease's unused money
 and calls, and never crosses a ceiling.
 
-Only the safe case leases: a call of a run this process has admitted `HOT_AFTER` times in a
-row, carrying no tool results, no stored context, no rate buckets, under no token or wall
-time ceiling, priced, and with headroom of at least `MARGIN` leases on every limited scope
-and on the call ceiling. Anything else takes the wrapped store's exact path, unchanged.
+Only the safe case leases: a call of a run this process has admitted `HOT_AFTER` times,
+carrying no tool results, no stored context, no rate buckets, under no token or wall time
+ceiling, and priced. A lease is sized to at most 1/`MARGIN` of the headroom the run's last
+admission left, on the call ceiling and on every limited scope (`_size`), and up to
+`LEASE_CALLS` calls; below 2 calls there is none. Anything else takes the wrapped store's
+exact path, unchanged.
 
 What a lease changes, and what it does not:
 - A ceiling is never crossed: a leased call needs its full worst case free in the lease.
@@ -54,6 +56,7 @@ LEASE_S = 2.0  # a lease is returned this long after it was taken, at the latest
 LEASE_CALLS = 32  # calls one lease may serve
 MARGIN = 8  # lease only with this many leases' worth of headroom on every limited scope
 HOT_AFTER = 3  # exact admissions of a run in a row before it leases
+HEAT_KEPT = 10_000  # runs whose latest admission is remembered (the least recent forgotten first)
 
 _Key = tuple[str, str, str | None, str, str]  # tenant, run, key id, day, month
 
@@ -120,8 +123,9 @@ class LeasedStore:
             return self._serve(lease, turn)
         if lease is not None:
             await self._close(lkey)
-        if self._should_lease(ask, turn, lkey):
-            lease = await self._take(lkey, ask, turn)
+        size = self._lease_size(ask, turn, lkey)
+        if size:
+            lease = await self._take(lkey, ask, turn, size)
             if lease is not None and self._fits(lease, ask, turn):
                 return self._serve(lease, turn)
         await self._flush_run(ask.tenant, ask.run_id)
@@ -129,9 +133,16 @@ class LeasedStore:
 
     async def _exact(self, ask: Ask, turn: Turn) -> Admission:
         admission = await self.inner.admit(ask, turn)
-        heat = self._heat.setdefault((ask.tenant, ask.run_id), _Heat())
-        heat.streak, heat.last, heat.ask = heat.streak + 1, admission, ask
+        self._seen(ask, admission)
         return admission
+
+    def _seen(self, ask: Ask, admission: Admission) -> None:
+        """Remember the run's latest admission (exact or a lease): what the next lease is sized from."""
+        heat = self._heat.pop((ask.tenant, ask.run_id), None) or _Heat()
+        heat.streak, heat.last, heat.ask = heat.streak + 1, admission, ask
+        self._heat[ask.tenant, ask.run_id] = heat  # most recent last
+        if len(self._heat) > HEAT_KEPT:
+            del self._heat[next(iter(self._heat))]
 
     def _fits(self, lease: _Lease, ask: Ask, turn: Turn) -> bool:
         a = lease.admission
@@ -140,28 +151,27 @@ class LeasedStore:
                 and time.monotonic() - lease.taken < self.lease_s
                 and (turn.trace is None or a.trace is not None))
 
-    def _should_lease(self, ask: Ask, turn: Turn, lkey: _Key) -> bool:
+    def _lease_size(self, ask: Ask, turn: Turn, lkey: _Key) -> int:
+        """How many calls to lease for this run now (0: take the exact path)."""
         heat = self._heat.get((ask.tenant, ask.run_id))
         if heat is None or heat.streak < HOT_AFTER or heat.last is None or lkey in self._taking:
-            return False
+            return 0
         if heat.ask is None or heat.ask.limits != ask.limits or heat.last.key != turn.key:
-            return False
-        return _roomy(heat.last, ask.limits, self._slice(turn), self.lease_calls)
+            return 0
+        return _size(heat.last, ask.limits, turn.reserve[1], self.lease_calls)
 
-    def _slice(self, turn: Turn) -> int:
-        return turn.reserve[1] * self.lease_calls
-
-    async def _take(self, lkey: _Key, ask: Ask, turn: Turn) -> _Lease | None:
+    async def _take(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
         self._taking.add(lkey)
         try:
             await self._flush_run(ask.tenant, ask.run_id)
-            lease_turn = Turn(reserve=(turn.reserve[1], self._slice(turn)), trace=turn.trace, key=turn.key,
-                              count=self.lease_calls, priced=True)
+            most = turn.reserve[1]
+            lease_turn = Turn(reserve=(most, most * calls), trace=turn.trace, key=turn.key, count=calls)
             try:
                 admission = await self.inner.admit(ask, lease_turn)
             except Exception:  # a refused lease is no refusal of the call: the exact path decides
                 return None
-            lease = _Lease(admission, ask, time.monotonic(), self.lease_calls)
+            self._seen(ask, admission)
+            lease = _Lease(admission, ask, time.monotonic(), calls)
             self._leases[lkey] = lease
             loop = asyncio.get_running_loop()
             loop.call_later(self.lease_s, self._expire_soon, lkey, lease)
@@ -364,11 +374,17 @@ def _lease_key(ask: Ask, turn: Turn) -> _Key | None:
     return ask.tenant, ask.run_id, turn.key, day, month
 
 
-def _roomy(last: Admission, limits: Limits, money: int, calls: int) -> bool:
-    """Whether the run's last exact admission left `MARGIN` leases of headroom everywhere."""
-    if limits.run_max_calls is not None and limits.run_max_calls - last.calls < MARGIN * calls:
-        return False
-    return all(left is None or left >= MARGIN * money for left in last.remaining.values())
+def _size(last: Admission, limits: Limits, most: int, calls: int) -> int:
+    """Calls to lease: at most `calls`, and at most 1/`MARGIN` of the headroom the run's last
+    admission left on the call ceiling and on every limited scope (a lease holds `most` per
+    call); under 2, none (near a limit every call takes the exact path)."""
+    if limits.run_max_calls is not None:
+        calls = min(calls, (limits.run_max_calls - last.calls) // MARGIN)
+    if most > 0:
+        for left in last.remaining.values():
+            if left is not None:
+                calls = min(calls, left // (MARGIN * most))
+    return calls if calls >= 2 else 0
 
 
 def _covers(a: Admission, tenant: str, run_id: str | None, day: str | None, month: str | None,
