@@ -65,6 +65,7 @@ _Key = tuple[str, str, str | None, str, str]  # tenant, run, key id, day, month
 class _Lease:
     """One lease: an exact admission of the wrapped store, served from in memory."""
 
+    lkey: _Key
     admission: Admission
     ask: Ask
     taken: float  # time.monotonic()
@@ -77,10 +78,16 @@ class _Lease:
     tools: list[dict[str, Any]] = field(default_factory=list)  # open tool calls, likewise
     contexts: dict[str, int] = field(default_factory=dict)  # stored-context sizes, likewise
     closing: bool = False  # no more calls; returned once nothing is in flight
+    settled_back: bool = False  # its settle is in the wrapped store
+    uncounted: bool = False  # and its unused calls are given back
 
     @property
     def calls_left(self) -> int:
         return 0 if self.closing else self.count - self.served
+
+    @property
+    def run(self) -> tuple[str, str]:
+        return self.ask.tenant, self.ask.run_id
 
     @property
     def base(self) -> int:
@@ -104,11 +111,13 @@ class LeasedStore:
     def __init__(self, inner: Store, *, lease_s: float = LEASE_S, lease_calls: int = LEASE_CALLS) -> None:
         self.inner = inner
         self.lease_s, self.lease_calls = lease_s, lease_calls
-        self._leases: dict[_Key, _Lease] = {}
-        self._by_id: dict[str, _Lease] = {}
+        self._leases: dict[_Key, _Lease] = {}  # open: calls are served from these
+        self._by_id: dict[str, _Lease] = {}  # leased calls in flight
+        self._runs: dict[tuple[str, str], list[_Lease]] = {}  # every lease not yet returned, by run
+        self._returns: dict[tuple[str, str], set[asyncio.Task[None]]] = {}  # returns under way, by run
         self._heat: dict[tuple[str, str], _Heat] = {}
         self._taking: set[_Key] = set()
-        self._returning: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[None]] = set()  # keeps the timers' closes alive
         self._ids = itertools.count()
 
     # --- the call's path -------------------------------------------------------------
@@ -171,8 +180,9 @@ class LeasedStore:
             except Exception:  # a refused lease is no refusal of the call: the exact path decides
                 return None
             self._seen(ask, admission)
-            lease = _Lease(admission, ask, time.monotonic(), calls)
+            lease = _Lease(lkey, admission, ask, time.monotonic(), calls)
             self._leases[lkey] = lease
+            self._runs.setdefault(lease.run, []).append(lease)
             loop = asyncio.get_running_loop()
             loop.call_later(self.lease_s, self._expire_soon, lkey, lease)
             return lease
@@ -236,8 +246,8 @@ class LeasedStore:
     def _expire_soon(self, lkey: _Key, lease: _Lease) -> None:
         if self._leases.get(lkey) is lease:
             task = asyncio.ensure_future(self._close(lkey))
-            self._returning.add(task)
-            task.add_done_callback(self._returning.discard)
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def _close(self, lkey: _Key) -> None:
         """No more calls from this lease; return it now, or at its last call's settle."""
@@ -249,15 +259,39 @@ class LeasedStore:
             await self._return(lease)
 
     async def _return(self, lease: _Lease) -> None:
-        """One settle of the lease: the money its calls spent, their totals and tool calls.
-        The calls it counted and did not serve stay counted (over-counted, never under)."""
-        totals, tools, contexts = lease.totals, lease.tools, lease.contexts
-        lease.totals, lease.tools, lease.contexts = {}, [], {}
-        await self.inner.settle(lease.admission, lease.settled, run_totals=totals or None, tools=tools or None,
-                                contexts=contexts or None)
-        unused = lease.count - lease.served
-        if unused > 0:
-            await self._uncount(lease.ask, unused)
+        """Give the lease back in a task of its own, which an exact operation on the run
+        waits for (`_flush_run`) and a cancelled caller does not stop."""
+        task = asyncio.ensure_future(self._give_back(lease))
+        self._returns.setdefault(lease.run, set()).add(task)
+        task.add_done_callback(lambda t: self._returned(lease, t))
+        await task
+
+    def _returned(self, lease: _Lease, task: asyncio.Task[None]) -> None:
+        returns = self._returns.get(lease.run, set())
+        returns.discard(task)
+        if not returns:
+            self._returns.pop(lease.run, None)
+
+    async def _give_back(self, lease: _Lease) -> None:
+        """One settle of the lease (the money its calls spent, with their totals, tool calls
+        and context sizes), then the calls it counted and did not serve are uncounted. Until
+        each is done the ledger holds more than was spent, never less."""
+        try:
+            totals, tools, contexts = lease.totals, lease.tools, lease.contexts
+            lease.totals, lease.tools, lease.contexts = {}, [], {}
+            await self.inner.settle(lease.admission, lease.settled, run_totals=totals or None,
+                                    tools=tools or None, contexts=contexts or None)
+            lease.settled_back = True
+            unused = lease.count - lease.served
+            if unused > 0:
+                await self._uncount(lease.ask, unused)
+            lease.uncounted = True
+        finally:
+            leases = self._runs.get(lease.run, [])
+            if lease in leases:
+                leases.remove(lease)
+            if not leases:
+                self._runs.pop(lease.run, None)
 
     async def _uncount(self, ask: Ask, calls: int) -> None:
         """Give back the calls a lease counted and did not serve: an admission counting
@@ -271,23 +305,34 @@ class LeasedStore:
         await self.inner.release(admission)
 
     async def _flush_run(self, tenant: str, run_id: str) -> None:
-        """Close the run's leases (all of its keys and windows) so that an exact operation
-        sees everything they served; waits for a return under way."""
-        for lkey in [k for k in self._leases if k[0] == tenant and k[1] == run_id]:
-            await self._close(lkey)
-        pending = [lease for lease in self._by_id.values() if (lease.ask.tenant, lease.ask.run_id) == (tenant, run_id)]
+        """Before an exact operation on a run: close its leases, write what their settled
+        calls left (run totals, open tool calls) and wait for their returns, so that the
+        operation sees everything the leased calls did."""
+        run = (tenant, run_id)
+        if run not in self._runs and run not in self._returns:
+            return  # the common case: nothing leased
+        for lease in list(self._runs.get(run, ())):
+            await self._close(lease.lkey)
+        for lease in list(self._runs.get(run, ())):
+            if lease.inflight:  # returned by its last call's settle; what is settled goes now
+                await self._write_behind(lease)
+        pending = self._returns.get(run)
         if pending:
-            # Calls still in flight: their settles return the lease. The exact path sees the
-            # lease as spent meanwhile, which only over-counts.
-            return
-        if self._returning:
-            await asyncio.gather(*self._returning, return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _write_behind(self, lease: _Lease) -> None:
+        tools, totals = lease.tools, lease.totals
+        lease.tools, lease.totals = [], {}
+        if tools:
+            await self.inner.tools_put(lease.ask.tenant, lease.ask.run_id, tools)
+        if totals:
+            await self.inner.run_add(lease.ask.tenant, lease.ask.run_id, totals)
 
     async def _flush_all(self) -> None:
-        for lkey in list(self._leases):
-            await self._close(lkey)
-        if self._returning:
-            await asyncio.gather(*self._returning, return_exceptions=True)
+        for run in list(self._runs):
+            await self._flush_run(*run)
+        for run in list(self._returns):
+            await self._flush_run(*run)
 
     # --- views: the wrapped store's, with this process's leases at their true use ----
 
@@ -296,7 +341,7 @@ class LeasedStore:
         found = await self.inner.spend_detail(tenant, run_id=run_id, day=day, month=month, key_id=key_id)
         settled, reserved = found.settled, found.reserved
         for lease in self._live():
-            if _covers(lease.admission, tenant, run_id, day, month, key_id):
+            if not lease.settled_back and _covers(lease.admission, tenant, run_id, day, month, key_id):
                 settled += lease.settled
                 reserved += sum(lease.inflight.values()) - lease.admission.reserved
         return Spend(settled, reserved)
@@ -306,13 +351,13 @@ class LeasedStore:
         return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month, key_id=key_id)).total
 
     def _live(self) -> list[_Lease]:
-        """Leases not yet returned: open ones and closing ones with calls in flight."""
-        return list({id(x): x for x in (*self._leases.values(), *self._by_id.values())}.values())
+        """Leases not yet returned (open, closing with calls in flight, being returned)."""
+        return [lease for leases in self._runs.values() for lease in leases]
 
     async def run_calls(self, tenant: str, run_id: str) -> int:
         calls = await self.inner.run_calls(tenant, run_id)
-        return calls - sum(lease.count - lease.served for lease in self._live()
-                           if (lease.ask.tenant, lease.ask.run_id) == (tenant, run_id))
+        return calls - sum(lease.count - lease.served for lease in self._runs.get((tenant, run_id), ())
+                           if not lease.uncounted)
 
     async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int], *, soon: bool = False) -> None:
         await self.inner.run_add(tenant, run_id, deltas, soon=soon)

@@ -119,3 +119,39 @@ def test_kill_9_with_leases_only_over_counts(ledger: str) -> None:
             await store.aclose()
 
     asyncio.run(check())
+
+
+async def _hot(leased: Store, tenant: str, limits: Limits, calls: int = 5) -> None:
+    for _ in range(calls):
+        await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100))), 40)
+
+
+async def test_the_tool_calls_of_a_leased_call_are_closed_by_the_next_exact_call(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
+    await _hot(leased, tenant, limits)
+    a = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert a.id.startswith("lease-")
+    await leased.settle(a, 40, run_totals={"model_calls": 1}, tools=[{"id": "c1", "name": "search", "sig": "s"}])
+    nxt = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100), results=(("c1", True),)))
+    assert [c["id"] for c in nxt.closed] == ["c1"]
+    assert (await plain.run_totals(tenant, "hot"))["model_calls"] == 1
+    assert await plain.run_calls(tenant, "hot") == 7, "the lease's unused calls were given back"
+
+
+async def test_a_leased_call_still_in_flight_keeps_its_lease_as_spent(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
+    await _hot(leased, tenant, limits)
+    first = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    slow = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    await leased.settle(first, 40, tools=[{"id": "c1", "name": "search", "sig": "s"}])
+    nxt = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100), results=(("c1", True),)))
+    assert [c["id"] for c in nxt.closed] == ["c1"], "written behind before the exact call"
+    # The lease stands as spent in the ledger until its last call settles; views stay exact here.
+    assert await plain.spend(tenant, run_id="hot") >= 5 * 40 + 40 + 100 + 100
+    assert await leased.spend(tenant, run_id="hot") == 5 * 40 + 40 + 100 + 100
+    await leased.settle(slow, 30)
+    await leased.settle(nxt, 20)
+    assert await plain.spend(tenant, run_id="hot") == 5 * 40 + 40 + 30 + 20
+    assert await plain.run_calls(tenant, "hot") == 8
