@@ -123,6 +123,9 @@ class LeasedStore:
     # --- the call's path -------------------------------------------------------------
 
     async def admit(self, ask: Ask, turn: Turn = NO_TURN) -> Admission:
+        run = (ask.tenant, ask.run_id)
+        if run not in self._runs and run not in self._returns and not self._hot(run):
+            return await self._exact(ask, turn)  # a run not leased nor hot: nothing else to do
         lkey = _lease_key(ask, turn)
         if lkey is None:
             await self._flush_run(ask.tenant, ask.run_id)
@@ -159,6 +162,10 @@ class LeasedStore:
                 and ask.limits == lease.ask.limits and ask.ttl_s == lease.ask.ttl_s
                 and time.monotonic() - lease.taken < self.lease_s
                 and (turn.trace is None or a.trace is not None))
+
+    def _hot(self, run: tuple[str, str]) -> bool:
+        heat = self._heat.get(run)
+        return heat is not None and heat.streak >= HOT_AFTER
 
     def _lease_size(self, ask: Ask, turn: Turn, lkey: _Key) -> int:
         """How many calls to lease for this run now (0: take the exact path)."""
