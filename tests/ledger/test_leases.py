@@ -155,3 +155,37 @@ async def test_a_leased_call_still_in_flight_keeps_its_lease_as_spent(pair: tupl
     await leased.settle(nxt, 20)
     assert await plain.spend(tenant, run_id="hot") == 5 * 40 + 40 + 30 + 20
     assert await plain.run_calls(tenant, "hot") == 8
+
+
+async def test_a_power_cut_after_the_leases_fsync_only_over_counts(tmp_path: Path) -> None:
+    """A power cut loses whatever reached the WAL after its last fsync. The lease's admission
+    is fsynced before any call is served from it (synchronous=full): cut the WAL back to the
+    end of that admission, after the lease has served calls and been given back, and the
+    ledger that is left still counts every call and at least what they were charged."""
+    db = tmp_path / "ledger.db"
+    store = open_store(f"sqlite:///{db}", leases=True)
+    tenant, limits = "cut", Limits(run_max_calls=1_000, run_max_cost=10**9)
+    await _hot(leased := store, tenant, limits, calls=3)
+    first = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert first.id.startswith("lease-")
+    fsynced = (tmp_path / "ledger.db-wal").stat().st_size  # the lease's admission is the last write
+    await leased.settle(first, 40)
+    await _hot(leased, tenant, limits, calls=10)
+    assert await leased.run_totals(tenant, "hot") == {}  # an exact view: gives the lease back
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for name in ("ledger.db", "ledger.db-wal"):
+        (cut / name).write_bytes((tmp_path / name).read_bytes())
+    with (cut / "ledger.db-wal").open("r+b") as wal:
+        assert wal.seek(0, 2) > fsynced, "the return was written after the lease"
+        wal.truncate(fsynced)
+    await store.aclose()
+
+    after = open_store(f"sqlite:///{cut / 'ledger.db'}", leases=False)
+    try:
+        calls, spend = await after.run_calls(tenant, "hot"), await after.spend(tenant, run_id="hot")
+        assert (calls, spend) == (3 + LEASE_CALLS, 3 * 40 + LEASE_CALLS * 100), "the ledger as the lease left it"
+        assert calls >= 14 and spend >= 14 * 40, "only over-counted"
+        assert calls <= 1_000 and spend <= 10**9
+    finally:
+        await after.aclose()
