@@ -217,16 +217,34 @@ class LeasedStore:
             return await self.inner.settle(admission, actual, run_totals=run_totals, tools=tools,
                                            contexts=contexts)
         reserved = lease.inflight.pop(admission.id)
-        lease.used += actual - reserved
-        lease.settled += actual
+        within = min(actual, reserved)
+        lease.used += within - reserved
+        lease.settled += within
         for name, value in (run_totals or {}).items():
             lease.totals[name] = lease.totals.get(name, 0) + value
         lease.tools.extend(tools or [])
         for ref, size in (contexts or {}).items():
             lease.contexts[ref] = max(size, lease.contexts.get(ref, 0))
+        if actual > reserved:
+            await self._overshoot(lease, actual - reserved)
         if lease.closing and not lease.inflight:
             await self._return(lease)
         return max(0, actual - reserved)
+
+    async def _overshoot(self, lease: _Lease, excess: int) -> None:
+        """A leased call cost more than its reservation: the lease does not hold the excess,
+        so it is charged now, in full, on every scope of the lease (an admission of nothing
+        settled at the excess), and the lease is closed. Refused (a scope already overspent),
+        the excess goes with the lease's settle, which then comes as soon as nothing is in flight."""
+        await self._close(lease.lkey)
+        a = lease.admission
+        try:
+            charge = await self.inner.admit(Ask(a.tenant, a.run_id, lease.ask.now, tz=lease.ask.tz,
+                                                ttl_s=lease.ask.ttl_s), Turn(key=a.key, count=0))
+        except Exception:  # charged with the lease instead
+            lease.settled += excess
+            return
+        await self.inner.settle(charge, excess)
 
     async def settle_in_order(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
                               tools: list[dict[str, Any]] | None = None,

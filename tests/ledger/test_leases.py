@@ -189,3 +189,19 @@ async def test_a_power_cut_after_the_leases_fsync_only_over_counts(tmp_path: Pat
         assert calls <= 1_000 and spend <= 10**9
     finally:
         await after.aclose()
+
+
+async def test_a_leased_call_that_overshoots_is_charged_in_full_at_once(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_cost=10**9)
+    await _hot(leased, tenant, limits)
+    a = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    b = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert a.id.startswith("lease-") and b.id.startswith("lease-")
+    assert await leased.settle(a, 10_000) == 9_900, "the overshoot is reported"
+    # Durable now, before the lease (b still in flight) is given back: a crash cannot lose it.
+    assert await plain.spend(tenant, run_id="hot") >= 5 * 40 + 10_000 + 100
+    assert await plain.spend(tenant, day="2026-05-14") >= 5 * 40 + 10_000 + 100
+    await leased.settle(b, 40)
+    assert await plain.spend(tenant, run_id="hot") == 5 * 40 + 10_000 + 40
+    assert await plain.run_calls(tenant, "hot") == 7
