@@ -18,8 +18,9 @@ def open_store(url: str, *, leases: bool | None = None) -> Store:
     SQLite takes `?synchronous=normal` (default `full`): see proxy/ledger/sqlite.py for
     what each survives. `sqlite:///:memory:` works but is not durable: tests only.
 
-    `leases` (default: the environment's SPANMETER_LEDGER_LEASES=true; off otherwise) wraps
-    the backend in budget leases (proxy/ledger/leases.py).
+    `leases` wraps the backend in budget leases (proxy/ledger/leases.py). The app passes its
+    `ledger_leases` setting; left None (tools, benches, tests), the environment's
+    SPANMETER_LEDGER_LEASES=true, the same setting's variable, decides (off otherwise).
     """
     store = _backend(url)
     if leases is None:
