@@ -32,6 +32,7 @@ STORES = [
     # The same contract with budget leases on (proxy/ledger/leases.py, SPANMETER_LEDGER_LEASES).
     pytest.param("sqlite-leased", id="sqlite-leased"),
     pytest.param("redis-leased", id="redis-leased", marks=pytest.mark.redis),
+    pytest.param("cluster-leased", id="cluster-leased", marks=pytest.mark.redis),
 ]
 
 
