@@ -23,8 +23,12 @@ What a lease changes, and what it does not:
 - Near a limit no lease is taken; one already held can make another process's call refused
   up to one unused lease early (never admitted past the limit).
 - An admin budget cut elsewhere holds from this process's next lease (at most `LEASE_S`).
-- Run totals and open tool calls of leased calls reach the store with the lease's settle:
-  a crash loses those (not money, not calls: the lease counted both).
+- Run totals and open tool calls of leased calls reach the store with the lease's settle
+  (or before an exact operation on the run): a crash loses those (not money, not calls: the
+  lease counted both).
+- Over-counts that stay: a lease whose caller was cancelled while it was taken is released
+  by the wrapped store with its calls still counted; a lease with calls in flight at
+  `aclose` expires at its amount after the call ttl, as an abandoned call does.
 """
 
 from __future__ import annotations
