@@ -34,12 +34,17 @@ second call a tool call) at each --concurrency, on uvloop as the proxy runs: pro
 (time.process_time: every thread), the event-loop thread's (time.thread_time on it) and
 the ledger's own thread's (its CPU clock), in microseconds per pair, plus the wall rate.
 --repeat runs each level several times (interleaved with the other stores).
+
+--leases runs each --cpu level twice, without and with budget leases (proxy/ledger/leases.py;
+rows `store+leases`), side by side. --runs N spreads the calls over N runs (default 100; 0:
+every call its own run, as calls without an X-Run-Id are).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import sys
 import tempfile
@@ -125,16 +130,16 @@ def _thread_clock(name: str) -> int | None:
     return None
 
 
-async def cpu(url: str, n: int, concurrency: int) -> dict[str, float]:
+async def cpu(url: str, n: int, concurrency: int, leases: bool | None = None, runs: int = 100) -> dict[str, float]:
     """CPU per pair: the whole process, the event-loop thread, the ledger's thread (us)."""
-    store = open_store(url)
+    store = open_store(url, leases=leases)
     await store.ping()
     gate = asyncio.Semaphore(concurrency)
     turn = Turn(reserve=(1, 5_000), trace=TRACE)
 
     async def pair(i: int) -> None:
         async with gate:
-            run_id = f"run-{i % 100}"
+            run_id = f"run-{i % runs}" if runs else f"run-{i}-{concurrency}"
             admission = await store.admit(Ask("bench", run_id, datetime.now(UTC), LIMITS), turn)
             await store.settle(admission, 1_234, run_totals=TOTALS, tools=_tools(i) or None)
 
@@ -214,6 +219,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--max-tokens", action="store_true", help="admissions under a run token ceiling")
     parser.add_argument("--cpu", action="store_true", help="the serving process's CPU per pair instead")
     parser.add_argument("--repeat", type=int, default=1, help="--cpu: runs of each level")
+    parser.add_argument("--leases", action="store_true", help="--cpu: each store without and with budget leases")
+    parser.add_argument("--runs", type=int, default=100, help="--cpu: runs the calls spread over (0: one each)")
     parser.add_argument("--zero-counters", action="store_true",
                         help="settles also carry the seven run counters a call adds zero to, as the proxy wrote "
                              "them before it wrote only what a call adds")
@@ -249,14 +256,16 @@ async def main(args: argparse.Namespace) -> None:
             ports["cluster"] = [node.port for node in cluster.nodes]
         try:
             if args.cpu:
+                variants: tuple[bool | None, ...] = (False, True) if args.leases else (None,)
                 print(f"{'store':14} {'conc':>5} {'pairs/s':>9} {'process us':>11} {'loop us':>8} {'ledger us':>10}")
                 for c in levels:
                     for _ in range(args.repeat):
-                        for name, url in targets.items():
+                        for (name, url), leased in itertools.product(targets.items(), variants):
                             if name not in wanted:
                                 continue
-                            r = await cpu(url, args.n, c)
-                            print(f"{name:14} {c:>5} {r['rate']:>9,.0f} {r['process']:>11.1f} {r['loop']:>8.1f} "
+                            r = await cpu(url, args.n, c, leased, args.runs)
+                            label = f"{name}+leases" if leased else name
+                            print(f"{label:14} {c:>5} {r['rate']:>9,.0f} {r['process']:>11.1f} {r['loop']:>8.1f} "
                                   f"{r['ledger']:>10.1f}", flush=True)
                 return
             if args.cost:

@@ -210,7 +210,7 @@ def _store_ctx(injected: Store | None) -> Callable[[web.Application], AsyncItera
         if injected is None and settings.ledger.startswith("sqlite:///"):
             path = settings.ledger.removeprefix("sqlite:///").partition("?")[0]
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        store = injected or open_store(settings.ledger)
+        store = injected or open_store(settings.ledger, leases=settings.ledger_leases)
         app[STORE] = FailOpenStore(store) if settings.fail_open else store
         yield
         if injected is None:

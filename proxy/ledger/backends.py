@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from urllib.parse import parse_qs
 
 from proxy.errors import ConfigError
@@ -10,13 +11,28 @@ from proxy.ledger.store import Store
 __all__ = ["open_store"]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, leases: bool | None = None) -> Store:
     """`sqlite:///relative.db`, `sqlite:////abs/path.db`, `redis://host:port/db`,
     `redis+cluster://host:port[,host:port...]` (Redis Cluster; `rediss+cluster://` for TLS).
 
     SQLite takes `?synchronous=normal` (default `full`): see proxy/ledger/sqlite.py for
     what each survives. `sqlite:///:memory:` works but is not durable: tests only.
+
+    `leases` wraps the backend in budget leases (proxy/ledger/leases.py). The app passes its
+    `ledger_leases` setting; left None (tools, benches, tests), the environment's
+    SPANMETER_LEDGER_LEASES=true, the same setting's variable, decides (off otherwise).
     """
+    store = _backend(url)
+    if leases is None:
+        leases = os.environ.get("SPANMETER_LEDGER_LEASES", "").strip().lower() in ("1", "true", "yes", "on")
+    if not leases:
+        return store
+    from proxy.ledger.leases import LeasedStore
+
+    return LeasedStore(store)
+
+
+def _backend(url: str) -> Store:
     if url.startswith("sqlite:///"):
         from proxy.ledger.sqlite import SqliteStore
 

@@ -428,7 +428,7 @@ class RedisStore(DerivedOps):
         args.append(len(turn.results))
         for call_id, ok in turn.results:
             args += [call_id, "1" if ok else "0"]
-        args += [turn.tokens[0], turn.tokens[1]]
+        args += [turn.tokens[0], turn.tokens[1], turn.count]
 
         async def admitting() -> Admission:
             reply = await self._admitting(tenant, "admit", keys, args)

@@ -674,7 +674,7 @@ def _admission(ask: Ask, turn: Turn) -> _Admit:
         ledger = rows.spends(tenant, keys)
         tokens = (turn.tokens[0] + known, turn.tokens[1] + known)
         found = Standing(eff, ledger, (lo, hi), calls=calls, run_tokens=run_tokens, tokens=tokens,
-                         tokens_held=run.tokens_held, elapsed_s=elapsed)
+                         tokens_held=run.tokens_held, elapsed_s=elapsed, count=turn.count)
         d = decide(found)
         if d.refused:
             return refused(refusal(d, ask, found, turn.key))
@@ -683,12 +683,12 @@ def _admission(ask: Ask, turn: Turn) -> _Admit:
             return refused(rate_refusal(tenant, tuple(state for _, state in rates)))
         _draw(conn, tenant, rates, now_ms)
         rows.add(tenant, [(scope, key, 0, d.amount) for scope, key in (*keys.values(), ("total", ""))])
-        run.count(ts)
+        run.count(ts, turn.count)
         run.tokens_held += d.tokens
         rows.save_run(tenant, run_id, run, ts)
         rid = secrets.token_hex(16)
         rows.reserve((rid, tenant, run_id, *windows, d.amount, ts + ask.ttl_s, turn.key, d.tokens))
-        return Admission(rid, tenant, run_id, d.amount, calls + 1, d.remaining, *windows,
+        return Admission(rid, tenant, run_id, d.amount, calls + turn.count, d.remaining, *windows,
                          closed=closed, trace=trace, context_tokens=known, limits=eff,
                          run_tokens=run_tokens, started_at=started,
                          rates=tuple(state for _, state in rates), key=turn.key, tokens=d.tokens)
@@ -1096,8 +1096,8 @@ class _Run:
         self.trace, self.changed = _dumps(trace), True
         return trace
 
-    def count(self, ts: float) -> None:
-        self.calls, self.last_seen, self.changed = self.calls + 1, ts, True
+    def count(self, ts: float, n: int = 1) -> None:
+        self.calls, self.last_seen, self.changed = self.calls + n, ts, True
 
 
 def _close_tools(conn: sqlite3.Connection, tenant: str, run_id: str,

@@ -176,6 +176,9 @@ class Turn:
     # the output bound. Under runs.max_tokens the reservation is cut to the headroom left
     # (never below the least), and the caller clamps the request's output to what it holds.
     tokens: tuple[int, int] = (0, 0)
+    # Calls to count on the run: 1 for a model call. A budget lease (proxy/ledger/leases.py)
+    # counts the calls it may serve up front, so a crash can only over-count them.
+    count: int = 1
 
 
 NO_TURN = Turn()
@@ -265,6 +268,7 @@ class Standing:
     tokens: tuple[int, int] = (0, 0)  # (least, most) tokens the call may use
     tokens_held: int = 0  # by the run's calls in flight
     elapsed_s: float = 0.0  # since the run's first call
+    count: int = 1  # calls the admission counts (`Turn.count`)
 
 
 def window_keys(now: datetime, tz: str = "UTC") -> tuple[str, str]:
@@ -288,7 +292,7 @@ def decide(found: Standing) -> Decision:
     """
     limits, ledger, calls, tokens = found.limits, found.ledger, found.calls, found.tokens
     min_reserve, max_reserve = found.reserve
-    if limits.run_max_calls is not None and calls >= limits.run_max_calls:
+    if limits.run_max_calls is not None and calls + found.count > limits.run_max_calls:
         return Decision(refused="run_calls")
     # Tokens are held only under a token ceiling: without one nothing reads them, and the
     # settle then has no run row to write back.

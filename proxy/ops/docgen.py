@@ -95,6 +95,10 @@ FIELD_DOCS: dict[str, str] = {
                   "`?synchronous=normal` trades power-loss durability of the last commits for latency), "
                   "`redis://HOST:6379/0` for several replicas, or `redis+cluster://HOST:PORT[,HOST:PORT...]` "
                   "for a Redis Cluster (`rediss+cluster://` with TLS; Valkey works alike; docs/scale.md).",
+    "ledger_leases": "Budget leases (off by default): a run already admitted three times leases up to 32 calls "
+                     "and their worst-case cost (at most 1/8 of its headroom) in one ledger write, and its next "
+                     "calls are admitted in memory. A crash or power cut can only over-count, by a lease's unused "
+                     "part; no ceiling is crossed (docs/budgets.md#budget-leases-opt-in).",
     "fail_open": "Ledger unreachable: refuse calls with 503 (false) or serve them unmetered, logged at ERROR "
                  "(true).",
     "timezone": "IANA timezone of the calendar days and months that daily and monthly budgets count in.",

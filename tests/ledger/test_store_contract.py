@@ -29,10 +29,17 @@ STORES = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
     pytest.param("cluster", id="cluster", marks=pytest.mark.redis),
+    # The same contract with budget leases on (proxy/ledger/leases.py, SPANMETER_LEDGER_LEASES).
+    pytest.param("sqlite-leased", id="sqlite-leased"),
+    pytest.param("redis-leased", id="redis-leased", marks=pytest.mark.redis),
+    pytest.param("cluster-leased", id="cluster-leased", marks=pytest.mark.redis),
 ]
 
 
 def _url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind.endswith("-leased"):
+        request.getfixturevalue("monkeypatch").setenv("SPANMETER_LEDGER_LEASES", "true")
+        kind = kind.removesuffix("-leased")
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/ledger.db"
     if kind == "cluster":

@@ -18,7 +18,8 @@
 --       17 run max tokens, 18 run max seconds, 19 key day budget, 20 key month budget (-1 = none),
 --       21 has a key (1/0), 22 now in ms, 23 number of rate buckets r, then r pairs: limit, cost,
 --       then the number of results n, then n pairs: tool call id, '1' if the result is ok,
---       then (the last two) the least and the most tokens the call may use
+--       then the least and the most tokens the call may use, then (the last) the calls to
+--       count (1 for a model call; a budget lease counts the calls it may serve)
 if redis.call('EXISTS', KEYS[5]) == 1 then
   -- a retried admission (the reply to the first was lost): answer it again
   local f = redis.call('HMGET', KEYS[5], 'amount', 'calls', 'tokens')
@@ -26,7 +27,8 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
 end
 
 local has_key = ARGV[21] == '1'
-local tokens_lo, tokens_hi = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+local tokens_lo, tokens_hi = tonumber(ARGV[#ARGV - 2]), tonumber(ARGV[#ARGV - 1])
+local count = tonumber(ARGV[#ARGV])
 local r = tonumber(ARGV[23])
 local n0 = 24 + 2 * r
 
@@ -123,7 +125,7 @@ local function refused(scope, settled, reserved)
           string.format('%d', tokens_lo + context_tokens)}
 end
 local max_calls = tonumber(ARGV[1])
-if max_calls >= 0 and calls >= max_calls then
+if max_calls >= 0 and calls + count > max_calls then
   return refused('run_calls', calls, 0)
 end
 local tokens = 0  -- held only under a token ceiling (store.decide)
@@ -175,7 +177,7 @@ end
 -- 9. Count the call and reserve.
 gcra_draw(r, held_of, last_of)
 scopes_reserve(amount, 10, has_key)
-calls = redis.call('HINCRBY', KEYS[1], 'calls', 1)
+calls = redis.call('HINCRBY', KEYS[1], 'calls', count)
 redis.call('HINCRBY', KEYS[1], 'tokens_held', tokens)
 runseen_note(7, 9)
 redis.call('HSET', KEYS[5], 'amount', amount, 'calls', calls, 'expired', '0', 'tokens', tokens,

@@ -32,7 +32,7 @@ for i = 6, last do
     -- expiry already charged the reserved amount: correct it to the real cost
     redis.call('HINCRBY', KEYS[i], 'settled', actual - amount)
   else
-    redis.call('HINCRBY', KEYS[i], 'reserved', -amount)
+    redis.call('HINCRBY', KEYS[i], 'reserved', string.format('%d', -amount))  -- never '-0' (not an integer to HINCRBY)
     redis.call('HINCRBY', KEYS[i], 'settled', actual)
   end
 end

@@ -1,0 +1,475 @@
+"""Budget leases (issue 51, item 1; opt-in: SPANMETER_LEDGER_LEASES=true): a `Store` over any
+backend that admits a hot run's calls on the event loop, against headroom it leased durably
+ahead of need, instead of one store operation per call.
+
+A lease is one exact admission of the wrapped store (`Turn.count` = the calls it may serve,
+`Turn.reserve` = up to a slice of money), so the calls and the money it holds are counted on
+every scope (run, tenant day and month, the key's) before any call is served from it. Calls
+served from it are counted and reserved in memory; their settles update memory at once and
+are written behind in one settle of the lease when it is returned (spent, older than
+`LEASE_S`, or before any exact operation on the same run). Until then the whole lease
+stands as spent, so a crash or a power cut only over-counts: by the lease's unused money
+and calls, and never crosses a ceiling.
+
+Only the safe case leases: a call of a run this process has admitted `HOT_AFTER` times,
+carrying no tool results, no stored context, no rate buckets, under no token or wall time
+ceiling, and priced. A lease is sized to at most 1/`MARGIN` of the headroom the run's last
+admission left, on the call ceiling and on every limited scope (`_size`), and up to
+`LEASE_CALLS` calls; below 2 calls there is none. Anything else takes the wrapped store's
+exact path, unchanged.
+
+What a lease changes, and what it does not:
+- A ceiling is never crossed: a leased call needs its full worst case free in the lease.
+- Near a limit no lease is taken; one already held can make another process's call refused
+  up to one unused lease early (never admitted past the limit).
+- An admin budget cut elsewhere holds from this process's next lease (at most `LEASE_S`).
+- Run totals and open tool calls of leased calls reach the store with the lease's settle
+  (or before an exact operation on the run): a crash loses those (not money, not calls: the
+  lease counted both).
+- Over-counts that stay: a lease whose caller was cancelled while it was taken is released
+  by the wrapped store with its calls still counted; a lease with calls in flight at
+  `aclose` expires at its amount after the call ttl, as an abandoned call does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from proxy.ledger.store import (
+    NO_TURN,
+    Admission,
+    Ask,
+    Limits,
+    Spend,
+    Store,
+    ToolTurn,
+    Turn,
+    done_future,
+    window_keys,
+)
+
+__all__ = ["HOT_AFTER", "LEASE_CALLS", "LEASE_S", "MARGIN", "LeasedStore"]
+
+LEASE_S = 2.0  # a lease is returned this long after it was taken, at the latest
+LEASE_CALLS = 32  # calls one lease may serve
+MARGIN = 8  # lease only with this many leases' worth of headroom on every limited scope
+HOT_AFTER = 3  # exact admissions of a run in a row before it leases
+HEAT_KEPT = 10_000  # runs whose latest admission is remembered (the least recent forgotten first)
+
+_Key = tuple[str, str, str | None, str, str]  # tenant, run, key id, day, month
+
+
+@dataclass
+class _Lease:
+    """One lease: an exact admission of the wrapped store, served from in memory."""
+
+    lkey: _Key
+    admission: Admission
+    ask: Ask
+    taken: float  # time.monotonic()
+    count: int  # calls it counted on the run up front
+    served: int = 0  # calls admitted from it
+    used: int = 0  # money: settled actuals + reservations in flight
+    settled: int = 0  # the settled actuals among `used`
+    inflight: dict[str, int] = field(default_factory=dict)  # leased admission id -> reserved
+    totals: dict[str, int] = field(default_factory=dict)  # run totals to write with the return
+    tools: list[dict[str, Any]] = field(default_factory=list)  # open tool calls, likewise
+    contexts: dict[str, int] = field(default_factory=dict)  # stored-context sizes, likewise
+    closing: bool = False  # no more calls; returned once nothing is in flight
+    settled_back: bool = False  # its settle is in the wrapped store
+    uncounted: bool = False  # and its unused calls are given back
+
+    @property
+    def calls_left(self) -> int:
+        return 0 if self.closing else self.count - self.served
+
+    @property
+    def run(self) -> tuple[str, str]:
+        return self.ask.tenant, self.ask.run_id
+
+    @property
+    def base(self) -> int:
+        """The run's calls before the lease."""
+        return self.admission.calls - self.count
+
+
+@dataclass
+class _Heat:
+    """What this process last saw of a run's exact admissions: whether to lease next."""
+
+    streak: int = 0
+    last: Admission | None = None
+    ask: Ask | None = None
+
+
+class LeasedStore:
+    """A `Store` that leases hot runs' budgets from `inner` (module doc). Everything not on
+    a call's path is the wrapped store's, after the run's leased work is written back."""
+
+    def __init__(self, inner: Store, *, lease_s: float = LEASE_S, lease_calls: int = LEASE_CALLS) -> None:
+        self.inner = inner
+        self.lease_s, self.lease_calls = lease_s, lease_calls
+        self._leases: dict[_Key, _Lease] = {}  # open: calls are served from these
+        self._by_id: dict[str, _Lease] = {}  # leased calls in flight
+        self._runs: dict[tuple[str, str], list[_Lease]] = {}  # every lease not yet returned, by run
+        self._returns: dict[tuple[str, str], set[asyncio.Task[None]]] = {}  # returns under way, by run
+        self._heat: dict[tuple[str, str], _Heat] = {}
+        self._taking: set[_Key] = set()
+        self._closing: set[asyncio.Task[None]] = set()  # keeps the timers' closes alive
+        self._ids = itertools.count()
+
+    # --- the call's path -------------------------------------------------------------
+
+    async def admit(self, ask: Ask, turn: Turn = NO_TURN) -> Admission:
+        run = (ask.tenant, ask.run_id)
+        if run not in self._runs and run not in self._returns and not self._hot(run):
+            return await self._exact(ask, turn)  # a run not leased nor hot: nothing else to do
+        lkey = _lease_key(ask, turn)
+        if lkey is None:
+            await self._flush_run(ask.tenant, ask.run_id)
+            return await self._exact(ask, turn)
+        lease = self._leases.get(lkey)
+        if lease is not None and self._fits(lease, ask, turn):
+            return self._serve(lease, turn)
+        if lease is not None:
+            await self._close(lkey)
+        size = self._lease_size(ask, turn, lkey)
+        if size:
+            lease = await self._take(lkey, ask, turn, size)
+            if lease is not None and self._fits(lease, ask, turn):
+                return self._serve(lease, turn)
+        await self._flush_run(ask.tenant, ask.run_id)
+        return await self._exact(ask, turn)
+
+    async def _exact(self, ask: Ask, turn: Turn) -> Admission:
+        admission = await self.inner.admit(ask, turn)
+        self._seen(ask, admission)
+        return admission
+
+    def _seen(self, ask: Ask, admission: Admission) -> None:
+        """Remember the run's latest admission (exact or a lease): what the next lease is sized from."""
+        heat = self._heat.pop((ask.tenant, ask.run_id), None) or _Heat()
+        heat.streak, heat.last, heat.ask = heat.streak + 1, admission, ask
+        self._heat[ask.tenant, ask.run_id] = heat  # most recent last
+        if len(self._heat) > HEAT_KEPT:
+            del self._heat[next(iter(self._heat))]
+
+    def _fits(self, lease: _Lease, ask: Ask, turn: Turn) -> bool:
+        a = lease.admission
+        return (not lease.closing and lease.calls_left > 0 and a.reserved - lease.used >= turn.reserve[1]
+                and ask.limits == lease.ask.limits and ask.ttl_s == lease.ask.ttl_s
+                and time.monotonic() - lease.taken < self.lease_s
+                and (turn.trace is None or a.trace is not None))
+
+    def _hot(self, run: tuple[str, str]) -> bool:
+        heat = self._heat.get(run)
+        return heat is not None and heat.streak >= HOT_AFTER
+
+    def _lease_size(self, ask: Ask, turn: Turn, lkey: _Key) -> int:
+        """How many calls to lease for this run now (0: take the exact path)."""
+        heat = self._heat.get((ask.tenant, ask.run_id))
+        if heat is None or heat.streak < HOT_AFTER or heat.last is None or lkey in self._taking:
+            return 0
+        if heat.ask is None or heat.ask.limits != ask.limits or heat.last.key != turn.key:
+            return 0
+        return _size(heat.last, ask.limits, turn.reserve[1], self.lease_calls)
+
+    async def _take(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
+        self._taking.add(lkey)
+        try:
+            await self._flush_run(ask.tenant, ask.run_id)
+            most = turn.reserve[1]
+            lease_turn = Turn(reserve=(most, most * calls), trace=turn.trace, key=turn.key, count=calls)
+            try:
+                admission = await self.inner.admit(ask, lease_turn)
+            except Exception:  # a refused lease is no refusal of the call: the exact path decides
+                return None
+            self._seen(ask, admission)
+            lease = _Lease(lkey, admission, ask, time.monotonic(), calls)
+            self._leases[lkey] = lease
+            self._runs.setdefault(lease.run, []).append(lease)
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.lease_s, self._expire_soon, lkey, lease)
+            return lease
+        finally:
+            self._taking.discard(lkey)
+
+    def _serve(self, lease: _Lease, turn: Turn) -> Admission:
+        a, amount = lease.admission, turn.reserve[1]
+        lease.served += 1
+        lease.used += amount
+        rid = f"lease-{next(self._ids)}"
+        lease.inflight[rid] = amount
+        self._by_id[rid] = lease
+        free = a.reserved - lease.used
+        remaining = {s: None if v is None else v + free for s, v in a.remaining.items()}
+        return Admission(rid, a.tenant, a.run_id, amount, lease.base + lease.served, remaining, a.day_key,
+                         a.month_key, trace=a.trace, limits=a.limits, key=turn.key)
+
+    async def settle(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
+                     tools: list[dict[str, Any]] | None = None, contexts: dict[str, int] | None = None) -> int:
+        lease = self._by_id.pop(admission.id, None)
+        if lease is None:
+            if admission.id.startswith("lease-"):
+                return 0  # a second settle of a leased call
+            return await self.inner.settle(admission, actual, run_totals=run_totals, tools=tools,
+                                           contexts=contexts)
+        reserved = lease.inflight.pop(admission.id)
+        within = min(actual, reserved)
+        lease.used += within - reserved
+        lease.settled += within
+        for name, value in (run_totals or {}).items():
+            lease.totals[name] = lease.totals.get(name, 0) + value
+        lease.tools.extend(tools or [])
+        for ref, size in (contexts or {}).items():
+            lease.contexts[ref] = max(size, lease.contexts.get(ref, 0))
+        if actual > reserved:
+            await self._overshoot(lease, actual - reserved)
+        if lease.closing and not lease.inflight:
+            await self._return(lease)
+        return max(0, actual - reserved)
+
+    async def _overshoot(self, lease: _Lease, excess: int) -> None:
+        """A leased call cost more than its reservation: the lease does not hold the excess,
+        so it is charged now, in full, on every scope of the lease (an admission of nothing
+        settled at the excess), and the lease is closed. Refused (a scope already overspent),
+        the excess goes with the lease's settle, which then comes as soon as nothing is in flight."""
+        await self._close(lease.lkey)
+        a = lease.admission
+        try:
+            charge = await self.inner.admit(Ask(a.tenant, a.run_id, lease.ask.now, tz=lease.ask.tz,
+                                                ttl_s=lease.ask.ttl_s), Turn(key=a.key, count=0))
+        except Exception:  # charged with the lease instead
+            lease.settled += excess
+            return
+        await self.inner.settle(charge, excess)
+
+    async def settle_in_order(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
+                              tools: list[dict[str, Any]] | None = None,
+                              contexts: dict[str, int] | None = None) -> Awaitable[int]:
+        if admission.id not in self._by_id:
+            return await self.inner.settle_in_order(admission, actual, run_totals=run_totals, tools=tools,
+                                                    contexts=contexts)
+        return done_future(await self.settle(admission, actual, run_totals=run_totals, tools=tools,
+                                             contexts=contexts))
+
+    async def release(self, admission: Admission) -> None:
+        await self.settle(admission, 0)
+
+    async def admit_tool(self, ask: Ask, turn: ToolTurn) -> Admission:
+        await self._flush_run(ask.tenant, ask.run_id)
+        self._heat.pop((ask.tenant, ask.run_id), None)
+        return await self.inner.admit_tool(ask, turn)
+
+    async def expire(self, now: datetime) -> int:
+        return await self.inner.expire(now)
+
+    # --- returning leases ------------------------------------------------------------
+
+    def _expire_soon(self, lkey: _Key, lease: _Lease) -> None:
+        if self._leases.get(lkey) is lease:
+            task = asyncio.ensure_future(self._close(lkey))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close(self, lkey: _Key) -> None:
+        """No more calls from this lease; return it now, or at its last call's settle."""
+        lease = self._leases.pop(lkey, None)
+        if lease is None:
+            return
+        lease.closing = True
+        if not lease.inflight:
+            await self._return(lease)
+
+    async def _return(self, lease: _Lease) -> None:
+        """Give the lease back in a task of its own, which an exact operation on the run
+        waits for (`_flush_run`) and a cancelled caller does not stop."""
+        task = asyncio.ensure_future(self._give_back(lease))
+        self._returns.setdefault(lease.run, set()).add(task)
+        task.add_done_callback(lambda t: self._returned(lease, t))
+        await task
+
+    def _returned(self, lease: _Lease, task: asyncio.Task[None]) -> None:
+        returns = self._returns.get(lease.run, set())
+        returns.discard(task)
+        if not returns:
+            self._returns.pop(lease.run, None)
+
+    async def _give_back(self, lease: _Lease) -> None:
+        """One settle of the lease (the money its calls spent, with their totals, tool calls
+        and context sizes), then the calls it counted and did not serve are uncounted. Until
+        each is done the ledger holds more than was spent, never less."""
+        try:
+            totals, tools, contexts = lease.totals, lease.tools, lease.contexts
+            lease.totals, lease.tools, lease.contexts = {}, [], {}
+            await self.inner.settle(lease.admission, lease.settled, run_totals=totals or None,
+                                    tools=tools or None, contexts=contexts or None)
+            lease.settled_back = True
+            unused = lease.count - lease.served
+            if unused > 0:
+                await self._uncount(lease.ask, unused)
+            lease.uncounted = True
+        finally:
+            leases = self._runs.get(lease.run, [])
+            if lease in leases:
+                leases.remove(lease)
+            if not leases:
+                self._runs.pop(lease.run, None)
+
+    async def _uncount(self, ask: Ask, calls: int) -> None:
+        """Give back the calls a lease counted and did not serve: an admission counting
+        -`calls` that reserves nothing, released at once. Refused (an admin budget already
+        overspent), they stay counted: an over-count, never an under-count."""
+        try:
+            admission = await self.inner.admit(Ask(ask.tenant, ask.run_id, ask.now, tz=ask.tz, ttl_s=ask.ttl_s),
+                                               Turn(count=-calls))
+        except Exception:  # an over-count is the safe way to fail
+            return
+        await self.inner.release(admission)
+
+    async def _flush_run(self, tenant: str, run_id: str) -> None:
+        """Before an exact operation on a run: close its leases, write what their settled
+        calls left (run totals, open tool calls) and wait for their returns, so that the
+        operation sees everything the leased calls did."""
+        run = (tenant, run_id)
+        if run not in self._runs and run not in self._returns:
+            return  # the common case: nothing leased
+        for lease in list(self._runs.get(run, ())):
+            await self._close(lease.lkey)
+        for lease in list(self._runs.get(run, ())):
+            if lease.inflight:  # returned by its last call's settle; what is settled goes now
+                await self._write_behind(lease)
+        pending = self._returns.get(run)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _write_behind(self, lease: _Lease) -> None:
+        tools, totals = lease.tools, lease.totals
+        lease.tools, lease.totals = [], {}
+        if tools:
+            await self.inner.tools_put(lease.ask.tenant, lease.ask.run_id, tools)
+        if totals:
+            await self.inner.run_add(lease.ask.tenant, lease.ask.run_id, totals)
+
+    async def _flush_all(self) -> None:
+        for run in list(self._runs):
+            await self._flush_run(*run)
+        for run in list(self._returns):
+            await self._flush_run(*run)
+
+    # --- views: the wrapped store's, with this process's leases at their true use ----
+
+    async def spend_detail(self, tenant: str, *, run_id: str | None = None, day: str | None = None,
+                           month: str | None = None, key_id: str | None = None) -> Spend:
+        found = await self.inner.spend_detail(tenant, run_id=run_id, day=day, month=month, key_id=key_id)
+        settled, reserved = found.settled, found.reserved
+        for lease in self._live():
+            if not lease.settled_back and _covers(lease.admission, tenant, run_id, day, month, key_id):
+                settled += lease.settled
+                reserved += sum(lease.inflight.values()) - lease.admission.reserved
+        return Spend(settled, reserved)
+
+    async def spend(self, tenant: str, *, run_id: str | None = None, day: str | None = None,
+                    month: str | None = None, key_id: str | None = None) -> int:
+        return (await self.spend_detail(tenant, run_id=run_id, day=day, month=month, key_id=key_id)).total
+
+    def _live(self) -> list[_Lease]:
+        """Leases not yet returned (open, closing with calls in flight, being returned)."""
+        return [lease for leases in self._runs.values() for lease in leases]
+
+    async def run_calls(self, tenant: str, run_id: str) -> int:
+        calls = await self.inner.run_calls(tenant, run_id)
+        return calls - sum(lease.count - lease.served for lease in self._runs.get((tenant, run_id), ())
+                           if not lease.uncounted)
+
+    async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int], *, soon: bool = False) -> None:
+        await self.inner.run_add(tenant, run_id, deltas, soon=soon)
+
+    async def run_totals(self, tenant: str, run_id: str) -> dict[str, int]:
+        await self._flush_run(tenant, run_id)
+        return await self.inner.run_totals(tenant, run_id)
+
+    async def run_end(self, tenant: str, run_id: str) -> dict[str, Any] | None:
+        await self._flush_run(tenant, run_id)
+        self._heat.pop((tenant, run_id), None)
+        return await self.inner.run_end(tenant, run_id)
+
+    async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:
+        return await self.inner.idle_runs(before)
+
+    async def sweep_turn(self, every_s: float) -> bool:
+        return await self.inner.sweep_turn(every_s)
+
+    async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
+        await self._flush_all()
+        return await self.inner.list_runs(tenant, limit)
+
+    async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None:
+        await self._flush_run(tenant, run_id)
+        await self.inner.tools_put(tenant, run_id, calls)
+
+    async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]:
+        await self._flush_run(tenant, run_id)
+        return await self.inner.tools_take(tenant, run_id, ids)
+
+    async def tools_pending(self, tenant: str, run_id: str) -> list[dict[str, Any]]:
+        await self._flush_run(tenant, run_id)
+        return await self.inner.tools_pending(tenant, run_id)
+
+    async def budget_set(self, tenant: str, day: int | None, month: int | None) -> None:
+        await self.inner.budget_set(tenant, day, month)
+        for lkey in [k for k in self._leases if k[0] == tenant]:
+            await self._close(lkey)  # this process's leases follow the new budget at once
+
+    async def budget_get(self, tenant: str) -> tuple[int | None, int | None]:
+        return await self.inner.budget_get(tenant)
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def aclose(self) -> None:
+        await self._flush_all()
+        await self.inner.aclose()
+
+
+def _lease_key(ask: Ask, turn: Turn) -> _Key | None:
+    """The lease a call may be served from, or None when it must take the exact path."""
+    limits = ask.limits
+    if (turn.results or turn.context or turn.rates or not turn.priced or turn.count != 1
+            or limits.run_max_tokens is not None or limits.run_max_seconds is not None):
+        return None
+    day, month = window_keys(ask.now, ask.tz)
+    return ask.tenant, ask.run_id, turn.key, day, month
+
+
+def _size(last: Admission, limits: Limits, most: int, calls: int) -> int:
+    """Calls to lease: at most `calls`, and at most 1/`MARGIN` of the headroom the run's last
+    admission left on the call ceiling and on every limited scope (a lease holds `most` per
+    call); under 2, none (near a limit every call takes the exact path)."""
+    if limits.run_max_calls is not None:
+        calls = min(calls, (limits.run_max_calls - last.calls) // MARGIN)
+    if most > 0:
+        for left in last.remaining.values():
+            if left is not None:
+                calls = min(calls, left // (MARGIN * most))
+    return calls if calls >= 2 else 0
+
+
+def _covers(a: Admission, tenant: str, run_id: str | None, day: str | None, month: str | None,
+            key_id: str | None) -> bool:
+    """Whether a lease's admission reserved on the scope `spend` was asked for."""
+    if a.tenant != tenant or (key_id is not None and a.key != key_id):
+        return False
+    if run_id is not None:
+        return a.run_id == run_id
+    if day is not None:
+        return a.day_key == day
+    if month is not None:
+        return a.month_key == month
+    return True

@@ -1,0 +1,207 @@
+"""Budget leases (proxy/ledger/leases.py) on real SQLite and a real redis-server: a hot run's
+calls are served from a lease, the ceilings hold exactly as without, and a kill -9 mid-load
+only over-counts. The whole store contract runs leased too (test_store_contract.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from proxy.errors import CeilingReached
+from proxy.ledger.backends import open_store
+from proxy.ledger.leases import LEASE_CALLS, LeasedStore
+from proxy.ledger.store import Ask, Limits, Store, Turn
+from tests.ledger.test_store_contract import T0
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def pair(ledger: str) -> tuple[Store, Store]:
+    """A leased store and a plain one on the same ledger (what another worker sees)."""
+    leased, plain = open_store(ledger, leases=True), open_store(ledger, leases=False)
+    yield leased, plain
+    await leased.aclose()
+    await plain.aclose()
+
+
+def _ask(tenant: str, limits: Limits) -> Ask:
+    return Ask(tenant, "hot", T0, limits)
+
+
+async def test_a_hot_run_is_served_from_a_lease_that_stands_as_spent(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    assert isinstance(leased, LeasedStore)
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_calls=10_000, day_budget=10**9)
+    for _ in range(10):
+        await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100))), 40)
+    # What the call's path sees: exact.
+    assert await leased.spend(tenant, run_id="hot") == 400
+    assert await leased.run_calls(tenant, "hot") == 10
+    # What the ledger holds meanwhile: the whole lease, calls and money, as spent.
+    assert await plain.run_calls(tenant, "hot") == 3 + LEASE_CALLS
+    assert await plain.spend(tenant, day="2026-05-14") >= 400
+    await leased.aclose()  # returns the lease
+    assert await plain.run_calls(tenant, "hot") == 10
+    assert await plain.spend_detail(tenant, run_id="hot") == await plain.spend_detail(tenant, day="2026-05-14")
+    assert await plain.spend(tenant, run_id="hot") == 400
+
+
+@pytest.mark.parametrize("cap", [5, 40, 100])
+async def test_sequential_calls_stop_exactly_at_the_call_ceiling(pair: tuple[Store, Store], cap: int) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_calls=cap)
+    made = 0
+    with pytest.raises(CeilingReached) as ei:
+        while True:
+            await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 10))), 10)
+            made += 1
+    assert ei.value.limit == "run_calls" and made == cap
+    assert await leased.run_calls(tenant, "hot") == cap
+    await leased.aclose()
+    assert await plain.run_calls(tenant, "hot") == cap
+
+
+async def test_concurrent_leased_calls_never_cross_a_cost_ceiling(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_cost=20_000)
+
+    async def agent() -> int:
+        spent = 0
+        while True:
+            try:
+                a = await leased.admit(_ask(tenant, limits), Turn(reserve=(30, 30)))
+            except CeilingReached:
+                return spent
+            await asyncio.sleep(0)
+            await leased.settle(a, 30)
+            spent += 30
+
+    spent = sum(await asyncio.gather(*(agent() for _ in range(8))))
+    assert spent <= 20_000
+    await leased.aclose()
+    assert spent == await plain.spend(tenant, run_id="hot") <= 20_000
+
+
+def test_kill_9_with_leases_only_over_counts(ledger: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lease_child.py")), ledger],
+                             stdout=subprocess.PIPE, env=env, cwd=ROOT)
+    assert child.stdout is not None
+    lines: list[bytes] = []
+    while sum(line.startswith(b"settled") for line in lines) < 500:
+        line = child.stdout.readline()
+        assert line, f"the child died early with {child.wait()}"
+        lines.append(line)
+    os.kill(child.pid, signal.SIGKILL)
+    lines += child.stdout.read().splitlines()
+    child.wait()
+    admitted = [line for line in lines if line.startswith(b"admitted")]
+    settled = sum(1 for line in lines if line.startswith(b"settled"))
+    charged = 70 * settled + 100 * (len(admitted) - settled)  # an unsettled call is charged its reservation
+
+    async def check() -> None:
+        store = open_store(ledger, leases=False)
+        try:
+            spend = await store.spend("crash", run_id="hot")
+            calls = await store.run_calls("crash", "hot")
+            assert spend >= charged, "a crash must never under-count money"
+            assert calls >= len(admitted), "nor calls"
+            assert calls <= 5_000 and spend <= 5_000 * 100, "and no ceiling is crossed"
+        finally:
+            await store.aclose()
+
+    asyncio.run(check())
+
+
+async def _hot(leased: Store, tenant: str, limits: Limits, calls: int = 5) -> None:
+    for _ in range(calls):
+        await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100))), 40)
+
+
+async def test_the_tool_calls_of_a_leased_call_are_closed_by_the_next_exact_call(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
+    await _hot(leased, tenant, limits)
+    a = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert a.id.startswith("lease-")
+    await leased.settle(a, 40, run_totals={"model_calls": 1}, tools=[{"id": "c1", "name": "search", "sig": "s"}])
+    nxt = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100), results=(("c1", True),)))
+    assert [c["id"] for c in nxt.closed] == ["c1"]
+    assert (await plain.run_totals(tenant, "hot"))["model_calls"] == 1
+    assert await plain.run_calls(tenant, "hot") == 7, "the lease's unused calls were given back"
+
+
+async def test_a_leased_call_still_in_flight_keeps_its_lease_as_spent(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
+    await _hot(leased, tenant, limits)
+    first = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    slow = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    await leased.settle(first, 40, tools=[{"id": "c1", "name": "search", "sig": "s"}])
+    nxt = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100), results=(("c1", True),)))
+    assert [c["id"] for c in nxt.closed] == ["c1"], "written behind before the exact call"
+    # The lease stands as spent in the ledger until its last call settles; views stay exact here.
+    assert await plain.spend(tenant, run_id="hot") >= 5 * 40 + 40 + 100 + 100
+    assert await leased.spend(tenant, run_id="hot") == 5 * 40 + 40 + 100 + 100
+    await leased.settle(slow, 30)
+    await leased.settle(nxt, 20)
+    assert await plain.spend(tenant, run_id="hot") == 5 * 40 + 40 + 30 + 20
+    assert await plain.run_calls(tenant, "hot") == 8
+
+
+async def test_a_power_cut_after_the_leases_fsync_only_over_counts(tmp_path: Path) -> None:
+    """A power cut loses whatever reached the WAL after its last fsync. The lease's admission
+    is fsynced before any call is served from it (synchronous=full): cut the WAL back to the
+    end of that admission, after the lease has served calls and been given back, and the
+    ledger that is left still counts every call and at least what they were charged."""
+    db = tmp_path / "ledger.db"
+    store = open_store(f"sqlite:///{db}", leases=True)
+    tenant, limits = "cut", Limits(run_max_calls=1_000, run_max_cost=10**9)
+    await _hot(leased := store, tenant, limits, calls=3)
+    first = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert first.id.startswith("lease-")
+    fsynced = (tmp_path / "ledger.db-wal").stat().st_size  # the lease's admission is the last write
+    await leased.settle(first, 40)
+    await _hot(leased, tenant, limits, calls=10)
+    assert await leased.run_totals(tenant, "hot") == {}  # an exact view: gives the lease back
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for name in ("ledger.db", "ledger.db-wal"):
+        (cut / name).write_bytes((tmp_path / name).read_bytes())
+    with (cut / "ledger.db-wal").open("r+b") as wal:
+        assert wal.seek(0, 2) > fsynced, "the return was written after the lease"
+        wal.truncate(fsynced)
+    await store.aclose()
+
+    after = open_store(f"sqlite:///{cut / 'ledger.db'}", leases=False)
+    try:
+        calls, spend = await after.run_calls(tenant, "hot"), await after.spend(tenant, run_id="hot")
+        assert (calls, spend) == (3 + LEASE_CALLS, 3 * 40 + LEASE_CALLS * 100), "the ledger as the lease left it"
+        assert calls >= 14 and spend >= 14 * 40, "only over-counted"
+        assert calls <= 1_000 and spend <= 10**9
+    finally:
+        await after.aclose()
+
+
+async def test_a_leased_call_that_overshoots_is_charged_in_full_at_once(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_cost=10**9)
+    await _hot(leased, tenant, limits)
+    a = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    b = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert a.id.startswith("lease-") and b.id.startswith("lease-")
+    assert await leased.settle(a, 10_000) == 9_900, "the overshoot is reported"
+    # Durable now, before the lease (b still in flight) is given back: a crash cannot lose it.
+    assert await plain.spend(tenant, run_id="hot") >= 5 * 40 + 10_000 + 100
+    assert await plain.spend(tenant, day="2026-05-14") >= 5 * 40 + 10_000 + 100
+    await leased.settle(b, 40)
+    assert await plain.spend(tenant, run_id="hot") == 5 * 40 + 10_000 + 40
+    assert await plain.run_calls(tenant, "hot") == 7
