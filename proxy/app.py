@@ -30,7 +30,7 @@ from proxy.ledger.failopen import FailOpenStore
 from proxy.ledger.store import Store
 from proxy.mcp.route import MCP_PREFIX, handle_mcp
 from proxy.pricing import PriceTable
-from proxy.pricing.source import PriceSource, from_snapshot
+from proxy.pricing.source import PriceSource
 from proxy.providers.apis import answering
 from proxy.providers.translator import Api, error_headers
 from proxy.serve import accesslog, admin
@@ -244,7 +244,11 @@ def _telemetry_ctx(injected: Telemetry | None) -> Callable[[web.Application], As
 
 def _price_source(path: str | None) -> PriceSource | None:
     """A refreshed genai-prices file (`spanmeter prices --refresh`), else None: the installed data."""
-    return from_snapshot(Path(path).read_bytes()) if path else None
+    if not path:
+        return None
+    from proxy.pricing.compiler import from_snapshot  # genai-prices' types: only when a refreshed file is named
+
+    return from_snapshot(Path(path).read_bytes())
 
 
 def _priced_name(prices: PriceTable) -> Callable[[str], str | None]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from proxy.pricing.source import from_snapshot
+from proxy.pricing.compiler import from_snapshot
 from proxy.pricing.table import DEFAULT_PATH, PriceTable
 
 __all__ = ["describe", "refresh"]

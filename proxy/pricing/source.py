@@ -1,73 +1,27 @@
-"""genai-prices' data compiled into our `Price` rows. Pure: no I/O after import.
+"""genai-prices' data as we keep it: compiled rows by provider, and lookups over them. Pure,
+and free of genai-prices itself: its data is read by proxy/pricing/compiler.py (in a process of
+its own, proxy/pricing/bundled.py), and a serving process loads the rows it compiled.
 
-genai-prices (pydantic, MIT) keeps prices for ~47 providers and ~2,300 models and releases
-weekly. We read its data once, when the table loads, and compile each model into a `Price`;
-we never call its `calc_price` on the call path (130-250 us a call, a linear scan of match
-clauses) where our lookup is a dict hit.
-
-How its data maps onto a `Price` (each choice is ours, read off its types):
-
-- Prices in force: a model's `prices` is one `ModelPrice` or a list of `ConditionalPrice`s.
-  Of those with a start date, the latest not after `today` wins (genai-prices' rule: the last
-  active one). A time-of-day price (DeepSeek's off-peak discount) is merged rate by rate with
-  the dearest: a reservation must cover the call whenever it runs, so off-peak calls are
-  charged the peak rate (at most 2x high, never low).
-- Rates: input, cache read, cache write (5-minute), 1-hour cache write, output, in USD per
-  million tokens, to integer micro-USD rounded up. A model with no input or output token
-  price (audio by the hour, rerank) is left out. Audio, image and video token rates are not
-  carried: our usage does not split tokens by modality, and pricing at the dearest would
-  charge Gemini Flash's text at its audio rate (3.3x). Media is among what a reservation
-  does not bound (proxy.pricing).
-- Long context: a `TieredPrices` bills every token at the tier once the request's input
-  tokens exceed `start` (genai-prices' "cliff"), which is our `LongContext` with
-  `threshold_tokens = start`. Where rates have several tiers or different starts (two models
-  today), the row takes the lowest start and each rate's top tier: dearer between the
-  starts, never cheaper.
-- Service tiers: a `price_variants` entry keyed only by `service_tier` becomes a factor in
-  `service_tiers` when every rate it sets is the same exact multiple of the standard one;
-  other variants (batch, speed, route) are not carried.
-- Names: an `equals` clause is an exact key; other clauses (starts_with, contains, regex,
-  and/or) become a matcher tried, in the data's order, only when the exact keys miss. Names
-  are matched lowercased, as genai-prices does.
+- `PriceSource`: each provider's exact names, then its matchers in the data's order, its
+  fallback providers (Azure -> OpenAI), and the clause saying which models it is first party
+  for. Lookups are lowercased, as genai-prices does; `PriceTable` memoises them.
+- `Matcher`: a match clause as data (eq, starts, ends, contains, regex, or, and).
+- `to_json` / `from_json`: the rows as the compiler writes them and the proxy reads them.
+- `PROVIDERS`: spanmeter's gen_ai.provider.name -> genai-prices' provider id.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date
-from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Final
 
-import pydantic
-from genai_prices.types import (
-    ClauseAnd,
-    ClauseContains,
-    ClauseEndsWith,
-    ClauseEquals,
-    ClauseOr,
-    ClauseRegex,
-    ClauseStartsWith,
-    ConditionalPrice,
-    MatchLogic,
-    ModelInfo,
-    ModelPrice,
-    PriceVariant,
-    Provider,
-    StartDateConstraint,
-    Tier,
-    TieredPrices,
-    TimeOfDateConstraint,
-)
+from proxy.pricing.row import STANDARD_FACTOR, LongContext, Price
 
-from proxy.pricing.row import LongContext, Price
-
-__all__ = ["FREE_PROVIDERS", "PROVIDERS", "PriceSource", "ProviderPrices", "bundled", "compile_source", "from_snapshot"]
+__all__ = ["FREE_PROVIDERS", "PROVIDERS", "PriceSource", "ProviderPrices"]
 
 # spanmeter's gen_ai.provider.name -> genai-prices' provider id. A name missing here is
 # "unknown": its models are priced at their first-party provider's rates.
@@ -100,7 +54,43 @@ PROVIDERS: Final[dict[str, str]] = {
 FREE_PROVIDERS: Final = frozenset({"ollama"})
 
 _SCALE: Final = 1_000_000
-Matcher = Callable[[str], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """A genai-prices match clause as data: `kind` is eq, starts, ends, contains, regex, or,
+    and; `arg` the text, or the clauses of or/and. Data, not a closure, so compiled rows can
+    be written to the cache file and read back (`PriceSource.to_json`)."""
+
+    kind: str
+    arg: str | tuple[Matcher, ...]
+
+    def __call__(self, name: str) -> bool:
+        kind, arg = self.kind, self.arg
+        if isinstance(arg, tuple):
+            return any(m(name) for m in arg) if kind == "or" else all(m(name) for m in arg)
+        if kind == "eq":
+            return name == arg
+        if kind == "starts":
+            return name.startswith(arg)
+        if kind == "ends":
+            return name.endswith(arg)
+        if kind == "contains":
+            return arg in name
+        return _regex(arg).search(name) is not None
+
+    def to_json(self) -> list[Any]:
+        return [self.kind, [m.to_json() for m in self.arg] if isinstance(self.arg, tuple) else self.arg]
+
+    @classmethod
+    def from_json(cls, raw: list[Any]) -> Matcher:
+        kind, arg = raw
+        return cls(kind, tuple(cls.from_json(m) for m in arg) if isinstance(arg, list) else str(arg))
+
+
+@functools.lru_cache(maxsize=512)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +138,32 @@ class PriceSource:
                 break
         return found
 
+    def to_json(self) -> dict[str, Any]:
+        """The compiled rows as JSON data (each row once, named by its index)."""
+        rows: dict[int, int] = {}
+        table: list[dict[str, Any]] = []
+
+        def ref(price: Price) -> int:
+            if id(price) not in rows:
+                rows[id(price)] = len(table)
+                table.append(_row_json(price))
+            return rows[id(price)]
+
+        providers = [{"id": p.id, "exact": {n: ref(r) for n, r in p.exact.items()},
+                      "patterns": [[m.to_json(), ref(r)] for m, r in p.patterns], "fallbacks": list(p.fallbacks),
+                      "model_match": p.model_match.to_json() if p.model_match else None}
+                     for p in self._order]
+        return {"label": self.label, "rows": table, "providers": providers}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> PriceSource:
+        table = [_row_of(raw) for raw in doc["rows"]]
+        return cls([ProviderPrices(p["id"], {n: table[i] for n, i in p["exact"].items()},
+                                   tuple((Matcher.from_json(m), table[i]) for m, i in p["patterns"]),
+                                   tuple(p["fallbacks"]),
+                                   Matcher.from_json(p["model_match"]) if p["model_match"] else None)
+                    for p in doc["providers"]], str(doc["label"]))
+
     def first_party(self, name: str) -> Price | None:
         """The model's row at the first provider whose own models its name looks like."""
         name = name.lower()
@@ -159,220 +175,29 @@ class PriceSource:
         return None
 
 
-def compile_source(providers: Iterable[Provider], today: date, label: str) -> PriceSource:
-    return PriceSource([_provider(p, today, label) for p in providers], label)
+def _row_json(p: Price) -> dict[str, Any]:
+    lc = p.long_context
+    return {"model": p.model, "input": p.input, "cached_input": p.cached_input, "cache_write": p.cache_write,
+            "output": p.output, "source": p.source, "as_of": p.as_of, "max_output_tokens": p.max_output_tokens,
+            "cache_write_1h": p.cache_write_1h,
+            "long_context": None if lc is None else [lc.threshold_tokens, lc.input, lc.cached_input, lc.cache_write,
+                                                     lc.output, lc.cache_write_1h],
+            "service_tiers": [[n, str(f)] for n, f in p.service_tiers],
+            "inference_geos": [[n, str(f)] for n, f in p.inference_geos]}
 
 
-def _provider(provider: Provider, today: date, label: str) -> ProviderPrices:
-    exact: dict[str, Price] = {}
-    patterns: list[tuple[Matcher, Price]] = []
-    source = f"{label} ({provider.id})"
-    for model in provider.models:
-        price = _model(model, today, source, label)
-        if price is None:
-            continue
-        names, rest = _split(model.match)
-        for name in names:
-            exact.setdefault(name, price)  # the data's first model wins, as in genai-prices
-        patterns += [(_matcher(clause), price) for clause in rest]
-    match = _matcher(provider.model_match) if provider.model_match is not None else None
-    return ProviderPrices(provider.id, exact, tuple(patterns), tuple(provider.fallback_model_providers or ()),
-                          match)
+def _row_of(raw: dict[str, Any]) -> Price:
+    lc = raw["long_context"]
+    return Price(model=raw["model"], input=raw["input"], cached_input=raw["cached_input"],
+                 cache_write=raw["cache_write"], output=raw["output"], source=raw["source"], as_of=raw["as_of"],
+                 max_output_tokens=raw["max_output_tokens"], cache_write_1h=raw["cache_write_1h"],
+                 long_context=None if lc is None else LongContext(*lc),
+                 service_tiers=tuple((n, _factor(f)) for n, f in raw["service_tiers"]),
+                 inference_geos=tuple((n, _factor(f)) for n, f in raw["inference_geos"]))
 
 
-def _split(clause: MatchLogic) -> tuple[list[str], list[MatchLogic]]:
-    """Exact names out of a top-level `equals` or `or` of them; the rest stays a matcher."""
-    parts = clause.or_ if isinstance(clause, ClauseOr) else [clause]
-    names = [c.equals.lower() for c in parts if isinstance(c, ClauseEquals)]
-    return names, [c for c in parts if not isinstance(c, ClauseEquals)]
+def _factor(text: str) -> Fraction:
+    f = Fraction(text)
+    return STANDARD_FACTOR if f == 1 else f
 
 
-def _matcher(clause: MatchLogic) -> Matcher:
-    if isinstance(clause, ClauseEquals):
-        return clause.equals.lower().__eq__
-    if isinstance(clause, ClauseStartsWith):
-        prefix = clause.starts_with.lower()
-        return lambda name: name.startswith(prefix)
-    if isinstance(clause, ClauseEndsWith):
-        suffix = clause.ends_with.lower()
-        return lambda name: name.endswith(suffix)
-    if isinstance(clause, ClauseContains):
-        needle = clause.contains.lower()
-        return lambda name: needle in name
-    if isinstance(clause, ClauseRegex):
-        return _searcher(re.compile(clause.regex))
-    if isinstance(clause, ClauseOr):
-        anyof = tuple(_matcher(c) for c in clause.or_)
-        return lambda name: any(m(name) for m in anyof)
-    if isinstance(clause, ClauseAnd):
-        allof = tuple(_matcher(c) for c in clause.and_)
-        return lambda name: all(m(name) for m in allof)
-    raise ValueError(f"genai-prices: a match clause this version of spanmeter cannot read: {clause!r}")
-
-
-def _searcher(pattern: re.Pattern[str]) -> Matcher:
-    return lambda name: pattern.search(name) is not None
-
-
-def _model(model: ModelInfo, today: date, source: str, label: str) -> Price | None:
-    prices = _in_force(model.prices, today)
-    if getattr(prices, "input_mtok", None) is None or getattr(prices, "output_mtok", None) is None:
-        return None
-    r_in, lc_in = _rate(prices, "input_mtok")
-    r_out, lc_out = _rate(prices, "output_mtok")
-    r_read, lc_read = _rate(prices, "cache_read_mtok", r_in, lc_in)
-    r_write, lc_write = _rate(prices, "cache_write_mtok", r_in, lc_in)
-    if getattr(prices, "cache_write_mtok", None) is None and getattr(prices, "cache_write_5m_mtok", None) is not None:
-        r_write, lc_write = _rate(prices, "cache_write_5m_mtok", r_in, lc_in)
-    r_1h: int | None = None
-    lc_1h: int | None = None
-    if getattr(prices, "cache_write_1h_mtok", None) is not None:
-        r_1h, lc_1h = _rate(prices, "cache_write_1h_mtok")
-    start = _tier_start(prices)
-    long_context = None if start is None else LongContext(
-        threshold_tokens=start, input=lc_in, cached_input=lc_read, cache_write=lc_write, output=lc_out,
-        cache_write_1h=lc_1h if r_1h is not None else None)
-    return Price(model=model.id, input=r_in, cached_input=r_read, cache_write=r_write, output=r_out,
-                 source=source, as_of=label, long_context=long_context, cache_write_1h=r_1h,
-                 service_tiers=_service_tiers(model.price_variants or (), prices, today))
-
-
-def _in_force(prices: ModelPrice | list[ConditionalPrice], today: date) -> ModelPrice:
-    """The standard prices today: the latest started price, merged with any time-of-day one."""
-    if isinstance(prices, ModelPrice):
-        return prices
-    dated = [c for c in prices if not isinstance(c.constraint, TimeOfDateConstraint)]
-    started = [c for c in dated if not isinstance(c.constraint, StartDateConstraint)
-               or c.constraint.start_date <= today]
-    chosen = (started or dated or prices)[-1].prices
-    timed = [c.prices for c in prices if isinstance(c.constraint, TimeOfDateConstraint)]
-    return _dearest(chosen, timed) if timed else chosen
-
-
-def _dearest(base: ModelPrice, others: list[ModelPrice]) -> ModelPrice:
-    merged = dict(vars(base))
-    for other in others:
-        for key, value in vars(other).items():
-            mine = merged.get(key)
-            if value is not None and (mine is None or _top(value) > _top(mine)):
-                merged[key] = value
-    return ModelPrice(**merged)
-
-
-def _top(value: Decimal | TieredPrices) -> Decimal:
-    return value.tiers[-1].price if isinstance(value, TieredPrices) and value.tiers else (
-        value.base if isinstance(value, TieredPrices) else value)
-
-
-def _rate(prices: ModelPrice, key: str, default: int = 0, default_lc: int = 0) -> tuple[int, int]:
-    """(base, long-context) micro-USD per million tokens for one rate; absent: the defaults."""
-    value = getattr(prices, key, None)
-    if value is None:
-        return default, default_lc
-    if isinstance(value, TieredPrices):
-        return _micros(value.base), _micros(_top(value))
-    return _micros(value), _micros(value)
-
-
-def _tier_start(prices: ModelPrice) -> int | None:
-    starts = [t.start for v in vars(prices).values() if isinstance(v, TieredPrices) for t in v.tiers]
-    return min(starts) if starts else None
-
-
-def _micros(usd_per_mtok: Decimal) -> int:
-    """USD per million tokens -> integer micro-USD per million, rounded up (never low)."""
-    return math.ceil(usd_per_mtok * _SCALE)
-
-
-_TIER_KEYS: Final = ("input_mtok", "cache_read_mtok", "cache_write_mtok", "cache_write_1h_mtok", "output_mtok")
-
-
-def _service_tiers(variants: Iterable[PriceVariant], standard: ModelPrice,
-                   today: date) -> tuple[tuple[str, Fraction], ...]:
-    out: dict[str, Fraction] = {}
-    for variant in variants:
-        tier = variant.when.get("service_tier")
-        if tier is None or len(variant.when) != 1 or tier in out:
-            continue
-        if isinstance(variant.constraint, StartDateConstraint) and variant.constraint.start_date > today:
-            continue
-        factor = _exact_multiple(variant.prices, standard)
-        if factor is not None and factor != 1:
-            out[tier] = factor
-    return tuple(out.items())
-
-
-def _exact_multiple(variant: ModelPrice, standard: ModelPrice) -> Fraction | None:
-    """The one factor every rate the variant sets is of the standard rate, or None."""
-    ratios = set()
-    for key in _TIER_KEYS:
-        mine, base = getattr(variant, key, None), getattr(standard, key, None)
-        if mine is None:
-            continue
-        if isinstance(mine, TieredPrices) or isinstance(base, TieredPrices) or not base:
-            return None
-        ratios.add(Fraction(mine) / Fraction(base))
-    return ratios.pop() if len(ratios) == 1 else None
-
-
-def bundled(today: date | None = None) -> PriceSource:
-    """The installed genai-prices' data, compiled for `today` (once per process and day)."""
-    return _bundled(today or date.today())
-
-
-@functools.lru_cache(maxsize=2)
-def _bundled(today: date) -> PriceSource:
-    from genai_prices import __version__
-    from genai_prices.data import providers  # ~2,300 models: ~0.2 s, imported here only
-
-    return compile_source(providers, today, f"genai-prices {__version__}")
-
-
-def from_snapshot(text: str | bytes, today: date | None = None) -> PriceSource:
-    """A refreshed data file (`spanmeter prices --refresh`), compiled for `today`.
-
-    The file is {"fetched_at": ISO time, "url": where from, "providers": genai-prices'
-    published JSON (a list of providers)}; its rows are labelled with the fetch date.
-    """
-    doc = json.loads(text)
-    if not isinstance(doc, dict) or not isinstance(doc.get("providers"), list):
-        raise ValueError("prices file: expected {\"fetched_at\": ..., \"providers\": [...]}, as written by "
-                         "`spanmeter prices --refresh`")
-    label = f"genai-prices data fetched {str(doc.get('fetched_at', 'at an unknown time'))[:10]}"
-    providers = _providers_adapter().validate_python([_provider_raw(p) for p in doc["providers"]])
-    return compile_source(providers, today or date.today(), label)
-
-
-# Providers are dataclasses with pydantic validation; a ModelPrice is a plain class holding
-# whatever price keys the data names, so its raw mappings are built here before validation.
-# Built on first use: a refreshed file is read at most once per start, and building the schema
-# at import would cost every start-up.
-@functools.cache
-def _providers_adapter() -> pydantic.TypeAdapter[list[Provider]]:
-    return pydantic.TypeAdapter(list[Provider], config=pydantic.ConfigDict(arbitrary_types_allowed=True))
-
-
-def _provider_raw(raw: dict[str, Any]) -> dict[str, Any]:
-    # Extractors read response bodies, which spanmeter's adapters do themselves.
-    return {**{k: v for k, v in raw.items() if k not in ("extractors", "models")},
-            "models": [_model_raw(m) for m in raw.get("models") or []]}
-
-
-def _model_raw(raw: dict[str, Any]) -> dict[str, Any]:
-    prices = raw.get("prices") or {}
-    out = {**raw, "prices": ([{**c, "prices": _model_price(c.get("prices") or {})} for c in prices]
-                             if isinstance(prices, list) else _model_price(prices))}
-    if raw.get("price_variants"):
-        out["price_variants"] = [{**v, "prices": _model_price(v.get("prices") or {})} for v in raw["price_variants"]]
-    return out
-
-
-def _model_price(raw: dict[str, Any]) -> ModelPrice:
-    return ModelPrice(**{key: _price_value(value) for key, value in raw.items() if value is not None})
-
-
-def _price_value(raw: Any) -> Decimal | TieredPrices:
-    if isinstance(raw, dict):
-        return TieredPrices(base=Decimal(str(raw["base"])),
-                            tiers=[Tier(start=int(t["start"]), price=Decimal(str(t["price"]))) for t in raw["tiers"]])
-    return Decimal(str(raw))

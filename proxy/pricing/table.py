@@ -127,7 +127,7 @@ class PriceTable:
         """Our shipped rows over `source` (default: the installed genai-prices' data, compiled
         for today), with `overrides` (config pricing.overrides) over both."""
         if source is None:
-            from proxy.pricing.source import bundled  # its data costs ~0.2 s to import
+            from proxy.pricing.bundled import bundled
 
             source = bundled()
         raw = yaml.safe_load(Path(path or DEFAULT_PATH).read_text(encoding="utf-8")) or {}

@@ -6,6 +6,9 @@ the side we keep and why (tests/data/ledger/price_disagreements.json)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
@@ -14,8 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from proxy.pricing.bundled import bundled
+from proxy.pricing.compiler import from_snapshot
 from proxy.pricing.row import LongContext, Price
-from proxy.pricing.source import PriceSource, bundled, from_snapshot
+from proxy.pricing.source import PriceSource
 from proxy.pricing.table import PriceTable, _price
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,3 +208,37 @@ def test_a_row_we_keep_is_the_one_the_table_uses() -> None:
         if entry["keep"] == "ours" and entry["field"] == "long_context":
             price = TABLE.price(entry["model"])
             assert price is not None and _fmt(price.long_context) == entry["ours"]
+
+
+# ------------------------------------------------------------------ compiled apart and cached
+
+def test_compiled_rows_read_back_from_json_price_every_name_the_same() -> None:
+    from proxy.pricing.compiler import compile_installed
+
+    compiled = compile_installed(TODAY)
+    again = PriceSource.from_json(json.loads(json.dumps(compiled.to_json())))
+    assert again.to_json() == compiled.to_json()
+    names = [(p["id"], n) for p in compiled.to_json()["providers"] for n in p["exact"]]
+    names += [("groq", "llama-3.3-70b-versatile"), ("mistral", "mistral-large-latest"),
+              ("aws-bedrock", "us.anthropic.claude-3-7-sonnet-20250219-v1:0"), ("openai", "gpt-4o-2024-08-06")]
+    assert len(names) > 1000
+    assert all(compiled.find(pid, n) == again.find(pid, n) for pid, n in names)
+    assert again.find("mistral", "mistral-large-latest") is not None  # a matcher, not an exact name
+
+
+_SERVE = ("import sys; from proxy.pricing import PriceTable; t = PriceTable.load(); "
+          "print(t.price('gpt-4o').input, 'genai_prices' in sys.modules)")
+
+
+def test_a_serving_process_loads_compiled_rows_without_importing_genai_prices(tmp_path: Path) -> None:
+    env = {**os.environ, "SPANMETER_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    first = subprocess.run([sys.executable, "-c", _SERVE], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["2500000", "False"], first.stderr
+    (cached,) = tmp_path.glob("prices-*.json")
+    stamp = cached.stat().st_mtime_ns
+    second = subprocess.run([sys.executable, "-c", _SERVE], env=env, capture_output=True, text=True, check=True)
+    assert second.stdout == first.stdout and cached.stat().st_mtime_ns == stamp  # read, not compiled again
+    cached.write_text("{not json")
+    third = subprocess.run([sys.executable, "-c", _SERVE], env=env, capture_output=True, text=True, check=True)
+    assert third.stdout == first.stdout and "unreadable" in third.stderr
+    assert json.loads(cached.read_text())["label"].startswith("genai-prices ")  # compiled and kept again
