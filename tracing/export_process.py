@@ -61,12 +61,14 @@ from typing import IO, Any, Final
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from proxy.model import frozen
 from tracing import attributes as A
-from tracing.batching import DropCounter, QueueLimits, span_bytes
+from tracing.batching import DropCounter, QueueLimits, record_bytes, span_bytes
+from tracing.lean import Record
 
 __all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main"]
 
@@ -292,7 +294,7 @@ class ExportProcessProcessor(SpanProcessor):
         self._delay_s = limits.schedule_delay_ms / 1000
         self._shutdown_timeout_s = shutdown_timeout_s
         self._counter = counter
-        self._queue: deque[tuple[ReadableSpan, int]] = deque()
+        self._queue: deque[tuple[ReadableSpan | Record, int]] = deque()
         self._cond = threading.Condition()
         self._flushes: list[_Flush] = []  # asked for, not yet sent to the child
         self._sent_flushes: dict[int, _Flush] = {}
@@ -320,7 +322,13 @@ class ExportProcessProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if not (span.context and span.context.trace_flags.sampled):
             return
-        size = span_bytes(span)
+        self._enqueue(span, span_bytes(span))
+
+    def on_record(self, record: Record) -> None:
+        """A span ended as a record (tracing/lean.py `RecordTracer`): already what the pipe carries."""
+        self._enqueue(record, record_bytes(record))
+
+    def _enqueue(self, span: ReadableSpan | Record, size: int) -> None:
         with self._cond:
             if self._stopping:
                 return  # as the SDK's processor: nothing is taken after shutdown
@@ -384,13 +392,13 @@ class ExportProcessProcessor(SpanProcessor):
                 self._stop_child()
                 return
 
-    def _send(self, batch: list[ReadableSpan]) -> None:
+    def _send(self, batch: list[ReadableSpan | Record]) -> None:
         child = self._live_child()
         if child is None:
             self._down(len(batch))
             return
         try:
-            payload = [encode_span(s, self._scopes) for s in batch]
+            payload = [s if type(s) is tuple else encode_span(s, self._scopes) for s in batch]  # type: ignore[arg-type]
         except Exception:
             log.warning("span export process: could not encode %d spans", len(batch), exc_info=True)
             self._drop(len(batch), "export_failed")
@@ -582,35 +590,75 @@ class _Reporter:
             _write(self._out, kind, payload)
 
 
-def _child_exporters(config: Mapping[str, Any], reporter: _Reporter) -> list[SpanProcessor]:
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+class _ChildExports:
+    """The child's exporters: those that encode span records themselves (the OTLP exporter
+    that writes with tracing/otlp_wire.py), each behind a `RecordBatcher`, and the rest (the
+    local files; the OTLP exporter as shipped), which take `ReadableSpan`s decoded from the
+    records, each behind a `DropCountingProcessor`."""
 
-    from tracing.batching import DropCountingProcessor, QueueLimits
+    def __init__(self, config: Mapping[str, Any], reporter: _Reporter, resource: Resource) -> None:
+        from tracing.batching import DropCountingProcessor, QueueLimits, RecordBatcher
 
-    class Reporting(SpanExporter):
-        def __init__(self, name: str, inner: SpanExporter) -> None:
-            self._name, self._inner = name, inner
+        self.resource = resource
+        self.batchers: list[RecordBatcher] = []
+        self.processors: list[SpanProcessor] = []
+        for name, options, delay in config["exporters"]:
+            opts = dict(options)
+            limits = QueueLimits(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
+                                 max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
+            inner = _otlp(opts) if name == "otlp" else _local(opts)
+            if getattr(inner, "records", False):
+                self.batchers.append(RecordBatcher(_reporting_records(name, inner, resource, reporter), limits,
+                                                   reporter, name))
+            else:
+                self.processors.append(DropCountingProcessor(_Reporting(name, inner, reporter), limits, reporter, name))
 
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            result = self._inner.export(spans)
-            if result is SpanExportResult.SUCCESS:
-                reporter.exported(self._name, len(spans))
-            return result
+    def take(self, records: Sequence[Record]) -> None:
+        if self.batchers:
+            for record in records:
+                size = record_bytes(record)
+                for batcher in self.batchers:
+                    batcher.on_record(record, size)
+        if self.processors:
+            for span in [decode_span(data, self.resource) for data in records]:
+                for p in self.processors:
+                    p.on_end(span)
 
-        def shutdown(self) -> None:
-            self._inner.shutdown()
+    def force_flush(self) -> bool:
+        return all([b.force_flush() for b in self.batchers] + [p.force_flush() for p in self.processors])
 
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return self._inner.force_flush(timeout_millis)
+    def shutdown(self) -> None:
+        for b in self.batchers:
+            b.shutdown()
+        for p in self.processors:
+            p.shutdown()
 
-    processors: list[SpanProcessor] = []
-    for name, options, delay in config["exporters"]:
-        opts = dict(options)
-        limits = QueueLimits(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
-                             max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
-        inner = _otlp(opts) if name == "otlp" else _local(opts)
-        processors.append(DropCountingProcessor(Reporting(name, inner), limits, reporter, name))
-    return processors
+
+class _Reporting(SpanExporter):
+    def __init__(self, name: str, inner: SpanExporter, reporter: _Reporter) -> None:
+        self._name, self._inner, self._reporter = name, inner, reporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self._inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            self._reporter.exported(self._name, len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+def _reporting_records(name: str, inner: Any, resource: Resource, reporter: _Reporter) -> Any:
+    def export(records: Sequence[Record]) -> bool:
+        if inner.export_records(records, resource) is not SpanExportResult.SUCCESS:
+            return False
+        reporter.exported(name, len(records))
+        return True
+
+    return export
 
 
 def _otlp(opts: Mapping[str, Any]) -> Any:
@@ -620,7 +668,8 @@ def _otlp(opts: Mapping[str, Any]) -> Any:
 
     compression = {"gzip": Compression.Gzip, "deflate": Compression.Deflate}.get(
         opts["compression"], Compression.NoCompression)
-    return otel_compat.otlp_span_exporter(opts["endpoint"], opts["timeout"], compression)
+    return otel_compat.otlp_span_exporter(opts["endpoint"], opts["timeout"], compression,
+                                          gzip_level=opts.get("gzip_level"))
 
 
 def _local(opts: Mapping[str, Any]) -> Any:
@@ -691,33 +740,25 @@ def main() -> None:
     if first is None or first[0] != _CONFIG:
         return
     config = first[1]
-    from opentelemetry.sdk.resources import Resource
-
     attributes, schema_url = config["resource"]
-    resource = Resource(attributes, schema_url)
-    processors = _child_exporters(config, reporter)
+    exports = _ChildExports(config, reporter, Resource(attributes, schema_url))
     try:
         while (msg := _read(inp)) is not None:
             kind, payload = msg
             if kind == _SPANS:
                 try:
-                    decoded = [decode_span(data, resource) for data in payload]
+                    exports.take(payload)
                 except Exception:
-                    log.warning("could not decode %d spans", len(payload), exc_info=True)
+                    log.warning("could not take %d spans", len(payload), exc_info=True)
                     for name, _, _ in config["exporters"]:
                         reporter.add(len(payload), {A.ERROR_TYPE: "export_failed", A.SPANMETER_EXPORTER: name})
-                    decoded = []
-                for span in decoded:
-                    for p in processors:
-                        p.on_end(span)
             elif kind == _FLUSH:
-                ok = all([p.force_flush() for p in processors])
+                ok = exports.force_flush()
                 reporter.flush()
                 reporter.send(_FLUSHED, (payload, ok))
             reporter.flush()
     finally:
-        for p in processors:
-            p.shutdown()
+        exports.shutdown()
         reporter.flush()
 
 

@@ -56,7 +56,7 @@ from tracing.aggregate import MetricsOut, PushLoop, Scope
 from tracing.batching import DropCounter, DropCountingProcessor, QueueLimits
 from tracing.export_process import ChildExporter, ExportProcessProcessor
 from tracing.labels import KnownModel
-from tracing.lean import Spans, spans_for
+from tracing.lean import RecordSink, Spans, spans_for
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
 
@@ -171,6 +171,12 @@ class TelemetryConfig:
     # Encode and send spans in a child process (tracing/export_process.py): `auto` when
     # spans go over OTLP (protobuf encoding is the cost), `on` always, `off` never.
     export_process: ExportProcess = "auto"
+    # With the export child, a span ends as one flat record handed to it, encoded to OTLP
+    # once, there (tracing/lean.py `RecordTracer`); False: a ReadableSpan, as before
+    # (bench/bench_export.py compares the two).
+    span_records: bool = True
+    # The gzip level of OTLP span exports; None: the exporter's (9).
+    gzip_level: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
@@ -312,7 +318,9 @@ class Telemetry:
         metrics: MetricsOut,
         instruments: Instruments,
         ids: RunIdGenerator,
+        records: RecordSink | None = None,
     ) -> None:
+        """`records`: where spans may end as flat records (the export child's hand-off)."""
         self.config = config
         self.tracer_provider = tracer_provider
         self.metrics = metrics
@@ -320,7 +328,7 @@ class Telemetry:
         self.ids = ids
         self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
         # Call and tool spans: lean when the SDK's internals are as expected (tracing/lean.py).
-        self.lean: Spans = spans_for(self.tracer)
+        self.lean: Spans = spans_for(self.tracer, records)
         self._closed = False
 
     def metrics_text(self) -> bytes:
@@ -375,8 +383,12 @@ def setup_telemetry(
     metrics = _metrics_out(cfg, env, resource, instruments)
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
+    records: RecordSink | None = None
     if span_exporters is None and uses_export_process(cfg, env):
-        tracer_provider.add_span_processor(_export_process(cfg, env, resource, instruments.dropped_spans))
+        handoff = _export_process(cfg, env, resource, instruments.dropped_spans)
+        tracer_provider.add_span_processor(handoff)
+        # Records only where the hand-off is the one reader of finished spans.
+        records = handoff if cfg.span_records and not extra_exporters else None
     else:
         chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
         for name, exporter in chosen:
@@ -386,7 +398,7 @@ def setup_telemetry(
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     if span_exporters is None:
         log.info("%s", describe_exports(cfg, env))
-    return Telemetry(cfg, tracer_provider, metrics, instruments, ids)
+    return Telemetry(cfg, tracer_provider, metrics, instruments, ids, records)
 
 
 def describe_exports(cfg: TelemetryConfig, env: Mapping[str, str]) -> str:
@@ -436,7 +448,7 @@ def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Reso
     if cfg.otlp_traces(env):
         options: tuple[tuple[str, Any], ...] = (
             ("endpoint", otlp_url(cfg, env, "traces")), ("timeout", cfg.export_timeout),
-            ("compression", otlp_compression(cfg, env, "traces")))
+            ("compression", otlp_compression(cfg, env, "traces")), ("gzip_level", cfg.gzip_level))
         exporters.append(ChildExporter("otlp", options, cfg.schedule_delay_ms))
     if cfg.local_dir is not None or not exporters:
         options = (("directory", str(cfg.local_dir or DEFAULT_LOCAL_DIR)), ("max_bytes", cfg.local_max_bytes))
@@ -476,7 +488,8 @@ def _compression(cfg: TelemetryConfig, env: Mapping[str, str], signal: str) -> A
 
 def _otlp_span_exporter(cfg: TelemetryConfig, env: Mapping[str, str]) -> SpanExporter:
     compression = _compression(cfg, env, "traces")
-    return otel_compat.otlp_span_exporter(otlp_url(cfg, env, "traces"), cfg.export_timeout, compression)
+    return otel_compat.otlp_span_exporter(otlp_url(cfg, env, "traces"), cfg.export_timeout, compression,
+                                          gzip_level=cfg.gzip_level)
 
 
 def _metrics_out(cfg: TelemetryConfig, env: Mapping[str, str], resource: Resource,
