@@ -102,8 +102,9 @@ _LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not
 
 @frozen
 class ChildExporter:
-    """One exporter the child runs: `otlp` (endpoint, timeout, compression) or `local`
-    (directory, max_bytes), with its batch processor's schedule delay."""
+    """One exporter the child runs: `otlp` (endpoint, timeout, compression, gzip_level,
+    records: whether it encodes span records itself, when it can) or `local` (directory,
+    max_bytes), with its batch processor's schedule delay."""
 
     name: str  # otlp | local
     options: tuple[tuple[str, Any], ...]
@@ -607,7 +608,7 @@ class _ChildExports:
             limits = QueueLimits(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
                                  max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
             inner = _otlp(opts) if name == "otlp" else _local(opts)
-            if getattr(inner, "records", False):
+            if opts.get("records", True) and getattr(inner, "records", False):
                 self.batchers.append(RecordBatcher(_reporting_records(name, inner, resource, reporter), limits,
                                                    reporter, name))
             else:

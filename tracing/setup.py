@@ -172,8 +172,8 @@ class TelemetryConfig:
     # spans go over OTLP (protobuf encoding is the cost), `on` always, `off` never.
     export_process: ExportProcess = "auto"
     # With the export child, a span ends as one flat record handed to it, encoded to OTLP
-    # once, there (tracing/lean.py `RecordTracer`); False: a ReadableSpan, as before
-    # (bench/bench_export.py compares the two).
+    # once, there (tracing/lean.py `RecordTracer`); False: a ReadableSpan on both sides of
+    # the pipe, as before (bench/bench_export.py compares the two).
     span_records: bool = True
     # The gzip level of OTLP span exports; None: the exporter's (9).
     gzip_level: int | None = None
@@ -448,7 +448,8 @@ def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Reso
     if cfg.otlp_traces(env):
         options: tuple[tuple[str, Any], ...] = (
             ("endpoint", otlp_url(cfg, env, "traces")), ("timeout", cfg.export_timeout),
-            ("compression", otlp_compression(cfg, env, "traces")), ("gzip_level", cfg.gzip_level))
+            ("compression", otlp_compression(cfg, env, "traces")), ("gzip_level", cfg.gzip_level),
+            ("records", cfg.span_records))
         exporters.append(ChildExporter("otlp", options, cfg.schedule_delay_ms))
     if cfg.local_dir is not None or not exporters:
         options = (("directory", str(cfg.local_dir or DEFAULT_LOCAL_DIR)), ("max_bytes", cfg.local_max_bytes))
