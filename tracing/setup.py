@@ -151,7 +151,7 @@ class TelemetryConfig:
     export_timeout: float = 5.0  # seconds, per OTLP export including retries
     metrics_timeout: float | None = None  # seconds, per OTLP metric export; None: export_timeout
     # gzip by default (a remote collector); OTEL_EXPORTER_OTLP_COMPRESSION=none saves the
-    # export thread's gzip (level 9 in the SDK) when the collector is on localhost.
+    # export's gzip (level `gzip_level`, below) when the collector is on localhost.
     compression: Compression = "gzip"
     metric_export_interval_ms: int = 60_000  # OTLP metric push; Prometheus is pull
     metric_export_timeout_ms: int | None = None  # a push's whole time; None: metrics_timeout
@@ -175,8 +175,11 @@ class TelemetryConfig:
     # once, there (tracing/lean.py `RecordTracer`); False: a ReadableSpan on both sides of
     # the pipe, as before (bench/bench_export.py compares the two).
     span_records: bool = True
-    # The gzip level of OTLP span exports; None: the exporter's (9).
-    gzip_level: int | None = None
+    # The gzip level of OTLP span exports; None: the exporter's (9). On call spans as traffic
+    # varies them, level 1 takes ~35-40% of level 9's CPU (2.7-3.5 against 7.7-8.1 us a
+    # span) for ~16% more bytes (137 against 118 a span); level 6 is 5.5-6.2 us, 121 bytes
+    # (bench/bench_otlp_wire.py, docs/benchmarks.md, speed round three).
+    gzip_level: int | None = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
