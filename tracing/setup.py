@@ -84,6 +84,10 @@ ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
 ENV_METRIC_INTERVAL: Final = "OTEL_METRIC_EXPORT_INTERVAL"
 ENV_METRIC_TIMEOUT: Final = "OTEL_METRIC_EXPORT_TIMEOUT"
 ENV_TIMEOUT: Final = "OTEL_EXPORTER_OTLP_TIMEOUT"
+# Not settings to tune, switches to measure with (bench/run.py's sm-spans, sm-records-gz9):
+# `off` ends spans as ReadableSpans on both sides of the export pipe, as before records.
+ENV_SPAN_RECORDS: Final = "SPANMETER_SPAN_RECORDS"
+ENV_GZIP_LEVEL: Final = "SPANMETER_OTLP_GZIP_LEVEL"  # 1-9, or sdk (the exporter's 9)
 # When metrics are pushed: the docs render this sentence (proxy/ops/docgen.py), and
 # `TelemetryConfig.otlp_metrics` below is its code.
 METRIC_PUSH_RULE: Final = (
@@ -191,6 +195,8 @@ class TelemetryConfig:
             capture_content=capture_mode(env.get(ENV_CAPTURE)),
             semconv_latest="gen_ai_latest_experimental" in opt_in,
             compression=compression_setting(env.get(ENV_COMPRESSION)) or "gzip",
+            span_records=(env.get(ENV_SPAN_RECORDS) or "").strip().lower() not in ("off", "false", "0", "no"),
+            gzip_level=_gzip_level(env.get(ENV_GZIP_LEVEL)),
         )
         numbers: dict[str, Any] = {}
         for field_name, names, kind in _NUMBER_VARIABLES:
@@ -213,6 +219,18 @@ class TelemetryConfig:
         if "none" in exporters:
             return False
         return self.push_metrics or "otlp" in exporters or bool(environ.get(ENV_METRICS_ENDPOINT))
+
+
+def _gzip_level(value: str | None) -> int | None:
+    """SPANMETER_OTLP_GZIP_LEVEL: 1-9, `sdk` for the exporter's own (9); unset or not one: 1."""
+    v = (value or "").strip().lower()
+    if v == "sdk":
+        return None
+    if v.isdigit() and 1 <= int(v) <= 9:
+        return int(v)
+    if v:
+        log.warning("ignoring %s=%r: expected 1-9 or sdk; using 1", ENV_GZIP_LEVEL, value)
+    return 1
 
 
 # field, variables (the first set wins), int (a count or milliseconds) or float (seconds)

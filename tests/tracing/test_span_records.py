@@ -214,3 +214,11 @@ def test_records_only_where_nothing_else_reads_a_readable_span(monkeypatch: pyte
     monkeypatch.delenv("OTEL_TRACES_SAMPLER")
     monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "12")
     assert lean() is LeanTracer
+
+
+def test_the_switches_the_bench_measures_with() -> None:
+    assert TelemetryConfig.from_env({}).span_records and TelemetryConfig.from_env({}).gzip_level == 1
+    before = TelemetryConfig.from_env({"SPANMETER_SPAN_RECORDS": "off", "SPANMETER_OTLP_GZIP_LEVEL": "sdk"})
+    assert not before.span_records and before.gzip_level is None
+    assert TelemetryConfig.from_env({"SPANMETER_OTLP_GZIP_LEVEL": "6"}).gzip_level == 6
+    assert TelemetryConfig.from_env({"SPANMETER_OTLP_GZIP_LEVEL": "11"}).gzip_level == 1  # warned, the default
