@@ -17,7 +17,8 @@ is the export child's. Modes alternate within each repeat; the best of R is show
 `--modes` (default off,on): `off` exports in process; `on` is the child as configured by
 default; `spans` the child fed ReadableSpans and gzip at the exporter's level 9, the path
 before issue 51 (span_records=False, gzip_level=None); `records` the child fed flat
-records at the default gzip level; `records:N` the same at gzip level N. With `--kinds
+records at the default gzip level; `records:N` the same at gzip level N; `records:N:B`
+with batches of B spans (max_export_batch) too. With `--kinds
 otlp`, `wire` is the bytes the sink received per span.
 
 `calling thread` is what the calls themselves cost (span + metric points) and is the
@@ -70,13 +71,14 @@ def start_sink() -> tuple[subprocess.Popen[bytes], str]:
 
 
 def make(kind: str, mode: str, endpoint: str, local_dir: str) -> Telemetry:
-    base, _, level = mode.partition(":")
+    base, _, rest = mode.partition(":")
+    level, _, batch = rest.partition(":")
     process: ExportProcess = "off" if base == "off" else "on"
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"max_export_batch": int(batch)} if batch else {}
     if base == "spans":
-        extra = {"span_records": False, "gzip_level": None}
+        extra.update(span_records=False, gzip_level=None)
     elif base == "records":
-        extra = {"span_records": True, **({"gzip_level": int(level)} if level else {})}
+        extra.update(span_records=True, **({"gzip_level": int(level)} if level else {}))
     cfg = TelemetryConfig(
         otlp_endpoint=endpoint if kind == "otlp" else None,
         local_dir=local_dir if kind == "local" else None,

@@ -42,7 +42,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from proxy.model import Call, Caller, CallRecord, Outcome, ToolCall, Usage
 from tracing import otlp_wire, spans
-from tracing.export_process import decode_span, encode_span
+from tracing.records import decode_span, encode_span
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
 
 MODELS = ("gpt-4o", "gpt-4o-mini", "claude-sonnet-4-5", "gemini-2.5-flash")

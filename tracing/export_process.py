@@ -43,6 +43,7 @@ counted as `export_failed`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -60,15 +61,13 @@ from typing import IO, Any, Final
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from proxy.model import frozen
 from tracing import attributes as A
 from tracing.batching import DropCounter, QueueLimits, record_bytes, span_bytes
-from tracing.lean import Record
+from tracing.records import Record, decode_span, encode_span
 
 __all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main"]
 
@@ -103,8 +102,8 @@ _LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not
 @frozen
 class ChildExporter:
     """One exporter the child runs: `otlp` (endpoint, timeout, compression, gzip_level,
-    records: whether it encodes span records itself, when it can) or `local` (directory,
-    max_bytes), with its batch processor's schedule delay."""
+    records: whether it encodes span records itself, when it can, record_batch: spans per
+    export then) or `local` (directory, max_bytes), with its batch processor's schedule delay."""
 
     name: str  # otlp | local
     options: tuple[tuple[str, Any], ...]
@@ -142,65 +141,6 @@ def _read_exactly(inp: IO[bytes], n: int) -> bytes | None:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
-
-
-def encode_span(span: ReadableSpan, scopes: dict[int, tuple[str, str | None, str | None]]) -> tuple[Any, ...]:
-    """A finished span as plain data (ints, strings, tuples, dicts)."""
-    ctx = span.context
-    assert ctx is not None
-    parent = span.parent
-    scope = span.instrumentation_scope
-    key = id(scope)
-    scoped = scopes.get(key)
-    if scoped is None:
-        scoped = scopes[key] = (scope.name, scope.version, scope.schema_url) if scope else ("", None, None)
-    events = tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in span.events) if span.events else ()
-    links = tuple(
-        (ln.context.trace_id, ln.context.span_id, int(ln.context.trace_flags), ln.context.is_remote,
-         _state(ln.context.trace_state), dict(ln.attributes or {}))
-        for ln in span.links
-    ) if span.links else ()
-    status = span.status
-    return (
-        span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), _state(ctx.trace_state),
-        parent.span_id if parent else None, parent.is_remote if parent else False,
-        span.kind.value, span.start_time, span.end_time, _attributes(span),
-        status.status_code.value, status.description, events, links, scoped,
-    )  # fmt: skip
-
-
-def _attributes(span: ReadableSpan) -> dict[str, Any]:
-    return dict(span.attributes or {})  # a lean span's: a plain dict's copy, at C speed
-
-
-def _state(state: Any) -> tuple[tuple[str, str], ...] | None:
-    return tuple(state.items()) if state else None
-
-
-_SCOPES: dict[tuple[str, str | None, str | None], InstrumentationScope] = {}
-
-
-def decode_span(data: Sequence[Any], resource: Any) -> ReadableSpan:
-    """The child's side of `encode_span`: a ReadableSpan the SDK's exporters take."""
-    (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
-     code, description, events, links, scope) = data  # fmt: skip
-    context = SpanContext(trace_id, span_id, False, TraceFlags(flags), TraceState(state) if state else None)
-    parent = SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags)) if parent_id is not None else None
-    return ReadableSpan(
-        name=name,
-        context=context,
-        parent=parent,
-        resource=resource,
-        attributes=attributes,
-        events=[Event(n, a, ts) for n, ts, a in events],
-        links=[Link(SpanContext(t, s, r, TraceFlags(f), TraceState(st) if st else None), a)
-               for t, s, f, r, st, a in links],
-        kind=SpanKind(kind),
-        status=Status(StatusCode(code), description),
-        start_time=start,
-        end_time=end,
-        instrumentation_scope=_SCOPES.get(scope) or _SCOPES.setdefault(scope, InstrumentationScope(*scope)),
-    )
 
 
 # --- parent ----------------------------------------------------------------------------
@@ -609,6 +549,7 @@ class _ChildExports:
                                  max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
             inner = _otlp(opts) if name == "otlp" else _local(opts)
             if opts.get("records", True) and getattr(inner, "records", False):
+                limits = dataclasses.replace(limits, max_export_batch=opts.get("record_batch", limits.max_export_batch))
                 self.batchers.append(RecordBatcher(_reporting_records(name, inner, resource, reporter), limits,
                                                    reporter, name))
             else:

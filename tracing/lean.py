@@ -38,7 +38,7 @@ tests/tracing/test_lean_spans.py shows both export the same bytes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
@@ -59,6 +59,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import AttributeValue
 
 from tracing import otel_compat
+from tracing.records import Record
 
 __all__ = ["LeanSpan", "LeanTracer", "RecordSink", "RecordTracer", "SdkSpans", "Spans", "spans_for"]
 
@@ -239,13 +240,6 @@ class LeanTracer:
 
         kept = [link for link in links if otel_compat.bound_link(link, self._limits)]
         return BoundedList.from_seq(self._limits.max_links, kept)
-
-
-# A finished span as one flat tuple, the layout tracing/export_process.py `encode_span` gives
-# a ReadableSpan: (name, trace id, span id, flags, trace state pairs or None, parent span id
-# or None, parent is remote, kind value, start, end, attributes, status code value,
-# description, events, links, scope (name, version, schema url)).
-Record = tuple[Any, ...]
 
 
 class RecordSink(Protocol):

@@ -49,6 +49,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext
 
 from tracing import otlp_wire
+from tracing.records import decode_span
 
 __all__ = ["ENV", "bound_link", "exporter_moved", "forced_public", "gzip_bytes", "internals", "otlp_span_exporter",
            "scope", "span_limits", "tracer_enabled"]
@@ -204,8 +205,6 @@ def _wire_exporter_class() -> Any:
                 else:
                     if not 0 < self._max_request_size < len(data):
                         return self._send(data, len(records))
-            from tracing.export_process import decode_span
-
             return super().export([decode_span(r, resource) for r in records])
 
         def _encoder(self, resource: Resource) -> otlp_wire.RecordEncoder:
