@@ -105,14 +105,33 @@ def child_ns() -> int:
     return total
 
 
+def child_peak_mb() -> float:
+    """The highest peak RSS (VmHWM) of our live export children, MB."""
+    peak = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and b"tracing.export_process" in cmdline:
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+    return peak / 1024
+
+
 def sink_bytes(endpoint: str) -> int:
     with urllib.request.urlopen(endpoint + "/stats", timeout=5) as r:
         return int(json.loads(r.read()).get("traces_wire_bytes", 0))
 
 
-def measure(tel: Telemetry, calls: int, endpoint: str) -> tuple[float, float, float, float]:
+def measure(tel: Telemetry, calls: int, endpoint: str) -> tuple[float, float, float, float, float]:
     """(process CPU µs per span, calling thread CPU µs per span, child CPU µs per span,
-    bytes the sink received per span)."""
+    bytes the sink received per span, the child's peak RSS in MB since it started)."""
     for i in range(200):  # warm caches, and start the child before measuring
         one_call(tel, i, i % 2 == 1)
     tel.force_flush()
@@ -125,7 +144,8 @@ def measure(tel: Telemetry, calls: int, endpoint: str) -> tuple[float, float, fl
     assert tel.force_flush(60_000), "flush failed"
     p1 = time.process_time_ns()
     child_us = (child_ns() - c0) / calls / 1e3
-    return (p1 - p0) / calls / 1e3, (t1 - t0) / calls / 1e3, child_us, (sink_bytes(endpoint) - b0) / calls
+    wire = (sink_bytes(endpoint) - b0) / calls
+    return (p1 - p0) / calls / 1e3, (t1 - t0) / calls / 1e3, child_us, wire, child_peak_mb()
 
 
 def main() -> None:
@@ -138,7 +158,7 @@ def main() -> None:
     sink, endpoint = start_sink()
     try:
         for kind in args.kinds.split(","):
-            runs: dict[str, list[tuple[float, float, float, float]]] = {}
+            runs: dict[str, list[tuple[float, float, float, float, float]]] = {}
             modes = args.modes.split(",")
             for _ in range(args.repeats):
                 for mode in modes:
@@ -150,12 +170,13 @@ def main() -> None:
                             tel.shutdown()
             print(f"{kind}: CPU per span (best of {args.repeats} by process CPU, {args.calls} calls; in turns)")
             for mode, got in runs.items():
-                proc_us, thread_us, child_us, wire = min(got)
+                proc_us, thread_us, child_us, wire, _ = min(got)
                 spread = "/".join(f"{g[0]:.1f}" for g in got)
                 print(f"  {mode:10s} process {proc_us:6.1f} µs/span  "
                       f"(calling thread {thread_us:6.1f}, export/hand-off {proc_us - thread_us:5.1f})  "
                       f"child {child_us:5.1f} (all: {'/'.join(f'{g[2]:.1f}' for g in got)})  "
-                      f"total {proc_us + child_us:6.1f}  wire {wire:5.0f} B/span  [process, all: {spread}]")
+                      f"total {proc_us + child_us:6.1f}  wire {wire:5.0f} B/span  child peak RSS "
+                      f"{max(g[4] for g in got):.1f} MB  [process, all: {spread}]")
         with urllib.request.urlopen(endpoint + "/stats", timeout=5) as r:
             print("sink received:", r.read().decode())
     finally:
