@@ -541,7 +541,7 @@ class _ChildExports:
         from tracing.batching import DropCountingProcessor, QueueLimits, RecordBatcher
 
         self.resource = resource
-        self.batchers: list[RecordBatcher] = []
+        self.batchers: list[tuple[RecordBatcher, Any]] = []  # and the exporter that writes its records
         self.processors: list[SpanProcessor] = []
         for name, options, delay in config["exporters"]:
             opts = dict(options)
@@ -550,27 +550,28 @@ class _ChildExports:
             inner = _otlp(opts) if name == "otlp" else _local(opts)
             if opts.get("records", True) and getattr(inner, "records", False):
                 limits = dataclasses.replace(limits, max_export_batch=opts.get("record_batch", limits.max_export_batch))
-                self.batchers.append(RecordBatcher(_reporting_records(name, inner, resource, reporter), limits,
-                                                   reporter, name))
+                batcher = RecordBatcher(_reporting_records(name, inner, resource, reporter), limits, reporter, name)
+                self.batchers.append((batcher, inner))
             else:
                 self.processors.append(DropCountingProcessor(_Reporting(name, inner, reporter), limits, reporter, name))
 
     def take(self, records: Sequence[Record]) -> None:
-        if self.batchers:
-            for record in records:
-                size = record_bytes(record)
-                for batcher in self.batchers:
-                    batcher.on_record(record, size)
+        # Each record is written as it comes, and the batcher queues its bytes (~1 kB a call
+        # span, a third of the record's dict and tuple): a batch of 512 holds little memory.
+        for record in records:
+            size = record_bytes(record)
+            for batcher, exporter in self.batchers:
+                batcher.on_record(exporter.encode_record(record, self.resource), size)
         if self.processors:
             for span in [decode_span(data, self.resource) for data in records]:
                 for p in self.processors:
                     p.on_end(span)
 
     def force_flush(self) -> bool:
-        return all([b.force_flush() for b in self.batchers] + [p.force_flush() for p in self.processors])
+        return all([b.force_flush() for b, _ in self.batchers] + [p.force_flush() for p in self.processors])
 
     def shutdown(self) -> None:
-        for b in self.batchers:
+        for b, _ in self.batchers:
             b.shutdown()
         for p in self.processors:
             p.shutdown()
@@ -594,10 +595,10 @@ class _Reporting(SpanExporter):
 
 
 def _reporting_records(name: str, inner: Any, resource: Resource, reporter: _Reporter) -> Any:
-    def export(records: Sequence[Record]) -> bool:
-        if inner.export_records(records, resource) is not SpanExportResult.SUCCESS:
+    def export(items: Sequence[Any]) -> bool:
+        if inner.export_records(items, resource) is not SpanExportResult.SUCCESS:
             return False
-        reporter.exported(name, len(records))
+        reporter.exported(name, len(items))
         return True
 
     return export

@@ -22,8 +22,9 @@ same client, reading:
     OTLPSpanExporter._client.export(bytes), ._shutdown, ._metrics.export_operation(n),
     ._max_request_size, and ._client._compress, replaced to gzip at a lower level
 
-It also writes span records (the export child's, tracing/lean.py `Record`) straight to
-OTLP (`export_records`, with otlp_wire's `RecordEncoder`), without a ReadableSpan between.
+It also writes span records (the export child's, tracing/records.py) straight to OTLP
+(`encode_record` as each comes, `export_records` a batch of them, with otlp_wire's
+`RecordEncoder`), without a ReadableSpan between.
 
 probed the same way (`exporter_moved`); when one moved, or SPANMETER_OTEL_INTERNALS=off,
 it is the exporter as shipped.
@@ -193,19 +194,35 @@ def _wire_exporter_class() -> Any:
                 return super().export(spans)  # its warning and its error, as shipped
             return self._send(data, len(spans))
 
-        def export_records(self, records: Sequence[Any], resource: Resource) -> SpanExportResult:
-            """Span records (tracing/lean.py `Record`) of `resource`, encoded once, from the
-            records; what the encoder refuses, or a batch over the size limit, goes as
-            `export` sends the spans they decode to."""
-            if self.wire and not self._shutdown and records:
-                try:
-                    data = self._encoder(resource).encode(records)
-                except Exception:  # as in `export`
-                    pass
+        def encode_record(self, record: Sequence[Any], resource: Resource) -> Any:
+            """A span record (tracing/records.py) of `resource` written as its Span field
+            (otlp_wire's `RecordEncoder.span`), or the record as it is when the encoder
+            refuses it (or the exporter is as shipped): `export_records` takes either."""
+            if not self.wire:
+                return record
+            try:
+                return self._encoder(resource).span(record)
+            except Exception:  # NotEncodable, or ids or times out of their range: as in `export`
+                return record
+
+        def export_records(self, items: Sequence[Any], resource: Resource) -> SpanExportResult:
+            """What `encode_record` gave, as one request of the written spans; records it
+            could not write go as `export` sends the spans they decode to."""
+            written = [i for i in items if type(i[1]) is bytes]
+            plain = [decode_span(i, resource) for i in items if type(i[1]) is not bytes]
+            result = SpanExportResult.SUCCESS
+            if written:
+                data = self._encoder(resource).request(written)
+                if self._shutdown or 0 < self._max_request_size < len(data):
+                    log.warning("Dropping span batch of %d: %s", len(written),
+                                "exporter shut down" if self._shutdown else
+                                f"serialized size {len(data)} bytes exceeds max_request_size {self._max_request_size}")
+                    result = SpanExportResult.FAILURE
                 else:
-                    if not 0 < self._max_request_size < len(data):
-                        return self._send(data, len(records))
-            return super().export([decode_span(r, resource) for r in records])
+                    result = self._send(data, len(written))
+            if plain and super().export(plain) is not SpanExportResult.SUCCESS:
+                result = SpanExportResult.FAILURE
+            return result
 
         def _encoder(self, resource: Resource) -> otlp_wire.RecordEncoder:
             held = self._held_encoder

@@ -283,31 +283,43 @@ def _record(rec: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
+Scope = tuple[str, "str | None", "str | None"]
+
+
 class RecordEncoder:
     """Span records of one resource as the `ExportTraceServiceRequest` `encode_spans` writes
-    for the ReadableSpans they decode to. What never changes from batch to batch, the
-    resource's attributes and each scope's fields, is encoded once."""
+    for the ReadableSpans they decode to. Each span is written once, as it comes (`span`),
+    and a batch of written spans is wrapped into a request (`request`); what never changes
+    from batch to batch, the resource's attributes and each scope's fields, is written once."""
 
     def __init__(self, resource: Resource) -> None:
         self._resource = _field(b"\x0a", b"".join(_attributes(b"\x0a", resource.attributes)))
         self._resource_schema = _text(b"\x1a", resource.schema_url)
-        self._scopes: dict[tuple[str, str | None, str | None], tuple[bytes, bytes]] = {}
+        self._scopes: dict[Scope, tuple[bytes, bytes]] = {}
 
-    def encode(self, records: Sequence[Sequence[Any]]) -> bytes:
-        """Raises NotEncodable as `encode_spans` does, for a value it leaves to the exporter's encoder."""
-        by_scope: dict[tuple[str, str | None, str | None], list[bytes]] = {}
-        for rec in records:
-            by_scope.setdefault(rec[15], []).append(_field(b"\x12", _record(rec)))
+    def span(self, record: Sequence[Any]) -> tuple[Scope, bytes]:
+        """One record's scope and its Span field. Raises NotEncodable as `encode_spans` does,
+        for a value it leaves to the exporter's encoder (and OverflowError for an id out of range)."""
+        return record[15], _field(b"\x12", _record(record))
+
+    def request(self, spans: Sequence[tuple[Scope, bytes]]) -> bytes:
+        """The request of spans `span` wrote, grouped by scope in first-seen order."""
+        by_scope: dict[Scope, list[bytes]] = {}
+        for scope, encoded in spans:
+            by_scope.setdefault(scope, []).append(encoded)
         # The nested messages' lengths are summed, not written by wrapping: the batch's spans
         # are copied once, into the request (a 512-span batch is ~0.5 MB).
         parts = [self._resource]
-        for scope, encoded in by_scope.items():
+        for scope, fields in by_scope.items():
             head, schema = self._scope(scope)
-            parts += (b"\x12", _varint(len(head) + sum(map(len, encoded)) + len(schema)), head, *encoded, schema)
+            parts += (b"\x12", _varint(len(head) + sum(map(len, fields)) + len(schema)), head, *fields, schema)
         parts.append(self._resource_schema)
         return b"".join([b"\x0a", _varint(sum(map(len, parts))), *parts])
 
-    def _scope(self, scope: tuple[str, str | None, str | None]) -> tuple[bytes, bytes]:
+    def encode(self, records: Sequence[Sequence[Any]]) -> bytes:
+        return self.request([self.span(r) for r in records])
+
+    def _scope(self, scope: Scope) -> tuple[bytes, bytes]:
         done = self._scopes.get(scope)
         if done is None:
             name, version, schema = scope

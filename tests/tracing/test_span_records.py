@@ -169,15 +169,19 @@ def test_what_the_record_encoder_refuses_goes_through_the_exporters_encoder(
     memory = InMemorySpanExporter()
     tel = setup_telemetry(TelemetryConfig(), span_exporters=[], environ={}, extra_exporters=(memory,))
     tel.tracer.start_span("odd", attributes={"bad": "\ud800", "good": 1}).end()
+    tel.tracer.start_span("fine", attributes={"good": 2}).end()
     span = memory.get_finished_spans()[0]
     tel.shutdown()
     record = encode_span(span, {})
     with pytest.raises(otlp_wire.NotEncodable):
         otlp_wire.RecordEncoder(span.resource).encode([record])
-    assert exporter.export_records([record], span.resource).name == "SUCCESS"  # type: ignore[attr-defined]
+    good = encode_span(memory.get_finished_spans()[1], {})
+    items = [exporter.encode_record(r, span.resource) for r in (record, good)]  # type: ignore[attr-defined]
+    assert items[0] is record and type(items[1][1]) is bytes  # refused as it is; written
+    assert exporter.export_records(items, span.resource).name == "SUCCESS"  # type: ignore[attr-defined]
     exporter.shutdown()
-    assert [s["name"] for s in receiver.wait_for_spans(1)] == ["odd"]
-    assert receiver.spans()[0]["attributes"] == {"good": 1}  # the exporter's encoder drops what it cannot write
+    got = {s["name"]: s["attributes"] for s in receiver.wait_for_spans(2)}
+    assert got == {"odd": {"good": 1}, "fine": {"good": 2}}  # the exporter's encoder drops what it cannot write
 
 
 def test_span_batches_are_gzipped_at_the_configured_level() -> None:
