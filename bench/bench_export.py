@@ -18,7 +18,7 @@ is the export child's. Modes alternate within each repeat; the best of R is show
 default; `spans` the child fed ReadableSpans and gzip at the exporter's level 9, the path
 before issue 51 (span_records=False, gzip_level=None); `records` the child fed flat
 records at the default gzip level; `records:N` the same at gzip level N; `records:N:B`
-with the child's OTLP batches of B span records (record_batch) too. With `--kinds
+with batches of B spans (max_export_batch, both sides of the pipe) too. With `--kinds
 otlp`, `wire` is the bytes the sink received per span.
 
 `calling thread` is what the calls themselves cost (span + metric points) and is the
@@ -74,7 +74,7 @@ def make(kind: str, mode: str, endpoint: str, local_dir: str) -> Telemetry:
     base, _, rest = mode.partition(":")
     level, _, batch = rest.partition(":")
     process: ExportProcess = "off" if base == "off" else "on"
-    extra: dict[str, Any] = {"record_batch": int(batch)} if batch else {}
+    extra: dict[str, Any] = {"max_export_batch": int(batch)} if batch else {}
     if base == "spans":
         extra.update(span_records=False, gzip_level=None)
     elif base == "records":

@@ -16,8 +16,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from proxy.model import frozen
 from tracing import attributes as A
 
-__all__ = ["RECORD_BATCH_BYTES", "DropCounter", "DropCountingProcessor", "QueueLimits", "RecordBatcher", "record_bytes",
-           "span_bytes"]
+__all__ = ["DropCounter", "DropCountingProcessor", "QueueLimits", "RecordBatcher", "record_bytes", "span_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +35,6 @@ class QueueLimits:
     max_export_batch: int
     schedule_delay_ms: int
 
-
-# A batch of span records stops at this many bytes of spans (`record_bytes`): call spans are
-# ~1 kB, so only spans with captured content (up to 16 kB an attribute) reach it, and an
-# export stays a few MB however many spans it may take.
-RECORD_BATCH_BYTES: Final = 4 << 20
 
 # What a span costs in memory besides its string attributes (ids, times, the SDK's objects,
 # the small attributes): measured ~1-2 kB for a call span; counted low on purpose, since
@@ -208,7 +202,8 @@ class RecordBatcher:
             with self._cond:
                 if len(self._queue) < self._batch and not self._flushes and not self._stopping:
                     self._cond.wait(self._delay_s)
-                taken = self._take()
+                taken = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                self._bytes -= sum(size for _, size in taken)
                 more = bool(self._queue)
                 flushes = [] if more else self._flushes
                 if not more:
@@ -220,17 +215,6 @@ class RecordBatcher:
                 done.set()
             if stop:
                 return
-
-    def _take(self) -> list[tuple[Any, int]]:
-        """Up to a batch of records, and at most RECORD_BATCH_BYTES of them (one at least)."""
-        queue, size = self._queue, 0
-        taken: list[tuple[Any, int]] = []
-        while queue and len(taken) < self._batch and (not taken or size + queue[0][1] <= RECORD_BATCH_BYTES):
-            item = queue.popleft()
-            taken.append(item)
-            size += item[1]
-        self._bytes -= size
-        return taken
 
     def _send(self, batch: list[Any]) -> None:
         try:

@@ -43,7 +43,6 @@ counted as `export_failed`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import pickle
@@ -102,8 +101,8 @@ _LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not
 @frozen
 class ChildExporter:
     """One exporter the child runs: `otlp` (endpoint, timeout, compression, gzip_level,
-    records: whether it encodes span records itself, when it can, record_batch: spans per
-    export then) or `local` (directory, max_bytes), with its batch processor's schedule delay."""
+    records: whether it encodes span records itself, when it can) or `local` (directory,
+    max_bytes), with its batch processor's schedule delay."""
 
     name: str  # otlp | local
     options: tuple[tuple[str, Any], ...]
@@ -549,7 +548,6 @@ class _ChildExports:
                                  max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
             inner = _otlp(opts) if name == "otlp" else _local(opts)
             if opts.get("records", True) and getattr(inner, "records", False):
-                limits = dataclasses.replace(limits, max_export_batch=opts.get("record_batch", limits.max_export_batch))
                 batcher = RecordBatcher(_reporting_records(name, inner, resource, reporter), limits, reporter, name)
                 self.batchers.append((batcher, inner))
             else:
@@ -557,7 +555,7 @@ class _ChildExports:
 
     def take(self, records: Sequence[Record]) -> None:
         # Each record is written as it comes, and the batcher queues its bytes (~1 kB a call
-        # span, a third of the record's dict and tuple): a batch of 512 holds little memory.
+        # span, a third of the record's dict and tuple).
         for record in records:
             size = record_bytes(record)
             for batcher, exporter in self.batchers:

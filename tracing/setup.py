@@ -149,12 +149,9 @@ class TelemetryConfig:
     # once, ~10x its serialized size: 12 MB of peak RSS at 512 call spans, 2 MB at 128
     # (issue 29's memory target; docs/benchmarks.md, "Memory (issue 29)").
     max_export_batch: int = 128
-    # Spans per OTLP export where the export child encodes span records itself: its encoder
-    # builds no protobuf tree (~1 kB a call span), and each POST costs the child ~0.75 ms,
-    # ~6 us a span at 128 and ~1.5 at 512 (docs/benchmarks.md, speed round three). A batch
-    # also stops at `RECORD_BATCH_BYTES` (tracing/batching.py) of spans, for captured content.
-    # OTEL_BSP_MAX_EXPORT_BATCH_SIZE, when set, sets both.
-    record_batch: int = 512
+    # Span records exported 512 to a POST would save the child ~4 us a span (each POST costs
+    # it ~0.75 ms) but hold ~4 MB more of its memory at agent_c64 (docs/benchmarks.md, speed
+    # round three): the records path keeps this batch too.
     schedule_delay_ms: int = 1000
     # The local file is read by `spanmeter runs` right after a call: written within 0.1 s.
     local_schedule_delay_ms: int = 100
@@ -209,8 +206,6 @@ class TelemetryConfig:
             value = _env_number(env, names, kind)
             if value is not None:
                 numbers[field_name] = value
-        if "max_export_batch" in numbers:
-            numbers["record_batch"] = numbers["max_export_batch"]
         _warn_protocols(env)
         return replace(base, **{**numbers, **overrides})
 
@@ -478,7 +473,7 @@ def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Reso
         options: tuple[tuple[str, Any], ...] = (
             ("endpoint", otlp_url(cfg, env, "traces")), ("timeout", cfg.export_timeout),
             ("compression", otlp_compression(cfg, env, "traces")), ("gzip_level", cfg.gzip_level),
-            ("records", cfg.span_records), ("record_batch", cfg.record_batch))
+            ("records", cfg.span_records))
         exporters.append(ChildExporter("otlp", options, cfg.schedule_delay_ms))
     if cfg.local_dir is not None or not exporters:
         options = (("directory", str(cfg.local_dir or DEFAULT_LOCAL_DIR)), ("max_bytes", cfg.local_max_bytes))

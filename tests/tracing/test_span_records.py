@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status, Status
 from tests.fixtures.otlp import OtlpReceiver, _body
 from tests.tracing.test_lean_spans import SCENARIOS, Scenario, Seen
 from tracing import otel_compat, otlp_wire
-from tracing.batching import RECORD_BATCH_BYTES, QueueLimits, RecordBatcher
+from tracing.batching import QueueLimits, RecordBatcher
 from tracing.lean import LeanTracer, RecordTracer
 from tracing.records import decode_span, encode_span
 from tracing.setup import Telemetry, TelemetryConfig, setup_telemetry
@@ -237,7 +237,7 @@ class Counts:
         self.seen.append((amount, dict(attributes)))
 
 
-def test_record_batches_stop_at_their_count_and_their_bytes() -> None:
+def test_record_batches_are_counted_as_span_batches_are() -> None:
     batches: list[int] = []
     counts = Counts()
 
@@ -245,23 +245,15 @@ def test_record_batches_stop_at_their_count_and_their_bytes() -> None:
         batches.append(len(records))
         return len(batches) != 2  # the second batch fails
 
-    limits = QueueLimits(max_queue=100, max_queue_bytes=RECORD_BATCH_BYTES * 4, max_export_batch=8,
-                         schedule_delay_ms=60_000)
+    limits = QueueLimits(max_queue=12, max_queue_bytes=10_000, max_export_batch=5, schedule_delay_ms=60_000)
     batcher = RecordBatcher(export, limits, counts, "otlp")
-    for _ in range(10):
-        batcher.on_record(("small",), 1_000)
-    for _ in range(3):
-        batcher.on_record(("content",), RECORD_BATCH_BYTES // 2)
+    for _ in range(9):
+        batcher.on_record(("small",), 100)
+    batcher.on_record(("too big",), 9_500)  # past the bytes: dropped
     assert batcher.force_flush(10_000)
-    assert batches == [8, 3, 2]  # by count; then 2 small and one large, up to the bytes; the last large one
-    assert counts.seen == [(3, {"error.type": "export_failed", "spanmeter.exporter": "otlp"})]
+    assert batches == [5, 4]
+    assert counts.seen == [(1, {"error.type": "queue_full", "spanmeter.exporter": "otlp"}),
+                           (4, {"error.type": "export_failed", "spanmeter.exporter": "otlp"})]
     batcher.shutdown()
     batcher.on_record(("late",), 1)
     assert counts.seen[-1] == (1, {"error.type": "queue_full", "spanmeter.exporter": "otlp"})
-
-
-def test_the_record_batch_follows_the_standard_variable() -> None:
-    assert TelemetryConfig.from_env({}).record_batch == 512
-    assert TelemetryConfig.from_env({}).max_export_batch == 128
-    set_ = TelemetryConfig.from_env({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64"})
-    assert set_.record_batch == set_.max_export_batch == 64
