@@ -1,15 +1,19 @@
 """Span encoding and export in a child process, out of the serving process's GIL.
 
-The serving process keeps the OpenTelemetry SDK's spans. `ExportProcessProcessor` (a
-SpanProcessor) appends each finished span to a bounded in-memory queue; its background
-thread turns batches of them into plain tuples (ids, name, kind, times, attributes,
-status, events, links, scope), pickles them and writes them to the child's stdin. The
-child (a fresh interpreter running `main()` below, started with subprocess: fork+exec,
-so it is safe from a forked worker of `spanmeter serve --workers N`, each of
-which owns its own child) rebuilds `ReadableSpan`s and runs the same exporters as the
-in-process path (OTLP/HTTP protobuf, the local JSON-lines files), each behind the same
-bounded, drop-counting BatchSpanProcessor. Protobuf encoding, gzip, HTTP and JSON all
-happen there, `NICER_BY` nicer than the serving process: on a shared core, requests first.
+The serving process hands each finished span to `ExportProcessProcessor`, a bounded
+in-memory queue: as a span record (tracing/records.py: ids, name, kind, times,
+attributes, status, events, links, scope in one tuple), which tracing/lean.py's
+`RecordTracer` ends a span as, or as a SDK `ReadableSpan` (`on_end`: the SDK tracer's own
+spans, or where records are off), which its background thread turns into the same tuple.
+That thread pickles batches of them and writes them to the child's stdin. The child (a
+fresh interpreter running `main()` below, started with subprocess: fork+exec, so it is
+safe from a forked worker of `spanmeter serve --workers N`, each of which owns its own
+child) runs the same exporters as the in-process path: the OTLP exporter writes each
+record to protobuf as it arrives and sends them in batches (`RecordBatcher`); the local
+JSON-lines files (and the OTLP exporter as shipped) take `ReadableSpan`s rebuilt from the
+records, behind the same bounded, drop-counting BatchSpanProcessor. Protobuf encoding,
+gzip, HTTP and JSON all happen there, `NICER_BY` nicer than the serving process: on a
+shared core, requests first.
 
 Counting. Every span is accounted for in `spanmeter.telemetry.dropped_spans` or exported:
 - the parent's queue full (cfg.max_queue): `queue_full`, once per exporter, as in-process;

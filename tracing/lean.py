@@ -33,6 +33,11 @@ it at start-up. `spans_for(tracer)` gives the lean path when those internals are
 expected, else `SdkSpans`: the same interface over the SDK's public `Tracer.start_span`,
 `Span.set_attributes`, `Span.end` (SPANMETER_OTEL_INTERNALS=off chooses it too).
 tests/tracing/test_lean_spans.py shows both export the same bytes.
+
+`RecordTracer` goes one step further where the export child is the only reader of finished
+spans: a span ends as the flat record the child's pipe carries (tracing/records.py), and no
+`ReadableSpan` is built at all (tests/tracing/test_span_records.py: a collector receives the
+same spans).
 """
 
 from __future__ import annotations

@@ -22,12 +22,10 @@ same client, reading:
     OTLPSpanExporter._client.export(bytes), ._shutdown, ._metrics.export_operation(n),
     ._max_request_size, and ._client._compress, replaced to gzip at a lower level
 
-It also writes span records (the export child's, tracing/records.py) straight to OTLP
-(`encode_record` as each comes, `export_records` a batch of them, with otlp_wire's
-`RecordEncoder`), without a ReadableSpan between.
-
 probed the same way (`exporter_moved`); when one moved, or SPANMETER_OTEL_INTERNALS=off,
-it is the exporter as shipped.
+it is the exporter as shipped. It also writes span records (the export child's,
+tracing/records.py) straight to OTLP (`encode_record` as each comes, `export_records` a
+batch of them, with otlp_wire's `RecordEncoder`), without a ReadableSpan between.
 """
 
 from __future__ import annotations
