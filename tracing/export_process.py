@@ -3,7 +3,7 @@
 The serving process hands each finished span to `ExportProcessProcessor`, a bounded
 in-memory queue: as a span record (tracing/records.py: ids, name, kind, times,
 attributes, status, events, links, scope in one tuple), which tracing/lean.py's
-`RecordTracer` ends a span as, or as a SDK `ReadableSpan` (`on_end`: the SDK tracer's own
+`RecordTracer` ends a span as, or as an SDK `ReadableSpan` (`on_end`: the SDK tracer's own
 spans, or where records are off), which its background thread turns into the same tuple.
 That thread pickles batches of them and writes them to the child's stdin. The child (a
 fresh interpreter running `main()` below, started with subprocess: fork+exec, so it is

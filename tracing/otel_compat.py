@@ -135,7 +135,11 @@ def otlp_span_exporter(endpoint: str, timeout: float, compression: Any,
                   "span batches are encoded by the exporter's own encoder instead (correct, more CPU per span)")
         exporter.wire = False  # type: ignore[attr-defined]
     elif gzip_level is not None and compression == Compression.Gzip:
-        exporter._client._compress = functools.partial(gzip_bytes, level=gzip_level)  # type: ignore[attr-defined]
+        if callable(getattr(exporter._client, "_compress", None)):  # type: ignore[attr-defined]
+            exporter._client._compress = functools.partial(gzip_bytes, level=gzip_level)  # type: ignore[attr-defined]
+        else:
+            _say_once(["OTLPSpanExporter._client._compress"], "opentelemetry-exporter-otlp-proto-http",
+                      "span batches are gzipped at the exporter's own level (correct, more CPU per span)")
     return exporter
 
 
@@ -157,8 +161,6 @@ def exporter_moved(exporter: Any) -> list[str]:
         gone.append("OTLPSpanExporter._metrics.export_operation")
     if not isinstance(getattr(exporter, "_max_request_size", None), int):
         gone.append("OTLPSpanExporter._max_request_size")
-    if not callable(getattr(getattr(exporter, "_client", None), "_compress", None)):
-        gone.append("OTLPSpanExporter._client._compress")
     return gone
 
 

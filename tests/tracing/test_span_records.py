@@ -257,3 +257,15 @@ def test_record_batches_are_counted_as_span_batches_are() -> None:
     batcher.shutdown()
     batcher.on_record(("late",), 1)
     assert counts.seen[-1] == (1, {"error.type": "queue_full", "spanmeter.exporter": "otlp"})
+
+
+def test_a_client_without_its_compress_keeps_the_exporters_gzip(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    shipped = otel_compat.otlp_span_exporter("http://127.0.0.1:9/v1/traces", 1.0, Compression.Gzip)
+    client_class = type(shipped._client)  # type: ignore[attr-defined]
+    monkeypatch.delattr(client_class, "_compress")
+    monkeypatch.setattr(otel_compat, "_warned", set())
+    exporter = otel_compat.otlp_span_exporter("http://127.0.0.1:9/v1/traces", 1.0, Compression.Gzip, gzip_level=1)
+    assert exporter.wire  # type: ignore[attr-defined]  # still writes its own batches
+    assert "_compress" not in exporter._client.__dict__  # type: ignore[attr-defined]
+    assert "OTLPSpanExporter._client._compress moved" in caplog.text
