@@ -25,6 +25,8 @@ def create_sink() -> web.Application:
         signal = request.path.rsplit("/", 1)[-1]
         counts[signal + "_posts"] = counts.get(signal + "_posts", 0) + 1
         counts[signal + "_bytes"] = counts.get(signal + "_bytes", 0) + len(body)
+        # As sent (compressed): aiohttp's read() gives the body inflated.
+        counts[signal + "_wire_bytes"] = counts.get(signal + "_wire_bytes", 0) + (request.content_length or 0)
         return web.Response(body=b"", content_type="application/x-protobuf")
 
     async def stats(request: web.Request) -> web.Response:

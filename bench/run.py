@@ -139,6 +139,10 @@ DESCRIPTIONS = {
     # The library bypasses against their public paths (proxy/ledger/redis_compat.py, tracing/otel_compat.py):
     "sm-inproc": "sm-full with spans encoded and sent in-process (SPANMETER_EXPORT_PROCESS=off), not by a child",
     "sm-public": "sm-full through the libraries' public APIs only (SDK start_span, no lean spans)",
+    # Span records (issue 51, item 2) against the path before them, from one checkout:
+    "sm-spans": "sm-full with spans as ReadableSpans on both sides of the export pipe and gzip at level 9, as before "
+                "span records (SPANMETER_SPAN_RECORDS=off, SPANMETER_OTLP_GZIP_LEVEL=sdk)",
+    "sm-records-gz9": "sm-full (span records) with gzip at the exporter's level 9 (SPANMETER_OTLP_GZIP_LEVEL=sdk)",
     "sm-redis-public": "sm-redis through redis-py's public pipelines (SPANMETER_REDIS_INTERNALS=off)",
     # A setting's cost, side by side from one checkout (a --baseline checkout reads 6-14% slower
     # than this one with the same code: docs/benchmarks.md, "Cost anatomy, fourth pass ... and
@@ -153,6 +157,8 @@ DESCRIPTIONS = {
 BYPASS_ENV = {
     "sm-inproc": {"SPANMETER_EXPORT_PROCESS": "off"},
     "sm-public": {"SPANMETER_OTEL_INTERNALS": "off"},
+    "sm-spans": {"SPANMETER_SPAN_RECORDS": "off", "SPANMETER_OTLP_GZIP_LEVEL": "sdk"},
+    "sm-records-gz9": {"SPANMETER_OTLP_GZIP_LEVEL": "sdk"},
     "sm-redis-public": {"SPANMETER_REDIS_INTERNALS": "off"},
     "sm-anatomy-on": {"SPANMETER_ANATOMY": "true"},
     "sm-anatomy-off": {"SPANMETER_ANATOMY": "false"},

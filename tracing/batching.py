@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from opentelemetry.context import Context
@@ -15,7 +16,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from proxy.model import frozen
 from tracing import attributes as A
 
-__all__ = ["DropCounter", "DropCountingProcessor", "QueueLimits", "span_bytes"]
+__all__ = ["DropCounter", "DropCountingProcessor", "QueueLimits", "RecordBatcher", "record_bytes", "span_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,15 @@ def span_bytes(span: ReadableSpan) -> int:
     the public read-only view, read at C speed."""
     n = _SPAN_OVERHEAD
     for value in (span.attributes or {}).values():
+        if type(value) is str:
+            n += len(value)
+    return n
+
+
+def record_bytes(record: Sequence[Any]) -> int:
+    """`span_bytes` of the span a record (tracing/lean.py `Record`) holds."""
+    n = _SPAN_OVERHEAD
+    for value in record[10].values():
         if type(value) is str:
             n += len(value)
     return n
@@ -134,3 +144,86 @@ class DropCountingProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._batch.force_flush(timeout_millis)
+
+
+class RecordBatcher:
+    """`DropCountingProcessor` for span records an exporter encodes itself (the export child's
+    OTLP exporter, tracing/export_process.py): the same bounds by count and by bytes, the
+    same batches every `schedule_delay_ms` or at `max_export_batch`, the same counts of what
+    is dropped (`queue_full`) or fails to export (`export_failed`). `export` takes one batch
+    and says whether it was exported."""
+
+    def __init__(self, export: Callable[[Sequence[Any]], bool], limits: QueueLimits, counter: DropCounter,
+                 name: str) -> None:
+        self._export = export
+        self._capacity = limits.max_queue
+        self._max_bytes = limits.max_queue_bytes
+        self._batch = max(1, min(limits.max_export_batch, limits.max_queue))
+        self._delay_s = limits.schedule_delay_ms / 1000
+        self._counter = counter
+        self._name = name
+        self._queue: deque[tuple[Any, int]] = deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._flushes: list[threading.Event] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"span-records-{name}", daemon=True)
+        self._thread.start()
+
+    def on_record(self, record: Any, size: int) -> None:
+        with self._cond:
+            full = self._stopping or len(self._queue) >= self._capacity or self._bytes + size > self._max_bytes
+            if not full:
+                self._queue.append((record, size))
+                self._bytes += size
+                if len(self._queue) == self._batch:
+                    self._cond.notify()
+        if full:
+            self._dropped(1, "queue_full")
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        done = threading.Event()
+        with self._cond:
+            if self._stopping:
+                return False
+            self._flushes.append(done)
+            self._cond.notify()
+        return done.wait(timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        """Export what is queued, then stop (bounded by the exporter's own timeout per batch)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if len(self._queue) < self._batch and not self._flushes and not self._stopping:
+                    self._cond.wait(self._delay_s)
+                taken = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                self._bytes -= sum(size for _, size in taken)
+                more = bool(self._queue)
+                flushes = [] if more else self._flushes
+                if not more:
+                    self._flushes = []
+                stop = self._stopping and not more
+            if taken:
+                self._send([record for record, _ in taken])
+            for done in flushes:
+                done.set()
+            if stop:
+                return
+
+    def _send(self, batch: list[Any]) -> None:
+        try:
+            ok = self._export(batch)
+        except Exception:
+            log.warning("span exporter raised", exc_info=True)
+            ok = False
+        if not ok:
+            self._dropped(len(batch), "export_failed")
+
+    def _dropped(self, n: int, reason: str) -> None:
+        self._counter.add(n, {A.ERROR_TYPE: reason, A.SPANMETER_EXPORTER: self._name})

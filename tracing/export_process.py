@@ -1,15 +1,19 @@
 """Span encoding and export in a child process, out of the serving process's GIL.
 
-The serving process keeps the OpenTelemetry SDK's spans. `ExportProcessProcessor` (a
-SpanProcessor) appends each finished span to a bounded in-memory queue; its background
-thread turns batches of them into plain tuples (ids, name, kind, times, attributes,
-status, events, links, scope), pickles them and writes them to the child's stdin. The
-child (a fresh interpreter running `main()` below, started with subprocess: fork+exec,
-so it is safe from a forked worker of `spanmeter serve --workers N`, each of
-which owns its own child) rebuilds `ReadableSpan`s and runs the same exporters as the
-in-process path (OTLP/HTTP protobuf, the local JSON-lines files), each behind the same
-bounded, drop-counting BatchSpanProcessor. Protobuf encoding, gzip, HTTP and JSON all
-happen there, `NICER_BY` nicer than the serving process: on a shared core, requests first.
+The serving process hands each finished span to `ExportProcessProcessor`, a bounded
+in-memory queue: as a span record (tracing/records.py: ids, name, kind, times,
+attributes, status, events, links, scope in one tuple), which tracing/lean.py's
+`RecordTracer` ends a span as, or as an SDK `ReadableSpan` (`on_end`: the SDK tracer's own
+spans, or where records are off), which its background thread turns into the same tuple.
+That thread pickles batches of them and writes them to the child's stdin. The child (a
+fresh interpreter running `main()` below, started with subprocess: fork+exec, so it is
+safe from a forked worker of `spanmeter serve --workers N`, each of which owns its own
+child) runs the same exporters as the in-process path: the OTLP exporter writes each
+record to protobuf as it arrives and sends them in batches (`RecordBatcher`); the local
+JSON-lines files (and the OTLP exporter as shipped) take `ReadableSpan`s rebuilt from the
+records, behind the same bounded, drop-counting BatchSpanProcessor. Protobuf encoding,
+gzip, HTTP and JSON all happen there, `NICER_BY` nicer than the serving process: on a
+shared core, requests first.
 
 Counting. Every span is accounted for in `spanmeter.telemetry.dropped_spans` or exported:
 - the parent's queue full (cfg.max_queue): `queue_full`, once per exporter, as in-process;
@@ -60,13 +64,13 @@ from typing import IO, Any, Final
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from proxy.model import frozen
 from tracing import attributes as A
-from tracing.batching import DropCounter, QueueLimits, span_bytes
+from tracing.batching import DropCounter, QueueLimits, record_bytes, span_bytes
+from tracing.records import Record, decode_span, encode_span
 
 __all__ = ["ChildExporter", "ExportProcessProcessor", "decode_span", "encode_span", "main"]
 
@@ -100,8 +104,9 @@ _LOG_REPEAT_S: Final = 60.0  # the same record again within this is counted, not
 
 @frozen
 class ChildExporter:
-    """One exporter the child runs: `otlp` (endpoint, timeout, compression) or `local`
-    (directory, max_bytes), with its batch processor's schedule delay."""
+    """One exporter the child runs: `otlp` (endpoint, timeout, compression, gzip_level,
+    records: whether it encodes span records itself, when it can) or `local` (directory,
+    max_bytes), with its batch processor's schedule delay."""
 
     name: str  # otlp | local
     options: tuple[tuple[str, Any], ...]
@@ -139,65 +144,6 @@ def _read_exactly(inp: IO[bytes], n: int) -> bytes | None:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
-
-
-def encode_span(span: ReadableSpan, scopes: dict[int, tuple[str, str | None, str | None]]) -> tuple[Any, ...]:
-    """A finished span as plain data (ints, strings, tuples, dicts)."""
-    ctx = span.context
-    assert ctx is not None
-    parent = span.parent
-    scope = span.instrumentation_scope
-    key = id(scope)
-    scoped = scopes.get(key)
-    if scoped is None:
-        scoped = scopes[key] = (scope.name, scope.version, scope.schema_url) if scope else ("", None, None)
-    events = tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in span.events) if span.events else ()
-    links = tuple(
-        (ln.context.trace_id, ln.context.span_id, int(ln.context.trace_flags), ln.context.is_remote,
-         _state(ln.context.trace_state), dict(ln.attributes or {}))
-        for ln in span.links
-    ) if span.links else ()
-    status = span.status
-    return (
-        span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), _state(ctx.trace_state),
-        parent.span_id if parent else None, parent.is_remote if parent else False,
-        span.kind.value, span.start_time, span.end_time, _attributes(span),
-        status.status_code.value, status.description, events, links, scoped,
-    )  # fmt: skip
-
-
-def _attributes(span: ReadableSpan) -> dict[str, Any]:
-    return dict(span.attributes or {})  # a lean span's: a plain dict's copy, at C speed
-
-
-def _state(state: Any) -> tuple[tuple[str, str], ...] | None:
-    return tuple(state.items()) if state else None
-
-
-_SCOPES: dict[tuple[str, str | None, str | None], InstrumentationScope] = {}
-
-
-def decode_span(data: Sequence[Any], resource: Any) -> ReadableSpan:
-    """The child's side of `encode_span`: a ReadableSpan the SDK's exporters take."""
-    (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
-     code, description, events, links, scope) = data  # fmt: skip
-    context = SpanContext(trace_id, span_id, False, TraceFlags(flags), TraceState(state) if state else None)
-    parent = SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags)) if parent_id is not None else None
-    return ReadableSpan(
-        name=name,
-        context=context,
-        parent=parent,
-        resource=resource,
-        attributes=attributes,
-        events=[Event(n, a, ts) for n, ts, a in events],
-        links=[Link(SpanContext(t, s, r, TraceFlags(f), TraceState(st) if st else None), a)
-               for t, s, f, r, st, a in links],
-        kind=SpanKind(kind),
-        status=Status(StatusCode(code), description),
-        start_time=start,
-        end_time=end,
-        instrumentation_scope=_SCOPES.get(scope) or _SCOPES.setdefault(scope, InstrumentationScope(*scope)),
-    )
 
 
 # --- parent ----------------------------------------------------------------------------
@@ -292,7 +238,7 @@ class ExportProcessProcessor(SpanProcessor):
         self._delay_s = limits.schedule_delay_ms / 1000
         self._shutdown_timeout_s = shutdown_timeout_s
         self._counter = counter
-        self._queue: deque[tuple[ReadableSpan, int]] = deque()
+        self._queue: deque[tuple[ReadableSpan | Record, int]] = deque()
         self._cond = threading.Condition()
         self._flushes: list[_Flush] = []  # asked for, not yet sent to the child
         self._sent_flushes: dict[int, _Flush] = {}
@@ -320,7 +266,13 @@ class ExportProcessProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if not (span.context and span.context.trace_flags.sampled):
             return
-        size = span_bytes(span)
+        self._enqueue(span, span_bytes(span))
+
+    def on_record(self, record: Record) -> None:
+        """A span ended as a record (tracing/lean.py `RecordTracer`): already what the pipe carries."""
+        self._enqueue(record, record_bytes(record))
+
+    def _enqueue(self, span: ReadableSpan | Record, size: int) -> None:
         with self._cond:
             if self._stopping:
                 return  # as the SDK's processor: nothing is taken after shutdown
@@ -384,13 +336,13 @@ class ExportProcessProcessor(SpanProcessor):
                 self._stop_child()
                 return
 
-    def _send(self, batch: list[ReadableSpan]) -> None:
+    def _send(self, batch: list[ReadableSpan | Record]) -> None:
         child = self._live_child()
         if child is None:
             self._down(len(batch))
             return
         try:
-            payload = [encode_span(s, self._scopes) for s in batch]
+            payload = [s if type(s) is tuple else encode_span(s, self._scopes) for s in batch]  # type: ignore[arg-type]
         except Exception:
             log.warning("span export process: could not encode %d spans", len(batch), exc_info=True)
             self._drop(len(batch), "export_failed")
@@ -582,35 +534,76 @@ class _Reporter:
             _write(self._out, kind, payload)
 
 
-def _child_exporters(config: Mapping[str, Any], reporter: _Reporter) -> list[SpanProcessor]:
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+class _ChildExports:
+    """The child's exporters: those that encode span records themselves (the OTLP exporter
+    that writes with tracing/otlp_wire.py), each behind a `RecordBatcher`, and the rest (the
+    local files; the OTLP exporter as shipped), which take `ReadableSpan`s decoded from the
+    records, each behind a `DropCountingProcessor`."""
 
-    from tracing.batching import DropCountingProcessor, QueueLimits
+    def __init__(self, config: Mapping[str, Any], reporter: _Reporter, resource: Resource) -> None:
+        from tracing.batching import DropCountingProcessor, QueueLimits, RecordBatcher
 
-    class Reporting(SpanExporter):
-        def __init__(self, name: str, inner: SpanExporter) -> None:
-            self._name, self._inner = name, inner
+        self.resource = resource
+        self.batchers: list[tuple[RecordBatcher, Any]] = []  # and the exporter that writes its records
+        self.processors: list[SpanProcessor] = []
+        for name, options, delay in config["exporters"]:
+            opts = dict(options)
+            limits = QueueLimits(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
+                                 max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
+            inner = _otlp(opts) if name == "otlp" else _local(opts)
+            if opts.get("records", True) and getattr(inner, "records", False):
+                batcher = RecordBatcher(_reporting_records(name, inner, resource, reporter), limits, reporter, name)
+                self.batchers.append((batcher, inner))
+            else:
+                self.processors.append(DropCountingProcessor(_Reporting(name, inner, reporter), limits, reporter, name))
 
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            result = self._inner.export(spans)
-            if result is SpanExportResult.SUCCESS:
-                reporter.exported(self._name, len(spans))
-            return result
+    def take(self, records: Sequence[Record]) -> None:
+        # Each record is written as it comes, and the batcher queues its bytes (~1 kB a call
+        # span, a third of the record's dict and tuple).
+        for record in records:
+            size = record_bytes(record)
+            for batcher, exporter in self.batchers:
+                batcher.on_record(exporter.encode_record(record, self.resource), size)
+        if self.processors:
+            for span in [decode_span(data, self.resource) for data in records]:
+                for p in self.processors:
+                    p.on_end(span)
 
-        def shutdown(self) -> None:
-            self._inner.shutdown()
+    def force_flush(self) -> bool:
+        return all([b.force_flush() for b, _ in self.batchers] + [p.force_flush() for p in self.processors])
 
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return self._inner.force_flush(timeout_millis)
+    def shutdown(self) -> None:
+        for b, _ in self.batchers:
+            b.shutdown()
+        for p in self.processors:
+            p.shutdown()
 
-    processors: list[SpanProcessor] = []
-    for name, options, delay in config["exporters"]:
-        opts = dict(options)
-        limits = QueueLimits(max_queue=config["max_queue"], max_export_batch=config["max_export_batch"],
-                             max_queue_bytes=config["max_queue_bytes"], schedule_delay_ms=delay)
-        inner = _otlp(opts) if name == "otlp" else _local(opts)
-        processors.append(DropCountingProcessor(Reporting(name, inner), limits, reporter, name))
-    return processors
+
+class _Reporting(SpanExporter):
+    def __init__(self, name: str, inner: SpanExporter, reporter: _Reporter) -> None:
+        self._name, self._inner, self._reporter = name, inner, reporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self._inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            self._reporter.exported(self._name, len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+def _reporting_records(name: str, inner: Any, resource: Resource, reporter: _Reporter) -> Any:
+    def export(items: Sequence[Any]) -> bool:
+        if inner.export_records(items, resource) is not SpanExportResult.SUCCESS:
+            return False
+        reporter.exported(name, len(items))
+        return True
+
+    return export
 
 
 def _otlp(opts: Mapping[str, Any]) -> Any:
@@ -620,7 +613,8 @@ def _otlp(opts: Mapping[str, Any]) -> Any:
 
     compression = {"gzip": Compression.Gzip, "deflate": Compression.Deflate}.get(
         opts["compression"], Compression.NoCompression)
-    return otel_compat.otlp_span_exporter(opts["endpoint"], opts["timeout"], compression)
+    return otel_compat.otlp_span_exporter(opts["endpoint"], opts["timeout"], compression,
+                                          gzip_level=opts.get("gzip_level"))
 
 
 def _local(opts: Mapping[str, Any]) -> Any:
@@ -691,33 +685,25 @@ def main() -> None:
     if first is None or first[0] != _CONFIG:
         return
     config = first[1]
-    from opentelemetry.sdk.resources import Resource
-
     attributes, schema_url = config["resource"]
-    resource = Resource(attributes, schema_url)
-    processors = _child_exporters(config, reporter)
+    exports = _ChildExports(config, reporter, Resource(attributes, schema_url))
     try:
         while (msg := _read(inp)) is not None:
             kind, payload = msg
             if kind == _SPANS:
                 try:
-                    decoded = [decode_span(data, resource) for data in payload]
+                    exports.take(payload)
                 except Exception:
-                    log.warning("could not decode %d spans", len(payload), exc_info=True)
+                    log.warning("could not take %d spans", len(payload), exc_info=True)
                     for name, _, _ in config["exporters"]:
                         reporter.add(len(payload), {A.ERROR_TYPE: "export_failed", A.SPANMETER_EXPORTER: name})
-                    decoded = []
-                for span in decoded:
-                    for p in processors:
-                        p.on_end(span)
             elif kind == _FLUSH:
-                ok = all([p.force_flush() for p in processors])
+                ok = exports.force_flush()
                 reporter.flush()
                 reporter.send(_FLUSHED, (payload, ok))
             reporter.flush()
     finally:
-        for p in processors:
-            p.shutdown()
+        exports.shutdown()
         reporter.flush()
 
 

@@ -33,6 +33,11 @@ it at start-up. `spans_for(tracer)` gives the lean path when those internals are
 expected, else `SdkSpans`: the same interface over the SDK's public `Tracer.start_span`,
 `Span.set_attributes`, `Span.end` (SPANMETER_OTEL_INTERNALS=off chooses it too).
 tests/tracing/test_lean_spans.py shows both export the same bytes.
+
+`RecordTracer` goes one step further where the export child is the only reader of finished
+spans: a span ends as the flat record the child's pipe carries (tracing/records.py), and no
+`ReadableSpan` is built at all (tests/tracing/test_span_records.py: a collector receives the
+same spans).
 """
 
 from __future__ import annotations
@@ -59,8 +64,9 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import AttributeValue
 
 from tracing import otel_compat
+from tracing.records import Record
 
-__all__ = ["LeanSpan", "LeanTracer", "SdkSpans", "Spans", "spans_for"]
+__all__ = ["LeanSpan", "LeanTracer", "RecordSink", "RecordTracer", "SdkSpans", "Spans", "spans_for"]
 
 Attrs = dict[str, AttributeValue]
 
@@ -241,6 +247,55 @@ class LeanTracer:
         return BoundedList.from_seq(self._limits.max_links, kept)
 
 
+class RecordSink(Protocol):
+    """Takes finished span records: tracing/export_process.py's `ExportProcessProcessor`."""
+
+    def on_record(self, record: Record) -> None: ...
+
+
+class RecordTracer(LeanTracer):
+    """`LeanTracer` whose spans end as one flat record handed to `sink`, the export child's
+    hand-off, instead of a `ReadableSpan` handed to the span processors: the record is what
+    crossed the pipe anyway, and the child encodes OTLP from it (tracing/otlp_wire.py
+    `RecordEncoder`). Used only where nothing else reads a `ReadableSpan` (`spans_for`);
+    a span whose attributes the SDK would clean or bound still ends as the SDK's."""
+
+    def __init__(self, sdk: SdkTracer, sink: RecordSink) -> None:
+        super().__init__(sdk)
+        self._sink = sink
+        scope = self._scope
+        self._scope_key = (scope.name, scope.version, scope.schema_url)
+
+    def end(self, span: LeanSpan, end_ns: int) -> None:
+        assert isinstance(span, _Lean)  # opened here
+        attrs = span.attributes
+        if not span.recording:
+            return
+        limit = self._max_attributes
+        if (limit is not None and len(attrs) > limit) or not _kept(attrs):
+            super().end(span, end_ns)  # the SDK's BoundedAttributes, then a ReadableSpan as before
+            return
+        span.recording = False
+        ctx, parent, status = span.context, span.parent, span.status
+        state = ctx.trace_state
+        links = tuple(
+            (ln.context.trace_id, ln.context.span_id, int(ln.context.trace_flags), ln.context.is_remote,
+             tuple(ln.context.trace_state.items()) or None, dict(ln.attributes or {}))
+            for ln in span.links) if span.links else ()  # fmt: skip
+        self._sink.on_record((
+            span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), tuple(state.items()) if state else None,
+            parent.span_id if parent else None, parent.is_remote if parent else False,
+            span.kind.value, span.start_ns, end_ns, attrs,
+            status.status_code.value, status.description, (), links, self._scope_key,
+        ))  # fmt: skip
+
+
+def records_fit(tracer: SdkTracer) -> bool:
+    """Can `tracer`'s spans end as records? With the default sampler and no value-length
+    limit: what a record carries is then what the SDK's span would hold."""
+    return tracer.sampler is DEFAULT_ON and otel_compat.span_limits(tracer).max_attribute_length is None
+
+
 class _SdkSpan:
     """The SDK's own span behind the `LeanSpan` interface."""
 
@@ -277,9 +332,13 @@ class SdkSpans:
         span.span.end(end_time=end_ns)
 
 
-def spans_for(tracer: trace.Tracer) -> Spans:
+def spans_for(tracer: trace.Tracer, records: RecordSink | None = None) -> Spans:
     """The lean path when `tracer`'s internals are as tracing/otel_compat.py expects (and it
-    is not turned off), else the SDK's public API."""
+    is not turned off), else the SDK's public API. With `records` (the export child's
+    hand-off, when it is the only span processor), spans end as records there when the
+    tracer's sampler and limits allow it (`records_fit`)."""
     if isinstance(tracer, SdkTracer) and otel_compat.internals(tracer):
+        if records is not None and records_fit(tracer):
+            return RecordTracer(tracer, records)
         return LeanTracer(tracer)
     return SdkSpans(tracer)

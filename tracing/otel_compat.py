@@ -20,10 +20,12 @@ instead (most of the export child's CPU, bench/bench_export.py) and hands them t
 same client, reading:
 
     OTLPSpanExporter._client.export(bytes), ._shutdown, ._metrics.export_operation(n),
-    ._max_request_size
+    ._max_request_size, and ._client._compress, replaced to gzip at a lower level
 
 probed the same way (`exporter_moved`); when one moved, or SPANMETER_OTEL_INTERNALS=off,
-it is the exporter as shipped.
+it is the exporter as shipped. It also writes span records (the export child's,
+tracing/records.py) straight to OTLP (`encode_record` as each comes, `export_records` a
+batch of them, with otlp_wire's `RecordEncoder`), without a ReadableSpan between.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ import functools
 import importlib.metadata
 import logging
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -44,9 +48,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext
 
 from tracing import otlp_wire
+from tracing.records import decode_span
 
-__all__ = ["ENV", "bound_link", "exporter_moved", "forced_public", "internals", "otlp_span_exporter", "scope",
-           "span_limits", "tracer_enabled"]
+__all__ = ["ENV", "bound_link", "exporter_moved", "forced_public", "gzip_bytes", "internals", "otlp_span_exporter",
+           "scope", "span_limits", "tracer_enabled"]
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +119,11 @@ def _version(package: str = "opentelemetry-sdk") -> str:
 
 
 def otlp_span_exporter(endpoint: str, timeout: float, compression: Any,
-                       environ: Mapping[str, str] | None = None) -> SpanExporter:
+                       environ: Mapping[str, str] | None = None, gzip_level: int | None = None) -> SpanExporter:
     """An OTLP/HTTP span exporter for `endpoint`: the one that encodes with
-    tracing/otlp_wire.py when the exporter's internals are as expected, else as shipped."""
+    tracing/otlp_wire.py when the exporter's internals are as expected, else as shipped.
+    `gzip_level` (1-9): the level its gzip compresses at; None, the client's (9)."""
+    from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     if forced_public(environ):
@@ -127,7 +134,19 @@ def otlp_span_exporter(endpoint: str, timeout: float, compression: Any,
         _say_once(gone, "opentelemetry-exporter-otlp-proto-http",
                   "span batches are encoded by the exporter's own encoder instead (correct, more CPU per span)")
         exporter.wire = False  # type: ignore[attr-defined]
+    elif gzip_level is not None and compression == Compression.Gzip:
+        if callable(getattr(exporter._client, "_compress", None)):  # type: ignore[attr-defined]
+            exporter._client._compress = functools.partial(gzip_bytes, level=gzip_level)  # type: ignore[attr-defined]
+        else:
+            _say_once(["OTLPSpanExporter._client._compress"], "opentelemetry-exporter-otlp-proto-http",
+                      "span batches are gzipped at the exporter's own level (correct, more CPU per span)")
     return exporter
+
+
+def gzip_bytes(data: bytes, level: int) -> bytes:
+    """`data` as one gzip member, as the client's GzipFile writes it but for the level (and
+    a zero mtime): one zlib call, without GzipFile's Python layers."""
+    return zlib.compress(data, level, wbits=31)
 
 
 def exporter_moved(exporter: Any) -> list[str]:
@@ -157,6 +176,12 @@ def _wire_exporter_class() -> Any:
         through the exporter's own `export`, which logs and fails as it always does."""
 
         wire = True
+        _held_encoder: tuple[Resource, otlp_wire.RecordEncoder] | None = None  # the child's one resource
+
+        @property
+        def records(self) -> bool:
+            """Does `export_records` write the batches itself? (Else it decodes them first.)"""
+            return self.wire
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             if not self.wire or self._shutdown or not spans:
@@ -167,7 +192,46 @@ def _wire_exporter_class() -> Any:
                 return super().export(spans)
             if 0 < self._max_request_size < len(data):
                 return super().export(spans)  # its warning and its error, as shipped
-            with self._metrics.export_operation(len(spans)) as result:
+            return self._send(data, len(spans))
+
+        def encode_record(self, record: Sequence[Any], resource: Resource) -> Any:
+            """A span record (tracing/records.py) of `resource` written as its Span field
+            (otlp_wire's `RecordEncoder.span`), or the record as it is when the encoder
+            refuses it (or the exporter is as shipped): `export_records` takes either."""
+            if not self.wire:
+                return record
+            try:
+                return self._encoder(resource).span(record)
+            except Exception:  # NotEncodable, or ids or times out of their range: as in `export`
+                return record
+
+        def export_records(self, items: Sequence[Any], resource: Resource) -> SpanExportResult:
+            """What `encode_record` gave, as one request of the written spans; records it
+            could not write go as `export` sends the spans they decode to."""
+            written = [i for i in items if type(i[1]) is bytes]
+            plain = [decode_span(i, resource) for i in items if type(i[1]) is not bytes]
+            result = SpanExportResult.SUCCESS
+            if written:
+                data = self._encoder(resource).request(written)
+                if self._shutdown or 0 < self._max_request_size < len(data):
+                    log.warning("Dropping span batch of %d: %s", len(written),
+                                "exporter shut down" if self._shutdown else
+                                f"serialized size {len(data)} bytes exceeds max_request_size {self._max_request_size}")
+                    result = SpanExportResult.FAILURE
+                else:
+                    result = self._send(data, len(written))
+            if plain and super().export(plain) is not SpanExportResult.SUCCESS:
+                result = SpanExportResult.FAILURE
+            return result
+
+        def _encoder(self, resource: Resource) -> otlp_wire.RecordEncoder:
+            held = self._held_encoder
+            if held is None or held[0] is not resource:
+                held = self._held_encoder = (resource, otlp_wire.RecordEncoder(resource))
+            return held[1]
+
+        def _send(self, data: bytes, n: int) -> SpanExportResult:
+            with self._metrics.export_operation(n) as result:
                 sent = self._client.export(data)
                 if not sent.success:
                     result.error = sent.error

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
-__all__ = ["NotEncodable", "encode_spans"]
+__all__ = ["NotEncodable", "RecordEncoder", "encode_spans"]
 
 _DOUBLE: Final = struct.Struct("<d").pack
 _FIXED64: Final = struct.Struct("<Q").pack
@@ -190,9 +190,7 @@ def _span(span: ReadableSpan) -> bytes:
     parts.extend(_span_attributes(span.attributes))
     parts.append(_count(b"\x50", span.dropped_attributes))
     for event in span.events:
-        body = (b"\x09" + _FIXED64(event.timestamp) if event.timestamp else b"") + _text(b"\x12", event.name)
-        body += b"".join(_attributes(b"\x1a", event.attributes)) + _count(b"\x20", event.dropped_attributes)
-        parts.append(_field(b"\x5a", body))
+        parts.append(_event(event.name, event.timestamp, event.attributes, event.dropped_attributes))
     parts.append(_count(b"\x60", span.dropped_events))
     for link in span.links:
         body = b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big") + b"\x12\x08" + link.context.span_id.to_bytes(
@@ -204,6 +202,12 @@ def _span(span: ReadableSpan) -> bytes:
     parts.append(_field(b"\x7a", _text(b"\x12", status.description) + _count(b"\x18", status.status_code.value)))
     parts.append(b"\x85\x01" + _flags(parent))
     return b"".join(parts)
+
+
+def _event(name: str, timestamp: int | None, attributes: Mapping[str, Any] | None, dropped: int) -> bytes:
+    body = (b"\x09" + _FIXED64(timestamp) if timestamp else b"") + _text(b"\x12", name)
+    body += b"".join(_attributes(b"\x1a", attributes)) + _count(b"\x20", dropped)
+    return _field(b"\x5a", body)
 
 
 def _scope(scope: InstrumentationScope | None) -> bytes:
@@ -236,3 +240,89 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
         body.append(_text(b"\x1a", resource.schema_url))
         out.append(_field(b"\x0a", b"".join(body)))
     return b"".join(out)
+
+
+# --- span records (tracing/export_process.py `encode_span`: the tuple one span travels as) --
+
+_REMOTE_FLAGS: Final = {remote: b"\x85\x01" + _FIXED32(_HAS_IS_REMOTE | (_IS_REMOTE if remote else 0))
+                        for remote in (False, True)}
+_LINK_FLAGS: Final = {remote: b"\x35" + _FIXED32(_HAS_IS_REMOTE | (_IS_REMOTE if remote else 0))
+                      for remote in (False, True)}
+_KINDS: Final = [b"\x30" + _varint(k + 1) for k in range(5)]  # the API's SpanKind values 0-4
+_UNSET_STATUS: Final = _field(b"\x7a", b"")
+_ERROR: Final = 2  # StatusCode.ERROR: the only code whose description the API keeps
+
+
+def _record(rec: Sequence[Any]) -> bytes:
+    """One span record's Span message: the bytes `_span` writes for the ReadableSpan the
+    record decodes to (`decode_span`), read from the tuple's fields."""
+    (name, trace_id, span_id, _, state, parent_id, parent_remote, kind, start, end, attributes,
+     code, description, events, links, _) = rec  # fmt: skip
+    parts = [b"\x0a\x10" + trace_id.to_bytes(16, "big"), b"\x12\x08" + span_id.to_bytes(8, "big")]
+    if state:
+        parts.append(_text(b"\x1a", ",".join([f"{k}={v}" for k, v in state])))
+    if parent_id is not None:
+        parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
+    parts.append(_text(b"\x2a", name))
+    parts.append(_KINDS[kind])
+    if start:
+        parts.append(b"\x39" + _FIXED64(start))
+    if end:
+        parts.append(b"\x41" + _FIXED64(end))
+    parts.extend(_span_attributes(attributes))
+    for event_name, timestamp, event_attributes in events:
+        parts.append(_event(event_name, timestamp, event_attributes, 0))
+    for link_trace, link_span, _link_flags, link_remote, _link_state, link_attributes in links:
+        body = b"\x0a\x10" + link_trace.to_bytes(16, "big") + b"\x12\x08" + link_span.to_bytes(8, "big")
+        parts.append(_field(b"\x6a", body + b"".join(_attributes(b"\x22", link_attributes)) + _LINK_FLAGS[link_remote]))
+    if code:
+        parts.append(_field(b"\x7a", _text(b"\x12", description if code == _ERROR else None) + _count(b"\x18", code)))
+    else:
+        parts.append(_UNSET_STATUS)
+    parts.append(_REMOTE_FLAGS[bool(parent_remote)])
+    return b"".join(parts)
+
+
+Scope = tuple[str, "str | None", "str | None"]
+
+
+class RecordEncoder:
+    """Span records of one resource as the `ExportTraceServiceRequest` `encode_spans` writes
+    for the ReadableSpans they decode to. Each span is written once, as it comes (`span`),
+    and a batch of written spans is wrapped into a request (`request`); what never changes
+    from batch to batch, the resource's attributes and each scope's fields, is written once."""
+
+    def __init__(self, resource: Resource) -> None:
+        self._resource = _field(b"\x0a", b"".join(_attributes(b"\x0a", resource.attributes)))
+        self._resource_schema = _text(b"\x1a", resource.schema_url)
+        self._scopes: dict[Scope, tuple[bytes, bytes]] = {}
+
+    def span(self, record: Sequence[Any]) -> tuple[Scope, bytes]:
+        """One record's scope and its Span field. Raises NotEncodable as `encode_spans` does,
+        for a value it leaves to the exporter's encoder (and OverflowError for an id out of range)."""
+        return record[15], _field(b"\x12", _record(record))
+
+    def request(self, spans: Sequence[tuple[Scope, bytes]]) -> bytes:
+        """The request of spans `span` wrote, grouped by scope in first-seen order."""
+        by_scope: dict[Scope, list[bytes]] = {}
+        for scope, encoded in spans:
+            by_scope.setdefault(scope, []).append(encoded)
+        # The nested messages' lengths are summed, not written by wrapping: the batch's spans
+        # are copied once, into the request (a 512-span batch is ~0.5 MB).
+        parts = [self._resource]
+        for scope, fields in by_scope.items():
+            head, schema = self._scope(scope)
+            parts += (b"\x12", _varint(len(head) + sum(map(len, fields)) + len(schema)), head, *fields, schema)
+        parts.append(self._resource_schema)
+        return b"".join([b"\x0a", _varint(sum(map(len, parts))), *parts])
+
+    def encode(self, records: Sequence[Sequence[Any]]) -> bytes:
+        return self.request([self.span(r) for r in records])
+
+    def _scope(self, scope: Scope) -> tuple[bytes, bytes]:
+        done = self._scopes.get(scope)
+        if done is None:
+            name, version, schema = scope
+            done = self._scopes[scope] = (_field(b"\x0a", _text(b"\x0a", name) + _text(b"\x12", version)),
+                                          _text(b"\x1a", schema))
+        return done

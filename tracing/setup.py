@@ -56,7 +56,7 @@ from tracing.aggregate import MetricsOut, PushLoop, Scope
 from tracing.batching import DropCounter, DropCountingProcessor, QueueLimits
 from tracing.export_process import ChildExporter, ExportProcessProcessor
 from tracing.labels import KnownModel
-from tracing.lean import Spans, spans_for
+from tracing.lean import RecordSink, Spans, spans_for
 from tracing.local import DEFAULT_LOCAL_DIR, JsonlSpanExporter
 from tracing.metrics import Instruments
 
@@ -84,6 +84,10 @@ ENV_COMPRESSION: Final = "OTEL_EXPORTER_OTLP_COMPRESSION"
 ENV_METRIC_INTERVAL: Final = "OTEL_METRIC_EXPORT_INTERVAL"
 ENV_METRIC_TIMEOUT: Final = "OTEL_METRIC_EXPORT_TIMEOUT"
 ENV_TIMEOUT: Final = "OTEL_EXPORTER_OTLP_TIMEOUT"
+# Not settings to tune, switches to measure with (bench/run.py's sm-spans, sm-records-gz9):
+# `off` ends spans as ReadableSpans on both sides of the export pipe, as before records.
+ENV_SPAN_RECORDS: Final = "SPANMETER_SPAN_RECORDS"
+ENV_GZIP_LEVEL: Final = "SPANMETER_OTLP_GZIP_LEVEL"  # 1-9, or sdk (the exporter's 9)
 # When metrics are pushed: the docs render this sentence (proxy/ops/docgen.py), and
 # `TelemetryConfig.otlp_metrics` below is its code.
 METRIC_PUSH_RULE: Final = (
@@ -145,13 +149,16 @@ class TelemetryConfig:
     # once, ~10x its serialized size: 12 MB of peak RSS at 512 call spans, 2 MB at 128
     # (issue 29's memory target; docs/benchmarks.md, "Memory (issue 29)").
     max_export_batch: int = 128
+    # Span records exported 512 to a POST would save the child ~4 us a span (each POST costs
+    # it ~0.75 ms) but hold ~4 MB more of its memory at agent_c64 (docs/benchmarks.md, speed
+    # round three): the records path keeps this batch too.
     schedule_delay_ms: int = 1000
     # The local file is read by `spanmeter runs` right after a call: written within 0.1 s.
     local_schedule_delay_ms: int = 100
     export_timeout: float = 5.0  # seconds, per OTLP export including retries
     metrics_timeout: float | None = None  # seconds, per OTLP metric export; None: export_timeout
     # gzip by default (a remote collector); OTEL_EXPORTER_OTLP_COMPRESSION=none saves the
-    # export thread's gzip (level 9 in the SDK) when the collector is on localhost.
+    # export's gzip (level `gzip_level`, below) when the collector is on localhost.
     compression: Compression = "gzip"
     metric_export_interval_ms: int = 60_000  # OTLP metric push; Prometheus is pull
     metric_export_timeout_ms: int | None = None  # a push's whole time; None: metrics_timeout
@@ -171,6 +178,15 @@ class TelemetryConfig:
     # Encode and send spans in a child process (tracing/export_process.py): `auto` when
     # spans go over OTLP (protobuf encoding is the cost), `on` always, `off` never.
     export_process: ExportProcess = "auto"
+    # With the export child, a span ends as one flat record handed to it, encoded to OTLP
+    # once, there (tracing/lean.py `RecordTracer`); False: a ReadableSpan on both sides of
+    # the pipe, as before (bench/bench_export.py compares the two).
+    span_records: bool = True
+    # The gzip level of OTLP span exports; None: the exporter's (9). On call spans as traffic
+    # varies them, level 1 takes ~35-40% of level 9's CPU (2.7-3.5 against 7.7-8.1 us a
+    # span) for ~16% more bytes (137 against 118 a span); level 6 is 5.5-6.2 us, 121 bytes
+    # (bench/bench_otlp_wire.py, docs/benchmarks.md, speed round three).
+    gzip_level: int | None = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TelemetryConfig:
@@ -182,6 +198,8 @@ class TelemetryConfig:
             capture_content=capture_mode(env.get(ENV_CAPTURE)),
             semconv_latest="gen_ai_latest_experimental" in opt_in,
             compression=compression_setting(env.get(ENV_COMPRESSION)) or "gzip",
+            span_records=(env.get(ENV_SPAN_RECORDS) or "").strip().lower() not in ("off", "false", "0", "no"),
+            gzip_level=_gzip_level(env.get(ENV_GZIP_LEVEL)),
         )
         numbers: dict[str, Any] = {}
         for field_name, names, kind in _NUMBER_VARIABLES:
@@ -204,6 +222,18 @@ class TelemetryConfig:
         if "none" in exporters:
             return False
         return self.push_metrics or "otlp" in exporters or bool(environ.get(ENV_METRICS_ENDPOINT))
+
+
+def _gzip_level(value: str | None) -> int | None:
+    """SPANMETER_OTLP_GZIP_LEVEL: 1-9, `sdk` for the exporter's own (9); unset or not one: 1."""
+    v = (value or "").strip().lower()
+    if v == "sdk":
+        return None
+    if v.isdigit() and 1 <= int(v) <= 9:
+        return int(v)
+    if v:
+        log.warning("ignoring %s=%r: expected 1-9 or sdk; using 1", ENV_GZIP_LEVEL, value)
+    return 1
 
 
 # field, variables (the first set wins), int (a count or milliseconds) or float (seconds)
@@ -312,7 +342,9 @@ class Telemetry:
         metrics: MetricsOut,
         instruments: Instruments,
         ids: RunIdGenerator,
+        records: RecordSink | None = None,
     ) -> None:
+        """`records`: where spans may end as flat records (the export child's hand-off)."""
         self.config = config
         self.tracer_provider = tracer_provider
         self.metrics = metrics
@@ -320,7 +352,7 @@ class Telemetry:
         self.ids = ids
         self.tracer: Tracer = tracer_provider.get_tracer(SCOPE, schema_url=A.SCHEMA_URL)
         # Call and tool spans: lean when the SDK's internals are as expected (tracing/lean.py).
-        self.lean: Spans = spans_for(self.tracer)
+        self.lean: Spans = spans_for(self.tracer, records)
         self._closed = False
 
     def metrics_text(self) -> bytes:
@@ -375,8 +407,12 @@ def setup_telemetry(
     metrics = _metrics_out(cfg, env, resource, instruments)
     ids = RunIdGenerator()
     tracer_provider = TracerProvider(resource=resource, id_generator=ids)
+    records: RecordSink | None = None
     if span_exporters is None and uses_export_process(cfg, env):
-        tracer_provider.add_span_processor(_export_process(cfg, env, resource, instruments.dropped_spans))
+        handoff = _export_process(cfg, env, resource, instruments.dropped_spans)
+        tracer_provider.add_span_processor(handoff)
+        # Records only where the hand-off is the one reader of finished spans.
+        records = handoff if cfg.span_records and not extra_exporters else None
     else:
         chosen = _span_exporters(cfg, env) if span_exporters is None else span_exporters
         for name, exporter in chosen:
@@ -386,7 +422,7 @@ def setup_telemetry(
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     if span_exporters is None:
         log.info("%s", describe_exports(cfg, env))
-    return Telemetry(cfg, tracer_provider, metrics, instruments, ids)
+    return Telemetry(cfg, tracer_provider, metrics, instruments, ids, records)
 
 
 def describe_exports(cfg: TelemetryConfig, env: Mapping[str, str]) -> str:
@@ -436,7 +472,8 @@ def _export_process(cfg: TelemetryConfig, env: Mapping[str, str], resource: Reso
     if cfg.otlp_traces(env):
         options: tuple[tuple[str, Any], ...] = (
             ("endpoint", otlp_url(cfg, env, "traces")), ("timeout", cfg.export_timeout),
-            ("compression", otlp_compression(cfg, env, "traces")))
+            ("compression", otlp_compression(cfg, env, "traces")), ("gzip_level", cfg.gzip_level),
+            ("records", cfg.span_records))
         exporters.append(ChildExporter("otlp", options, cfg.schedule_delay_ms))
     if cfg.local_dir is not None or not exporters:
         options = (("directory", str(cfg.local_dir or DEFAULT_LOCAL_DIR)), ("max_bytes", cfg.local_max_bytes))
@@ -476,7 +513,8 @@ def _compression(cfg: TelemetryConfig, env: Mapping[str, str], signal: str) -> A
 
 def _otlp_span_exporter(cfg: TelemetryConfig, env: Mapping[str, str]) -> SpanExporter:
     compression = _compression(cfg, env, "traces")
-    return otel_compat.otlp_span_exporter(otlp_url(cfg, env, "traces"), cfg.export_timeout, compression)
+    return otel_compat.otlp_span_exporter(otlp_url(cfg, env, "traces"), cfg.export_timeout, compression,
+                                          gzip_level=cfg.gzip_level)
 
 
 def _metrics_out(cfg: TelemetryConfig, env: Mapping[str, str], resource: Resource,
