@@ -7,7 +7,8 @@ wire format. One body shape for every model Bedrock serves.
 - `inferenceConfig.maxTokens` is the output bound (reserved, and clamped there).
 - Content blocks are objects keyed by their kind: `{"text"}`, `{"toolUse": {toolUseId,
   name, input}}`, `{"toolResult": {toolUseId, content: [{"text"} | {"json"}], status}}`,
-  `{"cachePoint": {"type": "default"}}` (a prompt-cache breakpoint), `{"image"}`, ...
+  `{"cachePoint": {"type": "default"}}` (a prompt-cache breakpoint: the client's own are
+  kept, and spanmeter adds them as proxy/providers/converse_cache.py says), `{"image"}`, ...
   Text blocks have no `type` member: Bedrock refuses members it does not know.
 - Usage: `inputTokens` excludes cache reads and writes, so gen_ai input = inputTokens +
   cacheReadInputTokens + cacheWriteInputTokens.
@@ -55,6 +56,7 @@ from proxy.providers.base import integer as _int
 from proxy.providers.base import string as _str
 from proxy.providers.bedrock_wire import bedrock_auth, bedrock_error_body, bedrock_stream_error, model_of_path
 from proxy.providers.cache import CacheScope
+from proxy.providers.converse_cache import converse_breakpoints
 from proxy.providers.parts import Messages, call_part, response_part, text_part
 from proxy.providers.roles import HistoryCall, TextShape
 from proxy.providers.sizes import json_size, size_of
@@ -392,7 +394,7 @@ class ConverseFormat:
         return bedrock_auth(key)
 
     def cache_points(self, ex: Exchange, scope: CacheScope) -> list[Rewrite]:
-        return []  # explicit cachePoint blocks are kept and reserved; none are added yet
+        return converse_breakpoints(ex, scope.caller, scope.memory, scope.now)
 
 
 def set_nested(ex: Exchange, path: tuple[str, str], value: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ from proxy.govern import caching
 from proxy.model import Caller
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import open_exchange
+from proxy.providers.bedrock import CONVERSE_API as CONVERSE
 from proxy.providers.chat import CHAT
 from proxy.providers.responses import RESPONSES
 
@@ -119,3 +121,61 @@ def test_openai_gets_a_cache_key_stable_per_run_or_agent(adapter: Any, path: str
     assert agent[1] == ["prompt_cache_key=agent"] and agent[0] == key(_caller("r2", agent="planner"))[0]
     assert key(_caller("r1"), given={"prompt_cache_key": "mine"}) == ("mine", [])  # the client's own is kept
     assert key(_caller("r1"), host="127.0.0.1") == (None, [])  # a compatible server gets no unknown field
+
+
+CONVERSE_CASES = yaml.safe_load((DATA / "converse_breakpoints.yaml").read_text())
+
+
+def _cache_points(body: Any, path: tuple[Any, ...] = ()) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    if isinstance(body, dict):
+        if "cachePoint" in body:
+            out.append(list(path))
+        for k, v in body.items():
+            out += _cache_points(v, (*path, k))
+    elif isinstance(body, list):
+        for i, v in enumerate(body):
+            out += _cache_points(v, (*path, i))
+    return out
+
+
+def _without_cache_points(body: Any) -> Any:
+    if isinstance(body, dict):
+        return {k: _without_cache_points(v) for k, v in body.items()}
+    if isinstance(body, list):
+        return [_without_cache_points(v) for v in body if not (isinstance(v, dict) and "cachePoint" in v)]
+    return body
+
+
+@pytest.mark.parametrize("case", CONVERSE_CASES, ids=[c["name"] for c in CONVERSE_CASES])
+def test_converse_cache_points(case: dict[str, Any]) -> None:
+    body = _fill(case["body"])
+    raw = orjson.dumps(body)
+    path = f"/model/{quote(case['model'], safe='')}/converse"
+    memory = caching.PrefixMemory()
+    host = "bedrock-runtime.us-east-1.amazonaws.com"
+    if case["shared"]:  # another run sent the same tools and system a minute ago
+        caching.add(open_exchange(CONVERSE, raw, path), "auto", _caller("other"), host, memory, 0.0)
+    ex = open_exchange(CONVERSE, raw, path)
+    rewrites = caching.add(ex, "auto", _caller(), host, memory, 60.0)
+    sent = orjson.loads(ex.request_bytes())
+    assert sent == ex.body
+    assert _cache_points(sent) == case["marked"]
+    own = b"cachePoint" in raw
+    added = [] if own else case["marked"]
+    assert len(rewrites) == len(added) and all(r.kind == "cache_breakpoint" for r in rewrites)
+    assert ex.call.cache_write == ("5m" if own or added else "")  # the reservation covers the writes
+    if not added:
+        assert ex.request_bytes() == raw
+    assert _without_cache_points(sent) == _without_cache_points(body)  # nothing else changed
+    assert all(sent_point == {"cachePoint": {"type": "default"}}
+               for sent_point in [_at(sent, p) for p in case["marked"]])
+    off = open_exchange(CONVERSE, raw, path)
+    assert caching.add(off, "off", _caller(), host, caching.PrefixMemory(), 0.0) == []
+    assert off.request_bytes() == raw
+
+
+def _at(body: Any, path: list[Any]) -> Any:
+    for step in path:
+        body = body[step]
+    return body
