@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 boto3 = pytest.importorskip("boto3")
@@ -245,3 +246,58 @@ async def test_without_aws_credentials_a_signed_call_is_refused_401_naming_what_
     assert err["Error"]["Code"] == "UnrecognizedClientException"
     assert "AWS_ACCESS_KEY_ID" in err["Error"]["Message"]
     assert bedrock[SEEN] == []
+
+
+CACHED_MODEL = "us.anthropic.claude-3-7-sonnet-20250219-v1:0"  # a model Bedrock caches prompts for
+SYSTEM = [{"text": "You are a careful weather agent. " + "Check every city twice and cite the station. " * 150}]
+
+
+def _agent_run(client: Any) -> list[dict[str, Any]]:
+    """A tool agent: call, answer the tool it asks for, until it answers in text."""
+    messages: list[dict[str, Any]] = [ASK]
+    answers = []
+    while True:
+        answer = client.converse(modelId=CACHED_MODEL, system=SYSTEM, messages=messages, toolConfig=TOOLS,
+                                 inferenceConfig={"maxTokens": 300})
+        answers.append(answer)
+        messages.append(answer["output"]["message"])
+        uses = [b["toolUse"] for b in answer["output"]["message"]["content"] if "toolUse" in b]
+        if not uses:
+            return answers
+        messages.append({"role": "user", "content": [
+            {"toolResult": {"toolUseId": u["toolUseId"], "content": [{"text": "18 degrees, clear. " * 30}]}}
+            for u in uses]})
+
+
+async def _two_runs(make_proxy: Any, bedrock: Fake, receiver: Any, prompt_cache: str) -> tuple[list[Any], float]:
+    proxy = await make_proxy(bedrock_base_url=bedrock.url, otlp_endpoint=receiver.endpoint,
+                             policy={"prompt_cache": prompt_cache})
+    runs = []
+    for run in (f"cache-{prompt_cache}-1", f"cache-{prompt_cache}-2"):
+        runs.append(await asyncio.to_thread(_agent_run, _client(proxy.url, run, **{"x-fake-turns": "3", "x-fake-cache": "on"})))
+    spans = await _spans(proxy, receiver, 2 * 4)
+    model_spans = [s for run in (f"cache-{prompt_cache}-1", f"cache-{prompt_cache}-2")
+                   for s in _model_spans(spans, run)]
+    assert len(model_spans) == 8 and all(s["attributes"]["gen_ai.request.model"] == CACHED_MODEL for s in model_spans)
+    return runs, sum(float(s["attributes"]["spanmeter.cost.usd"]) for s in model_spans)
+
+
+async def test_automatic_prompt_caching_adds_cache_points_a_runs_second_call_reads_and_costs_less_than_off(
+        make_proxy, bedrock, otlp_receiver):  # noqa: F811
+    runs, auto_cost = await _two_runs(make_proxy, bedrock, otlp_receiver, "auto")
+    usage = [[a["usage"] for a in run] for run in runs]
+    assert [len(run) for run in runs] == [4, 4]  # three tool turns, then the answer
+    # The first run writes once it loops (its third call); the second run's prefix is shared by then.
+    assert usage[0][2]["cacheWriteInputTokens"] > 0 and usage[0][3]["cacheReadInputTokens"] > 0
+    assert usage[1][1]["cacheReadInputTokens"] > 0  # the second call of a run reads the cache
+    sent = [orjson.loads(s["body"]) for s in bedrock[SEEN]]
+    assert sent[0]["system"] == SYSTEM  # a first call of a first run waits
+    assert sent[2]["system"] == [*SYSTEM, {"cachePoint": {"type": "default"}}]
+    assert sent[2]["messages"][-1]["content"][-1] == {"cachePoint": {"type": "default"}}
+    assert all(orjson.dumps(body).count(b'"cachePoint"') <= 4 for body in sent)
+    rewrites = runs[0][2]["ResponseMetadata"]["HTTPHeaders"]["x-spanmeter-rewrites"]
+    assert "cache_breakpoint" in rewrites  # each addition is a recorded rewrite
+    bedrock[SEEN].clear()
+    _, off_cost = await _two_runs(make_proxy, bedrock, otlp_receiver, "off")
+    assert all(b"cachePoint" not in s["body"] for s in bedrock[SEEN])  # off: as the agent sent them
+    assert 0 < auto_cost < off_cost

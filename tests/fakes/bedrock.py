@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import time
 import zlib
 from typing import Any
 
@@ -22,8 +23,11 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from tests.fixtures.anthropic_cache import PromptCache
+
 SEEN = web.AppKey("seen", list)
 CONFIG = web.AppKey("config", dict)
+CACHE = web.AppKey("cache", PromptCache)
 EVENTSTREAM = "application/vnd.amazon.eventstream"
 
 
@@ -31,6 +35,7 @@ def create_bedrock(*, access_key: str, secret_key: str, api_key: str, region: st
     app = web.Application()
     app[SEEN] = []
     app[CONFIG] = {"access_key": access_key, "secret_key": secret_key, "api_key": api_key, "region": region}
+    app[CACHE] = PromptCache()
     app.router.add_post("/model/{model}/{action}", _answer)
     return app
 
@@ -79,16 +84,46 @@ def _credential(request: web.Request, body: bytes) -> str | None:
     return None
 
 
-def _usage(body: dict[str, Any]) -> dict[str, int]:
-    return {"inputTokens": 40, "outputTokens": 12, "totalTokens": 52 + 30,
-            "cacheReadInputTokens": 30, "cacheWriteInputTokens": 0}
+def _usage(body: dict[str, Any], cache: PromptCache | None = None) -> dict[str, int]:
+    """Fixed counts; with a `cache` (the `x-fake-cache: on` header), the request billed as
+    Anthropic's cache bills it (tests/fixtures/anthropic_cache.py: a cache point marks the
+    block before it), its `inputTokens` without what it read and wrote, as Converse reports it."""
+    if cache is None:
+        return {"inputTokens": 40, "outputTokens": 12, "totalTokens": 52 + 30,
+                "cacheReadInputTokens": 30, "cacheWriteInputTokens": 0}
+    billed = cache.bill(_as_anthropic(body), time.monotonic())
+    assert billed is not None, "more than 4 cache points"
+    read, written = billed.cache_read_tokens or 0, billed.cache_write_tokens or 0
+    total = billed.input_tokens or 0
+    return {"inputTokens": total - read - written, "outputTokens": 12, "totalTokens": total + 12,
+            "cacheReadInputTokens": read, "cacheWriteInputTokens": written}
 
 
-def _wants_tool(body: dict[str, Any]) -> str | None:
+def _marked(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Converse blocks as Anthropic's: a cache point becomes a `cache_control` on the block before it."""
+    out: list[dict[str, Any]] = []
+    for b in blocks:
+        if "cachePoint" in b:
+            out[-1] = {**out[-1], "cache_control": {"type": "ephemeral"}}
+        else:
+            out.append(b)
+    return out
+
+
+def _as_anthropic(body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "bedrock", "tools": _marked((body.get("toolConfig") or {}).get("tools") or []),
+            "system": _marked(body.get("system") or []),
+            "messages": [{"role": m["role"], "content": _marked(m["content"])} for m in body["messages"]]}
+
+
+def _results(body: dict[str, Any]) -> int:
+    return sum(1 for m in body.get("messages") or [] if any("toolResult" in b for b in m.get("content") or []))
+
+
+def _wants_tool(body: dict[str, Any], turns: int = 1) -> str | None:
+    """The first tool's name until `turns` tool results came back (the `x-fake-turns` header)."""
     tools = (body.get("toolConfig") or {}).get("tools") or []
-    last = (body.get("messages") or [{}])[-1]
-    answered = any("toolResult" in b for b in last.get("content") or [])
-    return tools[0]["toolSpec"]["name"] if tools and not answered else None
+    return tools[0]["toolSpec"]["name"] if tools and _results(body) < turns else None
 
 
 async def _answer(request: web.Request) -> web.StreamResponse:
@@ -103,7 +138,9 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     action = request.match_info["action"]
     cut = request.headers.get("x-fake-cut") == "1"
     if action == "converse":
-        return web.json_response(_converse(parsed))
+        turns = int(request.headers.get("x-fake-turns", "1"))
+        cache = request.app[CACHE] if request.headers.get("x-fake-cache") == "on" else None
+        return web.json_response(_converse(parsed, cache, turns))
     if action == "invoke":
         answer = {"id": "msg_bdrk_01", "type": "message", "role": "assistant", "model": "claude-3-5-sonnet-20240620",
                   "content": [{"type": "text", "text": "Hello from Bedrock."}], "stop_reason": "end_turn",
@@ -124,13 +161,15 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _converse(body: dict[str, Any]) -> dict[str, Any]:
-    tool = _wants_tool(body)
+def _converse(body: dict[str, Any], cache: PromptCache | None, turns: int) -> dict[str, Any]:
+    tool = _wants_tool(body, turns)
     content: list[dict[str, Any]] = [{"text": "Let me look."}]
     if tool:
-        content.append({"toolUse": {"toolUseId": "tooluse_fake_01", "name": tool, "input": {"city": "Paris"}}})
+        content.append({"toolUse": {"toolUseId": f"tooluse_fake_{_results(body) + 1:02d}", "name": tool,
+                                    "input": {"city": "Paris"}}})
     return {"output": {"message": {"role": "assistant", "content": content if tool else [{"text": "It is sunny."}]}},
-            "stopReason": "tool_use" if tool else "end_turn", "usage": _usage(body), "metrics": {"latencyMs": 5}}
+            "stopReason": "tool_use" if tool else "end_turn", "usage": _usage(body, cache),
+            "metrics": {"latencyMs": 5}}
 
 
 def _converse_stream(body: dict[str, Any]) -> list[bytes]:
