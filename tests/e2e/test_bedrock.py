@@ -274,7 +274,8 @@ async def _two_runs(make_proxy: Any, bedrock: Fake, receiver: Any, prompt_cache:
                              policy={"prompt_cache": prompt_cache})
     runs = []
     for run in (f"cache-{prompt_cache}-1", f"cache-{prompt_cache}-2"):
-        runs.append(await asyncio.to_thread(_agent_run, _client(proxy.url, run, **{"x-fake-turns": "3", "x-fake-cache": "on"})))
+        client = _client(proxy.url, run, **{"x-fake-turns": "3", "x-fake-cache": "on"})
+        runs.append(await asyncio.to_thread(_agent_run, client))
     spans = await _spans(proxy, receiver, 2 * 4)
     model_spans = [s for run in (f"cache-{prompt_cache}-1", f"cache-{prompt_cache}-2")
                    for s in _model_spans(spans, run)]
