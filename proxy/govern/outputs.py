@@ -120,8 +120,8 @@ class _BodyRepair(Verdict):
         changed = False
         if self.call.output is not None:
             changed |= self._output(parsed, self.call.output)
-        for holder, key, call_id, name in self.answer.argument_slots(parsed):
-            changed |= self._arguments(holder, key, call_id, name)
+        for slot in self.answer.argument_slots(parsed):
+            changed |= self._arguments(slot.holder, slot.key, slot.call_id, slot.name, parsed=slot.parsed)
         return orjson.dumps(parsed) if changed else None
 
     def _output(self, parsed: Json, spec: OutputSpec) -> bool:
@@ -139,7 +139,7 @@ class _BodyRepair(Verdict):
             self.hooks.delivered_text = new
         return apply
 
-    def _arguments(self, holder: Json, key: str, call_id: str, name: str | None) -> bool:
+    def _arguments(self, holder: Json, key: str, call_id: str, name: str | None, *, parsed: bool = False) -> bool:
         value = holder.get(key)
         schema = _schema_of(self.call, name)
         if isinstance(value, dict):  # sent already parsed (Anthropic input, Gemini args): validate only
@@ -153,7 +153,7 @@ class _BodyRepair(Verdict):
         apply = new is not None and self.policy.mode == "repair"
         _record(self.hooks, self.policy, rep, apply)
         if apply and new is not None:
-            holder[key] = new
+            holder[key] = orjson.loads(new) if parsed else new
             self.hooks.delivered_arguments[call_id] = new
         return apply
 

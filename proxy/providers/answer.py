@@ -37,12 +37,15 @@ class Slot(NamedTuple):
 
 class ArgumentSlot(NamedTuple):
     """Where a tool call's arguments are, `holder[key]`: JSON text, or an object the
-    API sends already parsed (Anthropic `input`, Gemini `args`)."""
+    API sends already parsed (Anthropic `input`, Gemini `args`). `parsed`: the API's
+    clients read the member as a JSON document (Converse's `toolUse.input`), so arguments
+    that came as text and were repaired go back as the object they spell."""
 
     holder: Json
     key: str
     call_id: str
     name: str | None
+    parsed: bool = False
 
 
 class StreamEdits(Protocol):

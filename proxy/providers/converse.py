@@ -107,8 +107,31 @@ def _tools(config: Any) -> tuple[ToolSpec, ...]:
     return tuple(out)
 
 
-def _output(config: Any, tools: tuple[ToolSpec, ...]) -> OutputSpec | None:
-    """A tool the request forces (`toolChoice: {tool: {name}}`): its input is the structured output."""
+def _text_format(output_config: Any) -> OutputSpec | None:
+    """`outputConfig.textFormat: {type: json_schema, structure: {jsonSchema: {schema, name}}}`:
+    the answer's text is JSON of that schema (Bedrock constrains it; `schema` is JSON text,
+    an object is read too)."""
+    fmt = output_config.get("textFormat") if isinstance(output_config, dict) else None
+    structure = fmt.get("structure") if isinstance(fmt, dict) else None
+    declared = structure.get("jsonSchema") if isinstance(structure, dict) else None
+    if not isinstance(declared, dict):
+        return None
+    schema = declared.get("schema")
+    if isinstance(schema, str):
+        try:
+            schema = orjson.loads(schema)
+        except orjson.JSONDecodeError:
+            schema = None
+    return OutputSpec("json_schema", schema if isinstance(schema, dict) else None, _str(declared.get("name")),
+                      strict=True)
+
+
+def _output(config: Any, tools: tuple[ToolSpec, ...], output_config: Any = None) -> OutputSpec | None:
+    """The declared structured output: `outputConfig.textFormat`'s schema for the text, else a
+    tool the request forces (`toolChoice: {tool: {name}}`), whose input is the output."""
+    declared = _text_format(output_config)
+    if declared is not None:
+        return declared
     choice = config.get("toolChoice") if isinstance(config, dict) else None
     forced = choice.get("tool") if isinstance(choice, dict) else None
     if isinstance(forced, dict):
@@ -292,7 +315,7 @@ class ConverseFormat:
             max_tokens_field="inferenceConfig.maxTokens",
             tools=tools,
             tool_results=_tool_results(messages) if isinstance(messages, list) else (),
-            output=_output(config, tools),
+            output=_output(config, tools, body.get("outputConfig")),
             temperature=number(inference.get("temperature")),
             top_p=number(inference.get("topP")),
             stop_sequences=tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else (),
@@ -365,7 +388,8 @@ class ConverseFormat:
     def argument_slots(self, body: Json) -> list[ArgumentSlot]:
         output = body.get("output")
         message = output.get("message") if isinstance(output, dict) else None
-        return [ArgumentSlot(b["toolUse"], "input", str(b["toolUse"].get("toolUseId")), b["toolUse"].get("name"))
+        return [ArgumentSlot(b["toolUse"], "input", str(b["toolUse"].get("toolUseId")), b["toolUse"].get("name"),
+                             parsed=True)
                 for b in _blocks(message.get("content") if isinstance(message, dict) else None)
                 if isinstance(b.get("toolUse"), dict)]
 

@@ -302,3 +302,37 @@ async def test_automatic_prompt_caching_adds_cache_points_a_runs_second_call_rea
     _, off_cost = await _two_runs(make_proxy, bedrock, otlp_receiver, "off")
     assert all(b"cachePoint" not in s["body"] for s in bedrock[SEEN])  # off: as the agent sent them
     assert 0 < auto_cost < off_cost
+
+
+FORECAST = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"]}
+
+
+async def test_a_forced_tools_malformed_input_is_repaired_to_the_declared_schema_and_recorded(
+        make_proxy, bedrock, otlp_receiver):  # noqa: F811
+    proxy = await make_proxy(bedrock_base_url=bedrock.url, otlp_endpoint=otlp_receiver.endpoint)
+    client = _client(proxy.url, "bedrock-repair-tool", **{"x-fake-malformed": "tool"})
+    tools = {"tools": [{"toolSpec": {"name": "forecast", "description": "A forecast",
+                                     "inputSchema": {"json": FORECAST}}}],
+             "toolChoice": {"tool": {"name": "forecast"}}}
+    answer = await asyncio.to_thread(client.converse, modelId=MODEL, messages=[ASK], toolConfig=tools)
+    use = answer["output"]["message"]["content"][0]["toolUse"]
+    assert use["input"] == {"city": "Paris", "days": 3}  # a document again, as Converse's clients read it
+    rewrites = answer["ResponseMetadata"]["HTTPHeaders"]["x-spanmeter-rewrites"]
+    assert "repair=tool:tooluse_fake_slip:" in rewrites
+    spans = _model_spans(await _spans(proxy, otlp_receiver, 1), "bedrock-repair-tool")
+    assert spans[0]["attributes"]["spanmeter.rewrites"] == [
+        "repair=tool:tooluse_fake_slip:fence+trailing_comma+single_quotes+unquoted_key"]
+
+
+async def test_an_output_config_json_schema_answer_is_repaired_in_the_text(
+        make_proxy, bedrock, otlp_receiver):  # noqa: F811
+    proxy = await make_proxy(bedrock_base_url=bedrock.url, otlp_endpoint=otlp_receiver.endpoint)
+    client = _client(proxy.url, "bedrock-repair-text", **{"x-fake-malformed": "text"})
+    schema = {"name": "forecast", "schema": orjson.dumps(FORECAST).decode()}
+    output = {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": schema}}}
+    answer = await asyncio.to_thread(client.converse, modelId=MODEL, messages=[ASK], outputConfig=output)
+    text = answer["output"]["message"]["content"][0]["text"]
+    assert orjson.loads(text) == {"city": "Paris", "days": 3}
+    assert "repair=output:" in answer["ResponseMetadata"]["HTTPHeaders"]["x-spanmeter-rewrites"]
+    assert orjson.loads(bedrock[SEEN][0]["body"])["outputConfig"] == output  # sent as the client wrote it

@@ -140,6 +140,9 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     if action == "converse":
         turns = int(request.headers.get("x-fake-turns", "1"))
         cache = request.app[CACHE] if request.headers.get("x-fake-cache") == "on" else None
+        malformed = request.headers.get("x-fake-malformed")
+        if malformed is not None:
+            return web.json_response(_malformed(parsed, malformed))
         return web.json_response(_converse(parsed, cache, turns))
     if action == "invoke":
         answer = {"id": "msg_bdrk_01", "type": "message", "role": "assistant", "model": "claude-3-5-sonnet-20240620",
@@ -169,6 +172,25 @@ def _converse(body: dict[str, Any], cache: PromptCache | None, turns: int) -> di
                                     "input": {"city": "Paris"}}})
     return {"output": {"message": {"role": "assistant", "content": content if tool else [{"text": "It is sunny."}]}},
             "stopReason": "tool_use" if tool else "end_turn", "usage": _usage(body, cache),
+            "metrics": {"latencyMs": 5}}
+
+
+# What a model's structured output may look like when it slips: fenced, with JSON5's
+# unquoted keys, single quotes and a trailing comma.
+SLIPPED = "```json\n{city: 'Paris', days: 3,}\n```"
+
+
+def _malformed(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A forced tool's call whose `input` came as that text (`x-fake-malformed: tool`), or
+    that text as the answer (`text`)."""
+    if kind == "tool":
+        name = body["toolConfig"]["toolChoice"]["tool"]["name"]
+        content: list[dict[str, Any]] = [{"toolUse": {"toolUseId": "tooluse_fake_slip", "name": name,
+                                                      "input": SLIPPED}}]
+    else:
+        content = [{"text": SLIPPED}]
+    return {"output": {"message": {"role": "assistant", "content": content}},
+            "stopReason": "tool_use" if kind == "tool" else "end_turn", "usage": _usage(body),
             "metrics": {"latencyMs": 5}}
 
 
