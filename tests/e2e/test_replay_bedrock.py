@@ -193,6 +193,8 @@ def _check(pairs: list[dict[str, Any]], got: dict[str, dict[str, Any]], spans: l
             continue
         if g["body"] != decoded(p):
             problems.append(f"{where}: the client got other bytes than recorded (rewrites {g['rewrites']!r})")
+        if "cache_breakpoint" in g["rewrites"]:  # prompt_cache is auto here: no recorded request may need one
+            problems.append(f"{where}: prompt caching rewrote the recorded request ({g['rewrites']!r})")
         calls, results = _calls_and_results(p)
         answered |= results & calls_by_run[p["run"]]
         calls_by_run[p["run"]] |= calls
