@@ -45,18 +45,19 @@ class EventStreamRelay:
     relay (`feed`, `flush`, `release`) so the relay does not know which framing it reads.
 
     `notes`: where the reader leaves what the observer should note (a usage disagreement),
-    drained after each frame."""
+    drained after each frame; `at_end`, called once the stream has ended whole."""
 
-    __slots__ = ("_broken", "_buffer", "_events", "_hooks", "_notes", "_observer", "_pending", "taken")
+    __slots__ = ("_at_end", "_broken", "_buffer", "_events", "_hooks", "_notes", "_observer", "_pending", "taken")
 
     def __init__(self, events: Events, observer: Observer, hooks: Hooks,
-                 notes: Callable[[], list[str]] | None = None) -> None:
+                 notes: Callable[[], list[str]] | None = None, at_end: Callable[[], None] | None = None) -> None:
         from botocore.eventstream import EventStreamBuffer  # the `bedrock` extra: imported when a stream comes
 
         self._events = events
         self._observer = observer
         self._hooks = hooks
         self._notes = notes
+        self._at_end = at_end
         self._buffer = EventStreamBuffer()
         self._pending = b""  # bytes of frames not complete yet: held until they are
         self._broken = False  # a frame failed its CRC or its lengths: forwarded as it comes from then on
@@ -91,6 +92,8 @@ class EventStreamRelay:
         rest, self._pending = self._pending, b""
         if rest:
             self._observer.note("unfinished_frame")
+        if self._at_end is not None:
+            self._at_end()
         return rest
 
     def release(self) -> bytes:

@@ -25,7 +25,7 @@ import botocore.exceptions  # noqa: E402
 
 from proxy.ops.demo import serve_on_free_port  # noqa: E402
 from proxy.serve.appkeys import TEL  # noqa: E402
-from tests.fakes.bedrock import SEEN, create_bedrock  # noqa: E402
+from tests.fakes.bedrock import SEEN, SLIPPED, create_bedrock  # noqa: E402
 from tests.fixtures.otlp import otlp_receiver  # noqa: E402, F401
 
 ACCESS, SECRET, API_KEY = "AKIDFAKEBEDROCK01", "fake-secret-key-for-tests", "ABSKfakebedrockapikey01"
@@ -336,3 +336,18 @@ async def test_an_output_config_json_schema_answer_is_repaired_in_the_text(
     assert orjson.loads(text) == {"city": "Paris", "days": 3}
     assert "repair=output:" in answer["ResponseMetadata"]["HTTPHeaders"]["x-spanmeter-rewrites"]
     assert orjson.loads(bedrock[SEEN][0]["body"])["outputConfig"] == output  # sent as the client wrote it
+
+
+async def test_a_streamed_malformed_output_goes_through_untouched_and_the_span_says_it_was_not_repaired(
+        make_proxy, bedrock, otlp_receiver):  # noqa: F811
+    proxy = await make_proxy(bedrock_base_url=bedrock.url, otlp_endpoint=otlp_receiver.endpoint)
+    client = _client(proxy.url, "bedrock-stream-slip", **{"x-fake-malformed": "text"})
+    schema = {"name": "forecast", "schema": orjson.dumps(FORECAST).decode()}
+    output = {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": schema}}}
+    stream = await asyncio.to_thread(client.converse_stream, modelId=MODEL, messages=[ASK], outputConfig=output)
+    events = await asyncio.to_thread(lambda: list(stream["stream"]))
+    text = "".join(e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e)
+    assert text == SLIPPED  # the frames as they came
+    span = _model_spans(await _spans(proxy, otlp_receiver, 1), "bedrock-stream-slip")[0]["attributes"]
+    assert "output_not_repaired:fence+trailing_comma+single_quotes+unquoted_key" in span["spanmeter.observer.notes"]
+    assert "spanmeter.rewrites" not in span

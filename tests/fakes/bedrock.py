@@ -150,7 +150,8 @@ async def _answer(request: web.Request) -> web.StreamResponse:
                   "usage": {"input_tokens": 14, "output_tokens": 6}}
         return web.json_response(answer, headers={"x-amzn-bedrock-input-token-count": "14",
                                                   "x-amzn-bedrock-output-token-count": "6"})
-    frames = _converse_stream(parsed) if action == "converse-stream" else _invoke_stream()
+    frames = _converse_stream(parsed, request.headers.get("x-fake-malformed")) if action == "converse-stream" \
+        else _invoke_stream()
     resp = web.StreamResponse(headers={"Content-Type": EVENTSTREAM})
     await resp.prepare(request)
     for i, f in enumerate(frames):
@@ -194,11 +195,12 @@ def _malformed(body: dict[str, Any], kind: str) -> dict[str, Any]:
             "metrics": {"latencyMs": 5}}
 
 
-def _converse_stream(body: dict[str, Any]) -> list[bytes]:
+def _converse_stream(body: dict[str, Any], malformed: str | None = None) -> list[bytes]:
+    """Text, then a call of the first tool; with `x-fake-malformed: text`, SLIPPED as the text."""
     tool = _wants_tool(body)
+    text = [SLIPPED[:9], SLIPPED[9:]] if malformed == "text" else ["It is ", "sunny."]
     out = [event("messageStart", {"role": "assistant"}),
-           event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "It is "}}),
-           event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "sunny."}}),
+           *[event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": t}}) for t in text],
            event("contentBlockStop", {"contentBlockIndex": 0})]
     if tool:
         out += [event("contentBlockStart", {"contentBlockIndex": 1,
