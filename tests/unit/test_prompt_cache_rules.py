@@ -17,6 +17,7 @@ from proxy.model import Caller
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.base import open_exchange
 from proxy.providers.bedrock import CONVERSE_API as CONVERSE
+from proxy.providers.bedrock import INVOKE_API as INVOKE
 from proxy.providers.chat import CHAT
 from proxy.providers.responses import RESPONSES
 
@@ -179,3 +180,16 @@ def _at(body: Any, path: list[Any]) -> Any:
     for step in path:
         body = body[step]
     return body
+
+
+def test_nova_on_invoke_model_gets_the_same_cache_points_in_its_messages_v1_body() -> None:
+    body = {"schemaVersion": "messages-v1", "system": [{"text": LONG}],
+            "messages": [{"role": "user", "content": [{"text": "hi"}]}], "inferenceConfig": {"max_new_tokens": 10}}
+    raw, path = orjson.dumps(body), "/model/us.amazon.nova-pro-v1%3A0/invoke"
+    memory, host = caching.PrefixMemory(), "bedrock-runtime.us-east-1.amazonaws.com"
+    caching.add(INVOKE.open(raw, path).request, "auto", _caller("other"), host, memory, 0.0)
+    ex = INVOKE.open(raw, path).request
+    assert [r.header_value() for r in caching.add(ex, "auto", _caller(), host, memory, 60.0)] == \
+        ["cache_breakpoint=system"]
+    assert orjson.loads(ex.request_bytes())["system"] == [{"text": LONG}, {"cachePoint": {"type": "default"}}]
+    assert ex.call.cache_write == "5m"
