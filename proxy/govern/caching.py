@@ -38,8 +38,13 @@ text block the API reads it as, in every turn that gets the rolling breakpoint: 
 turn N and N+1 only the rolling marker moves. bench/bench_caching.py prices both choices
 over the simulator's scenarios and the recorded Anthropic runs.
 
+Bedrock's Converse (and Nova's `messages-v1` bodies) on the models Bedrock caches for get
+the same breakpoints by the same rules, as `cachePoint` blocks after what they mark
+(proxy/providers/converse_cache.py).
+
 This module is the policy's switch; where a breakpoint or key goes is the API module's
-(`Exchange.cache`: proxy/providers/anthropic_cache.py, and the OpenAI family in chat.py).
+(`Exchange.cache`: proxy/providers/anthropic_cache.py, converse_cache.py, and the OpenAI
+family in chat.py).
 """
 
 from __future__ import annotations
