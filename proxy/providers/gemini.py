@@ -49,6 +49,8 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
     Call,
     Finish,
     InputPart,
@@ -424,7 +426,7 @@ class GeminiAdapter(Opens):
     # Every chunk repeats the running usage: a hole of its own, read per chunk.
     text_shape: TextShape | None = TextShape(b'"text":', _plain_chunk, usage=b'"usageMetadata":', usage_of=gemini_usage)
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         m = _PATH.search(path)
         tools = tuple(_tool_spec(d) for d in _declarations(body.get("tools")))
         config = _get(body, "generationConfig")
@@ -433,6 +435,8 @@ class GeminiAdapter(Opens):
         cached = _get(body, "cachedContent")
         return Call(
             api="gemini",
+            body_bytes=facts.body_bytes,
+            cache_write=facts.cache_write,
             operation="generate_content",
             model=m["model"] if m else None,
             stream=m is not None and m["action"] == "streamGenerateContent",
