@@ -1,29 +1,12 @@
 """Errors spanmeter itself raises, each rendered in the caller's own API dialect.
 
-    ProxyError                    base: status, code, message (what, why, how to fix)
-    +-- ConfigError               invalid settings at start (names field, source, fix)
-    +-- RequestError              the request cannot be served as sent (4xx)
-    |   +-- Unauthorized          401 unknown or missing spanmeter key
-    |   +-- MalformedBody         400 body is not JSON / wrong types (with position)
-    |   |   +-- UndecodableBody   400 body is not in the Content-Encoding it is labelled with
-    |   +-- UnknownRoute          404 path not served (lists supported routes)
-    |   +-- BodyTooLarge          413 body over the configured limit
-    |   +-- BodyTimeout           408 body did not arrive in time
-    |   +-- SchemaViolation       422 repaired output still violates the schema
-    +-- Refusal                   a policy said no before anything was sent upstream
-    |   +-- CeilingReached        402 run calls / run cost / tenant budget
-    |   +-- LoopRefused           409 the same tool call again and again
-    |   +-- RateLimited           429 a tenant's or key's rate limit (retrying later is fine)
-    +-- ServiceError              spanmeter or its upstream failed (5xx)
-        +-- StoreUnavailable      503 ledger unreachable (fail closed)
-        +-- UpstreamConnectError  502 upstream unreachable
-        +-- UpstreamTimeout       504 upstream did not answer in time
-        +-- UpstreamProtocolError 502 upstream broke the protocol
-        +-- UpstreamRedirect      502 upstream answered 3xx (never followed, never passed on)
-
-Each API module renders these in its own words (its error body, its `error.type` or
-`status` vocabulary: proxy/providers/); nothing here knows a dialect. Errors raised by
+`ProxyError` (status, code, message: what, why, how to fix) and its families:
+`ConfigError` (invalid settings at start), `RequestError` (4xx: the request cannot be
+served as sent), `Refusal` (a policy said no before anything was sent upstream: 402, 409,
+429) and `ServiceError` (5xx: spanmeter or its upstream failed). Each API module renders
+them in its own words (proxy/providers/); nothing here knows a dialect. Errors raised by
 the upstream are never wrapped: they pass through unchanged.
+The tree, each error with its status: docs/internals.md, "Errors".
 """
 
 from __future__ import annotations

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar, dataclass_transform
 
 __all__ = [
+    "NO_BYTE_FACTS",
     "REFUSAL_KINDS",
     "REFUSAL_REASONS",
     "Anatomy",
     "Api",
+    "ByteFacts",
     "Call",
     "CallRecord",
     "Caller",
@@ -161,10 +163,23 @@ class OutputSpec:
     strict: bool = False
 
 
+class ByteFacts(NamedTuple):
+    """What a request's bytes, not its parsed body, say of its call: read once by
+    `providers.base.open_exchange` and handed to the API module's `parse_request`, which
+    builds its `Call` with them. A NamedTuple: one is built on every call."""
+
+    body_bytes: int = 0  # Call.body_bytes
+    cache_write: str = ""  # Call.cache_write: "", "5m" or "1h"
+
+
+NO_BYTE_FACTS = ByteFacts()  # a request parsed without its bytes (the provider tables' tests)
+
+
 @frozen
 class Call:
-    """One model call as the request describes it. Built by `adapter.parse_request`;
-    `providers.base.open_exchange` then sets `body_bytes` and `cache_write` in place."""
+    """One model call as the request describes it. Built whole by the API module's
+    `parse_request`, with the facts `providers.base.open_exchange` read from the bytes
+    (`ByteFacts`), and never changed after."""
 
     api: Api
     operation: str  # gen_ai.operation.name: chat | generate_content | embeddings

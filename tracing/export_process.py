@@ -1,47 +1,12 @@
 """Span encoding and export in a child process, out of the serving process's GIL.
 
-The serving process hands each finished span to `ExportProcessProcessor`, a bounded
-in-memory queue: as a span record (tracing/records.py: ids, name, kind, times,
-attributes, status, events, links, scope in one tuple), which tracing/lean.py's
-`RecordTracer` ends a span as, or as an SDK `ReadableSpan` (`on_end`: the SDK tracer's own
-spans, or where records are off), which its background thread turns into the same tuple.
-That thread pickles batches of them and writes them to the child's stdin. The child (a
-fresh interpreter running `main()` below, started with subprocess: fork+exec, so it is
-safe from a forked worker of `spanmeter serve --workers N`, each of which owns its own
-child) runs the same exporters as the in-process path: the OTLP exporter writes each
-record to protobuf as it arrives and sends them in batches (`RecordBatcher`); the local
-JSON-lines files (and the OTLP exporter as shipped) take `ReadableSpan`s rebuilt from the
-records, behind the same bounded, drop-counting BatchSpanProcessor. Protobuf encoding,
-gzip, HTTP and JSON all happen there, `NICER_BY` nicer than the serving process: on a
-shared core, requests first.
-
-Counting. Every span is accounted for in `spanmeter.telemetry.dropped_spans` or exported:
-- the parent's queue full (cfg.max_queue): `queue_full`, once per exporter, as in-process;
-- the child's own queues full, or an export that failed: counted in the child, reported
-  back over its stdout, and added by the parent (`queue_full` / `export_failed` with the
-  exporter's name);
-- the child died (killed, crashed): what the parent had handed to it and the child had
-  not reported as exported or dropped is counted `export_failed`. The parent notices the
-  death on its next write or at EOF of the child's reports, and starts a new child
-  (at most `MAX_RESPAWNS` within `RESPAWN_WINDOW_S`, each logged); past that the child is
-  given up until the window has passed: spans are counted `export_process_down`, an ERROR
-  line says so (once a minute, with the count), and the proxy goes on serving.
-- the parent's queue is bounded by bytes too (`max_queue_bytes`, by `span_bytes`): a span
-  that would cross it is counted `queue_full`.
-
-Lifetime. The child ignores SIGINT and SIGTERM (a Ctrl-C of the terminal or a signal to
-the whole process group must not kill it before the parent's shutdown flushes through
-it) and exits when its stdin reaches EOF: when the parent calls shutdown, and also when
-the parent dies in any way, kill -9 included, since the kernel closes the parent's end
-of the pipe. Before it exits it exports what it holds (its queues are flushed, bounded
-by the exporter timeout).
-
-On a parent crash, what is lost: the spans still in the parent's queue (not yet written
-to the pipe: at most one schedule delay's worth, 100 ms by default, or up to
-`max_queue` when the child could not keep up), uncounted since the counter dies with
-the parent. Spans already written to the pipe reach the child and are exported. On a
-child crash: the spans the child held (its queues and the batch being sent) are lost and
-counted as `export_failed`.
+`ExportProcessProcessor` queues each finished span (a record, or a `ReadableSpan` turned
+into one), and its thread writes pickled batches to a child interpreter (fork+exec) that
+runs the exporters: protobuf, gzip, HTTP and JSON happen there, `NICER_BY` nicer. Every
+span is exported or counted in `spanmeter.telemetry.dropped_spans` (`queue_full`,
+`export_failed`, `export_process_down`); a dead child is restarted, at most
+`MAX_RESPAWNS` within `RESPAWN_WINDOW_S`.
+How, and how each span is accounted for: docs/telemetry.md, "The export child".
 """
 
 from __future__ import annotations

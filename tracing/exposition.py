@@ -1,39 +1,8 @@
 """Merging Prometheus text expositions: several workers' `/metrics` as one process's.
 
-`spanmeter serve --workers N` runs N processes, each with its own metric instruments.
-Whichever worker answers `GET /metrics` gathers its siblings' expositions and serves
-`merge(texts)`: ONE exposition of the same shape a single process emits, so dashboards
-and alert rules need no change.
-
-The rules, per family (`# TYPE`):
-
-- counter, histogram, summary (`_total`, `_bucket`, `_sum`, `_count`, gauge histograms'
-  `_gsum` / `_gcount`): samples with equal names and label sets are **summed**. Label sets
-  compare as sets, as Prometheus compares them: the order labels are written in does not
-  matter, and a label with an empty value is no label (the exporter writes `error_type=""`
-  in a series when another series of its family has an `error_type`, so one worker may
-  write it where another does not). The merged line keeps the first spelling seen. All
-  workers run the same code, so histogram bucket boundaries (`le`) are the same in every
-  input.
-- gauge (and untyped, info, stateset): the **maximum** of equal label sets, except
-  - families named in `summed_gauges` (a gauge that is a quantity held by each worker,
-    e.g. connections in flight): summed;
-  - `*_created` families (creation timestamps): the minimum, the earliest start.
-  spanmeter's own gauges are the budget gauges, a tenant's spend "as this replica last saw
-  it": the highest is the most recent (spend only grows within a window), the same rule
-  docs/operations.md gives for several replicas. `target_info` carries each worker's
-  `service_instance_id`, so its series stay one per worker.
-- summary quantiles (`{quantile=...}`) cannot be merged from the text; the maximum is kept
-  (spanmeter emits no summaries).
-- NaN is skipped by max/min when another value exists; a sum with a NaN is NaN.
-
-`# HELP` and `# TYPE` appear once per family (the first input's text wins); families and
-their series keep the order of first appearance; other comments and timestamps are
-dropped. `merge(..., counters_only=True)` keeps only the summed families: what is kept of
-a worker that died (see proxy/serve/siblings.py), whose gauges mean nothing any more.
-
-Pure functions over text, no I/O: the table tests in tests/tracing/test_exposition.py run
-them over recorded expositions (tests/data/exposition/).
+`merge(texts)` gives ONE exposition of the same shape a single process emits, so
+dashboards and alert rules need no change: each family (`# TYPE`) merged by its own rule.
+The rules: docs/scale.md, "Merging expositions".
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
 """Metric label values that a caller, its model or an upstream can steer, kept bounded.
 
-Prometheus keeps every label set a process has ever recorded (cumulative series never go
-away), so a label that takes whatever a request says grows `/metrics` without end: 300
-refused calls with distinct 20 kB model names once made it 110 MB. Every such label goes
-through `LabelBounds` before it reaches an instrument:
-
-- `gen_ai.request.model`, `gen_ai.response.model`: a model in the price table (config
-  `prices:` adds models) as sent; a dated variant of one (`gpt-4o-2024-08-06`) as sent
-  for the first `MAX_MODEL_VARIANTS` variants of at most `LABEL_VALUE_LIMIT` chars, past
-  that the priced model it belongs to (`gpt-4o`); any other model `_OTHER`.
-- `error.type`: HTTP statuses, spanmeter's own types and the providers' documented ones
-  (`KNOWN_ERROR_TYPES`), then the first `MAX_ERROR_TYPES` other tokens; else `_OTHER`.
-- `gen_ai.tool.name`: the first `MAX_TOOL_NAMES` names that follow the providers'
-  tool-name rule (`[A-Za-z0-9_.:-]`, at most `LABEL_VALUE_LIMIT` chars); else `_OTHER`.
-- `mcp.method.name`: the methods of the MCP specification (`MCP_METHODS`), then the first
-  `MAX_KINDS` other `a/b` tokens a server answered (not with "method not found"); else `_OTHER`.
-- `spanmeter.reason` of `spanmeter.limit.rejections`: the refusal vocabulary
-  (`proxy.model.REFUSAL_REASONS`, model and MCP calls alike) and nothing else; else `_OTHER`.
-- `spanmeter.kind`, `spanmeter.guard.action`, a wrap-up's `spanmeter.reason`: spanmeter's own
-  words, set by its code; bounded all the same (the first `MAX_KINDS`), else `_OTHER`.
-
-Without a price table (`known_model=None`, e.g. tracing used on its own) no model is
-known and models are admitted like tool names: the first `MAX_MODEL_VARIANTS`, then
-`_OTHER`.
-
-"The first N": a value is admitted once and stays for the life of the process, because
-its series does. Later values collapse even if they are legitimate; the bound is per
-process and shared by all tenants (a tenant that fills it costs the others detail in
-metrics, never memory; spans keep every name). `admit=False` (a refused call) takes only
-values already known or admitted, so a refused call never mints a label value.
-
-Bounded by configuration or code, and not filtered here: `spanmeter.tenant.id` (tenants
-are configured; open mode has one tenant), `gen_ai.provider.name`, `server.address`,
-`server.port` (the configured upstreams), `gen_ai.operation.name`, `gen_ai.token.type`,
-`spanmeter.outcome`, `spanmeter.scope`, `spanmeter.budget.window`, `spanmeter.exporter`.
+Prometheus keeps every label set a process ever recorded, so every label a request can
+steer goes through `LabelBounds` before it reaches an instrument: a known value as sent,
+the first few others (`MAX_MODEL_VARIANTS`, `MAX_ERROR_TYPES`, `MAX_TOOL_NAMES`,
+`MAX_KINDS`, each at most `LABEL_VALUE_LIMIT` chars), else `_OTHER`; a refusal's
+`spanmeter.reason` only from `proxy.model.REFUSAL_REASONS`.
+Each label's rule and why: docs/telemetry.md, "Bounded metric labels".
 """
 
 from __future__ import annotations

@@ -1,43 +1,12 @@
 """Finished spans built from a plain record and handed to the span processors directly.
 
-The SDK's `Tracer.start_span` + `Span.set_attributes` + `Span.end` cost ~20 µs a span on
-the event loop: the sampler, a BoundedAttributes that cleans every value (twice when the
-attributes come at start and at end), per-span locks, processors' `on_start`. A span we
-emit is known whole when it ends, so `LeanTracer` only decides its identity when it opens
-(ids from the tracer's own id generator, the sampling decision the tracer's sampler makes)
-and, when it ends, builds the one `ReadableSpan` the SDK would build and calls the same
-processors' `on_end`, in the same order (the tracer provider's multi-span processor).
-
-What the SDK would do that is kept, and why the rest can go:
-- Sampling: the default sampler (ParentBased(ALWAYS_ON), `DEFAULT_ON`) is decided inline;
-  any other sampler (OTEL_TRACES_SAMPLER) is asked, with the span's start attributes.
-  A DROP decision gives a non-recording span with fresh ids, as the SDK's does.
-- Attribute values: ours are str, int, float, bool or tuples of one of them (the builders
-  in tracing/spans.py cut and type every value a caller steers, and drop None). A span
-  with anything else (a list, a mapping, None, an unknown type, a tuple of mixed or other
-  types) gets the SDK's own BoundedAttributes, so it ends as the SDK would store it (lists
-  become tuples, a mixed sequence is dropped).
-- Setting a key again moves it last, as BoundedAttributes does: the order on the wire is
-  the same.
-- Limits: a span with more attributes than the tracer's `SpanLimits` allow (128 by
-  default; ours carry ~50 at most), or a value-length limit set by env, goes through the
-  SDK's BoundedAttributes, which drops the oldest and counts them as the SDK would.
-- `on_start` and `_on_ending` are not called: the processors setup_telemetry installs
-  (DropCountingProcessor, ExportProcessProcessor, SimpleSpanProcessor) do nothing there.
-- A disabled tracer (OTEL_SDK_DISABLED, a tracer configurator) records nothing.
-- The SDK's own span-count metrics (`otel.sdk.span.*`) go to the global MeterProvider,
-  which spanmeter never sets (tracing/setup.py): a no-op there, skipped here.
-
-The tracer's private state this reads is read through tracing/otel_compat.py, which checks
-it at start-up. `spans_for(tracer)` gives the lean path when those internals are as
-expected, else `SdkSpans`: the same interface over the SDK's public `Tracer.start_span`,
-`Span.set_attributes`, `Span.end` (SPANMETER_OTEL_INTERNALS=off chooses it too).
-tests/tracing/test_lean_spans.py shows both export the same bytes.
-
-`RecordTracer` goes one step further where the export child is the only reader of finished
-spans: a span ends as the flat record the child's pipe carries (tracing/records.py), and no
-`ReadableSpan` is built at all (tests/tracing/test_span_records.py: a collector receives the
-same spans).
+A span we emit is known whole when it ends, so `LeanTracer` decides its identity when it
+opens (the tracer's id generator and sampler) and, when it ends, builds the one
+`ReadableSpan` the SDK would build and calls the same processors' `on_end` in the same
+order, without the SDK's ~20 us of per-span machinery. A span the fast path cannot store
+as the SDK would (other value types, over the limits) goes through the SDK's own
+BoundedAttributes. What is kept of the SDK and why the rest can go: docs/telemetry.md,
+"Lean spans".
 """
 
 from __future__ import annotations

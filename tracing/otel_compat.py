@@ -1,31 +1,10 @@
 """Every private name of opentelemetry-sdk that spanmeter reads, in one place, checked once.
 
-The lean span path (tracing/lean.py) builds the `ReadableSpan` the SDK's tracer would build
-without the SDK's per-span machinery; for that it reads what the tracer keeps to itself:
-
-    Tracer._instrumentation_scope, Tracer._span_limits, Tracer._is_enabled()
-    opentelemetry.sdk.trace._is_valid_link, Link._attributes (set: bounded, as the SDK does)
-
-
-`internals(tracer)` probes all of them on the objects at hand: a name missing, or of
-another shape than the code expects (a release that moved it), is logged once at WARNING
-with the SDK's version, and the caller takes the public path (`Tracer.start_span`,
-tracing/lean.py `SdkSpans`), which costs more CPU but is the same on the wire.
-SPANMETER_OTEL_INTERNALS=off takes the public path without asking (tests, the bench).
-
-The OTLP span exporter (opentelemetry-exporter-otlp-proto-http) encodes a batch with its
-own encoder, then hands the bytes to its HTTP client (retries, compression, headers,
-TLS). `otlp_span_exporter` gives one that writes the bytes with tracing/otlp_wire.py
-instead (most of the export child's CPU, bench/bench_export.py) and hands them to the
-same client, reading:
-
-    OTLPSpanExporter._client.export(bytes), ._shutdown, ._metrics.export_operation(n),
-    ._max_request_size, and ._client._compress, replaced to gzip at a lower level
-
-probed the same way (`exporter_moved`); when one moved, or SPANMETER_OTEL_INTERNALS=off,
-it is the exporter as shipped. It also writes span records (the export child's,
-tracing/records.py) straight to OTLP (`encode_record` as each comes, `export_records` a
-batch of them, with otlp_wire's `RecordEncoder`), without a ReadableSpan between.
+The lean span path (tracing/lean.py) and the OTLP exporter that writes its bytes with
+tracing/otlp_wire.py read what the SDK keeps to itself; each such name is read here alone,
+probed on the objects at hand (`internals`, `exporter_moved`), with the public path as the
+fallback when a release moved it or SPANMETER_OTEL_INTERNALS=off.
+The names, and what happens when one moves: docs/telemetry.md, "The SDK's private names".
 """
 
 from __future__ import annotations

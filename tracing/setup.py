@@ -1,31 +1,10 @@
 """Telemetry providers for one proxy process (or one test): traces, metrics, exporters.
 
 `setup_telemetry(cfg)` builds its *own* TracerProvider and metric instruments and never
-touches the global ones, so tests can create several side by side.
-
-Traces go through a bounded BatchSpanProcessor to
-- OTLP over HTTP/protobuf when an endpoint is configured (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
-  as is, else `otlp_endpoint` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` plus
-  `/v1/traces`; headers such as a backend's `Authorization` come from the standard
-  `OTEL_EXPORTER_OTLP_HEADERS`, which the exporter reads), and/or
-- a local JSON-lines file (tracing/local.py) that `spanmeter runs` reads, when
-  `local_dir` is set or when no OTLP endpoint is configured at all.
-
-Ending a span only appends it to an in-memory queue; export runs on the processor's
-thread, or, with `export_process` (SPANMETER_EXPORT_PROCESS; `auto` turns it on when spans
-go over OTLP), in a child process that the queue's thread hands the spans to
-(tracing/export_process.py): the protobuf encoding then costs the serving process nothing.
-When the queue is full or an export fails the spans are dropped and counted in
-`spanmeter.telemetry.dropped_spans`, which `/metrics` shows even when the collector is the
-thing that is down. Metrics are aggregated by spanmeter's own instruments
-(tracing/aggregate.py, no SDK MeterProvider) and rendered as Prometheus text on demand
-(`metrics_text()`), always; they are pushed over OTLP only when asked
-for (`push_metrics`, `OTEL_METRICS_EXPORTER=otlp` or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`),
-never merely because a traces endpoint is set: many backends (Phoenix, Langfuse, Tempo)
-take only traces and answer a metrics push with an error, every interval.
-
-`project_name` puts `openinference.project.name` on the resource: the project Phoenix
-files the spans under (Langfuse has no such attribute: its project is its key pair's).
+touches the global ones, so tests can create several side by side. Traces go, through a
+bounded processor, to OTLP over HTTP/protobuf when an endpoint is configured and/or to a
+local JSON-lines file (tracing/local.py) that `spanmeter runs` reads.
+Endpoints, the export child, dropped spans and metrics: docs/telemetry.md, "Telemetry set-up".
 """
 
 from __future__ import annotations

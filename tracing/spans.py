@@ -1,28 +1,14 @@
 """Spans and metrics for model calls, tool executions and runs: the API the handler calls.
 
 Every function here that records telemetry catches its own failures and logs them:
-telemetry never fails or slows a request (ending a span only queues it; see tracing/setup.py).
-
-Bounded. Metric labels a caller can steer (models, error types, tool names) go through
-`tel.instruments.labels` (tracing/labels.py): known or bounded values, never a new one
-for a refused call. Span attributes a caller steers keep their real value, cut to the
-limits in tracing/attributes.py (`SPAN_NAME_LIMIT`, `SPAN_TEXT_LIMIT`, `SPAN_LIST_LIMIT`).
-
-Parenting. A request with a W3C `traceparent` joins the agent's trace: its spans are
-children of the agent's span. Otherwise every span of a run is a child of the run's
-root span, whose ids are chosen when the run starts (`new_run_trace()`, stored by the
-proxy in run state so every replica agrees) and which is emitted only when the run ends
-(`end_run()`), carrying the run's totals: an `invoke_agent` span, the agent invocation the
-run is, named after the caller's X-Agent-Name.
-
-Readable. Every span also gets a one-line input and output summary built from digests
-(tracing/summaries.py), where GenAI UIs show a span's input and output: they are not
-content, so they are there whatever the capture setting.
+telemetry never fails or slows a request. Metric labels a caller steers are bounded
+(tracing/labels.py); span attributes keep their value, cut to tracing/attributes.py's
+limits. A request with a `traceparent` joins the agent's trace; otherwise a run's spans
+are children of its root `invoke_agent` span, emitted with the run's totals when it ends.
 
     cs = start_call(tel, caller, call, Peer("openai", "api.openai.com", 443), Lineage(run_trace=run_trace))
-    ... relay ...
-    end_call(tel, cs, CallRecord(caller, call, outcome, cs.start_ns, cost_micros=1200,
-                                 usage_source="reported"))
+    end_call(tel, cs, CallRecord(caller, call, outcome, cs.start_ns, cost_micros=1200, usage_source="reported"))
+Parenting and summaries: docs/telemetry.md, "Spans and metrics".
 """
 
 from __future__ import annotations

@@ -1,73 +1,13 @@
 """Cost anatomy: a call's billed input tokens and input cost shared among its parts, and
-what each tool's results cost over a run.
+what each tool's results cost over a run. Pure arithmetic, no I/O.
 
-Pure arithmetic, no I/O. The API modules split a request into `InputPart`s in prompt
-order (proxy/providers/*: `input_parts`); this module shares the usage out:
-
-- **Tokens by bytes.** A part's share of the billed input tokens is its share of the
-  parts' bytes. This is an approximation (no tokenizer runs on the hot path): JSON keys,
-  punctuation and the chat template tokenize unlike prose, and an image's base64 bytes
-  are billed as a few hundred tokens. Bytes are the text's length as the body carries
-  it (a part's strings, not its JSON punctuation), counted in code points. Context the
-  body only names (a Responses `previous_response_id`) is shared among the visible parts.
-- **Cached tokens are the earliest.** A provider caches a prefix of the prompt, so the
-  cache reads are the first tokens, then the cache writes (1-hour ones before 5-minute
-  ones: Anthropic requires that order), then the uncached rest. The prompt is cut into
-  these windows by bytes, and each window's tokens are shared among the bytes inside it.
-- **Cost at the billed rates.** Each share is priced at its window's rate, with the
-  call's long-context tier and service-tier multiplier. The call's input cost is
-  `pricing.cost` of the usage without its output; it is shared by each share's exact
-  (unrounded) cost, so the micro-USD add up to it exactly.
-
-Integers are shared by cumulative rounding (`apportion`): each share is within one of its
-exact value and the shares always sum to the whole.
-
-**Units, and why.** What a call reports is per kind of part, so the arithmetic runs on the
-five kinds (instructions, tool definitions, tool results, earlier turns, new content), not
-on each of an agent turn's dozens of parts: five integers per window instead of a list per
-part. `anatomy()` makes every part its own unit (the tests check the shares add up part
-by part).
-
-**Turn N+1 resends turn N.** An agent's next request is its last one with the new turn
-appended to the conversation, byte for byte. `Splits` keeps, per run, the last request's
-split (bounded, in memory); when the new request is the old one with bytes inserted at
-the end of its conversation (the same bytes before and after the insertion) only the new
-items are split and sized, and the last split is extended in place (a copy of its lists
-per call cost more than splitting the new items). Anything else (an edited history, a
-moved cache marker, two calls of a run at once) splits the request whole. A split keeps
-its request's bytes only for the run's next request, which finds where the conversation
-ends by comparing the two (and its last item, parsed); from then on it keeps where that
-is, the conversation's item count and a CRC-32 of the bytes before and after it. The
-bytes were most of what the cache held (a 45 KB agent turn against a 12 KB split). A CRC
-reads the request at ~4.6 GB/s (~10 us for that turn on the bench machine, where SHA-256
-took 29 and a memory compare 2). It is no defence against a forged collision, and needs
-none: a chain is one tenant's run, and a request taken for the last one extended only
-skews that run's own anatomy, which its sender writes anyway; no charge, ceiling or
-budget reads it. Where the cache ends moves a few parts from one call to the next, so the
-split remembers the units' bytes before the last call's end and counts from there.
-
-**What a tool result costs over the run, without pricing every result on every call.**
-A result is re-sent on every later call, so its cost over the run is the sum, over the
-calls that carried it, of its bytes at the rate of the window they lay in. Priced per call
-that is work for every result of the conversation on every call (most of this module's
-time, before). A run's requests that extend one another form a `Chain`, and each call adds
-to it only one number for everything: what a byte of the prompt's first window cost
-(`Anatomy.byte_cost`; the cached prefix, where an agent's old results lie), summed over
-the chain's calls (`Chain.scale`). A result added when the sum was `s0` has cost
-`bytes * (scale - s0)` since, so per tool the chain keeps the bytes and the sum of
-`bytes * s0` of its results; results lying past the first window (the newest, not cached
-yet) add what they cost above it on that call (`Anatomy.late_marks`, a per-byte cost for
-a range of results, and `Anatomy.late` for one across a window's end). A call only
-appends these to its chain, and `Chain.flush` folds them in and turns the sums into
-micro-USD per tool and for the run's largest results, as the difference from what it
-reported before: the bookkeeping adds it to the run's totals every `FLUSH_EVERY` calls of
-the run (a chain that breaks hands what it had not flushed to the next one), when the run
-ends, for a chain idle a moment, and for one pushed out of the cache (`Splits`, flushed as
-it goes; proxy/serve/bookkeeping.py). All in
-nano-micro-USD integers: the rounding is one floor per flush, not per call. The parts'
-tokens and costs are summed on the chain too and go with its flushes, into the run's
-totals and the metrics by part: a call adds nothing to either for its anatomy but the
-tools its answer called (and its span's attributes).
+Tokens are shared by bytes; cached tokens are the earliest (reads, then writes, then the
+rest); each share is priced at its window's billed rate; integers are shared by cumulative
+rounding (`apportion`), so the shares sum to the whole. `Splits` keeps a run's last split,
+so turn N+1 splits only what it appended; a `Chain` (a run's requests that extend one
+another) prices its tool results over the run from one number a call, and `Chain.flush`
+hands the sums to the bookkeeping (proxy/serve/bookkeeping.py).
+The rules, their units and why: docs/anatomy.md.
 """
 
 from __future__ import annotations

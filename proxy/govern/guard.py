@@ -1,31 +1,11 @@
 """Loop guard: the same tool with the same arguments, again and again.
 
-Two counts of the same thing, kept apart on purpose:
-
-- The admission that closes a run's tool calls counts, in the same store operation, the
-  run's streak of identical calls (tool name + sha256 of canonical arguments) and its
-  consecutive failed results, and refuses there when the tenant's guard says so
-  (`guard.action=refuse`, `max_consecutive_failures`). A refusal must see the run as it
-  happened on every replica, whatever history the agent chooses to resend: the store's
-  count is the authority for it.
-
-- The reminder (`guard.action=remind`) is a pure function of the request's own history.
-  Each API module lists the conversation's tool calls in order with where each result
-  is (`tool_history`); the streak of identical consecutive calls is counted over that
-  list, and EVERY result in it whose streak reaches the threshold gets the reminder with
-  that streak's count. The text of a result's reminder therefore depends only on the
-  conversation up to that result, so when the result comes back in the next turn it is
-  forwarded with the same reminder, byte for byte (the exchange splices, it does not
-  re-serialise): the provider's cached prefix of turn N still matches in turn N+1.
-  The store's count could not give that: it knows only the results this request closes
-  (a result reminded in turn N comes back unreminded in turn N+1), it counts across the
-  run rather than the conversation the model sees, and an SDK retry of the same request
-  closes nothing. A history needs no store, survives restarts and is the same on every
-  replica by construction.
-
-Only the results new in this request (after the model's last turn) are counted as guard
-actions and `loop_reminder` rewrites; the reminders kept on older results are one
-`loop_reminder_kept` rewrite saying how many.
+Two counts of the same thing, kept apart on purpose: the store's, counted by the
+admission that closes a run's tool calls and the authority for a refusal
+(`guard.action=refuse`, `max_consecutive_failures`); and the reminder's
+(`guard.action=remind`), a pure function of the request's own history (`tool_history`),
+so a reminded result is forwarded with the same reminder, byte for byte, in every turn.
+Why two, and what each decides: docs/internals.md, "The loop guard".
 """
 
 from __future__ import annotations

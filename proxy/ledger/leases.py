@@ -2,33 +2,10 @@
 backend that admits a hot run's calls on the event loop, against headroom it leased durably
 ahead of need, instead of one store operation per call.
 
-A lease is one exact admission of the wrapped store (`Turn.count` = the calls it may serve,
-`Turn.reserve` = up to a slice of money), so the calls and the money it holds are counted on
-every scope (run, tenant day and month, the key's) before any call is served from it. Calls
-served from it are counted and reserved in memory; their settles update memory at once and
-are written behind in one settle of the lease when it is returned (spent, older than
-`LEASE_S`, or before any exact operation on the same run). Until then the whole lease
-stands as spent, so a crash or a power cut only over-counts: by the lease's unused money
-and calls, and never crosses a ceiling.
-
-Only the safe case leases: a call of a run this process has admitted `HOT_AFTER` times,
-carrying no tool results, no stored context, no rate buckets, under no token or wall time
-ceiling, and priced. A lease is sized to at most 1/`MARGIN` of the headroom the run's last
-admission left, on the call ceiling and on every limited scope (`_size`), and up to
-`LEASE_CALLS` calls; below 2 calls there is none. Anything else takes the wrapped store's
-exact path, unchanged.
-
-What a lease changes, and what it does not:
-- A ceiling is never crossed: a leased call needs its full worst case free in the lease.
-- Near a limit no lease is taken; one already held can make another process's call refused
-  up to one unused lease early (never admitted past the limit).
-- An admin budget cut elsewhere holds from this process's next lease (at most `LEASE_S`).
-- Run totals and open tool calls of leased calls reach the store with the lease's settle
-  (or before an exact operation on the run): a crash loses those (not money, not calls: the
-  lease counted both).
-- Over-counts that stay: a lease whose caller was cancelled while it was taken is released
-  by the wrapped store with its calls still counted; a lease with calls in flight at
-  `aclose` expires at its amount after the call ttl, as an abandoned call does.
+A lease is one exact admission of the wrapped store, so what it holds is counted on every
+scope before any call is served from it; a crash only over-counts, never crosses a
+ceiling. Only the safe case leases; anything else takes the wrapped store's exact path.
+Sizing, returns and why it is safe: docs/internals.md, "Budget leases"; docs/budgets.md.
 """
 
 from __future__ import annotations

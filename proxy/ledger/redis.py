@@ -1,43 +1,11 @@
 """The shared ledger for several replicas: Redis or Redis Cluster, every multi-key step one Lua script.
 
-`redis://` (and `rediss://`, `unix://`) is one Redis, a primary with replicas if you
-like; `redis+cluster://host:port[,host:port...]` (`rediss+cluster://` for TLS) is a
-Redis Cluster, reached through redis-py's cluster client with the same scripts. Valkey
-speaks the same protocol and runs the same scripts.
-
-Keys are `sm:{<tenant>}:<kind>:<...>`, every part percent-encoded, so no tenant or run
-id can reach into another's keys, and the tenant between the braces is the key's Redis
-Cluster hash tag: every key of one tenant lives in one slot, so every script (which only
-ever touches one tenant's keys) runs on one shard. Each script declares every key it
-touches in KEYS. A reservation hash also names the scopes it holds money on; the expiry
-sweep reads those names and passes them back as KEYS, and settle passes the names it
-computes itself; both scripts check the names match. They share the tenant's hash tag,
-which is what keeps them on the reservation's shard.
-
-Nothing spans tenants inside a script. What must (the expiry sweep, idle runs, the list
-of every tenant's runs) walks the tenant registry, the set `sm:tenants`, which the store
-adds a tenant to (SADD, outside the admission, once per process and again every 10
-minutes) when it first admits a call for it.
-
-Scripts run with EVALSHA; a NOSCRIPT reply (a restarted Redis, a new Cluster node) runs
-the same script with EVAL on that node, which also loads it there. They go on one
-auto-pipelined connection per server (proxy/ledger/redis_pipe.py: the scripts of every call
-issued in one loop iteration in one write, replies matched in order), to the Cluster node
-that owns the tenant's slot in redis-py's slot map; a MOVED, ASK, TRYAGAIN or CLUSTERDOWN
-reply (the script did not run) hands that call to redis-py's Cluster client, which follows
-the redirection and updates the map. Reads, sweeps and admin commands use redis-py's pool.
-Those connections use redis-py internals (proxy/ledger/redis_compat.py, checked when the
-store is made); when they moved, or with SPANMETER_REDIS_INTERNALS=off, the scripts go as
-redis-py's own pipelines (standalone) or through its Cluster client, with the same replies.
-
-Every redis error becomes StoreUnavailable here and nowhere else (fail closed: the
-handler answers 503 unless the operator chose fail-open). redis-py's own retries are
-off, because re-sending a script whose reply was lost could apply it twice; instead
-operations that are safe to repeat are retried once here: reads, settle (the
-reservation is deleted on first apply), and admit (its reservation id is chosen
-before sending; the script answers a repeat with the first result). A Cluster reply
-that says the command did not run (CLUSTERDOWN, TRYAGAIN) is retried once for any
-operation; MOVED and ASK redirections are followed by redis-py.
+`redis://`, `rediss://`, `unix://` (one Redis) or `redis+cluster://` (Redis Cluster; Valkey
+too). Every key is `sm:{<tenant>}:<kind>:<...>`, percent-encoded, with the tenant as its
+hash tag, so each script touches one tenant's keys on one shard and declares them in KEYS.
+Every redis error becomes StoreUnavailable here and nowhere else; only operations safe
+to repeat are retried, once. Keys, scripts, pipelining and retries: docs/internals.md,
+"The Redis ledger"; docs/scale.md.
 """
 
 from __future__ import annotations

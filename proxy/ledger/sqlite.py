@@ -1,64 +1,12 @@
 """The embedded ledger: one SQLite file in WAL mode, written by one dedicated thread.
 
-Why one thread: sqlite3 calls block, so none may run on the event loop; and one writer
-makes every operation trivially atomic within the process. Operations queue up; the
-thread takes all that are waiting (a batch), runs them one after the other inside one
-`BEGIN IMMEDIATE` transaction and commits once (group commit). Each operation stays
-atomic and isolated: one that raises leaves no write behind and its batch-mates commit
-(`_run_batch`). Results are handed back only after the commit, all of a batch's at once:
-one wake-up of each waiting event loop per batch, not one per operation.
-
-Within a batch, consecutive settles run as one row (`_settle_row`) and consecutive
-admissions as one row (`_admit_row`): a row reads each ledger and run row it needs once,
-keeps it up to date as its operations write, and writes it once at its end, so that a
-row of operations costs a few statements rather than a few each. Each operation of a row
-reads exactly what it would read had the ones before it been committed one by one
-(tests/ledger/test_sqlite_settle_row.py and test_sqlite_admit_row.py hold the two ways
-equal); a statement costs the writer thread 15-20 us of CPU under load, so at 64
-connections (rows of ~10 admissions, ~13 settles) this took ~40% off its CPU.
-
-`BEGIN IMMEDIATE` takes SQLite's write lock, so several processes (or several stores)
-on the same file also stay atomic with respect to each other.
-
-Durability is chosen by `synchronous` (URL: `sqlite:///ledger.db?synchronous=normal`).
-Whatever the setting, a result is handed back only once its commit is written to the WAL
-file, so everything returned survives a process crash (kill -9 included: the OS holds
-the write). The settings differ in what survives an OS crash or a power cut:
-
-    FULL    (default) the WAL is fsynced before a batch's results are handed back, so
-            they all survive; except a batch made only of *lazy* settles, which commits
-            without waiting for the fsync. A settle is lazy when losing it can only
-            over-count (`_lazy_settle`): it cost no more than its reservation, and it
-            carries neither open tool calls, nor stored-context sizes, nor (when the
-            run's tokens are capped, runs.max_tokens) token totals. Lost, its
-            reservation stands and expires at its full amount (`_expire`), which is at
-            least what the call cost; the run totals it carried (counters for reports,
-            the run record) are lost with it. Every admission is on disk before the
-            call is forwarded. The WAL is one file written in order, so the next fsync
-            (a later batch writing anything not lazy, or a checkpoint) makes every lazy
-            settle before it durable too: a power cut loses at most the lazy settles
-            committed since the last fsync. A settle that would be lazy but for the
-            tool calls it leaves open is *durable soon*: it commits without waiting for
-            the fsync too, and the WAL is fsynced at most `SYNC_WITHIN_S` (2 ms) after
-            that commit, or sooner by the next batch that waits for its own (every
-            admission is fsynced before its call is forwarded, so the run's next call,
-            which closes those tool calls, is never forwarded before they are durable).
-            The caller had its answer before the settle began, so the window in which a
-            power cut loses them is about what it was; but the run's next call, which
-            used to wait for the settle's commit (it is admitted once the settle is
-            queued now, `settle_in_order`), no longer waits for two fsyncs in a row.
-            A run's end and the cost anatomy's sums are durable soon as well. A power
-            cut in that window can lose the end: the run is then ended again by the
-            sweeper at its idle timeout (its root span and `spanmeter.runs.ended`
-            counted twice if the first got out). Runs sent without X-Run-Id end with
-            their one call, and the caller's next call no longer queues behind that
-            end's fsync.
-    NORMAL  under WAL, a commit is written to the WAL file (the OS page cache) but
-            fsynced only at checkpoints. An OS crash or power loss may roll back the
-            last transactions before the latest checkpoint, admissions and overshoots
-            included. The database is never corrupted either way, only possibly older.
-            Saves one fsync per commit batch.
-    EXTRA   as FULL, with no lazy commits.
+Operations queue up; the thread runs every waiting one in one `BEGIN IMMEDIATE`
+transaction and commits once (group commit), each operation still atomic and isolated
+(one that raises leaves no write). Consecutive settles and admissions run as one row
+(`_settle_row`, `_admit_row`), each reading what it would read had the ones before it been
+committed one by one. Results are handed back after the commit, a batch's at once.
+Why, what it costs, and what each `synchronous` setting (FULL, NORMAL, EXTRA) keeps
+through a crash: docs/internals.md, "The SQLite ledger".
 """
 
 from __future__ import annotations

@@ -1,39 +1,12 @@
 """The ledger and run-state store: one protocol (`Store`: the per-call `Ledger` and the
 read and admin `Views`), two backends, one contract suite (tests/ledger).
 
-An admission reads an `Ask` (whose run, the ceilings in force, the clock) and what the
-call asks of the run in the same atomic step: a `Turn` for a model call (its reservation's
-bounds, the tool results it carries, ...), a `ToolTurn` for an MCP request. Both backends
-judge it with the same `decide` over one `Standing`, and explain a refusal with `refusal`.
-
-Money is integer micro-USD everywhere. Scopes of a reservation:
-
-    run_cost      (tenant, run_id)
-    tenant_day    (tenant, calendar day in the configured time zone)  "2026-11-29"
-    tenant_month  (tenant, calendar month in that zone)               "2026-11"
-    key_day       (tenant, key id, day)     "3b1f2a9c/2026-11-29"   only for calls
-    key_month     (tenant, key id, month)   "3b1f2a9c/2026-11"      made with a key
-
-Besides money, the admission checks the run's calls, its tokens and its wall time
-against their ceilings, and the rate limits of the tenant and the key
-(proxy/ledger/rates.py), all in the same atomic step. Tokens are reserved as money is:
-the call's worst case (input bound + output bound, `Turn.tokens`) is held on the run
-until settle replaces it by the real count (`input_tokens` + `output_tokens` in the run
-totals, or `estimated_tokens` when the answer's usage was never read: unknown is not
-zero); a reservation that expires is charged at its tokens too. The run's token
-headroom is `runs.max_tokens` - settled - in flight, so no number of concurrent calls,
-workers or replicas crosses it.
-
-A window's date is part of its key, so windows roll over without any reset job.
-
-Reservations and expiry: `admit` reserves; `settle` replaces the reservation by the
-actual cost (idempotent); `release` settles at zero. A reservation never settled within
-`ttl_s` (the proxy crashed mid-call) expires *at its reserved amount*: the call may
-well have been billed, and unknown is not zero. Expiry changes no headroom (reserved
-becomes settled); it only stops the amount being shown as in flight. If the real
-settle arrives after expiry it still corrects the charge to the actual cost.
-
-Every key is tenant-scoped: the same run id in two tenants shares nothing.
+An admission reads an `Ask` and a `Turn` (model call) or `ToolTurn` (MCP request) in one
+atomic step; both backends judge it with the same `decide` over one `Standing` and explain
+a refusal with `refusal`. Money is integer micro-USD; every key is tenant-scoped;
+`admit` reserves, `settle` replaces the reservation by the actual cost, `release` settles
+at zero, and an unsettled reservation expires at its reserved amount.
+Scopes, tokens, windows and expiry: docs/internals.md, "The store protocol".
 """
 
 from __future__ import annotations

@@ -1,64 +1,12 @@
 """`spanmeter serve --workers N`: every core of one machine, one port, one ledger.
 
-A Python process serves on one core. `--workers N` (`SPANMETER_WORKERS`, `auto` = one per
-CPU) runs N worker processes behind one port; `1`, the default, is the single process of
-before, with no supervisor.
-
-Decisions, and why:
-
-- **A supervisor that serves no traffic.** It reserves the port, forks the workers,
-  restarts one that dies, forwards SIGTERM/SIGINT and waits for the drain. Serving nothing,
-  it has nothing to lose when a worker crashes, and it never runs an event loop or a
-  thread, so forking from it at any time is safe.
-- **fork, then build.** A worker is forked from the supervisor after the settings were
-  loaded and checked once (every worker runs exactly the configuration that was checked,
-  and a replacement the same one, even if the file changed since) and after the modules
-  were imported (a replacement serves within ~100 ms, sharing the imported code's pages).
-  Everything with a thread, a socket or a file handle is created after the fork, in the
-  worker: the app (proxy/app.py) with its own SQLite writer thread or Redis pool, its own
-  telemetry (exporters, metric instruments), its own upstream connection pool, its own
-  log writer thread.
-- **SO_REUSEPORT, one listening socket per worker.** The kernel spreads new connections
-  over the workers' sockets by a hash of the connection, so the load is even; one shared
-  listening socket accepted from N event loops (the pre-fork way) wakes them all on every
-  connection under epoll and lets the busiest worker take the most. The supervisor first
-  binds the port without SO_REUSEPORT, which fails if anything holds it (another program,
-  or another spanmeter's workers), so a busy port is refused with exit 2 before the
-  `spanmeter listening on` line, as with one process; then it holds the port with a bound,
-  non-listening SO_REUSEPORT socket for its whole life: `--port 0` gets one port for all,
-  and no other program can take the port while a worker is being replaced. Connections
-  queued at a worker that dies are reset by the kernel; the SDKs retry them.
-- **One ledger.** SQLite in WAL mode with `BEGIN IMMEDIATE` transactions is atomic across
-  processes (proxy/ledger/sqlite.py), Redis by its Lua scripts, so ceilings and budgets
-  stay exact across workers: an in-memory ledger is refused with workers.
-- **Background work in every worker.** Each worker runs the run idle sweeper and the
-  reservation expiry (proxy/govern/runs.py). Both are safe to run N times: `run_end` is
-  first-caller-wins in both stores (`UPDATE ... WHERE ended = 0`, a Lua check-and-set) and
-  only the winner emits the run span and takes the open tool calls; `expire` marks each
-  reservation expired in the same transaction that charges it.
-- **Telemetry from every worker, kept apart and whole.** Each worker's OTel resource has
-  its own `service.instance.id` (a fresh UUID per process), `spanmeter.worker` (the slot,
-  1..N) and `process.pid`, on spans and metrics, so a collector keeps workers apart. Local
-  span files are one directory per slot (`{data_dir}/traces/worker-K/`, one writer each);
-  `spanmeter runs` reads them all. `/metrics` is merged across workers by whichever worker
-  answers (proxy/serve/siblings.py, tracing/exposition.py).
-- **Logs.** Every line of a worker ends in `worker=K` (`"worker": K` in JSON); workers
-  share stderr and write whole lines in writes of at most PIPE_BUF bytes, so lines of two
-  workers never interleave.
-- **Restarts.** A worker that exits while the supervisor is not stopping is logged (exit
-  code or signal) and replaced in its slot: at once, then after 0.5 s, 1 s, ... up to 30 s
-  while replacements keep exiting within 10 s of their start. A worker that exits before
-  it is serving, at the first start (no worker of its slot ever served), stops the
-  supervisor (exit 1): its log says why, and a configuration that cannot serve should not
-  loop. A replacement that cannot start later is retried with the back-off.
-- **Shutdown.** SIGTERM or SIGINT: the supervisor sends SIGTERM to every worker; each stops
-  accepting, finishes the calls in flight (aiohttp's graceful shutdown, up to 60 s), drains
-  the bookkeeping (settlements, spans: `Background.drain`), flushes telemetry and exits 0;
-  the supervisor exits 0 when all did (1 otherwise), killing any worker still alive after
-  `SHUTDOWN_GRACE_S`. A worker whose supervisor dies gets SIGTERM (PR_SET_PDEATHSIG).
-
-The supervisor writes `{data_dir}/workers/{port}/status.json` (its PID, each slot's PID,
-generation, restarts, readiness) on every change, and logs each start and exit with the PID.
+`--workers N` (`SPANMETER_WORKERS`, `auto` = one per CPU) runs N worker processes behind
+one port; `1`, the default, is one process with no supervisor. A supervisor that serves
+no traffic reserves the port, forks each worker after the settings are checked (a worker
+builds everything with a thread, socket or file after the fork), restarts one that dies
+with a back-off, and forwards SIGTERM/SIGINT; each worker listens on its own SO_REUSEPORT
+socket. It writes `{data_dir}/workers/{port}/status.json` on every change.
+Each decision and why: docs/scale.md, "How the workers are built".
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """genai-prices' data compiled into our `Price` rows (proxy/pricing/source.py). Pure.
 
-genai-prices (pydantic, MIT) keeps prices for ~47 providers and ~2,300 models and releases
-weekly. We read its data once, when the table loads, and compile each model into a `Price`;
-we never call its `calc_price` on the call path (130-250 us a call, a linear scan of match
-clauses) where our lookup is a dict hit.
-
-How its data maps onto a `Price` (each choice is ours, read off its types):
-
-- Prices in force: a model's `prices` is one `ModelPrice` or a list of `ConditionalPrice`s.
-  Of those with a start date, the latest not after `today` wins (genai-prices' rule: the last
-  active one). A time-of-day price (DeepSeek's off-peak discount) is merged rate by rate with
-  the dearest: a reservation must cover the call whenever it runs, so off-peak calls are
-  charged the peak rate (at most 2x high, never low).
-- Rates: input, cache read, cache write (5-minute), 1-hour cache write, output, in USD per
-  million tokens, to integer micro-USD rounded up. A model with no input or output token
-  price (audio by the hour, rerank) is left out. Audio, image and video token rates are not
-  carried: our usage does not split tokens by modality, and pricing at the dearest would
-  charge Gemini Flash's text at its audio rate (3.3x). Media is among what a reservation
-  does not bound (proxy.pricing).
-- Long context: a `TieredPrices` bills every token at the tier once the request's input
-  tokens exceed `start` (genai-prices' "cliff"), which is our `LongContext` with
-  `threshold_tokens = start`. Where rates have several tiers or different starts (two models
-  today), the row takes the lowest start and each rate's top tier: dearer between the
-  starts, never cheaper.
-- Service tiers: a `price_variants` entry keyed only by `service_tier` becomes a factor in
-  `service_tiers` when every rate it sets is the same exact multiple of the standard one;
-  other variants (batch, speed, route) are not carried.
-- Names: an `equals` clause is an exact key; other clauses (starts_with, contains, regex,
-  and/or) become a matcher tried, in the data's order, only when the exact keys miss. Names
-  are matched lowercased, as genai-prices does.
+Read once, when the table loads; genai-prices' `calc_price` is never called on the call
+path. Each choice of the mapping (the prices in force, the dearest of time-of-day prices,
+the rates carried, long-context tiers, service-tier factors, name matchers) is ours,
+read off its types, and errs dearer, never cheaper: docs/budgets.md, "How genai-prices'
+data becomes our prices".
 """
 
 from __future__ import annotations

@@ -1,48 +1,12 @@
 """Model prices and the cost of a call, in integer micro-USD. Pure: no I/O after load.
 
-Rates are kept as integer *micro-USD per million tokens* (USD/M x 10^6), so a cost is
-`sum(tokens x rate) / 10^6` micro-USD, computed exactly in integers and rounded up once:
-a charge may be at most 1 micro-USD high, never low.
-
-The input-token bound (`input_bound`)
--------------------------------------
-Every tokenizer spanmeter prices (OpenAI o200k/cl100k byte-level BPE, Anthropic's BPE,
-Gemini's SentencePiece with byte fallback) emits tokens that each cover at least one
-byte of UTF-8 text. So the UTF-8 bytes of the prompt bound its text tokens. The request
-body in bytes contains all of that text plus JSON structure (quotes, keys, braces) that
-costs at least as many bytes as the chat template's per-message special tokens
-(`{"role":"user","content":""}` is 28 bytes; a message's template is a handful of
-tokens). Hence:
-
-    input_bound = body_bytes + PROVIDER_OVERHEAD_TOKENS
-
-where the overhead covers what providers add that is not in the body: Anthropic's
-tool-use system prompt (up to 346 tokens) and the fixed definitions of its built-in
-bash/text-editor/computer-use tools (up to ~1.2k tokens). When the body size is unknown
-the bound falls back to 4 x input_chars (a code point is at most 4 UTF-8 bytes) plus
-the overhead; that fallback misses per-message template tokens the adapter did not count.
-
-Where it is loose (over-reserves): JSON escaping, and inline base64 media (a base64
-image of 100 kB reserves ~133k tokens; the provider bills ~1-2k).
-Where it is NOT a bound (the call may overshoot; the overshoot is charged in full and
-counted): media referenced by URL or file id (an image URL costs up to ~1.6k tokens on
-Anthropic, ~1.5k on gpt-4o high detail, ~2.5k on gpt-4.1-mini; audio/video/PDF by file
-id are unbounded), server-side tools whose results are billed as input (web search,
-file search, code execution, Gemini grounding), prompt caches created out of band
-(Gemini cachedContents) that the body only names, and rates the response reveals:
-`reservation` prices input at the 5-minute cache-write rate, not the 1-hour one (2x
-input), and at the standard service tier and geography (OpenAI priority is up to 2.5x,
-Anthropic US-only inference 1.1x); `cost` charges what the usage says in full.
-
-Output is bounded by max_output_tokens, which for every provider includes reasoning /
-thinking tokens (OpenAI max_completion_tokens, Anthropic max_tokens, Gemini
-maxOutputTokens). A request for n > 1 choices (chat `n`, Gemini `candidateCount`) bills
-n outputs and one input: `reservation` and `affordable_output_tokens` take the multiplier.
-
-Stored context (a Responses `previous_response_id`, `conversation` or `prompt`, a Gemini
-`cachedContent`) is billed as input but is not in the body: the ledger remembers its
-size from the usage of the answers that created it and reserves it at
-`dearest_input_rate`; context it never saw is refused under a cost ceiling.
+Rates are integer micro-USD per million tokens; a cost is computed exactly in integers
+and rounded up once (at most 1 micro-USD high, never low). `input_bound` bounds a
+request's input tokens by its body bytes plus `PROVIDER_OVERHEAD_TOKENS`; output is bounded
+by the max-token value times the output multiplier; stored context is reserved at
+`dearest_input_rate` from the size the ledger remembers. Why bytes bound tokens, where the
+bound is loose and where it is no bound at all: docs/budgets.md, "How a cost is computed
+and bounded".
 """
 
 from __future__ import annotations

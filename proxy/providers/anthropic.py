@@ -26,6 +26,8 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
     Call,
     Finish,
     InputPart,
@@ -319,12 +321,14 @@ class AnthropicAdapter(Opens):
     cache_marker: str | None = "cache_control"
     text_shape: TextShape | None = TextShape(b'"text":', _plain_delta)
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         tools = _tools(body.get("tools"))
         messages = body.get("messages")
         stop = body.get("stop_sequences")
         return Call(
             api="messages",
+            body_bytes=facts.body_bytes,
+            cache_write=facts.cache_write,
             operation="chat",
             model=self.model_of(body, path),
             stream=body.get("stream") is True,

@@ -20,7 +20,7 @@ import re
 from dataclasses import replace
 from typing import Any, Final
 
-from proxy.model import Call, Rewrite
+from proxy.model import NO_BYTE_FACTS, ByteFacts, Call, Rewrite
 from proxy.providers.base import Exchange
 from proxy.providers.cache import CacheScope
 from proxy.providers.chat import ChatAdapter, openai_cache_key
@@ -75,21 +75,21 @@ def _in_path(call: Call, path: str) -> Call:
 
 
 class AzureChat(_Azure, ChatAdapter):
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
-        return _in_path(super().parse_request(body, path), path)
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
+        return _in_path(super().parse_request(body, path, facts), path)
 
     def prepare(self, ex: Exchange) -> list[Rewrite]:
         return super().prepare(ex) if self.stream_usage else []
 
 
 class AzureResponses(_Azure, ResponsesAdapter):
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
-        return _in_path(super().parse_request(body, path), path)
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
+        return _in_path(super().parse_request(body, path, facts), path)
 
 
 class AzureEmbeddings(_Azure, EmbeddingsAdapter):
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
-        return _in_path(super().parse_request(body, path), path)
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
+        return _in_path(super().parse_request(body, path, facts), path)
 
 
 def _variant(cls: type[_Azure], stream_usage: bool, cache_key: bool) -> Api:

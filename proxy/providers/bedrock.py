@@ -41,6 +41,8 @@ import orjson
 
 from proxy.errors import ProxyError
 from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
     Call,
     Finish,
     InputPart,
@@ -325,8 +327,8 @@ class InvokeAnthropic(_Bedrock, AnthropicAdapter):
     api = "invoke"
     text_shape: TextShape | None = None
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
-        return replace(super().parse_request(body, path), api="invoke", stream=_stream_of(path))
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
+        return replace(super().parse_request(body, path, facts), api="invoke", stream=_stream_of(path))
 
     def model_of(self, body: dict[str, Any], path: str) -> str | None:
         return model_of_path(path)
@@ -356,8 +358,8 @@ class InvokeNova(_Bedrock, ConverseFormat):
     api = "invoke"
     max_tokens_path: tuple[str, str] = ("inferenceConfig", "max_new_tokens")
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
-        call = super().parse_request(body, path)
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
+        call = super().parse_request(body, path, facts)
         inference = body.get("inferenceConfig")
         asked = inference.get("max_new_tokens") if isinstance(inference, dict) else None
         bound = count_field("inferenceConfig.max_new_tokens", asked, upper=MAX_TOKENS_LIMIT,
@@ -384,7 +386,7 @@ class InvokeText(_Bedrock):
     def __init__(self, family: Family) -> None:
         self.kind = family
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         fam = self.kind
         asked = _member(body, fam.max_tokens)
         bound = (count_field(".".join(fam.max_tokens), asked, upper=MAX_TOKENS_LIMIT,
@@ -392,6 +394,7 @@ class InvokeText(_Bedrock):
         config = body.get("textGenerationConfig")
         knobs = config if isinstance(config, dict) else body
         return Call(api="invoke", operation=fam.operation, model=model_of_path(path), stream=_stream_of(path),
+                    body_bytes=facts.body_bytes, cache_write=facts.cache_write,
                     max_output_tokens=bound, max_tokens_field=".".join(fam.max_tokens),
                     temperature=number(knobs.get("temperature")),
                     top_p=number(knobs.get("topP", knobs.get("top_p"))),

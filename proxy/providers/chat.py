@@ -12,6 +12,8 @@ import orjson
 
 from proxy.errors import CeilingReached, LoopRefused, ProxyError, RateLimited, Refusal, RequestError
 from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
     Call,
     Finish,
     InputPart,
@@ -400,7 +402,7 @@ class ChatAdapter(OpenAIFamily):
     # `obfuscation` pads each chunk to a random length (include_obfuscation, on by default).
     text_shape: TextShape | None = TextShape(b'"content":', _plain_chunk, ignored=(b'"obfuscation":',))
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         messages = body.get("messages")
         messages = messages if isinstance(messages, list) else []
         tools = _tools(body.get("tools"))
@@ -410,6 +412,8 @@ class ChatAdapter(OpenAIFamily):
         n = count_field("n", body.get("n"), upper=MAX_OUTPUT_MULTIPLIER, what="how many answers to generate")
         return Call(
             api="chat",
+            body_bytes=facts.body_bytes,
+            cache_write=facts.cache_write,
             operation="chat",
             openai_api_type="chat_completions",
             model=model,

@@ -28,6 +28,8 @@ import orjson
 
 from proxy.errors import ProxyError
 from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
     Call,
     Finish,
     InputPart,
@@ -298,7 +300,7 @@ class ConverseFormat:
         """The model the path names (an ARN by what it names: proxy/providers/bedrock_wire.py)."""
         return model_of_path(path)
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         config = body.get("toolConfig")
         tools = _tools(config)
         inference = body.get("inferenceConfig")
@@ -307,6 +309,8 @@ class ConverseFormat:
         stop = inference.get("stopSequences")
         return Call(
             api="converse",
+            body_bytes=facts.body_bytes,
+            cache_write=facts.cache_write,
             operation="chat",
             model=self.model_of(path),
             stream=path.endswith("/converse-stream"),

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.model import Call, InputPart, MetaEvent, Outcome, Rewrite, StreamError, StreamEvent, Usage, UsageEvent
+from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
+    Call,
+    InputPart,
+    MetaEvent,
+    Outcome,
+    Rewrite,
+    StreamError,
+    StreamEvent,
+    Usage,
+    UsageEvent,
+)
 from proxy.providers.answer import ArgumentSlot, EventRewrite, Json, Slot, StreamEdits
 from proxy.providers.base import Exchange, HistoryCall
 from proxy.providers.base import integer as _int
@@ -34,10 +46,12 @@ class EmbeddingsAdapter(OpenAIFamily):
     conversation: str | None = None
     text_part = "text"
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         model = body.get("model")
         return Call(
             api="embeddings",
+            body_bytes=facts.body_bytes,
+            cache_write=facts.cache_write,
             operation="embeddings",
             model=model if isinstance(model, str) else None,
             input_chars=_input_chars(body.get("input")),

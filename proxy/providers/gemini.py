@@ -1,31 +1,11 @@
 """Gemini: `POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent`.
 
-The model and the stream flag live in the path, not the body. google-genai writes
-some keys in snake_case (`parameters_json_schema`), the REST docs use camelCase:
-every key is looked up in both spellings.
-
-Function calls arrive whole (`functionCall.args` is an object), so each becomes one
-complete `ToolCallDelta`. Call ids: a `functionCall` / `functionResponse` carries an
-`id` only on some models; without one the id is name-based: the function name for the
-first call of that name in a turn, `name#2`, `name#3`, ... for repeats, counted in
-part order. A model turn's calls and the next user turn's responses use the same
-rule, so a call and its result match.
-
-A stream's chunks each list their own calls from 0, and some models send each parallel
-call in a chunk of its own. A streamed answer is one model turn, so its calls are numbered
-(and named, when they carry no id) across its chunks, as the whole answer would number
-them: `parse_event` reads one chunk alone, and the call's translator opens a reader per
-answer (`_AnswerEvents`) that keeps the turn's count.
-
-Usage (`usageMetadata`, repeated on stream chunks with running totals):
-- input = promptTokenCount (+ toolUsePromptTokenCount, tokens of tool results the
-  API fed back itself, billed as input); promptTokenCount already includes the cached
-  content, which matches gen_ai's "input includes cached".
-- output = candidatesTokenCount + thoughtsTokenCount. candidatesTokenCount does NOT
-  include thoughts: the API reports them beside it (totalTokenCount = prompt +
-  candidates + thoughts + toolUsePrompt), and Google's pricing bills output "including
-  thinking tokens". gen_ai output must include reasoning, so the two are added.
-- reasoning = thoughtsTokenCount; cache_read = cachedContentTokenCount.
+The model and the stream flag live in the path, not the body; every key is looked up in
+both spellings (google-genai writes some in snake_case). A function call arrives whole
+and becomes one complete `ToolCallDelta`; a call without an `id` gets a name-based one
+(`name`, `name#2`, ... in part order), the same rule for a model turn's calls and the
+next turn's responses, so a call and its result match.
+The rest of its wire format and why: docs/internals.md, "Gemini".
 """
 
 from __future__ import annotations
@@ -49,6 +29,8 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
     Call,
     Finish,
     InputPart,
@@ -424,7 +406,7 @@ class GeminiAdapter(Opens):
     # Every chunk repeats the running usage: a hole of its own, read per chunk.
     text_shape: TextShape | None = TextShape(b'"text":', _plain_chunk, usage=b'"usageMetadata":', usage_of=gemini_usage)
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         m = _PATH.search(path)
         tools = tuple(_tool_spec(d) for d in _declarations(body.get("tools")))
         config = _get(body, "generationConfig")
@@ -433,6 +415,8 @@ class GeminiAdapter(Opens):
         cached = _get(body, "cachedContent")
         return Call(
             api="gemini",
+            body_bytes=facts.body_bytes,
+            cache_write=facts.cache_write,
             operation="generate_content",
             model=m["model"] if m else None,
             stream=m is not None and m["action"] == "streamGenerateContent",

@@ -17,6 +17,8 @@ import orjson
 
 from proxy.errors import ProxyError
 from proxy.model import (
+    NO_BYTE_FACTS,
+    ByteFacts,
     Call,
     Finish,
     InputPart,
@@ -287,11 +289,13 @@ class ResponsesAdapter(OpenAIFamily):
     cache_key = True
     text_part = "input_text"
 
-    def parse_request(self, body: dict[str, Any], path: str) -> Call:
+    def parse_request(self, body: dict[str, Any], path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
         tools = _tools(body.get("tools"))
         items = body.get("input")
         return Call(
             api="responses",
+            body_bytes=facts.body_bytes,
+            cache_write=facts.cache_write,
             operation="chat",
             openai_api_type="responses",
             model=_str(body.get("model")),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from proxy.model import Call, InputPart, Outcome, Rewrite, StreamEvent, Usage, frozen
+from proxy.model import NO_BYTE_FACTS, ByteFacts, Call, InputPart, Outcome, Rewrite, StreamEvent, Usage, frozen
 from proxy.providers.splice import Path
 from proxy.providers.sse import SseEvent
 
@@ -71,9 +71,9 @@ class RequestReader(Protocol):
 
     conversation: str | None  # the body's list of items an agent's next request appends to (cost anatomy)
 
-    def parse_request(self, body: Json, path: str) -> Call:
-        """The call's facts; refuses (MalformedBody) a field that changes cost and is not a
-        value the API accepts."""
+    def parse_request(self, body: Json, path: str, facts: ByteFacts = NO_BYTE_FACTS) -> Call:
+        """The call's facts, built whole with `facts` (what its bytes said); refuses
+        (MalformedBody) a field that changes cost and is not a value the API accepts."""
         ...
 
     def tool_history(self, body: Json) -> list[HistoryCall]:

@@ -15,7 +15,6 @@ from aiohttp import web
 
 from proxy.anatomy import FLUSH_EVERY, Chain, Splits, shares, split_of
 from proxy.errors import (
-    CeilingReached,
     ProxyError,
     Refusal,
     UpstreamProtocolError,
@@ -29,7 +28,7 @@ from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Translator
 from proxy.serve import accesslog, content
 from proxy.serve.appkeys import BACKGROUND, DEPLOYMENTS, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
-from proxy.serve.pipeline import refusal_reason
+from proxy.serve.pipeline import add_run_totals, after_answer, refusal_reason, refusal_totals
 from proxy.serve.state import CallState
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
@@ -39,21 +38,23 @@ __all__ = ["abandoned", "finish", "finish_safely", "flush_anatomy", "refused"]
 log = logging.getLogger("spanmeter.handler")
 
 
-async def refused(app: web.Application, call: Call, cs: spans.CallSpan, exc: ProxyError) -> None:
+def refused(app: web.Application, call: Call, cs: spans.CallSpan, exc: ProxyError) -> None:
+    """End a refused call: its record, span and access line now; then, off the answer's path
+    and in its run's order (serve/pipeline.py, as for a refused MCP call), its run's totals
+    and the end of a run made for this one call."""
     caller = cs.caller
     record = CallRecord(caller, call, _refusal_outcome(exc), cs.start_ns, time.time_ns(), forwarded=False,
                         cost_micros=0, refusal=refusal_reason(exc))
     spans.end_call(app[TEL], cs, record)
     accesslog.access(record)
-    totals = {"ceilings_hit": 1} if isinstance(exc, CeilingReached) else {}
-    if isinstance(exc, Refusal) and (failed := _failed_tools(exc.closed)):
-        totals["tool_failures"] = failed  # the results arrived, whatever became of the call
-    if totals:
-        try:
-            await app[STORE].run_add(caller.tenant, caller.run_id, totals)
-        except ProxyError:
-            log.warning("could not record the totals of refused call of run %s", caller.run_id)
-    app[BACKGROUND].spawn((caller.tenant, caller.run_id), app[RUNS].after_call(caller, end=False))
+    # The tool results it carried arrived, whatever became of the call: a failed one counts.
+    failed = _failed_tools(exc.closed) if isinstance(exc, Refusal) else 0
+    after_answer(app, caller, _after_refusal(app, caller, refusal_totals(exc, failed)))
+
+
+async def _after_refusal(app: web.Application, caller: Caller, totals: dict[str, int]) -> None:
+    await add_run_totals(app[STORE], caller, totals)  # before the run can end
+    await app[RUNS].after_call(caller, end=False)
 
 
 def abandoned(app: web.Application, call: Call, cs: spans.CallSpan) -> None:

@@ -24,7 +24,6 @@ from proxy.providers.translator import Api, Translator
 from proxy.serve import accesslog, bookkeeping
 from proxy.serve.appkeys import (
     AWS_SIGNER,
-    BACKGROUND,
     CLOUD_TOKEN,
     DEPLOYMENTS,
     KEYS,
@@ -40,6 +39,7 @@ from proxy.serve.appkeys import (
 from proxy.serve.body import open_call
 from proxy.serve.cloud_token import authorized
 from proxy.serve.deployments import unmapped_hint
+from proxy.serve.pipeline import admission_turn, after_answer
 from proxy.serve.relay import relay
 from proxy.serve.routes import Target, target_for
 from proxy.serve.state import CallState, captures
@@ -65,7 +65,7 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
         await app[AWS_SIGNER].ready(target.aws)
     policy = settings.policy_for(caller.tenant)
     parent = spans.parse_traceparent(request.headers.get("traceparent"))
-    await app[BACKGROUND].wait_ordered((caller.tenant, caller.run_id))  # the run's previous settle is ordered
+    await admission_turn(app, caller)  # the run's previous settle is ordered
     fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id),
                   deployment=tr.call.model if api.names_deployment else None,
                   capture=captures(app[TEL].config.capture_content, policy))
@@ -127,7 +127,7 @@ class Forward:
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(call, closed, stored)
-            await bookkeeping.refused(app, call, cs, exc)
+            bookkeeping.refused(app, call, cs, exc)
             raise
         except asyncio.CancelledError:
             bookkeeping.abandoned(app, call, self._start(call, (), None))  # the client left before it was forwarded
@@ -157,7 +157,7 @@ class Forward:
             hooks.let_go()
             # A task of its own: the answer does not wait for the ledger, and a client that
             # disconnects cancels the relay, never the settlement.
-            app[BACKGROUND].spawn((caller.tenant, caller.run_id), bookkeeping.finish_safely(
+            after_answer(app, caller, bookkeeping.finish_safely(
                 CallState(request, tr, admitted, answer, cs, self.capture, self.deployment)))
 
     def _pricing(self, app: web.Application) -> tuple[str | None, str]:

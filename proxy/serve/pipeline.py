@@ -10,9 +10,9 @@
              ledger and a client that leaves cancels the relay, never the settlement
 
 Each route plugs in its wire format (the error shape, the answer's reader) and its own
-admission and settlement operation. proxy/mcp/route.py goes through all of it; the model
-route (proxy/serve/handler.py, bookkeeping.py) takes its refusal reason from here and can
-adopt the rest.
+admission and settlement operation. Both routes go through all of it: proxy/mcp/route.py,
+and the model route (proxy/serve/handler.py: `admission_turn`, `after_answer`;
+bookkeeping.py: a refusal's reason and totals, added after the answer).
 """
 
 from __future__ import annotations

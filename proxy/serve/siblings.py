@@ -1,36 +1,11 @@
 """One `/metrics` for N workers: the answering worker gathers its siblings' and merges.
 
-With `spanmeter serve --workers N` (proxy/ops/workers.py) each worker has its own metric
-instruments, so each knows only its share of the counts. A scrape of the shared port
-lands on one worker, chosen by the kernel; that worker
-
-1. collects its own exposition and, at the same time, asks each sibling for its own on the
-   sibling's private loopback port (`GET /metrics` there; the supervisor created one
-   listening socket per worker slot before forking, so every worker knows every port and a
-   replacement serves its slot's port again), waiting at most `SIBLING_TIMEOUT_S`;
-2. composes, under a lock file in the state directory, what goes into the merge (below);
-3. serves `tracing.exposition.merge` of it, plus two gauges of its own:
-   `spanmeter_metrics_workers` (workers configured) and `spanmeter_metrics_workers_missing`
-   (siblings that did not answer this scrape in time).
-
-Counters must never go down between scrapes, or Prometheus reads a reset and `rate()` /
-`increase()` count the whole counter again (a false alert). Two things would make them go
-down: a sibling that misses one scrape, and a worker that dies with its counts. So the
-state directory keeps, per slot, the last exposition a scrape merged (`slot-K.prom`), and
-the counters of dead workers (`retired.prom`):
-
-- a sibling that does not answer in time contributes its slot file (stale, counted missing);
-- when a worker dies, the supervisor folds its slot file's counters into `retired.prom`
-  and records its generation there (`retire`), and every merge adds `retired.prom`: what
-  Prometheus last saw of the dead worker stays in the sums (increments it made after the
-  last scrape were never seen, so nothing goes down);
-- each worker process has a generation number (unique within the supervisor's life) and
-  every exposition is tagged with it, so a text fetched from a worker that has been retired
-  in the meantime is not counted twice, and an older text never replaces a newer one.
-
-Gauges of a dead worker are dropped with it. The directory is emptied when the supervisor
-starts: a new supervisor's counters start from zero, which Prometheus reads as the restart
-it is.
+Each worker of `spanmeter serve --workers N` knows only its share of the counts. The
+worker a scrape lands on collects its own exposition and its siblings' (each on its slot's
+loopback port, within `SIBLING_TIMEOUT_S`), composes the merge under a lock file, and
+serves `tracing.exposition.merge` of it with `spanmeter_metrics_workers` and
+`spanmeter_metrics_workers_missing`.
+What goes into the merge and why: docs/scale.md, "One `/metrics` for N workers".
 """
 
 from __future__ import annotations
