@@ -12,6 +12,7 @@ to ask again (`repair.on_invalid: retry`) and with what.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 from typing import Any, Final
@@ -20,7 +21,7 @@ import orjson
 
 from proxy.config import Policy, RepairPolicy
 from proxy.errors import SchemaViolation
-from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent, frozen
+from proxy.model import Call, OutputSpec, Repair, Rewrite, StreamEvent, ToolCall, frozen
 from proxy.providers.answer import CallKey, Json
 from proxy.providers.hooks import EventHook, Hooks
 from proxy.providers.sse import SseEvent
@@ -73,7 +74,27 @@ def install(answer: Answer, policy: RepairPolicy) -> Verdict:
             hooks.on_event.append(held)
             hooks.holds.append(held)
             hooks.reads_text |= call.output is not None  # the text is repaired: no delta may be skipped
+        elif call.output is not None:
+            hooks.check_unrewritten = functools.partial(unrepaired_output, call.output)
     return body
+
+
+def unrepaired_output(spec: OutputSpec, text: str, calls: tuple[ToolCall, ...]) -> str | None:
+    """What a repair would have done to a streamed answer's declared output (its text, or the
+    forced tool's arguments), as a span note: `output_not_repaired:fence+...`, or
+    `output_invalid` when it does not match its schema even so; None when it was fine."""
+    if spec.kind == "tool":
+        args = next((c.arguments for c in calls if c.name == spec.name), None)
+        if args is None:
+            return None
+        _, rep = repair_arguments(args, spec.schema, "output")
+    else:
+        _, rep = repair_output(text, spec)
+    if rep is None:
+        return None
+    if rep.actions and rep.actions != ("unrepairable",):
+        return "output_not_repaired:" + "+".join(rep.actions)
+    return "output_invalid" if rep.valid is False or rep.actions else None
 
 
 def _schema_of(call: Call, tool: str | None) -> dict[str, Any] | None:

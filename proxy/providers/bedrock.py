@@ -48,11 +48,9 @@ from proxy.model import (
     InputPart,
     MetaEvent,
     Outcome,
-    OutputSpec,
     Rewrite,
     StreamEvent,
     TextDelta,
-    ToolCall,
     Usage,
     UsageEvent,
     frozen,
@@ -87,7 +85,6 @@ from proxy.providers.parts import Messages, text_part
 from proxy.providers.roles import Events, HistoryCall, TextShape
 from proxy.providers.sse import SseEvent
 from proxy.providers.translator import Answer, CallTranslator, Opens, Translator
-from proxy.repair import repair_arguments, repair_output
 
 __all__ = ["CONVERSE_API", "INVOKE_API", "BedrockAnswer", "bedrock_route", "family_of", "header_usage",
            "metrics_usage", "regional_base_url"]
@@ -532,16 +529,15 @@ class BedrockAnswer(Answer):
 
     def stream(self) -> EventStreamRelay:
         chunks = self._chunks
-        at_end = self._check_output if self.call.output is not None else None
+        at_end = self._check_output if self.hooks.check_unrewritten is not None else None
         return EventStreamRelay(self.events, self._observer, self.hooks, chunks.notes if chunks else None, at_end)
 
     def _check_output(self) -> None:
         """A streamed answer is relayed as it came (its frames are not re-encoded): when its
         declared output would have needed a repair, or fails its schema, the span says so."""
-        spec = self.call.output
-        observer = self._observer
-        if spec is not None:
-            note = unrepaired_output(spec, observer.text(), observer.tool_calls())
+        check, observer = self.hooks.check_unrewritten, self._observer
+        if check is not None:
+            note = check(observer.text(), observer.tool_calls())
             if note is not None:
                 observer.note(note)
 
@@ -572,24 +568,6 @@ class BedrockTranslator(CallTranslator):
         roles = self._roles
         chunks = InvokeChunks(self._chunk) if self._chunk is not None else None
         return BedrockAnswer(roles, self.request.call, hooks, chunks or roles.answers, chunks)
-
-
-def unrepaired_output(spec: OutputSpec, text: str, calls: tuple[ToolCall, ...]) -> str | None:
-    """What a repair would have done to a streamed answer's declared output (its text, or the
-    forced tool's arguments), as a span note: `output_not_repaired:fence+...`, or
-    `output_invalid` when it does not match its schema even so; None when it was fine."""
-    if spec.kind == "tool":
-        args = next((c.arguments for c in calls if c.name == spec.name), None)
-        if args is None:
-            return None
-        _, rep = repair_arguments(args, spec.schema, "output")
-    else:
-        _, rep = repair_output(text, spec)
-    if rep is None:
-        return None
-    if rep.actions and rep.actions != ("unrepairable",):
-        return "output_not_repaired:" + "+".join(rep.actions)
-    return "output_invalid" if rep.valid is False or rep.actions else None
 
 
 def _open(api: HasRoles, raw: bytes, path: str) -> Translator:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.model import Repair, Rewrite, StreamEvent
+from proxy.model import Repair, Rewrite, StreamEvent, ToolCall
 from proxy.providers.sse import SseEvent
 
 __all__ = ["BodyHook", "EventHook", "Holder", "Hooks", "recorded_when_done"]
@@ -52,6 +52,9 @@ class Hooks:
     # what the model sent): the answer's text, and tool-call arguments by call id.
     delivered_text: str | None = None
     delivered_arguments: dict[str, str] = field(default_factory=dict)
+    # For an answer whose stream cannot be rewritten (Bedrock's event-stream frames): what a
+    # repair would have done to its declared output, as a span note, or None.
+    check_unrewritten: Callable[[str, tuple[ToolCall, ...]], str | None] | None = None
 
     def let_go(self) -> None:
         """The answer is delivered: drop its rewriting hooks. They hold these hooks and the
