@@ -1,33 +1,13 @@
 """AWS Bedrock: the routes, InvokeModel by model family, and what a Bedrock answer is metered by.
-
-Routes (proxy/providers/bedrock_wire.py reads their model): `/model/{id}/converse` and
-`/converse-stream` are Converse (proxy/providers/converse.py); `/model/{id}/invoke` and
-`/invoke-with-response-stream` are InvokeModel, whose body is the model family's own:
-
-| family | body | output bound | answer |
-|---|---|---|---|
-| Anthropic | Messages, no `model`, `anthropic_version` | `max_tokens` | Messages (the Anthropic module's reading) |
-| Anthropic (legacy text) | `prompt` | `max_tokens_to_sample` | `completion`, `stop_reason` |
-| Nova | `messages-v1`: Converse's blocks | `inferenceConfig.max_new_tokens` | Converse's; chunks keyed by event |
-| Titan text | `inputText` | `textGenerationConfig.maxTokenCount` | `results[].outputText` / stream `outputText` |
-| Llama | `prompt` | `max_gen_len` | `generation` |
-| Cohere Command | `prompt` (`message` for R) | `max_tokens` | `generations[].text` / `text` |
-| Mistral | `prompt` (or `messages`) | `max_tokens` | `outputs[].text` / `choices` |
-| AI21 | `prompt` (Jurassic), `messages` (Jamba) | `maxTokens` / `max_tokens` | `completions[].data.text` / `choices` |
-| embeddings (Titan, Cohere) | `inputText` / `texts` | none | input tokens only |
-
-A family spanmeter cannot read (a Marketplace or SageMaker endpoint, an imported model) is
-forwarded, never refused for its shape, and metered from Bedrock's own counts.
-
-What is billed: Bedrock meters every call itself and says so: non-streamed answers in
-`x-amzn-bedrock-input-token-count` / `-output-token-count` (uncached input; cache reads and
-writes in `-cache-read-input-token-count` / `-cache-write-input-token-count`), streams in
-`amazon-bedrock-invocationMetrics` on the last chunk. Those counts are what Bedrock charges
-(the same as its CloudWatch metrics), so they win over the model's own `usage` when both
-come; when they disagree the span says so (`usage_disagrees`), and the model's own numbers
-stay only in the answer the client got. Converse answers carry only their own `usage`.
-
 Pure: no I/O.
+
+`/model/{id}/converse` and `/converse-stream` are Converse (proxy/providers/converse.py);
+`/invoke` and `/invoke-with-response-stream` are InvokeModel, read by the model family's own
+body (a `Family` each); a family spanmeter cannot read is forwarded and metered from
+Bedrock's own counts. Those counts (the token-count headers, a stream's
+`amazon-bedrock-invocationMetrics`) are what Bedrock bills, so they win over the model's own
+`usage`, and a disagreement is noted on the span. The families, their fields and the billing
+rules: docs/providers.md, "AWS Bedrock" (InvokeModel families).
 """
 
 from __future__ import annotations
