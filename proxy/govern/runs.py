@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from proxy.ledger.store import Store
-from proxy.model import Call, Caller, Outcome, RunIdSource, ToolRecord
+from proxy.model import Call, Caller, Outcome, RunIdSource, ToolRecord, ToolResult
 from tracing import spans
 from tracing.digests import canonical_sha256, tool_result_digest
 from tracing.setup import Telemetry
@@ -56,6 +56,8 @@ class Runs:
         # Runs this process has begun: their ids never change, so only a run's first call
         # here needs the store (a cache; any replica may begin or end any run).
         self._known: OrderedDict[tuple[str, str], spans.RunTrace] = OrderedDict()
+        # Tool-call ids whose results the ledger has admitted, per run (`unsent`), bounded as _known.
+        self._sent: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
         # What must reach a run's totals before it ends (the cost anatomy's unflushed sums).
         self.before_end: Callable[[str, str], Awaitable[None]] | None = None
 
@@ -109,9 +111,35 @@ class Runs:
                                 description=described.get(p["name"]), capture=capture)
             spans.tool_span(self._tel, record, parent=lineage.parent, run_trace=lineage.run_trace, link=_link(p))
 
+    def unsent(self, caller: Caller, results: tuple[ToolResult, ...]) -> tuple[ToolResult, ...]:
+        """The results the ledger must see: every new one, and each earlier one this process
+        has not already had admitted for the run. An agent resends its whole history every
+        call; joining each earlier result by id again (issue 54) would make every admission
+        look up the run's every result. Another process sends them once more: harmless, as
+        the ledger closes a call once."""
+        sent = self._sent.get((caller.tenant, caller.run_id))
+        if not sent:
+            return results
+        return tuple(r for r in results if r.new or r.call_id not in sent)
+
+    def admitted(self, caller: Caller, results: tuple[tuple[str, bool], ...]) -> None:
+        """An admission carrying `results` went through: the ledger has seen them."""
+        if not results:
+            return
+        key = (caller.tenant, caller.run_id)
+        sent = self._sent.get(key)
+        if sent is None:
+            sent = self._sent[key] = set()
+            if len(self._sent) > KNOWN_RUNS:
+                self._sent.popitem(last=False)
+        else:
+            self._sent.move_to_end(key)
+        sent.update(call_id for call_id, _ in results)
+
     async def end(self, tenant: str, run_id: str, status: str = "ended",
                   source: RunIdSource = "header") -> bool:
         self._known.pop((tenant, run_id), None)
+        self._sent.pop((tenant, run_id), None)
         if self.before_end is not None:
             await self.before_end(tenant, run_id)
         rec = await self._store.run_end(tenant, run_id)
@@ -200,9 +228,9 @@ def pending_tools(outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None
     return found
 
 
-def results_ok(call: Call) -> tuple[tuple[str, bool], ...]:
-    """(call id, not a failure) for each tool result the request carries."""
-    return tuple((r.call_id, tool_result_digest(r.content, is_error=r.is_error).ok) for r in call.tool_results)
+def results_ok(results: tuple[ToolResult, ...]) -> tuple[tuple[str, bool], ...]:
+    """(call id, not a failure) for each of a request's tool results."""
+    return tuple((r.call_id, tool_result_digest(r.content, is_error=r.is_error).ok) for r in results)
 
 
 def _run_caller(tenant: str, run_id: str, stored: dict[str, Any] | None,

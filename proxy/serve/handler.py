@@ -69,7 +69,8 @@ async def handle_call(request: web.Request, api: Api, upstream_name: str | None)
     fwd = Forward(request, caller, target, policy, parent, arrived, settings.key_policy(caller.tenant, caller.key_id),
                   deployment=tr.call.model if api.names_deployment else None,
                   capture=captures(app[TEL].config.capture_content, policy))
-    response, again = await fwd.send(tr, Closes(results_ok(tr.call), app[RUNS].candidate(caller, parent, arrived)))
+    results = results_ok(app[RUNS].unsent(caller, tr.call.tool_results))
+    response, again = await fwd.send(tr, Closes(results, app[RUNS].candidate(caller, parent, arrived)))
     if again is None:
         return response
     # repair.on_invalid=retry: ask once more, the problems fed back; it counts as a call.
@@ -124,6 +125,7 @@ class Forward:
                                   patch_bytes=CLAMP_BYTES + grown, priced_as=priced_as, price_hint=hint,
                                   provider=self.target.provider)
             admitted = await admit(app[STORE], app[PRICES], candidate, tz=app[SETTINGS].timezone)
+            app[RUNS].admitted(caller, closes.results)
         except ProxyError as exc:
             closed, stored = (exc.closed, exc.trace) if isinstance(exc, Refusal) else ((), None)
             cs = self._start(call, closed, stored)
