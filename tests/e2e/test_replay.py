@@ -8,7 +8,6 @@ under a cost ceiling and in tenant mode: nothing real is refused."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
@@ -23,8 +22,7 @@ import pytest
 from proxy.config import hash_key
 from proxy.ops.demo import serve_on_free_port
 from proxy.pricing import PriceTable
-from proxy.serve.appkeys import TEL
-from tests.fakes.replay import MISSING, RECORDED, create_replay, decoded, recorded_pairs
+from tests.fakes.replay import MISSING, RECORDED, create_replay, decoded, recorded_pairs, replay_runs
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,21 +200,7 @@ async def _replay(make_proxy: Any, receiver: Any, tag: str, **settings: Any) -> 
     try:
         proxy = await make_proxy(openai_base_url=upstream, anthropic_base_url=upstream, gemini_base_url=upstream,
                                  otlp_endpoint=receiver.endpoint, **settings)
-        runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for p in pairs:
-            runs[p["run"]].append(p)
-        got: dict[str, dict[str, Any]] = {}
-        gate = asyncio.Semaphore(16)
-
-        async def one_run(run: str, ps: list[dict[str, Any]]) -> None:
-            async with gate, aiohttp.ClientSession(auto_decompress=True) as s:
-                for p in sorted(ps, key=lambda p: p["seq"]):
-                    got[p["id"]] = await _send(s, proxy.url, p, f"{tag}-{run}")
-
-        await asyncio.gather(*(one_run(r, ps) for r, ps in runs.items()))
-        await proxy.settled()
-        await asyncio.to_thread(proxy.app[TEL].force_flush)
-        spans = await asyncio.to_thread(receiver.wait_for_spans, len(pairs), 30.0)
+        got, spans = await replay_runs(proxy, pairs, _send, tag, receiver, at_once=16)
     finally:
         await upstream_runner.cleanup()
     return _check(pairs, got, spans, tag)

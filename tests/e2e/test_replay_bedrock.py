@@ -13,7 +13,6 @@ execute_tool spans; nothing answers 5xx."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import math
@@ -27,8 +26,7 @@ import pytest
 
 from proxy.ops.demo import serve_on_free_port
 from proxy.pricing import PriceTable
-from proxy.serve.appkeys import TEL
-from tests.fakes.replay import create_replay, decoded
+from tests.fakes.replay import create_replay, decoded, replay_runs
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 botocore_eventstream = pytest.importorskip("botocore.eventstream")
@@ -151,20 +149,7 @@ async def test_every_recorded_bedrock_pair_replays_exactly(make_proxy, otlp_rece
     runner, upstream = await serve_on_free_port(create_replay({p["id"]: p for p in pairs}))
     try:
         proxy = await make_proxy(bedrock_base_url=upstream, otlp_endpoint=otlp_receiver.endpoint)
-        runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for p in pairs:
-            runs[p["run"]].append(p)
-        got: dict[str, dict[str, Any]] = {}
-
-        async def one_run(run: str, ps: list[dict[str, Any]]) -> None:
-            async with aiohttp.ClientSession() as s:
-                for p in sorted(ps, key=lambda p: p["seq"]):
-                    got[p["id"]] = await _send(s, proxy.url, p, f"bedrock-{run}")
-
-        await asyncio.gather(*(one_run(r, ps) for r, ps in runs.items()))
-        await proxy.settled()
-        await asyncio.to_thread(proxy.app[TEL].force_flush)
-        spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, len(pairs), 30.0)
+        got, spans = await replay_runs(proxy, pairs, _send, "bedrock", otlp_receiver)
     finally:
         await runner.cleanup()
     _check(pairs, got, spans)

@@ -13,7 +13,6 @@ tests/e2e/test_replay_bedrock.py; Vertex's pair is replayed by tests/e2e/test_ve
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
@@ -26,8 +25,7 @@ import pytest
 
 from proxy.ops.demo import serve_on_free_port
 from proxy.pricing import PriceTable
-from proxy.serve.appkeys import TEL
-from tests.fakes.replay import create_replay, decoded
+from tests.fakes.replay import create_replay, decoded, replay_runs
 from tests.fixtures.otlp import otlp_receiver  # noqa: F401
 
 REACH = Path(__file__).resolve().parents[2].parent / "shared" / "cassettes" / "reach-pairs.jsonl"
@@ -128,20 +126,7 @@ async def _replay(make_proxy: Any, receiver: Any, tag: str, **settings: Any) -> 
         hosts = {name: {"base_url": upstream} for name in ("groq", "mistral", "together", "deepseek")}
         proxy = await make_proxy(azure_openai_base_url=upstream, upstreams=hosts, azure_deployments=DEPLOYMENTS,
                                  otlp_endpoint=receiver.endpoint, **settings)
-        runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for p in pairs:
-            runs[p["run"]].append(p)
-        got: dict[str, dict[str, Any]] = {}
-
-        async def one_run(run: str, ps: list[dict[str, Any]]) -> None:
-            async with aiohttp.ClientSession() as s:
-                for p in sorted(ps, key=lambda p: p["seq"]):
-                    got[p["id"]] = await _send(s, proxy.url, p, f"{tag}-{run}")
-
-        await asyncio.gather(*(one_run(r, ps) for r, ps in runs.items()))
-        await proxy.settled()
-        await asyncio.to_thread(proxy.app[TEL].force_flush)
-        spans = await asyncio.to_thread(receiver.wait_for_spans, len(pairs), 30.0)
+        got, spans = await replay_runs(proxy, pairs, _send, tag, receiver)
     finally:
         await runner.cleanup()
     _check(pairs, got, spans, tag)

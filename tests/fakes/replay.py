@@ -9,13 +9,19 @@ the proxy's framing is tried on real bytes. Bedrock's recorded `x-amzn-bedrock-*
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import zlib
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+
+from proxy.serve.appkeys import TEL
 
 PAIRS = web.AppKey("pairs", dict)
 CUTS = (1, 7, 2, 64, 3, 13, 5, 300, 11)
@@ -79,3 +85,29 @@ async def _answer(request: web.Request) -> web.StreamResponse:
         at, i = at + size, i + 1
     await resp.write_eof()
     return resp
+
+
+Sender = Callable[[aiohttp.ClientSession, str, dict[str, Any], str], Awaitable[dict[str, Any]]]
+
+
+async def replay_runs(proxy: Any, pairs: list[dict[str, Any]], send: Sender, tag: str, receiver: Any,
+                      *, at_once: int = 64) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Each recorded run through the running `proxy`, its pairs in order (`send` makes one
+    call, run id `{tag}-{run}`), the runs side by side, `at_once` at most; then every span the
+    receiver got once the proxy's bookkeeping settled: (what each pair's call got, spans)."""
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in pairs:
+        runs[p["run"]].append(p)
+    got: dict[str, dict[str, Any]] = {}
+    gate = asyncio.Semaphore(at_once)
+
+    async def one_run(run: str, ps: list[dict[str, Any]]) -> None:
+        async with gate, aiohttp.ClientSession(auto_decompress=True) as s:
+            for p in sorted(ps, key=lambda p: p["seq"]):
+                got[p["id"]] = await send(s, proxy.url, p, f"{tag}-{run}")
+
+    await asyncio.gather(*(one_run(r, ps) for r, ps in runs.items()))
+    await proxy.settled()
+    await asyncio.to_thread(proxy.app[TEL].force_flush)
+    spans = await asyncio.to_thread(receiver.wait_for_spans, len(pairs), 30.0)
+    return got, spans
