@@ -63,6 +63,14 @@ async def _attack(url: str) -> None:
                 pass
 
 
+async def _access_lines_written(err: Path) -> None:
+    """The bookkeeping writes a model call's access line after its answer: wait until every
+    hostile model call has one (each also has a 404 twin), not for a fixed time."""
+    deadline = time.monotonic() + 60
+    while err.read_text().count("spanmeter.access") < 2 * len(HOSTILE) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def _serve_and_attack(sim, tmp_path: Path, fmt: str) -> tuple[str, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPANMETER_")}
@@ -81,7 +89,7 @@ async def _serve_and_attack(sim, tmp_path: Path, fmt: str) -> tuple[str, str]:
                 except aiohttp.ClientConnectionError:
                     await asyncio.sleep(0.05)
         await _attack(url)
-        await asyncio.sleep(0.5)  # the bookkeeping's access lines
+        await _access_lines_written(tmp_path / f"{fmt}.err")
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
