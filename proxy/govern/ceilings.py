@@ -55,6 +55,7 @@ class Candidate:
     priced_as: str | None = None
     price_hint: str = ""
     provider: str | None = None  # gen_ai.provider.name of the upstream: whose price list applies
+    solo: bool = False  # its run was made for it (no X-Run-Id, no traceparent), and it is not a retry
 
 
 @frozen
@@ -237,7 +238,7 @@ async def admit(store: Store, prices: PriceTable, candidate: Candidate, *, tz: s
     turn = Turn(reserve=q.reserve, results=candidate.results, guard=candidate.guard, trace=candidate.trace,
                 context=call.stored_context, input_rate=q.input_rate, priced=price is not None, model=call.model,
                 price_hint=candidate.price_hint if price is None else "", key=caller.key_id, rates=rates,
-                tokens=q.tokens)
+                tokens=q.tokens, solo=candidate.solo)
     now = now or datetime.now(UTC)
     adm = await store.admit(Ask(caller.tenant, caller.run_id, now, limits, tz=tz), turn)
     in_force = adm.limits or limits

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
+from proxy.ledger.solo import Solo, SoloRuns
 from proxy.ledger.store import (
     NO_TURN,
     Admission,
@@ -27,17 +29,26 @@ from proxy.ledger.store import (
     Store,
     ToolTurn,
     Turn,
+    WholeRun,
     done_future,
     window_keys,
 )
 
-__all__ = ["HOT_AFTER", "LEASE_CALLS", "LEASE_S", "MARGIN", "LeasedStore"]
+__all__ = ["HOT_AFTER", "LEASE_CALLS", "LEASE_RUN", "LEASE_S", "MARGIN", "SOLO_CALLS", "SOLO_CALLS_MAX", "LeasedStore"]
 
 LEASE_S = 2.0  # a lease is returned this long after it was taken, at the latest
 LEASE_CALLS = 32  # calls one lease may serve
 MARGIN = 8  # lease only with this many leases' worth of headroom on every limited scope
 HOT_AFTER = 3  # exact admissions of a run in a row before it leases
 HEAT_KEPT = 10_000  # runs whose latest admission is remembered (the least recent forgotten first)
+SOLO_CALLS = 32  # a tenant lease's first size, for runs of one call; doubled each time one is used up
+SOLO_CALLS_MAX = 1024
+SOLO_CALLS_MIN = 8
+RENEW_AT = 4  # a tenant lease's next is taken when 1/RENEW_AT of its calls or time is left
+# The run a process's tenant leases are admitted on (with a token of the process after it):
+# ended at once, so it is never swept as idle, and left out of every listing.
+LEASE_RUN = "~spanmeter-lease-"
+LISTED_LEASE_RUNS = 16  # lease runs a listing may meet among the latest runs (one per process and tenant)
 
 _Key = tuple[str, str, str | None, str, str]  # tenant, run, key id, day, month
 
@@ -58,6 +69,7 @@ class _Lease:
     totals: dict[str, int] = field(default_factory=dict)  # run totals to write with the return
     tools: list[dict[str, Any]] = field(default_factory=list)  # open tool calls, likewise
     contexts: dict[str, int] = field(default_factory=dict)  # stored-context sizes, likewise
+    counted: bool = True  # its calls were counted on its run up front (a run's lease; not a tenant's)
     closing: bool = False  # no more calls; returned once nothing is in flight
     settled_back: bool = False  # its settle is in the wrapped store
     uncounted: bool = False  # and its unused calls are given back
@@ -100,11 +112,33 @@ class LeasedStore:
         self._taking: set[_Key] = set()
         self._closing: set[asyncio.Task[None]] = set()  # keeps the timers' closes alive
         self._ids = itertools.count()
+        # Runs of one call (Turn.solo), served from tenant leases and kept in memory (solo.py).
+        self.solos = SoloRuns(inner)
+        self._lease_run = LEASE_RUN + secrets.token_hex(6)
+        self._lease_runs_ended: set[str] = set()  # tenants whose lease run this process has ended
+        self._tenant_heat: dict[tuple[str, str | None], tuple[Limits, Admission]] = {}  # (tenant, key) -> last seen
+        self._solo_taking: dict[_Key, asyncio.Future[_Lease | None]] = {}
+        self._solo_size: dict[tuple[str, str | None], int] = {}
+        self._solo_of: dict[str, tuple[str, str]] = {}  # a leased call of a run of one -> its run
+        self._renewing: set[asyncio.Task[_Lease | None]] = set()
+        self._gave_back = 0  # give-backs begun (spend_detail reads the store between them)
+        self._contexts: dict[str, dict[str, int]] = {}  # stored-context sizes settled into leases, not yet written
 
     # --- the call's path -------------------------------------------------------------
 
     async def admit(self, ask: Ask, turn: Turn = NO_TURN) -> Admission:
         run = (ask.tenant, ask.run_id)
+        if turn.context and ask.tenant in self._contexts:
+            await self._write_contexts(ask.tenant)
+        if run in self.solos:  # a run of one call with a second (a retry): the store takes it over
+            await self.solos.materialize(*run)
+        elif turn.solo:
+            served = await self._admit_solo(ask, turn)
+            if served is not None:
+                return served
+            admission = await self.inner.admit(ask, turn)
+            self._tenant_heat[ask.tenant, turn.key] = (_tenant_limits(ask.limits), admission)
+            return admission
         if run not in self._runs and run not in self._returns and not self._hot(run):
             return await self._exact(ask, turn)  # a run not leased nor hot: nothing else to do
         lkey = _lease_key(ask, turn)
@@ -201,11 +235,23 @@ class LeasedStore:
         within = min(actual, reserved)
         lease.used += within - reserved
         lease.settled += within
-        for name, value in (run_totals or {}).items():
-            lease.totals[name] = lease.totals.get(name, 0) + value
-        lease.tools.extend(tools or [])
+        solo_run = self._solo_of.pop(admission.id, None)
+        if solo_run is not None:  # the run's own record is kept apart from the tenant's lease
+            solo = self.solos.live.get(solo_run)
+            if solo is not None:
+                solo.settled += actual
+                solo.inflight -= reserved
+                solo.add(run_totals, tools)
+            else:  # the store took the run over meanwhile (solo.py `materialize`)
+                await self.solos.add_late(*solo_run, 0, actual, run_totals, tools)
+        else:
+            for name, value in (run_totals or {}).items():
+                lease.totals[name] = lease.totals.get(name, 0) + value
+            lease.tools.extend(tools or [])
         for ref, size in (contexts or {}).items():
             lease.contexts[ref] = max(size, lease.contexts.get(ref, 0))
+            pending = self._contexts.setdefault(lease.ask.tenant, {})
+            pending[ref] = max(size, pending.get(ref, 0))
         if actual > reserved:
             await self._overshoot(lease, actual - reserved)
         if lease.closing and not lease.inflight:
@@ -240,12 +286,162 @@ class LeasedStore:
         await self.settle(admission, 0)
 
     async def admit_tool(self, ask: Ask, turn: ToolTurn) -> Admission:
+        await self.solos.materialize(ask.tenant, ask.run_id)
         await self._flush_run(ask.tenant, ask.run_id)
         self._heat.pop((ask.tenant, ask.run_id), None)
         return await self.inner.admit_tool(ask, turn)
 
     async def expire(self, now: datetime) -> int:
         return await self.inner.expire(now)
+
+    # --- runs of one call: tenant leases ------------------------------------------
+
+    async def _admit_solo(self, ask: Ask, turn: Turn) -> Admission | None:
+        """A run of one call served from its tenant's lease, or None for the exact path."""
+        lkey = self._solo_key(ask, turn)
+        if lkey is None:
+            return None
+        lease = self._leases.get(lkey)
+        if lease is None or not self._fits_solo(lease, ask, turn):
+            lease = await self._solo_lease(lkey, ask, turn)
+            if lease is None or not self._fits_solo(lease, ask, turn):
+                return None
+        admission = self._serve_solo(lease, ask, turn)
+        left = lease.calls_left * RENEW_AT < lease.count or (
+            (time.monotonic() - lease.taken) * RENEW_AT > self.lease_s * (RENEW_AT - 1))
+        if left and lkey not in self._solo_taking:  # the next lease is taken before this one runs out
+            task = asyncio.ensure_future(self._solo_lease(lkey, ask, turn))
+            self._renewing.add(task)
+            task.add_done_callback(self._renewing.discard)
+        return admission
+
+    def _solo_key(self, ask: Ask, turn: Turn) -> _Key | None:
+        """The tenant lease a run of one call may be served from; None when the store must
+        judge it (what a fresh run's ceilings cannot decide alone, or a rate, a stored context)."""
+        limits = ask.limits
+        if (turn.context or turn.rates or not turn.priced or turn.count != 1
+                or limits.run_max_tokens is not None or limits.run_max_seconds is not None
+                or (limits.run_max_calls is not None and limits.run_max_calls < 1)
+                or (limits.run_max_cost is not None and limits.run_max_cost < turn.reserve[0])):
+            return None
+        day, month = window_keys(ask.now, ask.tz)
+        return ask.tenant, self._lease_run, turn.key, day, month
+
+    def _fits_solo(self, lease: _Lease, ask: Ask, turn: Turn) -> bool:
+        return (not lease.closing and lease.calls_left > 0
+                and lease.admission.reserved - lease.used >= turn.reserve[1]
+                and _tenant_limits(ask.limits) == lease.ask.limits and ask.ttl_s == lease.ask.ttl_s
+                and time.monotonic() - lease.taken < self.lease_s)
+
+    async def _solo_lease(self, lkey: _Key, ask: Ask, turn: Turn) -> _Lease | None:
+        """The tenant's next lease: taken once, whoever else waits for it meanwhile."""
+        pending = self._solo_taking.get(lkey)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        calls = self._solo_calls(ask, turn)
+        if not calls:
+            return None
+        taking: asyncio.Future[_Lease | None] = asyncio.get_running_loop().create_future()
+        self._solo_taking[lkey] = taking
+        lease = None
+        try:
+            lease = await self._take_solo(lkey, ask, turn, calls)
+        finally:
+            del self._solo_taking[lkey]
+            taking.set_result(lease)
+        return lease
+
+    def _solo_calls(self, ask: Ask, turn: Turn) -> int:
+        """Calls to lease for the tenant's runs of one call: from how the last lease was used,
+        and at most 1/MARGIN of the headroom its last admission left on every limited scope."""
+        heat = self._tenant_heat.get((ask.tenant, turn.key))
+        if heat is None or heat[0] != _tenant_limits(ask.limits):
+            return 0  # the first: exact, and its headroom sizes the lease
+        calls, most = self._solo_size.get((ask.tenant, turn.key), SOLO_CALLS), turn.reserve[1]
+        if most > 0:
+            for scope, left in heat[1].remaining.items():
+                if scope != "run_cost" and left is not None:
+                    calls = min(calls, left // (MARGIN * most))
+        return calls if calls >= 2 else 0
+
+    async def _take_solo(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
+        most = turn.reserve[1]
+        lask = Ask(ask.tenant, self._lease_run, ask.now, _tenant_limits(ask.limits), tz=ask.tz, ttl_s=ask.ttl_s)
+        try:
+            admission = await self.inner.admit(lask, Turn(reserve=(most, most * calls), key=turn.key, count=0))
+        except Exception:  # a refused lease is no refusal of the call: the exact path decides
+            return None
+        self._tenant_heat[ask.tenant, turn.key] = (lask.limits, admission)
+        if ask.tenant not in self._lease_runs_ended:  # never an open run: no sweep, no run span
+            self._lease_runs_ended.add(ask.tenant)
+            try:
+                await self.inner.run_end(ask.tenant, self._lease_run)
+            except Exception:
+                self._lease_runs_ended.discard(ask.tenant)
+        if most > 0:
+            calls = min(calls, admission.reserved // most)
+        lease = _Lease(lkey, admission, lask, time.monotonic(), calls, counted=False)
+        if lkey in self._leases:
+            self._close_behind(lkey)
+        self._leases[lkey] = lease
+        self._runs.setdefault(lease.run, []).append(lease)
+        asyncio.get_running_loop().call_later(self.lease_s, self._expire_soon, lkey, lease)
+        return lease
+
+    def _serve_solo(self, lease: _Lease, ask: Ask, turn: Turn) -> Admission:
+        """Admit a run of one call from the tenant's lease: the run's own ceilings judged here
+        (a fresh run: its first call, nothing spent), the tenant's by the lease."""
+        a, limits = lease.admission, ask.limits
+        amount = turn.reserve[1] if limits.run_max_cost is None else min(turn.reserve[1], limits.run_max_cost)
+        lease.served += 1
+        lease.used += amount
+        rid = f"lease-{next(self._ids)}"
+        lease.inflight[rid] = amount
+        self._by_id[rid] = lease
+        self._solo_of[rid] = (ask.tenant, ask.run_id)
+        free = a.reserved - lease.used
+        remaining: dict[str, int | None] = {"run_cost": None if limits.run_max_cost is None
+                                            else limits.run_max_cost - amount}
+        remaining |= {s: None if v is None else v + free for s, v in a.remaining.items() if s != "run_cost"}
+        ts = ask.now.timestamp()
+        self.solos.begin(Solo(ask.tenant, ask.run_id, ts, turn.trace, last_seen=ts, inflight=amount))
+        return Admission(rid, a.tenant, ask.run_id, amount, 1, remaining, a.day_key, a.month_key, trace=turn.trace,
+                         limits=_in_force(limits, a.limits), key=turn.key)
+
+    def _close_behind(self, lkey: _Key) -> None:
+        """`_close` now, its return left to a task: nobody waits for it."""
+        lease = self._leases.pop(lkey, None)
+        if lease is None:
+            return
+        lease.closing = True
+        if not lease.inflight:
+            task = asyncio.ensure_future(self._return(lease))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _write_contexts(self, tenant: str) -> None:
+        """Stored-context sizes settled into leases, written now: a call naming one is about
+        to be admitted (an admission of nothing on the lease run, settled with them)."""
+        pending = self._contexts.pop(tenant, None)
+        if not pending:
+            return
+        try:
+            carrier = await self.inner.admit(Ask(tenant, self._lease_run, datetime.now(UTC)), Turn(count=0))
+            await self.inner.settle(carrier, 0, contexts=pending)
+        except Exception:  # the leases carrying them write them at their return
+            for ref, size in pending.items():
+                self._contexts.setdefault(tenant, {})[ref] = max(size, self._contexts.get(tenant, {}).get(ref, 0))
+            raise
+
+    def _contexts_written(self, tenant: str, written: dict[str, int]) -> None:
+        pending = self._contexts.get(tenant)
+        if not pending or not written:
+            return
+        for ref, size in written.items():
+            if pending.get(ref, size + 1) <= size:
+                del pending[ref]
+        if not pending:
+            del self._contexts[tenant]
 
     # --- returning leases ------------------------------------------------------------
 
@@ -282,16 +478,24 @@ class LeasedStore:
         """One settle of the lease (the money its calls spent, with their totals, tool calls
         and context sizes), then the calls it counted and did not serve are uncounted. Until
         each is done the ledger holds more than was spent, never less."""
+        self._gave_back += 1
         try:
             totals, tools, contexts = lease.totals, lease.tools, lease.contexts
             lease.totals, lease.tools, lease.contexts = {}, [], {}
             await self.inner.settle(lease.admission, lease.settled, run_totals=totals or None,
                                     tools=tools or None, contexts=contexts or None)
             lease.settled_back = True
+            self._contexts_written(lease.ask.tenant, contexts)
             unused = lease.count - lease.served
-            if unused > 0:
+            if unused > 0 and lease.counted:
                 await self._uncount(lease.ask, unused)
             lease.uncounted = True
+            if not lease.counted:  # a tenant lease: the next is sized from how this one was used
+                sized = (lease.ask.tenant, lease.admission.key)
+                if unused <= 0:
+                    self._solo_size[sized] = min(SOLO_CALLS_MAX, lease.count * 2)
+                elif lease.served < lease.count // 4:
+                    self._solo_size[sized] = max(SOLO_CALLS_MIN, lease.count // 2)
         finally:
             leases = self._runs.get(lease.run, [])
             if lease in leases:
@@ -344,7 +548,21 @@ class LeasedStore:
 
     async def spend_detail(self, tenant: str, *, run_id: str | None = None, day: str | None = None,
                            month: str | None = None, key_id: str | None = None) -> Spend:
-        found = await self.inner.spend_detail(tenant, run_id=run_id, day=day, month=month, key_id=key_id)
+        if run_id is not None:
+            solo = self.solos.live.get((tenant, run_id))
+            if solo is not None:
+                return Spend(solo.settled, solo.inflight)
+            await self.solos.settled(tenant, run_id)
+        # A lease being given back is in the store or not depending on the moment the store is
+        # read: read it when none is, again if one began meanwhile.
+        for _ in range(8):
+            returning = [task for tasks in self._returns.values() for task in tasks]
+            if returning:
+                await asyncio.gather(*returning, return_exceptions=True)
+            began = self._gave_back
+            found = await self.inner.spend_detail(tenant, run_id=run_id, day=day, month=month, key_id=key_id)
+            if began == self._gave_back and not any(self._returns.values()):
+                break
         settled, reserved = found.settled, found.reserved
         for lease in self._live():
             if not lease.settled_back and _covers(lease.admission, tenant, run_id, day, month, key_id):
@@ -361,41 +579,79 @@ class LeasedStore:
         return [lease for leases in self._runs.values() for lease in leases]
 
     async def run_calls(self, tenant: str, run_id: str) -> int:
+        solo = self.solos.live.get((tenant, run_id))
+        if solo is not None:
+            return solo.calls
+        await self.solos.settled(tenant, run_id)
         calls = await self.inner.run_calls(tenant, run_id)
         return calls - sum(lease.count - lease.served for lease in self._runs.get((tenant, run_id), ())
                            if not lease.uncounted)
 
     async def run_add(self, tenant: str, run_id: str, deltas: dict[str, int], *, soon: bool = False) -> None:
+        solo = self.solos.live.get((tenant, run_id))
+        if solo is not None:
+            solo.add(deltas, None)
+            return
+        await self.solos.settled(tenant, run_id)
         await self.inner.run_add(tenant, run_id, deltas, soon=soon)
 
     async def run_totals(self, tenant: str, run_id: str) -> dict[str, int]:
+        solo = self.solos.live.get((tenant, run_id))
+        if solo is not None:
+            return dict(solo.totals)
+        await self.solos.settled(tenant, run_id)
         await self._flush_run(tenant, run_id)
         return await self.inner.run_totals(tenant, run_id)
 
     async def run_end(self, tenant: str, run_id: str) -> dict[str, Any] | None:
+        if (tenant, run_id) in self.solos.live:
+            return self.solos.end(tenant, run_id)
+        await self.solos.settled(tenant, run_id)
         await self._flush_run(tenant, run_id)
         self._heat.pop((tenant, run_id), None)
         return await self.inner.run_end(tenant, run_id)
 
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]:
-        return await self.inner.idle_runs(before)
+        return [(t, r) for t, r in await self.inner.idle_runs(before) if not r.startswith(LEASE_RUN)]
 
     async def sweep_turn(self, every_s: float) -> bool:
         return await self.inner.sweep_turn(every_s)
 
+    async def runs_record(self, runs: Sequence[WholeRun]) -> None:
+        await self.inner.runs_record(runs)
+
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
         await self._flush_all()
-        return await self.inner.list_runs(tenant, limit)
+        await self.solos.flush(stale_only=True)  # every ended run of one call, written
+        # Every process's lease runs are left out (a few a tenant: one per process).
+        found = await self.inner.list_runs(tenant, limit + LISTED_LEASE_RUNS)
+        return [r for r in found if not r["run_id"].startswith(LEASE_RUN)][:limit]
 
     async def tools_put(self, tenant: str, run_id: str, calls: list[dict[str, Any]]) -> None:
+        solo = self.solos.live.get((tenant, run_id))
+        if solo is not None:
+            solo.add(None, calls)
+            return
+        await self.solos.settled(tenant, run_id)
         await self._flush_run(tenant, run_id)
         await self.inner.tools_put(tenant, run_id, calls)
 
     async def tools_take(self, tenant: str, run_id: str, ids: list[str]) -> list[dict[str, Any]]:
+        solo = self.solos.live.get((tenant, run_id))
+        if solo is not None:
+            wanted = set(ids)
+            taken = [t for t in solo.tools if t.get("id") in wanted]
+            solo.tools = [t for t in solo.tools if t.get("id") not in wanted]
+            return taken
+        await self.solos.settled(tenant, run_id)
         await self._flush_run(tenant, run_id)
         return await self.inner.tools_take(tenant, run_id, ids)
 
     async def tools_pending(self, tenant: str, run_id: str) -> list[dict[str, Any]]:
+        solo = self.solos.live.get((tenant, run_id))
+        if solo is not None:
+            return list(solo.tools)
+        await self.solos.settled(tenant, run_id)
         await self._flush_run(tenant, run_id)
         return await self.inner.tools_pending(tenant, run_id)
 
@@ -411,7 +667,10 @@ class LeasedStore:
         await self.inner.ping()
 
     async def aclose(self) -> None:
+        if self._renewing:
+            await asyncio.gather(*self._renewing, return_exceptions=True)
         await self._flush_all()
+        await self.solos.aclose()
         await self.inner.aclose()
 
 
@@ -450,3 +709,19 @@ def _covers(a: Admission, tenant: str, run_id: str | None, day: str | None, mont
     if month is not None:
         return a.month_key == month
     return True
+
+
+def _tenant_limits(limits: Limits) -> Limits:
+    """The limits a tenant lease is admitted under: the run's are judged per call."""
+    return replace(limits, run_max_calls=None, run_max_cost=None, run_max_tokens=None, run_max_seconds=None)
+
+
+def _in_force(limits: Limits, leased: Limits | None) -> Limits:
+    """A call's limits with the admin API's budgets its lease's admission found in force."""
+    if leased is None or (leased.day_budget, leased.month_budget) == (limits.day_budget, limits.month_budget):
+        return limits
+    origin = dict(limits.origin)
+    for scope in ("tenant_day", "tenant_month"):
+        if scope in leased.origin:
+            origin[scope] = leased.origin[scope]
+    return replace(limits, day_budget=leased.day_budget, month_budget=leased.month_budget, origin=origin)

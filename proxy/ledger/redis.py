@@ -18,7 +18,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,6 +59,7 @@ from proxy.ledger.store import (
     Standing,
     ToolTurn,
     Turn,
+    WholeRun,
     context_refusal,
     guard_refusal,
     rate_refusal,
@@ -634,6 +635,22 @@ class RedisStore(DerivedOps):
 
         found = await self._each(await self._tenants(), idle, "idle-run sweep")
         return [pair for pairs in found for pair in pairs]
+
+    async def runs_record(self, runs: Sequence[WholeRun]) -> None:
+        by_tenant: dict[str, list[WholeRun]] = {}
+        for run in runs:
+            by_tenant.setdefault(run.tenant, []).append(run)
+        for tenant, whole in by_tenant.items():
+            keys = [key(tenant, "runs"), key(tenant, "active")]
+            args: list[Any] = []
+            for run in whole:
+                keys += [key(tenant, "run", run.run_id), key(tenant, "totals", run.run_id)]
+                args += [run.run_id, run.calls, repr(run.first_seen), repr(run.last_seen),
+                         "" if run.ended_at is None else repr(run.ended_at),
+                         json.dumps(run.trace) if run.trace else "", int(run.settled),
+                         len(run.totals), *(x for name, value in run.totals.items() for x in (name, int(value)))]
+            # Not repeatable: a repeat would count twice.
+            await self._script("runs_record", keys, args, repeatable=False, tenant=tenant)
 
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
         async def latest(t: str) -> list[tuple[float, str, str]]:

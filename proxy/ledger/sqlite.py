@@ -42,6 +42,7 @@ from proxy.ledger.store import (
     Standing,
     ToolTurn,
     Turn,
+    WholeRun,
     context_micros,
     context_refusal,
     costed,
@@ -475,6 +476,26 @@ class SqliteStore(DerivedOps):
         )
         return [(t, r) for t, r in rows]
 
+    async def runs_record(self, runs: Sequence[WholeRun]) -> None:
+        rows = [(r.tenant, r.run_id, r.calls, _dumps(r.trace) if r.trace else None, r.first_seen, r.last_seen,
+                 0 if r.ended_at is None else 1, r.ended_at) for r in runs]
+        spent: dict[tuple[str, str, str], list[int]] = {}
+        for r in runs:
+            spent.setdefault((r.tenant, "run", r.run_id), [0, 0])[0] += int(r.settled)
+        totals: dict[tuple[str, str, str], int] = {}
+        for r in runs:
+            for name, value in r.totals.items():
+                totals[r.tenant, r.run_id, name] = totals.get((r.tenant, r.run_id, name), 0) + int(value)
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(_RECORD_RUN, rows)
+            _add(conn, spent)
+            _add_totals(conn, totals)
+
+        # Durable soon: the money these runs spent is already counted on the tenant's scopes
+        # (their lease's reservation, then its settle); a power cut loses only their rows.
+        await self._do(op, soon=True)
+
     async def sweep_turn(self, every_s: float) -> bool:
         return True  # one machine: every worker's sweep is cheap and run ends are first-caller-only
 
@@ -750,6 +771,13 @@ class _Rows:
             conn.execute(_sql(_reserve_sql, n), [v for r in made[:n] for v in r])
             made = made[n:]
 
+
+_RECORD_RUN = (
+    "INSERT INTO runs (tenant, run_id, calls, trace, first_seen, last_seen, ended, ended_at) "
+    "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = calls + excluded.calls, "
+    "trace = COALESCE(trace, excluded.trace), first_seen = MIN(COALESCE(first_seen, excluded.first_seen), "
+    "excluded.first_seen), last_seen = MAX(COALESCE(last_seen, excluded.last_seen), excluded.last_seen), "
+    "ended = MAX(ended, excluded.ended), ended_at = COALESCE(ended_at, excluded.ended_at)")
 
 _READ_RUN = ("SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures, "
              "r.tokens_held, r.tokens_expired "

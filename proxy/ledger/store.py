@@ -12,7 +12,7 @@ Scopes, tokens, windows and expiry: docs/internals.md, "The store protocol".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -43,6 +43,7 @@ __all__ = [
     "ToolTurn",
     "Turn",
     "Views",
+    "WholeRun",
     "decide",
     "done_future",
     "rate_refusal",
@@ -104,6 +105,22 @@ class Limits:
 
 
 @frozen
+class WholeRun:
+    """A run as budget leases kept it in memory (proxy/ledger/leases.py), to be written whole
+    (`Views.runs_record`): ended, or still open when it lived too long in memory."""
+
+    tenant: str
+    run_id: str
+    calls: int
+    first_seen: float  # epoch seconds
+    last_seen: float
+    trace: dict[str, Any] | None
+    settled: int  # micro-USD its calls cost: the run's own scope
+    totals: Mapping[str, int]
+    ended_at: float | None = None  # None: open, for the idle sweeper to end
+
+
+@frozen
 class GuardRule:
     """The loop guard's refusals, decided inside the admission from the streaks it counts."""
 
@@ -152,6 +169,9 @@ class Turn:
     # Calls to count on the run: 1 for a model call. A budget lease (proxy/ledger/leases.py)
     # counts the calls it may serve up front, so a crash can only over-count them.
     count: int = 1
+    # The run was made for this one call (no X-Run-Id, no traceparent) and no other call
+    # names it: budget leases keep it in memory and write it whole (`Views.runs_record`).
+    solo: bool = False
 
 
 NO_TURN = Turn()
@@ -571,6 +591,12 @@ class Views(Protocol):
         ...
 
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]: ...
+
+    async def runs_record(self, runs: Sequence[WholeRun]) -> None:
+        """Write runs kept in memory (budget leases' runs of one call) whole: their rows, the
+        money their calls settled on the run's own scope (the tenant's scopes were settled
+        by the lease that served them) and their totals, added to whatever is there."""
+        ...
 
     async def sweep_turn(self, every_s: float) -> bool:
         """Whether this replica runs the sweep (expire, idle runs) of the period of

@@ -123,7 +123,8 @@ class Forward:
                                                                 caller.key_id),
                                   closes.results, None if retry else guard.rule(policy.guard), closes.trace,
                                   patch_bytes=CLAMP_BYTES + grown, priced_as=priced_as, price_hint=hint,
-                                  provider=self.target.provider)
+                                  provider=self.target.provider,
+                                  solo=caller.run_id_source == "generated" and not retry)
             admitted = await admit(app[STORE], app[PRICES], candidate, tz=app[SETTINGS].timezone)
             app[RUNS].admitted(caller, closes.results)
         except ProxyError as exc:

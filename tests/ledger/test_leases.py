@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from proxy.errors import CeilingReached
 from proxy.ledger.backends import open_store
 from proxy.ledger.leases import LEASE_CALLS, LeasedStore
-from proxy.ledger.store import Ask, Limits, Store, Turn
+from proxy.ledger.store import Ask, Limits, Spend, Store, Turn
 from tests.ledger.test_store_contract import T0
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,3 +206,198 @@ async def test_a_leased_call_that_overshoots_is_charged_in_full_at_once(pair: tu
     await leased.settle(b, 40)
     assert await plain.spend(tenant, run_id="hot") == 5 * 40 + 10_000 + 40
     assert await plain.run_calls(tenant, "hot") == 7
+
+
+# --- runs of one call (no X-Run-Id): tenant leases, runs kept in memory -------------------
+
+DAY = "2026-05-14"
+
+
+def _solo(tenant: str, i: int | str, limits: Limits) -> Ask:
+    return Ask(tenant, f"gen-{i}", T0, limits)
+
+
+def _turn(least: int = 1, most: int = 100, **kw: object) -> Turn:
+    return Turn(reserve=(least, most), trace={"ids": f"trace-{uuid.uuid4().hex[:6]}"}, solo=True, **kw)  # type: ignore[arg-type]
+
+
+async def test_runs_of_one_call_are_served_from_a_tenant_lease_and_written_whole(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    assert isinstance(leased, LeasedStore)
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_calls=5, day_budget=10**9)
+    ids = []
+    for i in range(60):
+        a = await leased.admit(_solo(tenant, i, limits), _turn())
+        ids.append(a.id)
+        assert (a.calls, a.run_id) == (1, f"gen-{i}")
+        await leased.settle(a, 40, run_totals={"model_calls": 1, "cost_micros": 40},
+                            tools=[{"id": f"c{i}", "name": "search", "sig": "s"}])
+        assert [t["id"] for t in await leased.tools_pending(tenant, f"gen-{i}")] == [f"c{i}"]
+        rec = await leased.run_end(tenant, f"gen-{i}")
+        assert rec is not None and (rec["calls"], rec["settled"], rec["ended"]) == (1, 40, True)
+        assert rec["totals"] == {"model_calls": 1, "cost_micros": 40}
+        assert await leased.run_end(tenant, f"gen-{i}") is None, "one run span"
+    assert not ids[0].startswith("lease-"), "the tenant's first is exact: it sizes the lease"
+    assert all(i.startswith("lease-") for i in ids[1:])
+    assert await leased.spend(tenant, day=DAY) == 60 * 40, "the call's path sees it exact"
+    assert await plain.spend(tenant, day=DAY) >= 60 * 40, "the ledger holds the lease as spent meanwhile"
+    await leased.aclose()
+    assert await plain.spend_detail(tenant, day=DAY) == Spend(60 * 40, 0)
+    runs = await plain.list_runs(tenant, 100)
+    listed = {r["run_id"]: r for r in runs if r["run_id"].startswith("gen-")}
+    assert len(listed) == 60
+    assert all((r["calls"], r["settled"], r["ended"], r["totals"]) == (1, 40, True, {"model_calls": 1,
+                                                                                    "cost_micros": 40})
+               for r in listed.values())
+    assert all(r["trace"]["ids"].startswith("trace-") for r in listed.values())
+    assert not [r for t, r in await plain.idle_runs(T0.replace(year=2100)) if t == tenant], \
+        "no run is left open, the lease run neither"
+
+
+async def test_the_lease_run_is_never_listed(pair: tuple[Store, Store]) -> None:
+    leased, _ = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
+    for i in range(5):
+        await leased.settle(await leased.admit(_solo(tenant, i, limits), _turn()), 10)
+        await leased.run_end(tenant, f"gen-{i}")
+    assert sorted(r["run_id"] for r in await leased.list_runs(tenant)) == [f"gen-{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("limits", [
+    Limits(),
+    Limits(run_max_calls=1, run_max_cost=70, day_budget=10**6),  # the run's cost ceiling cuts the reservation
+    Limits(run_max_cost=10**6, day_budget=10**6, month_budget=10**7, key_day_budget=10**6, key_month_budget=10**7),
+], ids=["none", "run-cost-cuts", "every-scope"])
+async def test_a_leased_run_of_one_call_is_admitted_as_the_store_admits_it(pair: tuple[Store, Store],
+                                                                          limits: Limits) -> None:
+    """What the handler reads of an admission (reservation, calls, headroom per scope, the
+    limits in force with the admin API's budget) is the same from a lease as from the store."""
+    leased, plain = pair
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    await plain.budget_set(tenant, 5 * 10**6, None)
+    for i in range(3):  # warm: the tenant's lease is taken
+        await leased.settle(await leased.admit(_solo(tenant, f"w{i}", limits), _turn(key="k1")), 0)
+    from_lease = await leased.admit(_solo(tenant, "a", limits), _turn(key="k1"))
+    assert from_lease.id.startswith("lease-")
+    await leased.settle(from_lease, 0)
+    await leased.aclose()  # the lease given back: the ledger as the exact path would have found it
+    exact = await plain.admit(_solo(tenant, "b", limits), _turn(key="k1"))
+    fields = ("reserved", "calls", "remaining", "day_key", "month_key", "key", "tokens", "closed")
+    assert {f: getattr(from_lease, f) for f in fields} == {f: getattr(exact, f) for f in fields}
+    assert from_lease.limits == exact.limits and from_lease.limits.origin == exact.limits.origin
+
+
+async def test_concurrent_runs_of_one_call_never_cross_a_day_budget(pair: tuple[Store, Store]) -> None:
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(day_budget=200_000)
+    refused = 0
+
+    async def agent(n: int) -> int:
+        nonlocal refused
+        spent = 0
+        for i in range(200):
+            try:
+                a = await leased.admit(_solo(tenant, f"{n}-{i}", limits), _turn(30, 300))
+            except CeilingReached as e:
+                assert e.limit == "tenant_day"
+                refused += 1
+                continue
+            await asyncio.sleep(0)
+            cost = min(250, a.reserved)  # a reservation cut to the headroom clamps the answer (ceilings.admit)
+            await leased.settle(a, cost)
+            spent += cost
+            await leased.run_end(tenant, f"gen-{n}-{i}")
+        return spent
+
+    spent = sum(await asyncio.gather(*(agent(n) for n in range(16))))
+    assert refused and spent <= 200_000
+    await leased.aclose()
+    assert await plain.spend_detail(tenant, day=DAY) == Spend(spent, 0)
+
+
+async def test_a_run_of_one_call_with_a_second_call_is_taken_over_by_the_store(pair: tuple[Store, Store]) -> None:
+    """A retry (repair.on_invalid=retry) is a second call of a run made for one: the run is
+    written to the store first, and ends once, with both calls."""
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_calls=5)
+    for i in range(3):
+        await leased.settle(await leased.admit(_solo(tenant, i, limits), _turn()), 10)
+        await leased.run_end(tenant, f"gen-{i}")
+    first = await leased.admit(_solo(tenant, "r", limits), _turn())
+    assert first.id.startswith("lease-")
+    retry = await leased.admit(_solo(tenant, "r", limits), Turn(reserve=(1, 100)))
+    assert retry.calls == 2 and not retry.id.startswith("lease-")
+    await leased.settle(first, 30, run_totals={"model_calls": 1})  # settled after the store took the run
+    await leased.settle(retry, 20, run_totals={"model_calls": 1})
+    rec = await leased.run_end(tenant, "gen-r")
+    assert rec is not None and (rec["calls"], rec["settled"], rec["totals"]) == (2, 50, {"model_calls": 2})
+    assert await leased.run_end(tenant, "gen-r") is None
+    await leased.aclose()
+    assert await plain.spend(tenant, run_id="gen-r") == 50
+
+
+async def test_a_run_of_one_call_never_ended_is_written_open_for_the_sweeper(
+        pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.ledger import solo
+
+    monkeypatch.setattr(solo, "STALE_S", 0.2)
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
+    for i in range(4):
+        await leased.settle(await leased.admit(_solo(tenant, i, limits), _turn()), 10,
+                            tools=[{"id": f"c{i}", "name": "f", "sig": "s"}])
+    for _ in range(50):
+        idle = {r for t, r in await plain.idle_runs(T0.replace(year=2100)) if t == tenant}
+        if idle == {f"gen-{i}" for i in range(4)}:
+            break
+        await asyncio.sleep(0.1)
+    assert idle == {f"gen-{i}" for i in range(4)}
+    assert [t["id"] for t in await plain.tools_pending(tenant, "gen-3")] == ["c3"], "its open tool calls too"
+    assert await plain.run_end(tenant, "gen-3") is not None
+
+
+async def test_a_stored_context_settled_into_a_lease_is_known_to_the_next_call(pair: tuple[Store, Store]) -> None:
+    """A Responses call's stored size goes with its lease; a call naming it is exact, and the
+    size is written before it is admitted, so a cost ceiling does not refuse it as unknown."""
+    leased, _ = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(day_budget=10**9)
+    for i in range(3):
+        await leased.settle(await leased.admit(_solo(tenant, i, limits), _turn()), 10)
+    a = await leased.admit(_solo(tenant, "store", limits), _turn())
+    assert a.id.startswith("lease-")
+    await leased.settle(a, 10, contexts={"response:resp_9": 1_000})
+    nxt = await leased.admit(_solo(tenant, "chain", limits),
+                             _turn(context=("response:resp_9",), input_rate=2_000_000))
+    assert nxt.context_tokens == 1_000
+
+
+def test_kill_9_with_tenant_leases_only_over_counts(ledger: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lease_child.py")), ledger, "solo"],
+                             stdout=subprocess.PIPE, env=env, cwd=ROOT)
+    assert child.stdout is not None
+    lines: list[bytes] = []
+    while sum(line.startswith(b"settled") for line in lines) < 500:
+        line = child.stdout.readline()
+        assert line, f"the child died early with {child.wait()}"
+        lines.append(line)
+    os.kill(child.pid, signal.SIGKILL)
+    lines += child.stdout.read().splitlines()
+    child.wait()
+    admitted = [line for line in lines if line.startswith(b"admitted")]
+    settled = sum(1 for line in lines if line.startswith(b"settled"))
+    charged = 70 * settled + 100 * (len(admitted) - settled)
+
+    async def check() -> None:
+        store = open_store(ledger, leases=False)
+        try:
+            day = await store.spend("crash", day=_today())
+            assert day >= charged, "a crash must never under-count money"
+        finally:
+            await store.aclose()
+
+    asyncio.run(check())
+
+
+def _today() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d")

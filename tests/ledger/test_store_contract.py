@@ -19,7 +19,19 @@ import pytest
 from proxy.errors import CeilingReached, ConfigError, LoopRefused, RateLimited, StoreUnavailable
 from proxy.ledger.backends import open_store
 from proxy.ledger.sqlite import SqliteStore
-from proxy.ledger.store import NO_TURN, Admission, Ask, GuardRule, Limits, Rate, Spend, Store, ToolTurn, Turn
+from proxy.ledger.store import (
+    NO_TURN,
+    Admission,
+    Ask,
+    GuardRule,
+    Limits,
+    Rate,
+    Spend,
+    Store,
+    ToolTurn,
+    Turn,
+    WholeRun,
+)
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -1128,3 +1140,39 @@ async def test_estimated_tokens_of_an_unread_answer_count_against_the_ceiling(st
     await store.settle(a, 5, run_totals={"input_tokens": 40, "estimated_tokens": 860})
     b = await admit(store, tenant, limits=limits, turn=Turn(tokens=(50, 900)))
     assert (b.run_tokens, b.tokens) == (900, 100)
+
+
+# --- runs written whole (budget leases' runs of one call) --------------------------------
+
+
+async def test_a_run_written_whole_reads_as_a_run(store: Store, tenant: str) -> None:
+    """What budget leases keep of a run of one call reads, once written, as the same run made
+    through admit, settle and run_end: its row, its spend, its totals, ended."""
+    t = T0.timestamp()
+    await store.runs_record([WholeRun(tenant, "solo-1", 1, t, t + 1, {"ids": "x1"}, 250,
+                                      {"model_calls": 1, "cost_micros": 250}, ended_at=t + 1)])
+    [run] = await store.list_runs(tenant)
+    assert (run["run_id"], run["calls"], run["ended"], run["trace"]) == ("solo-1", 1, True, {"ids": "x1"})
+    assert (run["settled"], run["reserved"], run["first_seen"], run["last_seen"]) == (250, 0, t, t + 1)
+    assert run["totals"] == {"model_calls": 1, "cost_micros": 250}
+    assert await store.spend(tenant, run_id="solo-1") == 250
+    assert await store.run_end(tenant, "solo-1") is None  # ended: no second run span
+    assert (tenant, "solo-1") not in await store.idle_runs(T0 + timedelta(days=1))
+
+
+async def test_a_run_written_whole_adds_to_what_the_run_holds(store: Store, tenant: str) -> None:
+    """Written open (it lived too long in memory), a run is swept as idle like any other;
+    written onto a run the store already holds, its calls, money and totals add up."""
+    t = T0.timestamp()
+    a = await admit(store, tenant, "r-both", turn=Turn(trace={"ids": "first"}))
+    await store.settle(a, 40, run_totals={"model_calls": 1, "cost_micros": 40})
+    await store.runs_record([WholeRun(tenant, "r-both", 1, t - 5, t + 2, {"ids": "second"}, 60,
+                                      {"model_calls": 1, "cost_micros": 60}),
+                             WholeRun(tenant, "r-open", 1, t, t, None, 0, {"model_calls": 1})])
+    assert {r for t, r in await store.idle_runs(T0 + timedelta(days=1)) if t == tenant} == {"r-both", "r-open"}
+    rec = await store.run_end(tenant, "r-both")
+    assert rec is not None
+    assert (rec["calls"], rec["settled"], rec["trace"]) == (2, 100, {"ids": "first"})  # the first stored wins
+    assert (rec["first_seen"], rec["last_seen"]) == (t - 5, t + 2)
+    assert rec["totals"] == {"model_calls": 2, "cost_micros": 100}
+    assert await store.run_calls(tenant, "r-open") == 1
