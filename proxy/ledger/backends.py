@@ -20,11 +20,11 @@ def open_store(url: str, *, leases: bool | None = None) -> Store:
 
     `leases` wraps the backend in budget leases (proxy/ledger/leases.py). The app passes its
     `ledger_leases` setting; left None (tools, benches, tests), the environment's
-    SPANMETER_LEDGER_LEASES=true, the same setting's variable, decides (off otherwise).
+    SPANMETER_LEDGER_LEASES, the same setting's variable, decides (on unless false).
     """
     store = _backend(url)
     if leases is None:
-        leases = os.environ.get("SPANMETER_LEDGER_LEASES", "").strip().lower() in ("1", "true", "yes", "on")
+        leases = os.environ.get("SPANMETER_LEDGER_LEASES", "").strip().lower() not in ("0", "false", "no", "off")
     if not leases:
         return store
     from proxy.ledger.leases import LeasedStore

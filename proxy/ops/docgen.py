@@ -95,10 +95,11 @@ FIELD_DOCS: dict[str, str] = {
                   "`?synchronous=normal` trades power-loss durability of the last commits for latency), "
                   "`redis://HOST:6379/0` for several replicas, or `redis+cluster://HOST:PORT[,HOST:PORT...]` "
                   "for a Redis Cluster (`rediss+cluster://` with TLS; Valkey works alike; docs/scale.md).",
-    "ledger_leases": "Budget leases (off by default): a run already admitted three times leases up to 32 calls "
-                     "and their worst-case cost (at most 1/8 of its headroom) in one ledger write, and its next "
-                     "calls are admitted in memory. A crash or power cut can only over-count, by a lease's unused "
-                     "part; no ceiling is crossed (docs/budgets.md#budget-leases-opt-in).",
+    "ledger_leases": "Budget leases (on by default): calls are admitted in memory against headroom leased "
+                     "ahead of need in one ledger write: a tenant's runs of one call (no X-Run-Id) from a lease "
+                     "of its day, month and key scopes, a run admitted three times from a lease of the run. "
+                     "A crash or power cut can only over-count, by a lease's unused part; no ceiling is "
+                     "crossed (docs/budgets.md#budget-leases). `false`: every call is one exact ledger write.",
     "fail_open": "Ledger unreachable: refuse calls with 503 (false) or serve them unmetered, logged at ERROR "
                  "(true).",
     "timezone": "IANA timezone of the calendar days and months that daily and monthly budgets count in.",

@@ -49,9 +49,8 @@ STORES = [
 
 
 def _url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if kind.endswith("-leased"):
-        request.getfixturevalue("monkeypatch").setenv("SPANMETER_LEDGER_LEASES", "true")
-        kind = kind.removesuffix("-leased")
+    request.getfixturevalue("monkeypatch").setenv("SPANMETER_LEDGER_LEASES", str(kind.endswith("-leased")).lower())
+    kind = kind.removesuffix("-leased")
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/ledger.db"
     if kind == "cluster":
