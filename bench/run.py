@@ -13,7 +13,7 @@ over repetitions; each ratio to bare is also given paired by repetition (`paired
     python bench/run.py --no-profile    # skip the py-spy profile
     python bench/run.py --profile-c1    # sm-full at 1 connection: wall time per thread and export child
 
-It ends with issue 29's targets, met or not, per spanmeter target, beside the bare
+It ends with issue 51's targets (speed round three), met or not, per spanmeter target, beside the bare
 pass-through's figure of the same run.
 """
 
@@ -87,8 +87,14 @@ SCENARIOS = [
              "answer's tool call and result (JSON), 1 connection", CHAIN_NEXT_JSON),
     Scenario("chainsse_c1", CHAIN_FIRST_SSE, "?s=toolsse", 1, "back-to-back calls of one run, each carrying the "
              "previous answer's tool call and result (50-event stream), 1 connection", CHAIN_NEXT_SSE),
+    Scenario("oneshotsse_c1", REQUEST_SSE, "?s=sse", 1, "50-event stream (one upstream write), 1 connection, no "
+             "X-Run-Id: every call its own run", runs=False),
     Scenario("json_c64", REQUEST_JSON, "", 64, "non-stream, 64 connections"),
     Scenario("sse_c64", REQUEST_SSE, "?s=sse", 64, "50-event stream (one upstream write), 64 connections"),
+    Scenario("oneshot_c64", REQUEST_JSON, "", 64, "non-stream, 64 connections, no X-Run-Id: every call its own run",
+             runs=False),
+    Scenario("oneshotsse_c64", REQUEST_SSE, "?s=sse", 64, "50-event stream (one upstream write), 64 connections, no "
+             "X-Run-Id: every call its own run", runs=False),
     Scenario("slow_c256", REQUEST_JSON, "?s=slow", 256, "50 ms upstream, 256 connections"),
     Scenario("agent_c1", REQUEST_AGENT, "", 1, "agent turn (45 KB, 20 tools, 15 rounds, 2 tool results), 1 connection"),
     Scenario("agent_c64", REQUEST_AGENT, "", 64, "agent turn (45 KB, 20 tools, 2 tool results), 64 connections"),
@@ -150,6 +156,8 @@ DESCRIPTIONS = {
     "sm-anatomy-on": "sm-full with the cost anatomy on (SPANMETER_ANATOMY=true)",
     "sm-anatomy-off": "sm-full with the cost anatomy off (SPANMETER_ANATOMY=false)",
     # What a deployment can trade for speed, side by side with the defaults (docs/operations.md).
+    # Budget leases (issue 51, item 1; on by default) against every call's exact ledger write.
+    "sm-noleases": "sm-full with budget leases off (SPANMETER_LEDGER_LEASES=false): one exact ledger write a call",
     "sm-fast": "sm-full with the settings that trade for speed: the SQLite ledger at synchronous=normal (no fsync "
                "before a call is forwarded), the cost anatomy off, OTLP without gzip",
 }
@@ -163,6 +171,7 @@ BYPASS_ENV = {
     "sm-anatomy-on": {"SPANMETER_ANATOMY": "true"},
     "sm-anatomy-off": {"SPANMETER_ANATOMY": "false"},
     "sm-fast": {"SPANMETER_ANATOMY": "false", "OTEL_EXPORTER_OTLP_COMPRESSION": "none"},
+    "sm-noleases": {"SPANMETER_LEDGER_LEASES": "false"},
 }
 # The proxy's CPUs per target: one process on CPU 0, except the workers, which get both
 # cores (the kernel places them); on a 2-core machine that is the load generator's core too.
@@ -646,22 +655,28 @@ def render_tables(summary: dict[str, dict[str, float]], rat: dict[str, dict[str,
     return "\n".join(lines) + render_workers(summary) + render_before(summary)
 
 
-# Issue 29's targets. kind: "added" is ms over direct (at most), "ratio" CPU over bare's in
-# the same run (at most), "ratio_min" a rate over bare's (at least), "max_scenarios" the
-# highest per-scenario value (at most; only for targets with OTLP export on).
+# Issue 51's targets (speed round three), each for calls within a run and for calls that carry
+# no run id (every call its own run). kind: "added" is ms over direct (at most), "ratio" CPU
+# over bare's in the same run (at most), "ratio_min" a rate over bare's (at least),
+# "max_scenarios" the highest per-scenario value (at most; only for targets with OTLP export on).
 TARGETS_CHECKED = [
-    ("added p50, 1 connection, JSON <= 0.5 ms", "added.json_c1.p50_ms", "added", 0.5),
-    ("added p50, 1 connection, 50-event stream <= 0.5 ms", "added.sse_c1.p50_ms", "added", 0.5),
-    ("added p50, back-to-back calls of a run with tool results, JSON <= 0.5 ms", "added.chain_c1.p50_ms", "added",
-     0.5),
-    ("added p50, back-to-back calls of a run with tool results, stream <= 0.5 ms", "added.chainsse_c1.p50_ms",
-     "added", 0.5),
-    ("CPU per request JSON, 64 connections <= 2.5x bare", "json_c64.cpu_ms", "ratio", 2.5),
-    ("CPU per request 50-event stream, 64 connections <= 3x bare", "sse_c64.cpu_ms", "ratio", 3.0),
-    ("throughput, 256 connections, 50 ms upstream >= 50% of bare", "slow_c256.rps", "ratio_min", 0.5),
+    ("added p50, 1 connection, JSON <= 0.6 ms", "added.json_c1.p50_ms", "added", 0.6),
+    ("added p50, 1 connection, JSON, no run id <= 0.6 ms", "added.oneshot_c1.p50_ms", "added", 0.6),
+    ("added p50, 1 connection, 50-event stream <= 0.75 ms", "added.sse_c1.p50_ms", "added", 0.75),
+    ("added p50, 1 connection, 50-event stream, no run id <= 0.75 ms", "added.oneshotsse_c1.p50_ms", "added", 0.75),
+    ("added p50, back-to-back calls of a run with tool results, JSON <= 0.6 ms", "added.chain_c1.p50_ms", "added",
+     0.6),
+    ("added p50, back-to-back calls of a run with tool results, stream <= 0.75 ms", "added.chainsse_c1.p50_ms",
+     "added", 0.75),
+    ("CPU per request JSON, 64 connections <= 2.8x bare", "json_c64.cpu_ms", "ratio", 2.8),
+    ("CPU per request JSON, 64 connections, no run id <= 2.8x bare", "oneshot_c64.cpu_ms", "ratio", 2.8),
+    ("CPU per request 50-event stream, 64 connections <= 3.4x bare", "sse_c64.cpu_ms", "ratio", 3.4),
+    ("CPU per request 50-event stream, 64 connections, no run id <= 3.4x bare", "oneshotsse_c64.cpu_ms", "ratio",
+     3.4),
+    ("throughput, 256 connections, 50 ms upstream >= 60% of bare", "slow_c256.rps", "ratio_min", 0.6),
     ("peak RSS <= 150 MB in every scenario (OTLP export on)", "peak_rss_mb", "max_scenarios", 150.0),
 ]
-OTLP_ON = ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before", "sm-fast")
+OTLP_ON = ("sm-full", "sm-redis", "sm-cluster", "sm-workers2", "sm-before", "sm-fast", "sm-noleases")
 
 
 # Issue 28's target: the anatomy's work per call in a run at most 20 us, set beside a bare

@@ -311,7 +311,7 @@ class Settings(BaseSettings):
     data_dir: str = ".spanmeter"
     ledger_url: str | None = None  # default sqlite:///{data_dir}/ledger.db
     fail_open: bool = False  # Redis down: refuse (default) or forward unmetered, loudly
-    ledger_leases: bool = True  # budget leases: calls admitted in memory against leased headroom (proxy/ledger/leases.py)
+    ledger_leases: bool = True  # budget leases: calls admitted in memory from leased headroom (ledger/leases.py)
     timezone: str = "UTC"
     run_idle_timeout_s: float = Field(600.0, gt=0)
     admin_token: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Sequence
@@ -33,6 +34,8 @@ from proxy.ledger.store import (
     done_future,
     window_keys,
 )
+
+log = logging.getLogger("spanmeter.ledger")
 
 __all__ = ["HOT_AFTER", "LEASE_CALLS", "LEASE_RUN", "LEASE_S", "MARGIN", "SOLO_CALLS", "SOLO_CALLS_MAX", "LeasedStore"]
 
@@ -667,9 +670,15 @@ class LeasedStore:
         await self.inner.ping()
 
     async def aclose(self) -> None:
+        """Give every lease back and write every run held here; with the store down, what
+        is left stays counted as spent (an over-count, never an under-count), logged."""
         if self._renewing:
             await asyncio.gather(*self._renewing, return_exceptions=True)
-        await self._flush_all()
+        try:
+            await self._flush_all()
+        except Exception:
+            log.warning("could not give budget leases back at shutdown; their unused part stays counted as spent "
+                        "until the reservations expire", exc_info=True)
         await self.solos.aclose()
         await self.inner.aclose()
 

@@ -72,6 +72,7 @@ class SoloRuns:
         self._writing: dict[tuple[str, str], asyncio.Future[None]] = {}  # being written now
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def __contains__(self, run: tuple[str, str]) -> bool:
         return run in self.live or run in self._writing
@@ -116,6 +117,8 @@ class SoloRuns:
             await self.store.tools_put(tenant, run_id, tools)
 
     def _schedule(self, delay: float) -> None:
+        if self._closed:
+            return
         if self._timer is not None and self._timer.when() - asyncio.get_running_loop().time() <= delay:
             return
         if self._timer is not None:
@@ -175,9 +178,14 @@ class SoloRuns:
             log.error("dropped run %s of tenant %s unwritten: the ledger has been unreachable too long", run[1], run[0])
 
     async def aclose(self) -> None:
+        """Write every run held here, once (a store down at shutdown loses their rows, logged)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        await self.flush()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._closed = True
+        await self.flush()
+        if self.live:
+            log.error("%d runs of one call were not written to the ledger at shutdown (their money is counted)",
+                      len(self.live))

@@ -1,4 +1,5 @@
-"""One ledger operation before forwarding and one after, however many tool results a turn carries.
+"""One ledger operation before forwarding and one after, however many tool results a turn carries,
+on the exact path (budget leases off: with them, a hot run's calls take none; tests/e2e/test_leases.py).
 
 Counted where the operations happen: the SQLite writer's queue and the real redis-server's
 own command statistics.
@@ -78,7 +79,9 @@ class Counter:
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 @pytest.mark.parametrize("results", [0, 1, 2, 7])
-async def test_an_agent_turn_costs_two_ledger_operations(backend, results, make_proxy, request, tmp_path):
+async def test_an_agent_turn_costs_two_ledger_operations(backend, results, make_proxy, request, tmp_path,
+                                                         monkeypatch_env):
+    monkeypatch_env("SPANMETER_LEDGER_LEASES", "false")
     server = request.getfixturevalue("redis_server") if backend == "redis" else None
     ledger = server.url if server else f"sqlite:///{tmp_path}/ledger.db"
     proxy = await make_proxy(ledger_url=ledger)
@@ -104,6 +107,7 @@ async def test_every_limit_at_once_still_costs_two_ledger_operations(backend, ma
     from proxy.config import hash_key
 
     server = request.getfixturevalue("redis_server") if backend == "redis" else None
+    monkeypatch_env("SPANMETER_LEDGER_LEASES", "false")
     monkeypatch_env("OPENAI_API_KEY", "sk-upstream")
     key = {"hash": hash_key("sm-ops-key"), "policy": {"budgets": {"daily_usd": 5}, "runs": {"max_tokens": 90_000},
                                                       "rate_limits": {"requests_per_minute": 50}}}

@@ -18,7 +18,7 @@ from proxy.ledger.store import Ask, Limits, Turn
 
 
 async def main(url: str) -> None:
-    store = open_store(url)
+    store = open_store(url, leases=False)  # the backend's own durability (leases: lease_child.py)
     i = 0
     while True:
         run_id = f"r{i % 5}"

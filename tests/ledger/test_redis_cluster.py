@@ -107,7 +107,7 @@ def test_a_bad_cluster_url_is_a_config_error(url: str, problem: str) -> None:
 
 
 async def test_a_cluster_url_names_every_seed_node() -> None:
-    store = open_store("rediss+cluster://user:pw@10.0.0.1:7000,10.0.0.2:7001,[::1]:7002")
+    store = open_store("rediss+cluster://user:pw@10.0.0.1:7000,10.0.0.2:7001,[::1]:7002", leases=False)
     assert isinstance(store, RedisStore) and store.cluster
     seeds = sorted((n.host, n.port) for n in store._redis.startup_nodes)
     assert seeds == [("10.0.0.1", 7000), ("10.0.0.2", 7001), ("::1", 7002)]

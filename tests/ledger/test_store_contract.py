@@ -624,7 +624,7 @@ def test_sqlite_ledger_survives_kill_9_under_load(tmp_path: Path, synchronous: s
     in_flight = sum(int(line.split()[1]) for line in lines if line.startswith(b"inflight"))
 
     async def check() -> None:
-        store = open_store(url)
+        store = open_store(url, leases=False)
         try:
             detail = await store.spend_detail("crash")
             # Unacknowledged work may have committed too, so these are lower bounds.
@@ -677,7 +677,7 @@ async def test_an_unknown_store_url_is_a_config_error() -> None:
     [("", 2), ("?synchronous=full", 2), ("?synchronous=normal", 1), ("?synchronous=NORMAL", 1)],
 )
 async def test_sqlite_durability_is_chosen_in_the_url(tmp_path: Path, query: str, pragma: int) -> None:
-    store = open_store(f"sqlite:///{tmp_path}/ledger.db{query}")
+    store = open_store(f"sqlite:///{tmp_path}/ledger.db{query}", leases=False)
     try:
         assert isinstance(store, SqliteStore) and store.path == f"{tmp_path}/ledger.db"
         # The connection's own setting (0 OFF, 1 NORMAL, 2 FULL), read on the writer thread.
