@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from proxy.errors import LoopRefused, Refusal
 from proxy.ledger.solo import Solo, SoloRuns
 from proxy.ledger.store import (
     NO_TURN,
@@ -32,6 +33,9 @@ from proxy.ledger.store import (
     Turn,
     WholeRun,
     done_future,
+    guard_refusal,
+    refused_with,
+    streak_of,
     window_keys,
 )
 
@@ -70,7 +74,12 @@ class _Lease:
     settled: int = 0  # the settled actuals among `used`
     inflight: dict[str, int] = field(default_factory=dict)  # leased admission id -> reserved
     totals: dict[str, int] = field(default_factory=dict)  # run totals to write with the return
-    tools: list[dict[str, Any]] = field(default_factory=list)  # open tool calls, likewise
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # open tool calls by id, likewise
+    # The run's loop-guard state (sig, streak, failures) as of the lease's admission and the
+    # closes served since, when known (the admission closed a tool call): with it, a call whose
+    # results answer tool calls this lease's calls made is closed in memory.
+    guard: tuple[str | None, int, int] | None = None
+    guard_moved: bool = False  # closes in memory moved it: written back with the lease
     contexts: dict[str, int] = field(default_factory=dict)  # stored-context sizes, likewise
     counted: bool = True  # its calls were counted on its run up front (a run's lease; not a tenant's)
     closing: bool = False  # no more calls; returned once nothing is in flight
@@ -150,14 +159,29 @@ class LeasedStore:
             return await self._exact(ask, turn)
         lease = self._leases.get(lkey)
         if lease is not None and self._fits(lease, ask, turn):
-            return self._serve(lease, turn)
+            if not turn.results:
+                return self._serve(lease, turn)
+            closed = self._close_in_memory(lease, ask, turn)
+            if closed is not None:
+                return self._serve(lease, turn, closed)
         if lease is not None:
             await self._close(lkey)
         size = self._lease_size(ask, turn, lkey)
         if size:
-            lease = await self._take(lkey, ask, turn, size)
+            try:
+                lease = await self._take(lkey, ask, turn, size)
+            except LoopRefused:
+                raise  # on the call's own closes: what its exact admission would have said
+            except Refusal as refused:  # the lease's admission closed the results, then found no room
+                turn = replace(turn, results=(), guard=None)  # closed already: the exact path must not again
+                await self._flush_run(ask.tenant, ask.run_id)
+                try:
+                    admission = await self._exact(ask, turn)
+                except Refusal as again:
+                    raise refused_with(again, refused.closed, again.trace or refused.trace) from None
+                return replace(admission, closed=refused.closed)
             if lease is not None and self._fits(lease, ask, turn):
-                return self._serve(lease, turn)
+                return self._serve(lease, turn, lease.admission.closed)
         await self._flush_run(ask.tenant, ask.run_id)
         return await self._exact(ask, turn)
 
@@ -199,13 +223,24 @@ class LeasedStore:
         try:
             await self._flush_run(ask.tenant, ask.run_id)
             most = turn.reserve[1]
-            lease_turn = Turn(reserve=(most, most * calls), trace=turn.trace, key=turn.key, count=calls)
+            # The call's tool results are closed by the lease's admission, as its own would.
+            lease_turn = Turn(reserve=(most, most * calls), trace=turn.trace, key=turn.key, count=calls,
+                              results=turn.results, guard=turn.guard)
             try:
                 admission = await self.inner.admit(ask, lease_turn)
-            except Exception:  # a refused lease is no refusal of the call: the exact path decides
+            except LoopRefused:
+                raise  # the call's own admission would have said the same, on the same closes
+            except Refusal as refused:
+                if refused.closed:
+                    raise  # the closes are done: the caller takes the exact path without them
+                return None  # a refused lease is no refusal of the call: the exact path decides
+            except Exception:
                 return None
             self._seen(ask, admission)
             lease = _Lease(lkey, admission, ask, time.monotonic(), calls)
+            if admission.closed:
+                last = admission.closed[-1]
+                lease.guard = (str(last.get("sig") or ""), int(last["streak"]), int(last["failures"]))
             self._leases[lkey] = lease
             self._runs.setdefault(lease.run, []).append(lease)
             loop = asyncio.get_running_loop()
@@ -214,7 +249,27 @@ class LeasedStore:
         finally:
             self._taking.discard(lkey)
 
-    def _serve(self, lease: _Lease, turn: Turn) -> Admission:
+    def _close_in_memory(self, lease: _Lease, ask: Ask, turn: Turn) -> tuple[dict[str, Any], ...] | None:
+        """Close the tool calls a call's results answer from the lease's own open calls, as the
+        store's admission would (sqlite.py `_close_tools`, admit.lua): None when one is not the
+        lease's or the run's guard state is unknown (the exact path closes them). A loop-guard
+        refusal is raised with the closes kept, as the store keeps them."""
+        if lease.guard is None or any(call_id not in lease.tools for call_id, _ in turn.results):
+            return None
+        state: tuple[str | None, int, int] = lease.guard
+        closed: list[dict[str, Any]] = []
+        for call_id, ok in dict(turn.results).items():
+            call = lease.tools.pop(call_id)
+            state = streak_of(state, str(call.get("sig") or ""), ok, step=not closed)
+            closed.append({**call, "ok": ok, "streak": state[1], "failures": state[2]})
+        lease.guard, lease.guard_moved = state, True
+        done = tuple(closed)
+        loop = guard_refusal(ask.tenant, ask.run_id, done, turn.guard)
+        if loop is not None:
+            raise refused_with(loop, done, lease.admission.trace)
+        return done
+
+    def _serve(self, lease: _Lease, turn: Turn, closed: tuple[dict[str, Any], ...] = ()) -> Admission:
         a, amount = lease.admission, turn.reserve[1]
         lease.served += 1
         lease.used += amount
@@ -224,7 +279,7 @@ class LeasedStore:
         free = a.reserved - lease.used
         remaining = {s: None if v is None else v + free for s, v in a.remaining.items()}
         return Admission(rid, a.tenant, a.run_id, amount, lease.base + lease.served, remaining, a.day_key,
-                         a.month_key, trace=a.trace, limits=a.limits, key=turn.key)
+                         a.month_key, closed=closed, trace=a.trace, limits=a.limits, key=turn.key)
 
     async def settle(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
                      tools: list[dict[str, Any]] | None = None, contexts: dict[str, int] | None = None) -> int:
@@ -250,7 +305,8 @@ class LeasedStore:
         else:
             for name, value in (run_totals or {}).items():
                 lease.totals[name] = lease.totals.get(name, 0) + value
-            lease.tools.extend(tools or [])
+            for call in tools or ():
+                lease.tools[str(call.get("id"))] = call
         for ref, size in (contexts or {}).items():
             lease.contexts[ref] = max(size, lease.contexts.get(ref, 0))
             pending = self._contexts.setdefault(lease.ask.tenant, {})
@@ -483,8 +539,11 @@ class LeasedStore:
         each is done the ledger holds more than was spent, never less."""
         self._gave_back += 1
         try:
-            totals, tools, contexts = lease.totals, lease.tools, lease.contexts
-            lease.totals, lease.tools, lease.contexts = {}, [], {}
+            totals, tools, contexts = lease.totals, list(lease.tools.values()), lease.contexts
+            lease.totals, lease.tools, lease.contexts = {}, {}, {}
+            if lease.guard_moved and lease.guard is not None:
+                lease.guard_moved = False
+                await self.inner.run_guard(lease.ask.tenant, lease.ask.run_id, lease.guard)
             await self.inner.settle(lease.admission, lease.settled, run_totals=totals or None,
                                     tools=tools or None, contexts=contexts or None)
             lease.settled_back = True
@@ -534,8 +593,11 @@ class LeasedStore:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def _write_behind(self, lease: _Lease) -> None:
-        tools, totals = lease.tools, lease.totals
-        lease.tools, lease.totals = [], {}
+        tools, totals = list(lease.tools.values()), lease.totals
+        lease.tools, lease.totals = {}, {}
+        if lease.guard_moved and lease.guard is not None:
+            lease.guard_moved = False
+            await self.inner.run_guard(lease.ask.tenant, lease.ask.run_id, lease.guard)
         if tools:
             await self.inner.tools_put(lease.ask.tenant, lease.ask.run_id, tools)
         if totals:
@@ -623,6 +685,10 @@ class LeasedStore:
     async def runs_record(self, runs: Sequence[WholeRun]) -> None:
         await self.inner.runs_record(runs)
 
+    async def run_guard(self, tenant: str, run_id: str, state: tuple[str | None, int, int]) -> None:
+        await self._flush_run(tenant, run_id)
+        await self.inner.run_guard(tenant, run_id, state)
+
     async def list_runs(self, tenant: str | None, limit: int = 50) -> list[dict[str, Any]]:
         await self._flush_all()
         await self.solos.flush(stale_only=True)  # every ended run of one call, written
@@ -686,7 +752,7 @@ class LeasedStore:
 def _lease_key(ask: Ask, turn: Turn) -> _Key | None:
     """The lease a call may be served from, or None when it must take the exact path."""
     limits = ask.limits
-    if (turn.results or turn.context or turn.rates or not turn.priced or turn.count != 1
+    if (turn.context or turn.rates or not turn.priced or turn.count != 1
             or limits.run_max_tokens is not None or limits.run_max_seconds is not None):
         return None
     day, month = window_keys(ask.now, ask.tz)

@@ -636,6 +636,12 @@ class RedisStore(DerivedOps):
         found = await self._each(await self._tenants(), idle, "idle-run sweep")
         return [pair for pairs in found for pair in pairs]
 
+    async def run_guard(self, tenant: str, run_id: str, state: tuple[str | None, int, int]) -> None:
+        run, (sig, streak, failures) = key(tenant, "run", run_id), state
+        await self._call(lambda: self._redis.hset(run, mapping={"sig": sig or "", "streak": streak,
+                                                                "failures": failures}),
+                         repeatable=True, tenant=tenant)
+
     async def runs_record(self, runs: Sequence[WholeRun]) -> None:
         by_tenant: dict[str, list[WholeRun]] = {}
         for run in runs:

@@ -476,6 +476,10 @@ class SqliteStore(DerivedOps):
         )
         return [(t, r) for t, r in rows]
 
+    async def run_guard(self, tenant: str, run_id: str, state: tuple[str | None, int, int]) -> None:
+        sql = "UPDATE runs SET sig = ?, streak = ?, failures = ? WHERE tenant=? AND run_id=?"
+        await self._do(lambda conn: conn.execute(sql, (*state, tenant, run_id)))
+
     async def runs_record(self, runs: Sequence[WholeRun]) -> None:
         rows = [(r.tenant, r.run_id, r.calls, _dumps(r.trace) if r.trace else None, r.first_seen, r.last_seen,
                  0 if r.ended_at is None else 1, r.ended_at) for r in runs]

@@ -592,6 +592,11 @@ class Views(Protocol):
 
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]: ...
 
+    async def run_guard(self, tenant: str, run_id: str, state: tuple[str | None, int, int]) -> None:
+        """Set the run's loop-guard state (signature, streak, consecutive failures): what
+        budget leases moved in memory by closing tool calls there, written back."""
+        ...
+
     async def runs_record(self, runs: Sequence[WholeRun]) -> None:
         """Write runs kept in memory (budget leases' runs of one call) whole: their rows, the
         money their calls settled on the run's own scope (the tenant's scopes were settled

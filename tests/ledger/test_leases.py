@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.errors import CeilingReached
+from proxy.errors import CeilingReached, LoopRefused
 from proxy.ledger.backends import open_store
 from proxy.ledger.leases import LEASE_CALLS, LeasedStore
-from proxy.ledger.store import Ask, Limits, Spend, Store, Turn
+from proxy.ledger.store import Ask, GuardRule, Limits, Spend, Store, Turn
 from tests.ledger.test_store_contract import T0
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +127,9 @@ async def _hot(leased: Store, tenant: str, limits: Limits, calls: int = 5) -> No
         await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100))), 40)
 
 
-async def test_the_tool_calls_of_a_leased_call_are_closed_by_the_next_exact_call(pair: tuple[Store, Store]) -> None:
+async def test_the_tool_calls_of_a_leased_call_are_closed_by_the_next_lease(pair: tuple[Store, Store]) -> None:
+    """A lease that closed nothing does not know the run's loop-guard state: a call whose
+    results answer its calls is admitted by a new lease, whose admission closes them."""
     leased, plain = pair
     tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
     await _hot(leased, tenant, limits)
@@ -136,8 +138,11 @@ async def test_the_tool_calls_of_a_leased_call_are_closed_by_the_next_exact_call
     await leased.settle(a, 40, run_totals={"model_calls": 1}, tools=[{"id": "c1", "name": "search", "sig": "s"}])
     nxt = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100), results=(("c1", True),)))
     assert [c["id"] for c in nxt.closed] == ["c1"]
-    assert (await plain.run_totals(tenant, "hot"))["model_calls"] == 1
-    assert await plain.run_calls(tenant, "hot") == 7, "the lease's unused calls were given back"
+    assert (await plain.run_totals(tenant, "hot"))["model_calls"] == 1, "the first lease went back first"
+    assert not await plain.tools_pending(tenant, "hot")
+    await leased.settle(nxt, 40)
+    await leased.aclose()
+    assert await plain.run_calls(tenant, "hot") == 7, "the leases' unused calls were given back"
 
 
 async def test_a_leased_call_still_in_flight_keeps_its_lease_as_spent(pair: tuple[Store, Store]) -> None:
@@ -148,12 +153,13 @@ async def test_a_leased_call_still_in_flight_keeps_its_lease_as_spent(pair: tupl
     slow = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
     await leased.settle(first, 40, tools=[{"id": "c1", "name": "search", "sig": "s"}])
     nxt = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100), results=(("c1", True),)))
-    assert [c["id"] for c in nxt.closed] == ["c1"], "written behind before the exact call"
+    assert [c["id"] for c in nxt.closed] == ["c1"], "written behind before the next lease"
     # The lease stands as spent in the ledger until its last call settles; views stay exact here.
     assert await plain.spend(tenant, run_id="hot") >= 5 * 40 + 40 + 100 + 100
     assert await leased.spend(tenant, run_id="hot") == 5 * 40 + 40 + 100 + 100
     await leased.settle(slow, 30)
     await leased.settle(nxt, 20)
+    await leased.aclose()
     assert await plain.spend(tenant, run_id="hot") == 5 * 40 + 40 + 30 + 20
     assert await plain.run_calls(tenant, "hot") == 8
 
@@ -401,3 +407,84 @@ def test_kill_9_with_tenant_leases_only_over_counts(ledger: str) -> None:
 
 def _today() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+# --- tool results closed in memory (an agent's every call carries the last answer's results) ---
+
+
+async def _agent(store: Store, tenant: str, sigs: list[str], oks: list[bool], rule: GuardRule,
+                 parallel: list[int]) -> tuple[list[object], list[str]]:
+    """One run: each call answers the last answer's tool calls (ok or failed), and its own
+    answer asks for `parallel[i]` calls of signature `sigs[i]`. What the ledger said of each."""
+    said: list[object] = []
+    ids: list[str] = []
+    prev: list[str] = []
+    for i, sig in enumerate(sigs):
+        results = tuple((c, oks[i]) for c in prev)
+        try:
+            a = await store.admit(Ask(tenant, "agent", T0, Limits(run_max_calls=1_000, run_max_cost=10**9)),
+                                  Turn(reserve=(1, 100), results=results, guard=rule))
+        except LoopRefused as refused:
+            said.append(("refused", refused.message.replace(tenant, "T"),
+                         [(c["id"], c["streak"], c["failures"], c["ok"]) for c in refused.closed]))
+            prev = []
+            continue
+        ids.append(a.id)
+        said.append(("ok", a.calls, [(c["id"], c["name"], c["streak"], c["failures"], c["ok"]) for c in a.closed]))
+        prev = [f"c{i}-{k}" for k in range(parallel[i])]
+        await store.settle(a, 40, run_totals={"model_calls": 1},
+                           tools=[{"id": c, "name": "search", "sig": sig} for c in prev])
+    return said, ids
+
+
+@pytest.mark.parametrize("rule", [GuardRule(threshold=4, refuse=True), GuardRule(threshold=3, refuse=False,
+                                                                                  max_failures=3)],
+                         ids=["loop-refused", "failures-refused"])
+async def test_tool_results_closed_in_memory_say_what_the_store_says(pair: tuple[Store, Store],
+                                                                     rule: GuardRule) -> None:
+    """The same agent run through a leased store and a plain one: every call's closes (streak,
+    failures, ok), every loop-guard refusal and every call count are the same; and the leased
+    run's calls after the third are served from leases, closing their results in memory."""
+    leased, plain = pair
+    sigs = ["a", "a", "b", "c", "c", "c", "d", "e", "e", "e", "e", "e", "f", "g", "g", "h", "i", "i", "j", "k"] * 2
+    oks = [True, True, False, True, False, False, False, True, True, True, True, True, False, False, False,
+           True, True, False, True, True] * 2
+    parallel = [1, 2, 1, 1, 1, 3, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1] * 2
+    t1, t2 = f"t-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    said_plain, _ = await _agent(plain, t1, sigs, oks, rule, parallel)
+    said_leased, ids = await _agent(leased, t2, sigs, oks, rule, parallel)
+    assert said_leased == said_plain
+    assert any(kind == "refused" for kind, *_ in said_plain), "the run meets the guard"
+    assert sum(i.startswith("lease-") for i in ids) >= len(ids) // 2, "most calls from leases"
+    await leased.aclose()
+    # Written back: the store goes on from where the leases left the run.
+    assert await plain.run_calls(t2, "agent") == await plain.run_calls(t1, "agent")
+    assert await plain.run_totals(t2, "agent") == await plain.run_totals(t1, "agent")
+    assert ([c["id"] for c in await plain.tools_pending(t2, "agent")]
+            == [c["id"] for c in await plain.tools_pending(t1, "agent")])
+    pending = [c["id"] for c in await plain.tools_pending(t1, "agent")]
+    assert pending, "the run's last answer asked for a tool call"
+    # The loop guard's state too: the next close counts on from the same streak and failures.
+    nxt = [await plain.admit(Ask(t, "agent", T0), Turn(reserve=(1, 100), results=((pending[0], False),)))
+           for t in (t1, t2)]
+    assert [(c["streak"], c["failures"]) for c in nxt[1].closed] == [(c["streak"], c["failures"])
+                                                                     for c in nxt[0].closed] != []
+
+
+async def test_a_lease_refused_after_closing_results_hands_its_closes_to_the_exact_call(
+        pair: tuple[Store, Store]) -> None:
+    """Another replica spent the run's headroom since this process last looked: the lease's
+    admission closes the call's results, then finds no room for a lease; the call itself is
+    admitted exactly, with those closes (they are not closed twice, nor lost)."""
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(run_max_cost=100_000)
+    for _ in range(2):
+        await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100))), 40)
+    a = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    await leased.settle(a, 40, tools=[{"id": "c1", "name": "search", "sig": "s"}])
+    other = await plain.admit(_ask(tenant, limits), Turn(reserve=(1, 99_830)))  # the other replica
+    await plain.settle(other, 99_830)  # 50 left: less than one worst case, more than the least
+    nxt = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100), results=(("c1", True),)))
+    assert not nxt.id.startswith("lease-") and nxt.reserved == 50
+    assert [(c["id"], c["streak"]) for c in nxt.closed] == [("c1", 1)]
+    assert not await plain.tools_pending(tenant, "hot")

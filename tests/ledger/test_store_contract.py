@@ -1175,3 +1175,13 @@ async def test_a_run_written_whole_adds_to_what_the_run_holds(store: Store, tena
     assert (rec["first_seen"], rec["last_seen"]) == (t - 5, t + 2)
     assert rec["totals"] == {"model_calls": 2, "cost_micros": 100}
     assert await store.run_calls(tenant, "r-open") == 1
+
+
+async def test_a_runs_guard_state_set_is_where_its_next_close_counts_from(store: Store, tenant: str) -> None:
+    """What budget leases write back after closing tool calls in memory: the next close of the
+    same call continues the streak from it, and the failures count on."""
+    a = await admit(store, tenant, "r-g")
+    await store.settle(a, 1, tools=[{"id": "c1", "name": "search", "sig": "s-1"}])
+    await store.run_guard(tenant, "r-g", ("s-1", 4, 2))
+    b = await admit(store, tenant, "r-g", turn=Turn(results=(("c1", False),)))
+    assert [(c["id"], c["streak"], c["failures"]) for c in b.closed] == [("c1", 5, 3)]
