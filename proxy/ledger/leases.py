@@ -47,6 +47,7 @@ LEASE_S = 2.0  # a lease is returned this long after it was taken, at the latest
 LEASE_CALLS = 32  # calls one lease may serve
 MARGIN = 8  # lease only with this many leases' worth of headroom on every limited scope
 HOT_AFTER = 3  # exact admissions of a run in a row before it leases
+TRIES = 4  # times a call of a leased run looks for a lease before the exact path
 HEAT_KEPT = 10_000  # runs whose latest admission is remembered (the least recent forgotten first)
 SOLO_CALLS = 32  # a tenant lease's first size, for runs of one call; doubled each time one is used up
 SOLO_CALLS_MAX = 1024
@@ -121,7 +122,7 @@ class LeasedStore:
         self._runs: dict[tuple[str, str], list[_Lease]] = {}  # every lease not yet returned, by run
         self._returns: dict[tuple[str, str], set[asyncio.Task[None]]] = {}  # returns under way, by run
         self._heat: dict[tuple[str, str], _Heat] = {}
-        self._taking: set[_Key] = set()
+        self._taking: dict[_Key, asyncio.Future[_Lease | None]] = {}  # leases being taken, for whoever waits
         self._closing: set[asyncio.Task[None]] = set()  # keeps the timers' closes alive
         self._ids = itertools.count()
         # Runs of one call (Turn.solo), served from tenant leases and kept in memory (solo.py).
@@ -151,23 +152,30 @@ class LeasedStore:
             admission = await self.inner.admit(ask, turn)
             self._tenant_heat[ask.tenant, turn.key] = (_tenant_limits(ask.limits), admission)
             return admission
+        lkey = _lease_key(ask, turn)
         if run not in self._runs and run not in self._returns and not self._hot(run):
             return await self._exact(ask, turn)  # a run not leased nor hot: nothing else to do
-        lkey = _lease_key(ask, turn)
         if lkey is None:
             await self._flush_run(ask.tenant, ask.run_id)
             return await self._exact(ask, turn)
-        lease = self._leases.get(lkey)
-        if lease is not None and self._fits(lease, ask, turn):
-            if not turn.results:
-                return self._serve(lease, turn)
-            closed = self._close_in_memory(lease, ask, turn)
-            if closed is not None:
-                return self._serve(lease, turn, closed)
-        if lease is not None:
-            await self._close(lkey)
-        size = self._lease_size(ask, turn, lkey)
-        if size:
+        for _ in range(TRIES):
+            taking = self._taking.get(lkey)
+            if taking is not None:  # another call of the run is taking its lease: served from it
+                await asyncio.wait([taking])
+            lease = self._leases.get(lkey)
+            if lease is not None and self._fits(lease, ask, turn):
+                if not turn.results:
+                    return self._serve(lease, turn)
+                closed = self._close_in_memory(lease, ask, turn)
+                if closed is not None:
+                    return self._serve(lease, turn, closed)
+            if lease is not None:
+                await self._close(lkey)
+            if lkey in self._taking:
+                continue  # taken by another call meanwhile: from it, not past it
+            size = self._lease_size(ask, turn, lkey)
+            if not size:
+                break
             try:
                 lease = await self._take(lkey, ask, turn, size)
             except LoopRefused:
@@ -182,6 +190,7 @@ class LeasedStore:
                 return replace(admission, closed=refused.closed)
             if lease is not None and self._fits(lease, ask, turn):
                 return self._serve(lease, turn, lease.admission.closed)
+            break
         await self._flush_run(ask.tenant, ask.run_id)
         return await self._exact(ask, turn)
 
@@ -212,14 +221,16 @@ class LeasedStore:
     def _lease_size(self, ask: Ask, turn: Turn, lkey: _Key) -> int:
         """How many calls to lease for this run now (0: take the exact path)."""
         heat = self._heat.get((ask.tenant, ask.run_id))
-        if heat is None or heat.streak < HOT_AFTER or heat.last is None or lkey in self._taking:
+        if heat is None or heat.streak < HOT_AFTER or heat.last is None:
             return 0
         if heat.ask is None or heat.ask.limits != ask.limits or heat.last.key != turn.key:
             return 0
         return _size(heat.last, ask.limits, turn.reserve[1], self.lease_calls)
 
     async def _take(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
-        self._taking.add(lkey)
+        taking: asyncio.Future[_Lease | None] = asyncio.get_running_loop().create_future()
+        self._taking[lkey] = taking
+        lease: _Lease | None = None
         try:
             await self._flush_run(ask.tenant, ask.run_id)
             most = turn.reserve[1]
@@ -247,7 +258,8 @@ class LeasedStore:
             loop.call_later(self.lease_s, self._expire_soon, lkey, lease)
             return lease
         finally:
-            self._taking.discard(lkey)
+            del self._taking[lkey]
+            taking.set_result(lease)
 
     def _close_in_memory(self, lease: _Lease, ask: Ask, turn: Turn) -> tuple[dict[str, Any], ...] | None:
         """Close the tool calls a call's results answer from the lease's own open calls, as the

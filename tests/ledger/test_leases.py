@@ -488,3 +488,4 @@ async def test_a_lease_refused_after_closing_results_hands_its_closes_to_the_exa
     assert not nxt.id.startswith("lease-") and nxt.reserved == 50
     assert [(c["id"], c["streak"]) for c in nxt.closed] == [("c1", 1)]
     assert not await plain.tools_pending(tenant, "hot")
+
