@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy.errors import LoopRefused, Refusal
+from proxy.errors import CeilingReached, LoopRefused, Refusal
 from proxy.ledger.solo import Solo, SoloRuns
 from proxy.ledger.store import (
     NO_TURN,
@@ -84,6 +84,7 @@ class _Lease:
     contexts: dict[str, int] = field(default_factory=dict)  # stored-context sizes, likewise
     counted: bool = True  # its calls were counted on its run up front (a run's lease; not a tenant's)
     closing: bool = False  # no more calls; returned once nothing is in flight
+    giving_back: bool = False  # its return has begun: no call is served from it any more
     settled_back: bool = False  # its settle is in the wrapped store
     uncounted: bool = False  # and its unused calls are given back
 
@@ -149,7 +150,15 @@ class LeasedStore:
             served = await self._admit_solo(ask, turn)
             if served is not None:
                 return served
-            admission = await self.inner.admit(ask, turn)
+            try:
+                admission = await self.inner.admit(ask, turn)
+            except CeilingReached as refused:
+                lkey = self._solo_key(ask, turn)
+                spare = None if lkey is None or refused.limit == "run_cost" else self._spare(
+                    self._runs.get((ask.tenant, self._lease_run), ()), lkey, _tenant_limits(ask.limits), ask, turn)
+                if spare is None:
+                    raise
+                return self._serve_solo(spare, ask, turn)
             self._tenant_heat[ask.tenant, turn.key] = (_tenant_limits(ask.limits), admission)
             return admission
         lkey = _lease_key(ask, turn)
@@ -192,7 +201,13 @@ class LeasedStore:
                 return self._serve(lease, turn, lease.admission.closed)
             break
         await self._flush_run(ask.tenant, ask.run_id)
-        return await self._exact(ask, turn)
+        try:
+            return await self._exact(ask, turn)
+        except CeilingReached:
+            spare = None if turn.results else self._spare(self._runs.get(run, ()), lkey, ask.limits, ask, turn)
+            if spare is None:
+                raise
+            return self._serve(spare, turn)
 
     async def _exact(self, ask: Ask, turn: Turn) -> Admission:
         admission = await self.inner.admit(ask, turn)
@@ -260,6 +275,19 @@ class LeasedStore:
         finally:
             del self._taking[lkey]
             taking.set_result(lease)
+
+    def _spare(self, leases: Sequence[_Lease], lkey: _Key, limits: Limits, ask: Ask, turn: Turn) -> _Lease | None:
+        """A lease of `lkey` that still holds a call's worst case, closing or not, for a call the
+        store refused: near a limit, the unused part of a lease whose calls are in flight is
+        headroom only this process can give (module doc). Only a lease younger than LEASE_S,
+        so an admin budget cut holds here as soon as without the fallback."""
+        now = time.monotonic()
+        for lease in leases:
+            if (lease.lkey == lkey and not lease.giving_back and lease.served < lease.count
+                    and lease.admission.reserved - lease.used >= turn.reserve[1] and lease.ask.limits == limits
+                    and lease.ask.ttl_s == ask.ttl_s and now - lease.taken < self.lease_s):
+                return lease
+        return None
 
     def _close_in_memory(self, lease: _Lease, ask: Ask, turn: Turn) -> tuple[dict[str, Any], ...] | None:
         """Close the tool calls a call's results answer from the lease's own open calls, as the
@@ -550,6 +578,7 @@ class LeasedStore:
         and context sizes), then the calls it counted and did not serve are uncounted. Until
         each is done the ledger holds more than was spent, never less."""
         self._gave_back += 1
+        lease.giving_back = True
         try:
             totals, tools, contexts = lease.totals, list(lease.tools.values()), lease.contexts
             lease.totals, lease.tools, lease.contexts = {}, {}, {}

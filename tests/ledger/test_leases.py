@@ -489,3 +489,32 @@ async def test_a_lease_refused_after_closing_results_hands_its_closes_to_the_exa
     assert [(c["id"], c["streak"]) for c in nxt.closed] == [("c1", 1)]
     assert not await plain.tools_pending(tenant, "hot")
 
+
+
+async def test_near_a_budget_a_lease_held_by_calls_in_flight_still_serves_what_it_holds(
+        pair: tuple[Store, Store]) -> None:
+    """The tenant's lease is closed (renewed, or its time is up) while one of its calls is in
+    flight: until that call settles the lease holds its unused part. A call the ledger then
+    refuses for the budget is served from that part, as the exact path would have admitted it."""
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(day_budget=1_000_000)
+    for i in range(3):
+        await leased.settle(await leased.admit(_solo(tenant, i, limits), _turn()), 0)
+        await leased.run_end(tenant, f"gen-{i}")
+    assert isinstance(leased, LeasedStore)
+    [lease] = list(leased._leases.values())
+    held = lease.admission.reserved - lease.used
+    in_flight = await leased.admit(_solo(tenant, "slow", limits), _turn())
+    assert in_flight.id.startswith("lease-")
+    leased._close_behind(lease.lkey)  # as its timer or a renewal does
+    # Another replica spends all the budget but what this lease holds.
+    day = await plain.spend(tenant, day=DAY)
+    other = await plain.admit(Ask(tenant, "other", T0, limits), Turn(reserve=(1, 1_000_000 - day)))
+    await plain.settle(other, other.reserved)
+    a = await leased.admit(_solo(tenant, "late", limits), _turn())
+    assert a.id.startswith("lease-") and a.reserved == 100
+    assert held >= 200
+    await leased.settle(in_flight, 50)
+    await leased.settle(a, 60)
+    await leased.aclose()
+    assert await plain.spend(tenant, day=DAY) <= 1_000_000
