@@ -11,7 +11,6 @@ import time
 from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
 
 from aiohttp import web
 
@@ -97,6 +96,10 @@ class _Books:
     amount: int
     flushed: list[Flushed]
     end: bool
+    # The settle's run totals, open tool calls and context sizes (let go once it is submitted).
+    totals: dict[str, int]
+    tools: list[dict[str, object]] | None
+    contexts: dict[str, int] | None
 
 
 def _finish_now(state: CallState) -> None:
@@ -104,14 +107,17 @@ def _finish_now(state: CallState) -> None:
     key = (caller.tenant, caller.run_id)
     background = app[BACKGROUND]
     try:
-        books, settle = _books(state)
+        books = _books(state)
     except Exception:
         background.release(key)
         log.exception("bookkeeping after a call failed; the caller already has its answer")
         return
     del state  # the request and its answer are not held while the ledger works
     try:
-        done, settling = start(app[STORE].settle_in_order(books.admitted.admission, books.amount, **settle))
+        done, settling = start(app[STORE].settle_in_order(books.admitted.admission, books.amount,
+                                                          run_totals=books.totals, tools=books.tools,
+                                                          contexts=books.contexts))
+        books.totals, books.tools, books.contexts = {}, None, None
     except ProxyError:
         if not books.end:
             background.release(key)
@@ -206,7 +212,7 @@ async def _after_settle(books: _Books, settling: Awaitable[int]) -> None:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-def _books(state: CallState) -> tuple[_Books, dict[str, Any]]:
+def _books(state: CallState) -> _Books:
     """The call's one record, its settle's arguments (the charge, the run's totals, its open
     tool calls and context sizes: one store operation) and what reads its result."""
     request, tr, admitted, answer, cs, deployment = (state.request, state.tr, state.admitted, state.answer, state.span,
@@ -242,8 +248,7 @@ def _books(state: CallState) -> tuple[_Books, dict[str, Any]]:
         _add_totals(totals, anatomy_attrs.flush_totals(f))
     tools = pending_tools(outcome, answer.delivered_ns, cs.ref, hooks.delivered_arguments) or None
     contexts = answer.stored_sizes(outcome) or None
-    return (_Books(app, cs, record, admitted, amount, flushed, end),
-            {"run_totals": totals, "tools": tools, "contexts": contexts})
+    return _Books(app, cs, record, admitted, amount, flushed, end, totals, tools, contexts)
 
 
 def _settled(books: _Books, overshoot: int | None) -> None:
