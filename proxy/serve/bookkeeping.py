@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Final
 
 from aiohttp import web
 
@@ -73,16 +74,32 @@ def _refusal_outcome(exc: ProxyError) -> Outcome:
 
 
 def answered(state: CallState) -> None:
-    """The call's bookkeeping, off the answer's path: a plain callback on the loop's next
-    turn (after the answer is written), not a task. Its run's next call is held
-    (serve/background.py) until the settle is submitted: a settle that queues without
-    waiting (SQLite's one writer) orders itself there and then, and what reads its result
-    (the overshoot, the budget gauges, the span, the access line, the run's end) is a
-    callback on that result. Only a step that must wait (a settle over the network, a run
-    that ends here) becomes a task, from where it waits."""
-    caller = state.span.caller
-    state.request.app[BACKGROUND].hold((caller.tenant, caller.run_id))
-    asyncio.get_running_loop().call_soon(_finish_now, state)
+    """The call's bookkeeping, off the answer's path. With a store whose settle is queued
+    without waiting (`_QUEUES_AT_ONCE`: SQLite's one writer), a plain callback on the loop's
+    next turn (after the answer is written), not a task: its run's next call is held
+    (serve/background.py) until the settle is queued, which orders it there and then, and
+    what reads its result (the overshoot, the budget gauges, the span, the access line) is
+    a callback on that result; only a run that ends here is a task. With any other store
+    (a settle over the network, budget leases), a task of its own, as before: its
+    `settle_in_order` may need one (a timeout, `current_task`) before it first waits."""
+    app, caller = state.request.app, state.span.caller
+    key = (caller.tenant, caller.run_id)
+    if type(app[STORE]) in _QUEUES_AT_ONCE:
+        app[BACKGROUND].hold(key)
+        asyncio.get_running_loop().call_soon(_finish_now, state)
+    else:
+        after_answer(app, caller, _finish_task(state))
+
+
+def _queues_at_once() -> frozenset[type]:
+    """The stores whose `settle_in_order` queues the settle and returns its result's future
+    without waiting and without needing a task (nothing in it reads the running task)."""
+    from proxy.ledger.sqlite import SqliteStore
+
+    return frozenset({SqliteStore})
+
+
+_QUEUES_AT_ONCE: Final = _queues_at_once()
 
 
 @dataclass(slots=True)
@@ -101,6 +118,13 @@ class _Books:
     tools: list[dict[str, object]] | None
     contexts: dict[str, int] | None
 
+    def settle(self) -> Coroutine[object, object, Awaitable[int]]:
+        """The call's one store operation: the charge, the run's totals, its open tool calls."""
+        settle = self.app[STORE].settle_in_order(self.admitted.admission, self.amount, run_totals=self.totals,
+                                                 tools=self.tools, contexts=self.contexts)
+        self.totals, self.tools, self.contexts = {}, None, None
+        return settle
+
 
 def _finish_now(state: CallState) -> None:
     app, caller = state.request.app, state.span.caller
@@ -114,10 +138,7 @@ def _finish_now(state: CallState) -> None:
         return
     del state  # the request and its answer are not held while the ledger works
     try:
-        done, settling = start(app[STORE].settle_in_order(books.admitted.admission, books.amount,
-                                                          run_totals=books.totals, tools=books.tools,
-                                                          contexts=books.contexts))
-        books.totals, books.tools, books.contexts = {}, None, None
+        done, settling = start(books.settle())
     except ProxyError:
         if not books.end:
             background.release(key)
@@ -128,9 +149,9 @@ def _finish_now(state: CallState) -> None:
         background.release(key)
         log.exception("bookkeeping after a call failed; the caller already has its answer")
         return
-    if not done:  # it waits (a store that cannot promise the order at once): a task from here
-        background.release(key)
-        background.spawn(key, _finish_later(books, settling))
+    if not done:  # it waited after all: the rest in a task, from where it stopped
+        background.spawn(key, _finish_task(None, books, settling))
+        background.release(key)  # the task holds the run now
         return
     if not books.end:  # a run that ends here is waited for to its end (govern/runs.py)
         background.release(key)  # ordered: its next call may be admitted now
@@ -162,31 +183,41 @@ def _on_settled(books: _Books, background: Background, key: tuple[str, str], set
 
 
 def _end_run(books: _Books, background: Background, key: tuple[str, str]) -> None:
-    """The run's end, when it ends here (X-Run-End, or a run made for this one call): a task
-    only if it waits. Its next call was held until here."""
-    try:
-        done, rest = start(books.app[RUNS].after_call(books.cs.caller, end=books.end))
-    except Exception:
-        done, rest = True, None
-        log.exception("bookkeeping after a call failed; the caller already has its answer")
-    if not done:
-        background.spawn(key, _awaited(rest))
+    """After the span: the run's end, when it ends here (X-Run-End, or a run made for this
+    one call), in a task; otherwise `Runs.after_call` has nothing to wait for and is run in
+    place. The run's next call was held until here when it ends here."""
+    caller = books.cs.caller
+    if books.end or caller.run_id_source == "generated":
+        background.spawn(key, _after_call(books))
+    else:
+        try:
+            done, rest = start(books.app[RUNS].after_call(caller, end=False))
+            if not done:
+                background.spawn(key, _after_call(books, rest))
+        except Exception:
+            log.exception("bookkeeping after a call failed; the caller already has its answer")
     if books.end:
         background.release(key)
 
 
-async def _awaited(rest: Started) -> None:
+async def _after_call(books: _Books, rest: Started | None = None) -> None:
     try:
-        await rest
+        await (rest if rest is not None else books.app[RUNS].after_call(books.cs.caller, end=books.end))
     except Exception:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-async def _finish_later(books: _Books, started: Started) -> None:
-    """The rest of `_finish_now` for a settle that had to wait before it was ordered."""
+async def _finish_task(state: CallState | None, books: _Books | None = None,
+                       started: Started | None = None) -> None:
+    """The bookkeeping as a task of its own (`answered`), or the rest of `_finish_now`'s
+    once its settle waited (`books`, `started`)."""
     try:
+        if books is None:
+            assert state is not None
+            books = _books(state)
+            del state  # the request and its answer are not held while the ledger works
         try:
-            settling = await started
+            settling = await (started if started is not None else books.settle())
         except ProxyError:
             _settled(books, None)
         else:
