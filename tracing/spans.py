@@ -454,11 +454,26 @@ def _call_summary_attrs(record: CallRecord, cap: int, *, full_tools: bool) -> At
     return attrs
 
 
+# (tool names, cap) -> `gen_ai.tool.definitions` without content: made once per tool list.
+_TOOL_NAMES: dict[tuple[tuple[str, ...], int], str] = {}
+_TOOL_NAMES_KEPT = 4096  # characters of names a kept list holds at most (1024 lists: ~8 MB at worst)
+
+
 def _tool_definitions(call: Call, cap: int, *, full: bool) -> str:
     """The tools the request offers, per the v1.41.1 tool-definitions schema, as JSON of at
     most `cap` bytes: `type` and `name` (the required properties) always; `description`
     and `parameters` only when `full` (content capture), as the convention advises
     against populating them by default."""
+    if not full:  # names only: the same few tool lists, call after call
+        names = tuple(t.name for t in call.tools[: A.SPAN_LIST_LIMIT])
+        found = _TOOL_NAMES.get((names, cap))
+        if found is None:
+            found = digests.capped_json([{"type": "function", "name": _name(name)} for name in names], cap)
+            if sum(map(len, names)) <= _TOOL_NAMES_KEPT:  # a caller's long names are not kept
+                if len(_TOOL_NAMES) >= 1024:
+                    _TOOL_NAMES.clear()
+                _TOOL_NAMES[(names, cap)] = found
+        return found
     tools: list[dict[str, Any]] = []
     for t in call.tools[: A.SPAN_LIST_LIMIT]:
         tool: dict[str, Any] = {"type": "function", "name": _name(t.name)}

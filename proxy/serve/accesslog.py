@@ -10,9 +10,10 @@ carries no message content and no key: the reason text is spanmeter's own messag
 for an upstream's error only its status (an upstream's message may quote the request, or
 a masked key). Calls that end in 5xx are logged at ERROR, everything else at INFO.
 
-Log records are formatted where they are made and written by a thread of their own, from
-a bounded queue: a log sink that stops reading (a full pipe, a stuck log driver) never
-blocks the event loop; lines that do not fit are dropped and counted.
+Log records are written by a thread of their own, from a bounded queue: a log sink that
+stops reading (a full pipe, a stuck log driver) never blocks the event loop; lines that do
+not fit are dropped and counted. A record is formatted where it is made, but for an access
+line: its values are final when it is made, and its text (and JSON) is made by that thread.
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ class _Line(NamedTuple):
 
 
 def _write(line: _Line) -> None:
+    """Decide the line on the loop (this request's statuses, its level); make its text where
+    it is written (`_AccessLine`, the log's own thread)."""
     (tenant, run_id, api, model, status, upstream_status, duration_s, input_tokens, output_tokens, cost_micros,
      rewrites, refusal, error, reason, input_parts) = line
     current = _CURRENT.get()
@@ -172,35 +175,68 @@ def _write(line: _Line) -> None:
     level = logging.ERROR if failed else logging.INFO
     if not log.isEnabledFor(level):
         return
-    own = reason if reason and (error is None or error.startswith("spanmeter.") or refusal) else None
-    model = _bounded(model)
-    bounded_rewrites = [r[:_MAX_VALUE] for r in rewrites]
-    duration = round(max(0.0, duration_s), 4)
-    # Only the JSON formatter reads the fields; the text line is all a text log needs.
-    fields: dict[str, Any] | None = None
-    if _FIELDS_WANTED:
+    msg = _AccessLine(_Line(tenant, run_id, api, model, status, upstream_status, duration_s, input_tokens,
+                            output_tokens, cost_micros, rewrites, refusal, error, reason, input_parts))
+    # makeRecord + handle is what log.log does, less findCaller's walk up the stack: the
+    # line's origin is always this function.
+    log.handle(log.makeRecord(log.name, level, __file__, 0, msg, (), None,
+                              extra={"access": msg} if _FIELDS_WANTED else None))
+
+
+class _AccessLine:
+    """An access line's values, final (plain strings and numbers), made into its text and
+    its JSON fields only when first read: by the log's writer thread (`_Offloaded`), which
+    formats these records itself, or by any other handler as it formats the record
+    (`str`, `LogRecord.getMessage`). Only the JSON formatter reads the fields."""
+
+    __slots__ = ("_text", "line")
+
+    def __init__(self, line: _Line) -> None:
+        self.line = line
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        text = self._text
+        if text is None:
+            text = self._text = _text(self.line)
+        return text
+
+    def fields(self) -> dict[str, Any]:
+        (tenant, run_id, api, model, status, upstream_status, duration_s, input_tokens, output_tokens, cost_micros,
+         rewrites, refusal, error, reason, input_parts) = self.line
         fields = {
-            "tenant": tenant, "run_id": run_id, "api": api, "model": model, "status": status,
-            "upstream_status": upstream_status or None, "duration_s": duration,
+            "tenant": tenant, "run_id": run_id, "api": api, "model": _bounded(model), "status": status,
+            "upstream_status": upstream_status or None, "duration_s": round(max(0.0, duration_s), 4),
             "input_tokens": input_tokens, "output_tokens": output_tokens,
             "cost_usd": cost_micros / 1e6 if cost_micros is not None else None,
-            "rewrites": bounded_rewrites, "refusal": refusal, "error": error, "reason": own,
+            "rewrites": [r[:_MAX_VALUE] for r in rewrites], "refusal": refusal, "error": error,
+            "reason": _own(reason, error, refusal),
         }
         if input_parts is not None:
             fields["input_parts"] = input_parts
+        return fields
+
+
+def _own(reason: str | None, error: str | None, refusal: str | None) -> str | None:
+    """spanmeter's own message, the only reason text a line carries (module docstring)."""
+    return reason if reason and (error is None or error.startswith("spanmeter.") or refusal) else None
+
+
+def _text(line: _Line) -> str:
+    (tenant, run_id, api, model, status, upstream_status, duration_s, input_tokens, output_tokens, cost_micros,
+     rewrites, refusal, error, reason, input_parts) = line
+    bounded_rewrites = [r[:_MAX_VALUE] for r in rewrites]
+    duration = round(max(0.0, duration_s), 4)
     tokens = (f"{_n(input_tokens)}/{_n(output_tokens)}"
               if input_tokens is not None or output_tokens is not None else None)
-    parts = [f"tenant={_quote(tenant)} run={_quote(run_id)} api={_quote(api)} model={_quote(model)} "
+    parts = [f"tenant={_quote(tenant)} run={_quote(run_id)} api={_quote(api)} model={_quote(_bounded(model))} "
              f"status={status} upstream={upstream_status or '-'} duration={duration:.3f}s"]
     for key, value in (("tokens", tokens), ("cost", usd(cost_micros) if cost_micros is not None else None),
                        ("rewrites", ",".join(bounded_rewrites) or None), ("refused", refusal), ("error", error),
-                       ("reason", own), ("input", input_parts)):
+                       ("reason", _own(reason, error, refusal)), ("input", input_parts)):
         if value is not None:
             parts.append(f"{key}={_quote(value)}")
-    # makeRecord + handle is what log.log does, less findCaller's walk up the stack: the
-    # line's origin is always this function.
-    log.handle(log.makeRecord(log.name, level, __file__, 0, " ".join(parts), (), None,
-                              extra={"access": fields} if fields is not None else None))
+    return " ".join(parts)
 
 
 # A stream that failed after its 200 went out: the upstream timed out, broke or vanished.
@@ -284,6 +320,8 @@ class JsonFormatter(logging.Formatter):
                                "message": record.getMessage()}
         for name in ("access", "fields"):  # an access line's fields, or another record's
             fields = getattr(record, name, None)
+            if isinstance(fields, _AccessLine):
+                fields = fields.fields()
             if isinstance(fields, dict):
                 out.update(fields)
         if self._worker is not None:
@@ -328,22 +366,34 @@ class _Offloaded(logging.Handler):
         self._linger_s = linger_s
         # SimpleQueue: a put is one C call, where queue.Queue takes a lock and notifies a
         # Condition per line (3% of the event loop's CPU under load). Bounded by its size.
-        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[str | logging.LogRecord | None] = queue.SimpleQueue()
         self._capacity = capacity
         self._dropped = 0
         self._thread = threading.Thread(target=self._write, name="spanmeter-log", daemon=True)
         self._thread.start()
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self._queue.qsize() >= self._capacity:
+            self._dropped += 1
+            return
+        if type(record.msg) is _AccessLine:
+            # An access line holds only final values: formatted by the writer, off the loop.
+            self._queue.put(record)
+            return
         try:
             line = self.format(record)
         except Exception:
             self.handleError(record)
             return
-        if self._queue.qsize() >= self._capacity:
-            self._dropped += 1
-        else:
-            self._queue.put(line)
+        self._queue.put(line)
+
+    def _formatted(self, item: str | logging.LogRecord | None) -> str | None:
+        if not isinstance(item, logging.LogRecord):
+            return item
+        try:
+            return self.format(item)
+        except Exception:
+            return None  # as `handleError` with logging.raiseExceptions off: the line is lost
 
     def _write(self) -> None:
         while True:
@@ -356,7 +406,7 @@ class _Offloaded(logging.Handler):
                 except queue.Empty:
                     break
             done = None in lines
-            text = [line + "\n" for line in lines if line is not None]
+            text = [line + "\n" for line in map(self._formatted, lines) if line is not None]
             if self._dropped:
                 dropped, self._dropped = self._dropped, 0
                 text.append(self.format(_dropped_record(dropped)) + "\n")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Final
 
 from aiohttp import web
 
@@ -28,12 +30,13 @@ from proxy.providers.hooks import Hooks
 from proxy.providers.translator import Translator
 from proxy.serve import accesslog, content
 from proxy.serve.appkeys import BACKGROUND, DEPLOYMENTS, PRICES, RUNS, SETTINGS, SPLITS, STORE, TEL
+from proxy.serve.background import Background, Started, start
 from proxy.serve.pipeline import add_run_totals, after_answer, refusal_reason, refusal_totals
 from proxy.serve.state import CallState
 from tracing import anatomy as anatomy_attrs
 from tracing import spans
 
-__all__ = ["abandoned", "finish", "finish_safely", "flush_anatomy", "refused"]
+__all__ = ["abandoned", "answered", "flush_anatomy", "refused"]
 
 log = logging.getLogger("spanmeter.handler")
 
@@ -70,21 +73,182 @@ def _refusal_outcome(exc: ProxyError) -> Outcome:
     return Outcome(status=exc.status, error_type=exc.error_type, error_message=exc.message, complete=False)
 
 
-async def finish_safely(state: CallState) -> None:
-    """`finish`, which must never turn a delivered answer into an error."""
-    work = finish(state)
-    del state  # `finish` lets go of the request and its answer before it waits for the ledger
+def answered(state: CallState) -> None:
+    """The call's bookkeeping, off the answer's path. With a store whose settle is queued
+    without waiting (`_QUEUES_AT_ONCE`: SQLite's one writer), a plain callback on the loop's
+    next turn (after the answer is written), not a task: its run's next call is held
+    (serve/background.py) until the settle is queued, which orders it there and then, and
+    what reads its result (the overshoot, the budget gauges, the span, the access line) is
+    a callback on that result; only a run that ends here is a task. With any other store
+    (a settle over the network, budget leases), a task of its own, as before: its
+    `settle_in_order` may need one (a timeout, `current_task`) before it first waits."""
+    app, caller = state.request.app, state.span.caller
+    key = (caller.tenant, caller.run_id)
+    if type(app[STORE]) in _QUEUES_AT_ONCE:
+        app[BACKGROUND].hold(key)
+        asyncio.get_running_loop().call_soon(_finish_now, state)
+    else:
+        after_answer(app, caller, _finish_task(state))
+
+
+def _queues_at_once() -> frozenset[type]:
+    """The stores whose `settle_in_order` queues the settle and returns its result's future
+    without waiting and without needing a task (nothing in it reads the running task)."""
+    from proxy.ledger.sqlite import SqliteStore
+
+    return frozenset({SqliteStore})
+
+
+_QUEUES_AT_ONCE: Final = _queues_at_once()
+
+
+@dataclass(slots=True)
+class _Books:
+    """What is left of a call once its settle is submitted: what reads the settle's result."""
+
+    app: web.Application
+    cs: spans.CallSpan
+    record: CallRecord
+    admitted: Admitted
+    amount: int
+    flushed: list[Flushed]
+    end: bool
+    # The settle's run totals, open tool calls and context sizes (let go once it is submitted).
+    totals: dict[str, int]
+    tools: list[dict[str, object]] | None
+    contexts: dict[str, int] | None
+
+    def settle(self) -> Coroutine[object, object, Awaitable[int]]:
+        """The call's one store operation: the charge, the run's totals, its open tool calls."""
+        settle = self.app[STORE].settle_in_order(self.admitted.admission, self.amount, run_totals=self.totals,
+                                                 tools=self.tools, contexts=self.contexts)
+        self.totals, self.tools, self.contexts = {}, None, None
+        return settle
+
+
+def _finish_now(state: CallState) -> None:
+    app, caller = state.request.app, state.span.caller
+    key = (caller.tenant, caller.run_id)
+    background = app[BACKGROUND]
     try:
-        await work
+        books = _books(state)
+    except Exception:
+        background.release(key)
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+        return
+    del state  # the request and its answer are not held while the ledger works
+    try:
+        done, settling = start(books.settle())
+    except ProxyError:
+        if not books.end:
+            background.release(key)
+        _settled(books, None)
+        _end_run(books, background, key)
+        return
+    except Exception:
+        background.release(key)
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+        return
+    if not done:  # it waited after all: the rest in a task, from where it stopped
+        background.spawn(key, _finish_task(None, books, settling))
+        background.release(key)  # the task holds the run now
+        return
+    if not books.end:  # a run that ends here is waited for to its end (govern/runs.py)
+        background.release(key)  # ordered: its next call may be admitted now
+    if isinstance(settling, asyncio.Future):
+        background.watch(settling)
+        settling.add_done_callback(partial(_on_settled, books, background, key))
+    else:  # an awaitable of another kind: awaited by a task
+        background.spawn(key, _after_settle(books, settling))
+        if books.end:
+            background.release(key)  # the task holds the run now
+
+
+def _on_settled(books: _Books, background: Background, key: tuple[str, str], settling: asyncio.Future[int]) -> None:
+    if settling.cancelled():
+        if books.end:
+            background.release(key)
+        return
+    try:
+        exc = settling.exception()
+        if exc is not None and not isinstance(exc, ProxyError):
+            raise exc
+        _settled(books, None if exc is not None else settling.result())
+    except Exception:
+        if books.end:
+            background.release(key)
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+        return
+    _end_run(books, background, key)
+
+
+def _end_run(books: _Books, background: Background, key: tuple[str, str]) -> None:
+    """After the span: the run's end, when it ends here (X-Run-End, or a run made for this
+    one call), in a task; otherwise `Runs.after_call` has nothing to wait for and is run in
+    place. The run's next call was held until here when it ends here."""
+    caller = books.cs.caller
+    if books.end or caller.run_id_source == "generated":
+        background.spawn(key, _after_call(books))
+    else:
+        try:
+            done, rest = start(books.app[RUNS].after_call(caller, end=False))
+            if not done:
+                background.spawn(key, _after_call(books, rest))
+        except Exception:
+            log.exception("bookkeeping after a call failed; the caller already has its answer")
+    if books.end:
+        background.release(key)
+
+
+async def _after_call(books: _Books, rest: Started | None = None) -> None:
+    try:
+        await (rest if rest is not None else books.app[RUNS].after_call(books.cs.caller, end=books.end))
     except Exception:
         log.exception("bookkeeping after a call failed; the caller already has its answer")
 
 
-async def finish(state: CallState) -> None:
+async def _finish_task(state: CallState | None, books: _Books | None = None,
+                       started: Started | None = None) -> None:
+    """The bookkeeping as a task of its own (`answered`), or the rest of `_finish_now`'s
+    once its settle waited (`books`, `started`)."""
+    try:
+        if books is None:
+            assert state is not None
+            books = _books(state)
+            del state  # the request and its answer are not held while the ledger works
+        try:
+            settling = await (started if started is not None else books.settle())
+        except ProxyError:
+            _settled(books, None)
+        else:
+            if not books.end:
+                books.app[BACKGROUND].mark_ordered((books.cs.caller.tenant, books.cs.caller.run_id))
+            await _after_settle(books, settling)
+            return
+        await books.app[RUNS].after_call(books.cs.caller, end=books.end)
+    except Exception:
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+
+
+async def _after_settle(books: _Books, settling: Awaitable[int]) -> None:
+    try:
+        try:
+            overshoot = await settling
+        except ProxyError:
+            _settled(books, None)
+        else:
+            _settled(books, overshoot)
+        await books.app[RUNS].after_call(books.cs.caller, end=books.end)
+    except Exception:
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+
+
+def _books(state: CallState) -> _Books:
+    """The call's one record, its settle's arguments (the charge, the run's totals, its open
+    tool calls and context sizes: one store operation) and what reads its result."""
     request, tr, admitted, answer, cs, deployment = (state.request, state.tr, state.admitted, state.answer, state.span,
                                                      state.deployment)
-    app, caller, call, hooks, capture = request.app, cs.caller, tr.call, answer.hooks, state.capture
-    del state
+    app, call, hooks, capture = request.app, tr.call, answer.hooks, state.capture
     end = request.headers.get("x-run-end", "").lower() == "true"
     outcome = answer.outcome()
     if deployment is not None:
@@ -98,45 +262,43 @@ async def finish(state: CallState) -> None:
     an, flushed = _anatomy(app, cs, tr, admitted.price, outcome.usage if reported else None, end)
     # The call's one record: the settle's totals, the span, the metrics and the access line read it.
     record = CallRecord(
-        caller, call, outcome, cs.start_ns, answer.delivered_ns, cost_micros=amount, usage_source=source,
+        cs.caller, call, outcome, cs.start_ns, answer.delivered_ns, cost_micros=amount, usage_source=source,
         budget_remaining_micros=_remaining(admitted, amount), saved_micros=_saved(admitted, outcome.usage, source),
         premium_micros=_premium(admitted, outcome.usage, source), rewrites=hooks.rewrites, repairs=hooks.repairs,
         chunk_gaps_s=answer.chunk_gaps_s, delivered_text=hooks.delivered_text,
         delivered_arguments=hooks.delivered_arguments,
         capture=_capture(tr, outcome, hooks) if capture else None,
         anatomy=an)
-    try:
-        # One store operation: the charge, the run's totals and its open tool calls.
-        totals = _totals(record, admitted.admission.closed)
-        if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
-            used = (outcome.usage.input_tokens or 0) + (outcome.usage.output_tokens or 0)
-            totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
-        if an is not None:
-            totals |= anatomy_attrs.call_totals(an, outcome.tool_calls)
-        for f in flushed:
-            _add_totals(totals, anatomy_attrs.flush_totals(f))
-        tools = pending_tools(outcome, answer.delivered_ns, cs.ref, hooks.delivered_arguments) or None
-        contexts = answer.stored_sizes(outcome) or None
-        # The call's request and answer (an agent turn: its bytes and its parsed body) are not
-        # held while the ledger works: at 64 connections of agent turns they held ~6 MB.
-        del request, tr, answer
-        settling = await app[STORE].settle_in_order(admitted.admission, amount, run_totals=totals, tools=tools,
-                                                    contexts=contexts)
-        if not end:  # a run that ends here is waited for to its end (govern/runs.py)
-            app[BACKGROUND].mark_ordered((caller.tenant, caller.run_id))  # its next call may be admitted now
-        overshoot = await settling
-        spans.record_ledger_overshoot(app[TEL], caller, overshoot)
-        _report_budgets(app, caller, admitted, amount)
-    except ProxyError:
+    totals = _totals(record, admitted.admission.closed)
+    if source == "estimate":  # the tokens it held stand for those never reported: unknown is not zero
+        used = (outcome.usage.input_tokens or 0) + (outcome.usage.output_tokens or 0)
+        totals["estimated_tokens"] = max(0, admitted.admission.tokens - used)
+    if an is not None:
+        totals |= anatomy_attrs.call_totals(an, outcome.tool_calls)
+    for f in flushed:
+        _add_totals(totals, anatomy_attrs.flush_totals(f))
+    tools = pending_tools(outcome, answer.delivered_ns, cs.ref, hooks.delivered_arguments) or None
+    contexts = answer.stored_sizes(outcome) or None
+    return _Books(app, cs, record, admitted, amount, flushed, end, totals, tools, contexts)
+
+
+def _settled(books: _Books, overshoot: int | None) -> None:
+    """After the settle: its overshoot and the budget gauges (None: it failed), then the
+    span, the flushed anatomy's metrics and the access line."""
+    app, cs, record = books.app, books.cs, books.record
+    caller = cs.caller
+    if overshoot is None:
         # The reservation stays and expires at its full amount: unknown is not zero.
         log.error("could not settle call of run %s; its reservation stands", caller.run_id)
         record = replace(record, budget_remaining_micros=None)  # nothing was settled: no headroom to report
+    else:
+        spans.record_ledger_overshoot(app[TEL], caller, overshoot)
+        _report_budgets(app, caller, books.admitted, books.amount)
     # The span ends when the last byte was delivered, not after our bookkeeping.
     spans.end_call(app[TEL], cs, record)
-    for f in flushed:
+    for f in books.flushed:
         spans.record_flushed(app[TEL], caller.tenant, f)
     accesslog.access(record, parts=app[SETTINGS].access_log_anatomy)
-    await app[RUNS].after_call(caller, end=end)
 
 
 def _anatomy(app: web.Application, cs: spans.CallSpan, tr: Translator, price: Price | None, usage: Usage | None,

@@ -39,7 +39,7 @@ from proxy.serve.appkeys import (
 from proxy.serve.body import open_call
 from proxy.serve.cloud_token import authorized
 from proxy.serve.deployments import unmapped_hint
-from proxy.serve.pipeline import admission_turn, after_answer
+from proxy.serve.pipeline import admission_turn
 from proxy.serve.relay import relay
 from proxy.serve.routes import Target, target_for
 from proxy.serve.state import CallState, captures
@@ -158,10 +158,9 @@ class Forward:
         finally:
             answer.delivered_ns = time.time_ns()
             hooks.let_go()
-            # A task of its own: the answer does not wait for the ledger, and a client that
-            # disconnects cancels the relay, never the settlement.
-            after_answer(app, caller, bookkeeping.finish_safely(
-                CallState(request, tr, admitted, answer, cs, self.capture, self.deployment)))
+            # Off the answer's path: the answer does not wait for the ledger, and a client that
+            # disconnects cancels the relay, never the settlement (a callback, not a task).
+            bookkeeping.answered(CallState(request, tr, admitted, answer, cs, self.capture, self.deployment))
 
     def _pricing(self, app: web.Application) -> tuple[str | None, str]:
         """(model to price at, refusal hint) for a call naming an Azure deployment: the

@@ -6,13 +6,16 @@
              `refusal_totals` to its run (`add_run_totals`)
     forward  proxy/serve/upstream.py, the only client
     relay    proxy/serve/relay.py through the route's answer reader (`relay.Relayed`)
-    settle   `after_answer`: a task of its own per run, so the answer never waits for the
-             ledger and a client that leaves cancels the relay, never the settlement
+    settle   after the answer, in the run's order (serve/background.py), so the answer never
+             waits for the ledger and a client that leaves cancels the relay, never the
+             settlement: `after_answer` (a task) for an MCP request and a refusal's totals;
+             a model call's is a plain callback, a task only where it waits
+             (serve/bookkeeping.py `answered`)
 
 Each route plugs in its wire format (the error shape, the answer's reader) and its own
 admission and settlement operation. Both routes go through all of it: proxy/mcp/route.py,
-and the model route (proxy/serve/handler.py: `admission_turn`, `after_answer`;
-bookkeeping.py: a refusal's reason and totals, added after the answer).
+and the model route (proxy/serve/handler.py: `admission_turn`; bookkeeping.py `answered`,
+and a refusal's reason and totals, added after the answer by `after_answer`).
 """
 
 from __future__ import annotations

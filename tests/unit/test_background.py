@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from proxy.serve.background import Background
 
 RUN, OTHER = ("acme", "r-1"), ("acme", "r-2")
@@ -55,3 +57,68 @@ async def test_marking_from_outside_the_runs_tasks_changes_nothing() -> None:
     release.set()
     await bg.drain()
     assert not await _waits(bg, RUN)
+
+
+async def test_a_hold_is_waited_for_until_released_and_made_no_future_until_then() -> None:
+    bg = Background()
+    bg.hold(RUN)
+    bg.hold(RUN)  # two calls of the run answered, neither settle queued yet
+    assert not bg._waiters  # nothing waits: nothing made
+    assert await _waits(bg, RUN)
+    assert not await _waits(bg, OTHER)
+    bg.release(RUN)
+    assert await _waits(bg, RUN)
+    bg.release(RUN)
+    assert not await _waits(bg, RUN)
+    await bg.drain()
+
+
+async def test_drain_waits_for_a_watched_settle_and_its_callback() -> None:
+    bg, seen = Background(), []
+    settle: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    bg.watch(settle)
+    settle.add_done_callback(lambda f: seen.append(f.result()))
+    draining = asyncio.ensure_future(bg.drain())
+    await asyncio.sleep(0)
+    assert not draining.done()
+    settle.set_result(7)
+    await draining
+    assert seen == [7]
+
+
+async def test_a_coroutine_started_in_place_goes_on_in_a_task_where_it_stopped() -> None:
+    from proxy.serve.background import start
+
+    release, steps = asyncio.Event(), []
+
+    async def now() -> int:
+        steps.append("now")
+        return 1
+
+    async def later() -> int:
+        steps.append("before")
+        await release.wait()
+        steps.append("after")
+        return 2
+
+    assert start(now()) == (True, 1)
+    done, rest = start(later())
+    assert not done and steps == ["now", "before"]
+    task = asyncio.ensure_future(_await(rest))
+    await asyncio.sleep(0)
+    release.set()
+    assert await task == 2
+    assert steps == ["now", "before", "after"]
+    release.clear()
+    done, rest = start(later())  # a cancelled task cancels the coroutine where it waits
+    assert not done
+    task = asyncio.ensure_future(_await(rest))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps[-1] == "before"
+
+
+async def _await(aw: object) -> object:
+    return await aw  # type: ignore[misc]
