@@ -80,6 +80,9 @@ class FailOpenStore:
             await self.tools_put(admission.tenant, admission.run_id, tools)
         return 0
 
+    def queues_settle(self, admission: Admission) -> bool:
+        return False  # its settle waits for the store, to answer a failure neutrally
+
     async def settle_in_order(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
                               tools: list[dict[str, Any]] | None = None,
                               contexts: dict[str, int] | None = None) -> Awaitable[int]:

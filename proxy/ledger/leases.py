@@ -341,7 +341,7 @@ class LeasedStore:
                 solo.inflight -= reserved
                 solo.add(run_totals, tools)
             else:  # the store took the run over meanwhile (solo.py `materialize`)
-                await self.solos.add_late(*solo_run, 0, actual, run_totals, tools)
+                await asyncio.ensure_future(self.solos.add_late(*solo_run, 0, actual, run_totals, tools))
         else:
             for name, value in (run_totals or {}).items():
                 lease.totals[name] = lease.totals.get(name, 0) + value
@@ -352,7 +352,7 @@ class LeasedStore:
             pending = self._contexts.setdefault(lease.ask.tenant, {})
             pending[ref] = max(size, pending.get(ref, 0))
         if actual > reserved:
-            await self._overshoot(lease, actual - reserved)
+            await asyncio.ensure_future(self._overshoot(lease, actual - reserved))
         if lease.closing and not lease.inflight:
             await self._return(lease)
         return max(0, actual - reserved)
@@ -371,6 +371,11 @@ class LeasedStore:
             lease.settled += excess
             return
         await self.inner.settle(charge, excess)
+
+    def queues_settle(self, admission: Admission) -> bool:
+        # A leased call settles in memory; what it may wait for (a lease's return, an
+        # overshoot's charge) runs in a task of its own.
+        return admission.id in self._by_id or self.inner.queues_settle(admission)
 
     async def settle_in_order(self, admission: Admission, actual: int, *, run_totals: dict[str, int] | None = None,
                               tools: list[dict[str, Any]] | None = None,

@@ -636,6 +636,9 @@ class RedisStore(DerivedOps):
         found = await self._each(await self._tenants(), idle, "idle-run sweep")
         return [pair for pairs in found for pair in pairs]
 
+    def queues_settle(self, admission: Admission) -> bool:
+        return False  # a round trip, under redis-py's timeouts (which read the running task)
+
     async def run_guard(self, tenant: str, run_id: str, state: tuple[str | None, int, int]) -> None:
         run, (sig, streak, failures) = key(tenant, "run", run_id), state
         await self._call(lambda: self._redis.hset(run, mapping={"sig": sig or "", "streak": streak,

@@ -396,6 +396,9 @@ class SqliteStore(DerivedOps):
         done = await self.settle_in_order(admission, actual, run_totals=run_totals, tools=tools, contexts=contexts)
         return await done
 
+    def queues_settle(self, admission: Admission) -> bool:
+        return True  # onto the one writer thread's queue
+
     async def settle_in_order(
         self,
         admission: Admission,

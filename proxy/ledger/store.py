@@ -546,6 +546,12 @@ class Ledger(Protocol):
         lost connection may land after a later operation) returns once the settle is done."""
         ...
 
+    def queues_settle(self, admission: Admission) -> bool:
+        """Whether `settle_in_order(admission, ...)` queues the settle without waiting and
+        needs no running task (nothing in it reads the task: no network timeout): the call's
+        bookkeeping then runs as a plain callback (serve/bookkeeping.py)."""
+        ...
+
     async def release(self, admission: Admission) -> None: ...
 
     async def expire(self, now: datetime) -> int:

@@ -11,7 +11,6 @@ import time
 from collections.abc import Awaitable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Final
 
 from aiohttp import web
 
@@ -75,31 +74,22 @@ def _refusal_outcome(exc: ProxyError) -> Outcome:
 
 def answered(state: CallState) -> None:
     """The call's bookkeeping, off the answer's path. With a store whose settle is queued
-    without waiting (`_QUEUES_AT_ONCE`: SQLite's one writer), a plain callback on the loop's
+    without waiting (`Store.queues_settle`: SQLite's one writer, a leased call), a plain callback on the loop's
     next turn (after the answer is written), not a task: its run's next call is held
     (serve/background.py) until the settle is queued, which orders it there and then, and
     what reads its result (the overshoot, the budget gauges, the span, the access line) is
     a callback on that result; only a run that ends here is a task. With any other store
-    (a settle over the network, budget leases), a task of its own, as before: its
+    (a settle over the network), a task of its own, as before: its
     `settle_in_order` may need one (a timeout, `current_task`) before it first waits."""
     app, caller = state.request.app, state.span.caller
     key = (caller.tenant, caller.run_id)
-    if type(app[STORE]) in _QUEUES_AT_ONCE:
+    if app[STORE].queues_settle(state.admitted.admission):
         app[BACKGROUND].hold(key)
         asyncio.get_running_loop().call_soon(_finish_now, state)
     else:
         after_answer(app, caller, _finish_task(state))
 
 
-def _queues_at_once() -> frozenset[type]:
-    """The stores whose `settle_in_order` queues the settle and returns its result's future
-    without waiting and without needing a task (nothing in it reads the running task)."""
-    from proxy.ledger.sqlite import SqliteStore
-
-    return frozenset({SqliteStore})
-
-
-_QUEUES_AT_ONCE: Final = _queues_at_once()
 
 
 @dataclass(slots=True)

@@ -518,3 +518,25 @@ async def test_near_a_budget_a_lease_held_by_calls_in_flight_still_serves_what_i
     await leased.settle(a, 60)
     await leased.aclose()
     assert await plain.spend(tenant, day=DAY) <= 1_000_000
+
+
+async def test_a_leased_calls_settle_is_queued_without_a_task(pair: tuple[Store, Store], ledger: str) -> None:
+    """What the bookkeeping asks before it settles as a plain callback (Store.queues_settle):
+    a leased call's settle is done in memory, whatever the backend; an exact one's is queued
+    at once by SQLite's writer, and is a round trip to Redis."""
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits()
+    exact = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert leased.queues_settle(exact) is ledger.startswith("sqlite")
+    assert plain.queues_settle(exact) is ledger.startswith("sqlite")
+    await leased.settle(exact, 1)
+    await _hot(leased, tenant, limits)
+    a = await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100)))
+    assert a.id.startswith("lease-") and leased.queues_settle(a)
+    settling = leased.settle_in_order(a, 40)
+    try:
+        settling.send(None)
+    except StopIteration as done:  # finished without waiting: no task needed
+        assert done.value.result() == 0
+    else:
+        raise AssertionError("a leased call's settle waited")
