@@ -48,7 +48,7 @@ LEASE_CALLS = 32  # calls one lease may serve
 MARGIN = 8  # lease only with this many leases' worth of headroom on every limited scope
 HOT_AFTER = 3  # exact admissions of a run in a row before it leases
 TRIES = 4  # times a call of a leased run looks for a lease before the exact path
-HEAT_KEPT = 10_000  # runs whose latest admission is remembered (the least recent forgotten first)
+HEAT_KEPT = 4096  # runs whose latest admission is remembered (the least recent forgotten first)
 SOLO_CALLS = 32  # a tenant lease's first size, for runs of one call; doubled each time one is used up
 SOLO_CALLS_MAX = 1024
 SOLO_CALLS_MIN = 8
@@ -104,11 +104,17 @@ class _Lease:
 
 @dataclass
 class _Heat:
-    """What this process last saw of a run's exact admissions: whether to lease next."""
+    """What this process last saw of a run's exact admissions: whether to lease next, and
+    what the next lease is sized from (only that: thousands are kept)."""
 
-    streak: int = 0
-    last: Admission | None = None
-    ask: Ask | None = None
+    __slots__ = ("calls", "key", "limits", "remaining", "streak")
+
+    def __init__(self) -> None:
+        self.streak = 0
+        self.calls = 0
+        self.remaining: dict[str, int | None] = {}
+        self.key: str | None = None
+        self.limits: Limits | None = None
 
 
 class LeasedStore:
@@ -217,7 +223,8 @@ class LeasedStore:
     def _seen(self, ask: Ask, admission: Admission) -> None:
         """Remember the run's latest admission (exact or a lease): what the next lease is sized from."""
         heat = self._heat.pop((ask.tenant, ask.run_id), None) or _Heat()
-        heat.streak, heat.last, heat.ask = heat.streak + 1, admission, ask
+        heat.streak, heat.calls, heat.remaining = heat.streak + 1, admission.calls, admission.remaining
+        heat.key, heat.limits = admission.key, ask.limits
         self._heat[ask.tenant, ask.run_id] = heat  # most recent last
         if len(self._heat) > HEAT_KEPT:
             del self._heat[next(iter(self._heat))]
@@ -236,11 +243,9 @@ class LeasedStore:
     def _lease_size(self, ask: Ask, turn: Turn, lkey: _Key) -> int:
         """How many calls to lease for this run now (0: take the exact path)."""
         heat = self._heat.get((ask.tenant, ask.run_id))
-        if heat is None or heat.streak < HOT_AFTER or heat.last is None:
+        if heat is None or heat.streak < HOT_AFTER or heat.limits != ask.limits or heat.key != turn.key:
             return 0
-        if heat.ask is None or heat.ask.limits != ask.limits or heat.last.key != turn.key:
-            return 0
-        return _size(heat.last, ask.limits, turn.reserve[1], self.lease_calls)
+        return _size(heat.calls, heat.remaining, ask.limits, turn.reserve[1], self.lease_calls)
 
     async def _take(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
         taking: asyncio.Future[_Lease | None] = asyncio.get_running_loop().create_future()
@@ -805,14 +810,14 @@ def _lease_key(ask: Ask, turn: Turn) -> _Key | None:
     return ask.tenant, ask.run_id, turn.key, day, month
 
 
-def _size(last: Admission, limits: Limits, most: int, calls: int) -> int:
+def _size(run_calls: int, remaining: dict[str, int | None], limits: Limits, most: int, calls: int) -> int:
     """Calls to lease: at most `calls`, and at most 1/`MARGIN` of the headroom the run's last
     admission left on the call ceiling and on every limited scope (a lease holds `most` per
     call); under 2, none (near a limit every call takes the exact path)."""
     if limits.run_max_calls is not None:
-        calls = min(calls, (limits.run_max_calls - last.calls) // MARGIN)
+        calls = min(calls, (limits.run_max_calls - run_calls) // MARGIN)
     if most > 0:
-        for left in last.remaining.values():
+        for left in remaining.values():
             if left is not None:
                 calls = min(calls, left // (MARGIN * most))
     return calls if calls >= 2 else 0
