@@ -92,21 +92,7 @@ async def test_concurrent_leased_calls_never_cross_a_cost_ceiling(pair: tuple[St
 
 
 def test_kill_9_with_leases_only_over_counts(ledger: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lease_child.py")), ledger],
-                             stdout=subprocess.PIPE, env=env, cwd=ROOT)
-    assert child.stdout is not None
-    lines: list[bytes] = []
-    while sum(line.startswith(b"settled") for line in lines) < 500:
-        line = child.stdout.readline()
-        assert line, f"the child died early with {child.wait()}"
-        lines.append(line)
-    os.kill(child.pid, signal.SIGKILL)
-    lines += child.stdout.read().splitlines()
-    child.wait()
-    admitted = [line for line in lines if line.startswith(b"admitted")]
-    settled = sum(1 for line in lines if line.startswith(b"settled"))
-    charged = 70 * settled + 100 * (len(admitted) - settled)  # an unsettled call is charged its reservation
+    admitted, charged = _kill_mid_load(ledger)
 
     async def check() -> None:
         store = open_store(ledger, leases=False)
@@ -378,21 +364,7 @@ async def test_a_stored_context_settled_into_a_lease_is_known_to_the_next_call(p
 
 
 def test_kill_9_with_tenant_leases_only_over_counts(ledger: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lease_child.py")), ledger, "solo"],
-                             stdout=subprocess.PIPE, env=env, cwd=ROOT)
-    assert child.stdout is not None
-    lines: list[bytes] = []
-    while sum(line.startswith(b"settled") for line in lines) < 500:
-        line = child.stdout.readline()
-        assert line, f"the child died early with {child.wait()}"
-        lines.append(line)
-    os.kill(child.pid, signal.SIGKILL)
-    lines += child.stdout.read().splitlines()
-    child.wait()
-    admitted = [line for line in lines if line.startswith(b"admitted")]
-    settled = sum(1 for line in lines if line.startswith(b"settled"))
-    charged = 70 * settled + 100 * (len(admitted) - settled)
+    _, charged = _kill_mid_load(ledger, "solo")
 
     async def check() -> None:
         store = open_store(ledger, leases=False)
@@ -540,3 +512,23 @@ async def test_a_leased_calls_settle_is_queued_without_a_task(pair: tuple[Store,
         assert done.value.result() == 0
     else:
         raise AssertionError("a leased call's settle waited")
+
+
+def _kill_mid_load(ledger: str, *mode: str) -> tuple[list[bytes], int]:
+    """Run lease_child.py until it has settled 500 calls, kill -9 it: (its admissions, what
+    it was charged: each settled call its cost, each unsettled one its reservation)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lease_child.py")), ledger, *mode],
+                             stdout=subprocess.PIPE, env=env, cwd=ROOT)
+    assert child.stdout is not None
+    lines: list[bytes] = []
+    while sum(line.startswith(b"settled") for line in lines) < 500:
+        line = child.stdout.readline()
+        assert line, f"the child died early with {child.wait()}"
+        lines.append(line)
+    os.kill(child.pid, signal.SIGKILL)
+    lines += child.stdout.read().splitlines()
+    child.wait()
+    admitted = [line for line in lines if line.startswith(b"admitted")]
+    settled = sum(1 for line in lines if line.startswith(b"settled"))
+    return admitted, 70 * settled + 100 * (len(admitted) - settled)
