@@ -1,6 +1,9 @@
-"""Budget leases (issue 51, item 1; opt-in: SPANMETER_LEDGER_LEASES=true): a `Store` over any
-backend that admits a hot run's calls on the event loop, against headroom it leased durably
-ahead of need, instead of one store operation per call.
+"""Budget leases (issue 51, item 1; on by default, SPANMETER_LEDGER_LEASES=false turns them
+off): a `Store` over any backend that admits calls on the event loop, against headroom it
+leased durably ahead of need, instead of one store operation per call. Two kinds: a
+tenant's runs of one call (`Turn.solo`, their runs kept in memory: solo.py) from a lease of
+its day, month and key scopes; a hot run's calls from a lease of the run, their tool results
+closed in memory where the lease made the calls they answer.
 
 A lease is one exact admission of the wrapped store, so what it holds is counted on every
 scope before any call is served from it; a crash only over-counts, never crosses a
