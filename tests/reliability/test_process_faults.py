@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from proxy.ledger.leases import LEASE_CALLS
 from proxy.ledger.sqlite import SqliteStore
 from proxy.model import Usage
 from proxy.pricing import PriceTable, cost
@@ -56,7 +57,8 @@ async def test_kill_9_under_load_then_restart_loses_no_spend_and_no_reservation(
         assert after.total >= delivered, "every delivered answer is charged or still reserved"
         assert after.reserved > 0, "the reservations of the cut calls survived the kill"
         assert [await store.run_calls("default", f"inflight-{i}") for i in range(8)] == [1] * 8
-        assert sum([await store.run_calls("default", f"done-{i}") for i in range(4)]) == 40
+        # Exact, or over by the unused part of a budget lease one of the runs held at the kill.
+        assert 40 <= sum([await store.run_calls("default", f"done-{i}") for i in range(4)]) <= 40 + 4 * LEASE_CALLS
     finally:
         await store.aclose()
 
