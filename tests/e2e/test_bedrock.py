@@ -306,6 +306,9 @@ async def test_automatic_prompt_caching_adds_cache_points_a_runs_second_call_rea
 
 FORECAST = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
             "required": ["city", "days"]}
+# Converse's structured output naming FORECAST (outputConfig.textFormat), as boto3 sends it.
+FORECAST_OUTPUT = {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
+    "name": "forecast", "schema": orjson.dumps(FORECAST).decode()}}}}
 
 
 async def test_a_forced_tools_malformed_input_is_repaired_to_the_declared_schema_and_recorded(
@@ -329,8 +332,7 @@ async def test_an_output_config_json_schema_answer_is_repaired_in_the_text(
         make_proxy, bedrock, otlp_receiver):  # noqa: F811
     proxy = await make_proxy(bedrock_base_url=bedrock.url, otlp_endpoint=otlp_receiver.endpoint)
     client = _client(proxy.url, "bedrock-repair-text", **{"x-fake-malformed": "text"})
-    schema = {"name": "forecast", "schema": orjson.dumps(FORECAST).decode()}
-    output = {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": schema}}}
+    output = FORECAST_OUTPUT
     answer = await asyncio.to_thread(client.converse, modelId=MODEL, messages=[ASK], outputConfig=output)
     text = answer["output"]["message"]["content"][0]["text"]
     assert orjson.loads(text) == {"city": "Paris", "days": 3}
@@ -342,8 +344,7 @@ async def test_a_streamed_malformed_output_goes_through_untouched_and_the_span_s
         make_proxy, bedrock, otlp_receiver):  # noqa: F811
     proxy = await make_proxy(bedrock_base_url=bedrock.url, otlp_endpoint=otlp_receiver.endpoint)
     client = _client(proxy.url, "bedrock-stream-slip", **{"x-fake-malformed": "text"})
-    schema = {"name": "forecast", "schema": orjson.dumps(FORECAST).decode()}
-    output = {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": schema}}}
+    output = FORECAST_OUTPUT
     stream = await asyncio.to_thread(client.converse_stream, modelId=MODEL, messages=[ASK], outputConfig=output)
     events = await asyncio.to_thread(lambda: list(stream["stream"]))
     text = "".join(e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e)

@@ -5,10 +5,6 @@ only over-counts. The whole store contract runs leased too (test_store_contract.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +15,7 @@ from proxy.errors import CeilingReached, LoopRefused
 from proxy.ledger.backends import open_store
 from proxy.ledger.leases import LEASE_CALLS, LeasedStore
 from proxy.ledger.store import Ask, GuardRule, Limits, Spend, Store, Turn
+from tests.ledger.children import killed_after
 from tests.ledger.test_store_contract import T0
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -517,18 +514,7 @@ async def test_a_leased_calls_settle_is_queued_without_a_task(pair: tuple[Store,
 def _kill_mid_load(ledger: str, *mode: str) -> tuple[list[bytes], int]:
     """Run lease_child.py until it has settled 500 calls, kill -9 it: (its admissions, what
     it was charged: each settled call its cost, each unsettled one its reservation)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("lease_child.py")), ledger, *mode],
-                             stdout=subprocess.PIPE, env=env, cwd=ROOT)
-    assert child.stdout is not None
-    lines: list[bytes] = []
-    while sum(line.startswith(b"settled") for line in lines) < 500:
-        line = child.stdout.readline()
-        assert line, f"the child died early with {child.wait()}"
-        lines.append(line)
-    os.kill(child.pid, signal.SIGKILL)
-    lines += child.stdout.read().splitlines()
-    child.wait()
+    lines = killed_after("lease_child.py", [ledger, *mode], settles=500)
     admitted = [line for line in lines if line.startswith(b"admitted")]
     settled = sum(1 for line in lines if line.startswith(b"settled"))
     return admitted, 70 * settled + 100 * (len(admitted) - settled)

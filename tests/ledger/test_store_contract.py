@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -33,6 +29,7 @@ from proxy.ledger.store import (
     WholeRun,
 )
 from tests.fixtures.redis import BINARY, SKIP_REASON, RedisServer
+from tests.ledger.children import killed_after
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 5, 14, 12, 0, tzinfo=UTC)
@@ -602,22 +599,7 @@ def test_sqlite_ledger_survives_kill_9_under_load(tmp_path: Path, synchronous: s
     # NORMAL skips the fsync per commit, but a commit is in the OS's hands before the
     # store returns, so killing the process loses nothing acknowledged either.
     url = f"sqlite:///{tmp_path / 'ledger.db'}?synchronous={synchronous}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("ledger_child.py")), url],
-        stdout=subprocess.PIPE,
-        env=env,
-        cwd=ROOT,
-    )
-    assert child.stdout is not None
-    lines: list[bytes] = []
-    while sum(line.startswith(b"settled") for line in lines) < 300:
-        line = child.stdout.readline()
-        assert line, f"the child died early with {child.wait()}"
-        lines.append(line)
-    os.kill(child.pid, signal.SIGKILL)
-    lines += child.stdout.read().splitlines()  # acknowledged before the kill
-    child.wait()
+    lines = killed_after("ledger_child.py", [url], settles=300)  # with those acknowledged before the kill
 
     settles = [line for line in lines if line.startswith(b"settled")]
     settled = sum(int(line.split()[1]) for line in settles)
