@@ -889,10 +889,13 @@ def _profile_only(procs: Procs, plan: Plan, name: str) -> int:
     full = targets[-1]
     assert full.proc is not None
     smoke(targets)
-    for sc in (BY_NAME["json_c64"], BY_NAME["sse_c64"]):
+    # --scenarios picks what is profiled (e.g. oneshot_c64); else JSON and a stream at 64 connections.
+    chosen = {s.name: s for s in SCENARIOS} if len(SCENARIOS) < len(BY_NAME) else \
+        {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}
+    for sc in chosen.values():
         measure(full, sc, plan.warmup_s, procs.tmp, f"w{sc.name}")
     profile = profile_target(full.proc, lambda sc, d: wrk(full, sc, d, procs.tmp, f"p{sc.name}"),
-                             {"json": BY_NAME["json_c64"], "sse": BY_NAME["sse_c64"]}, plan.profile_s, procs.tmp)
+                             chosen, plan.profile_s, procs.tmp)
     print(render_profile(profile, name))
     _write(HERE / "results" / ("profile.json" if name == "sm-full" else f"profile-{name}.json"), profile)
     return 0

@@ -37,7 +37,7 @@ from proxy.model import Anatomy, Flushed, ToolCall
 from tracing import attributes as A
 
 __all__ = ["KINDS", "MAX_RUN_TOOLS", "MAX_TOOLS", "TOP_RESULTS", "call_attrs", "call_totals", "flush_totals",
-           "kinds_of", "run_anatomy", "run_attrs"]
+           "folded_anatomy", "kinds_of", "run_anatomy", "run_attrs"]
 
 KINDS: Final = ("system", "tools", "tool_result", "history", "new")
 MAX_TOOLS: Final = 64  # tool names per call in the run totals; the rest are `_OTHER`
@@ -206,19 +206,29 @@ def run_anatomy(totals: Mapping[str, int], *, fold: bool = True) -> dict[str, An
     unused_cost = round(sum(tools[n]["definitions_cost_usd"] for n in unused), 6)
     ranked = sorted(tools, key=lambda n: (-tools[n]["results_cost_usd"] - tools[n]["definitions_cost_usd"],
                                           -tools[n]["calls"], n))
-    folded = 0
-    if fold and len(ranked) > MAX_RUN_TOOLS:
-        tools, folded = _folded(tools, ranked[:MAX_RUN_TOOLS])
-        ranked = [n for n in ranked[:MAX_RUN_TOOLS] if n != A.LABEL_OTHER] + [A.LABEL_OTHER]
-        declared, called, unused = ([n for n in names if n in tools] for names in (declared, called, unused))
-    return {
+    whole = {
         "parts": {k: parts[k] for k in KINDS if k in parts},
         "tools": {n: tools[n] for n in ranked},
         "declared": declared, "called": called, "unused": unused,
         "unused_cost_usd": unused_cost,
         "top_results": results[:TOP_RESULTS],
-        "folded": folded,
+        "folded": 0,
     }
+    return folded_anatomy(whole) if fold else whole
+
+
+def folded_anatomy(ra: dict[str, Any]) -> dict[str, Any]:
+    """`run_anatomy(totals, fold=False)`'s answer as `run_anatomy(totals)` gives it: the
+    tools past the `MAX_RUN_TOOLS` dearest summed into `_OTHER` (the same dict when there
+    are no more), so a run's end computes its anatomy once for the span and the metrics."""
+    ranked = list(ra["tools"])
+    if ra["folded"] or len(ranked) <= MAX_RUN_TOOLS:
+        return ra
+    tools, folded = _folded(ra["tools"], ranked[:MAX_RUN_TOOLS])
+    ranked = [n for n in ranked[:MAX_RUN_TOOLS] if n != A.LABEL_OTHER] + [A.LABEL_OTHER]
+    declared, called, unused = ([n for n in ra[names] if n in tools] for names in ("declared", "called", "unused"))
+    return ra | {"tools": {n: tools[n] for n in ranked}, "declared": declared, "called": called, "unused": unused,
+                 "folded": folded}
 
 
 def _folded(tools: dict[str, dict[str, float]], kept: list[str]) -> tuple[dict[str, dict[str, float]], int]:
@@ -240,12 +250,13 @@ def _tool(tools: dict[str, dict[str, float]], name: str) -> dict[str, float]:
     return tools.setdefault(name, {"results_cost_usd": 0.0, "definitions_cost_usd": 0.0, "calls": 0})
 
 
-def run_attrs(totals: Mapping[str, int]) -> dict[str, AttributeValue]:
-    """The run span's anatomy: per kind of part, tools declared, called and unused, the
-    unused definitions' cost, and the whole as JSON (`spanmeter.run.anatomy`)."""
-    ra = run_anatomy(totals)
+def run_attrs(ra: dict[str, Any] | None) -> dict[str, AttributeValue]:
+    """The run span's anatomy (`run_anatomy`'s, folded or not): per kind of part, tools
+    declared, called and unused, the unused definitions' cost, and the whole as JSON
+    (`spanmeter.run.anatomy`)."""
     if ra is None:
         return {}
+    ra = folded_anatomy(ra)
     attrs: dict[str, AttributeValue] = {A.SPANMETER_RUN_ANATOMY: json.dumps(ra)}
     for kind, p in ra["parts"].items():
         attrs[f"spanmeter.run.input.{kind}.cost_usd"] = p["cost_usd"]

@@ -60,6 +60,7 @@ __all__ = [
     "record_ledger_overshoot",
     "record_remaining",
     "redact_keylike",
+    "run_ended",
     "run_span_name",
     "start_call",
     "tool_span",
@@ -712,6 +713,18 @@ def _record_tool_metrics(
 # --- runs --------------------------------------------------------------------------------
 
 
+def run_ended(tel: Telemetry, caller: Caller, run_trace: RunTrace, totals: Mapping[str, int], status: str) -> None:
+    """A run's end: its root span (`end_run`) and its count (`record_run_end`), from one
+    reading of its anatomy out of its totals."""
+    try:
+        ra = anatomy_attrs.run_anatomy(totals, fold=False)
+        _emit_run(tel, caller, run_trace, _run_attrs(caller, totals, status, ra), status, time.time_ns())
+    except Exception:
+        log.exception("run_ended failed")
+        ra = None
+    _count_run_end(tel, caller, totals, ra)
+
+
 def end_run(
     tel: Telemetry,
     caller: Caller,
@@ -734,38 +747,48 @@ def end_run(
     `caller`: the run's agent name and conversation id, if its first call gave them.
     """
     try:
-        parent = (
-            TraceParent(run_trace.trace_id, run_trace.parent_span_id, run_trace.sampled)
-            if run_trace.parent_span_id
-            else None
-        )
-        attrs: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_INVOKE_AGENT}
-        if caller.agent_name is not None:
-            attrs[A.GEN_AI_AGENT_NAME] = _name(caller.agent_name)
-        _put_conversation(attrs, caller)
-        attrs.update({
-            A.SPANMETER_TENANT_ID: caller.tenant,
-            A.SPANMETER_RUN_ID: _name(caller.run_id),
-            A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
-            A.SPANMETER_RUN_STATUS: status,
-            **_run_totals(totals),
-            **anatomy_attrs.run_attrs(totals),
-            A.INPUT_VALUE: summaries.run_input(caller),
-            A.INPUT_MIME_TYPE: A.MIME_TEXT,
-            A.OUTPUT_VALUE: summaries.run_output(totals, status),
-            A.OUTPUT_MIME_TYPE: A.MIME_TEXT,
-        })
-        # Lean like the call spans: the SDK's start_span and end were two thirds of the root
-        # span's CPU (bench/bench_percall.py --run-calls 0 --profile). Its ids are the run's,
-        # as the tracer's id generator gives them inside `fixed`.
-        with tel.ids.fixed(run_trace.trace_id, run_trace.span_id):
-            span = tel.lean.open(run_span_name(caller), _parent_span(parent, None), SpanKind.INTERNAL, attrs,
-                                 run_trace.start_ns)
-        if status in _FAILED_RUN:
-            span.set_status(Status(StatusCode.ERROR, status))
-        tel.lean.end(span, time.time_ns() if end_ns is None else end_ns)
+        attrs = _run_attrs(caller, totals, status, anatomy_attrs.run_anatomy(totals, fold=False))
+        _emit_run(tel, caller, run_trace, attrs, status, time.time_ns() if end_ns is None else end_ns)
     except Exception:
         log.exception("end_run failed")
+
+
+def _run_attrs(caller: Caller, totals: Mapping[str, int], status: str, ra: dict[str, Any] | None) -> Attrs:
+    """The root span's attributes (`end_run`), `ra` the run's anatomy (`run_anatomy`'s)."""
+    attrs: Attrs = {A.GEN_AI_OPERATION_NAME: A.OPERATION_INVOKE_AGENT}
+    if caller.agent_name is not None:
+        attrs[A.GEN_AI_AGENT_NAME] = _name(caller.agent_name)
+    _put_conversation(attrs, caller)
+    attrs.update({
+        A.SPANMETER_TENANT_ID: caller.tenant,
+        A.SPANMETER_RUN_ID: _name(caller.run_id),
+        A.SPANMETER_RUN_ID_SOURCE: caller.run_id_source,
+        A.SPANMETER_RUN_STATUS: status,
+        **_run_totals(totals),
+        **anatomy_attrs.run_attrs(ra),
+        A.INPUT_VALUE: summaries.run_input(caller),
+        A.INPUT_MIME_TYPE: A.MIME_TEXT,
+        A.OUTPUT_VALUE: summaries.run_output(totals, status),
+        A.OUTPUT_MIME_TYPE: A.MIME_TEXT,
+    })
+    return attrs
+
+
+def _emit_run(tel: Telemetry, caller: Caller, run_trace: RunTrace, attrs: Attrs, status: str, end_ns: int) -> None:
+    parent = (
+        TraceParent(run_trace.trace_id, run_trace.parent_span_id, run_trace.sampled)
+        if run_trace.parent_span_id
+        else None
+    )
+    # Lean like the call spans: the SDK's start_span and end were two thirds of the root
+    # span's CPU (bench/bench_percall.py --run-calls 0 --profile). Its ids are the run's,
+    # as the tracer's id generator gives them inside `fixed`.
+    with tel.ids.fixed(run_trace.trace_id, run_trace.span_id):
+        span = tel.lean.open(run_span_name(caller), _parent_span(parent, None), SpanKind.INTERNAL, attrs,
+                             run_trace.start_ns)
+    if status in _FAILED_RUN:
+        span.set_status(Status(StatusCode.ERROR, status))
+    tel.lean.end(span, end_ns)
 
 
 def run_span_name(caller: Caller) -> str:
@@ -895,11 +918,21 @@ def run_outcome(totals: Mapping[str, int]) -> str:
 
 
 def record_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int]) -> None:
-    """Count an ended run by its outcome."""
+    """Count an ended run by its outcome (`_count_run_end`), its anatomy read from `totals`."""
+    try:
+        ra = anatomy_attrs.run_anatomy(totals, fold=False)  # the labels are bounded where they are made
+    except Exception:
+        log.exception("record_run_end failed")
+        return
+    _count_run_end(tel, caller, totals, ra)
+
+
+def _count_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int], ra: dict[str, Any] | None) -> None:
+    """Count an ended run by its outcome, and what its unused tools' definitions cost
+    (`ra`: its anatomy unfolded: the labels are bounded where they are made)."""
     try:
         labels = {A.SPANMETER_RUN_OUTCOME: run_outcome(totals), **_tenant(caller)}
         tel.instruments.runs_ended.add(1, labels)
-        ra = anatomy_attrs.run_anatomy(totals, fold=False)  # the labels are bounded where they are made
         for name in ra["unused"] if ra is not None else ():
             usd = ra["tools"][name]["definitions_cost_usd"] if ra is not None else 0
             if usd:

@@ -149,8 +149,7 @@ class Runs:
         taken = await self._store.tools_take(tenant, run_id, open_ids) if open_ids else []
         pending = [p for p in taken if not p.get("mcp")]  # executed on the MCP route: its span says so
         if pending:  # tool calls never answered: failed, as their spans say
-            await self._store.run_add(tenant, run_id, {"tool_failures": len(pending),
-                                                       "tool_results_missing": len(pending)})
+            await self._store.run_add(tenant, run_id, _missing(pending))
             counted = await self._store.run_totals(tenant, run_id)
         else:
             # The run's record carries its totals, read in the same store operation that
@@ -158,19 +157,48 @@ class Runs:
             # cost a ledger round trip on every ended run: with runs of one call (no
             # X-Run-Id), on every call.
             counted = rec["totals"]
-        totals = {"failures": 0, "tool_failures": 0, **read_whole(counted)}
-        if self._tel is not None:
-            stored = rec.get("trace")
-            caller = _run_caller(tenant, run_id, stored, source)
-            run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
-            now = time.time_ns()
-            for p in pending:
-                missing = ToolRecord(caller, p["name"], p["id"], p["arguments"], None, p["delivered_ns"], now,
-                                     is_error=True)
-                spans.tool_span(self._tel, missing, run_trace=run, link=_link(p))
-            spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
-            spans.record_run_end(self._tel, caller, totals)
+        self._ended(rec, pending, counted, status, source)
         return True
+
+    def end_held(self, caller: Caller) -> bool:
+        """End a run made for one call (no X-Run-Id, no traceparent) that the store holds in
+        this process's memory (`Store.end_held`: budget leases' runs of one call) here and
+        now, as `end` would: no ledger operation, no task. False: not held here; end it
+        with `end`. Its cost anatomy has no chain to flush: a run of one call prices its
+        results with its call (serve/bookkeeping.py)."""
+        if caller.run_id_source != "generated":
+            return False
+        held = self._store.end_held(caller.tenant, caller.run_id)
+        if held is None:
+            return False
+        key = (caller.tenant, caller.run_id)
+        self._known.pop(key, None)
+        self._sent.pop(key, None)
+        pending = [p for p in held.tools if not p.get("mcp")]
+        counted = held.record["totals"]
+        if pending:
+            missing = _missing(pending)
+            held.add(missing)
+            counted = {name: counted.get(name, 0) + missing.get(name, 0) for name in counted.keys() | missing}
+        self._ended(held.record, pending, counted, "ended", caller.run_id_source)
+        return True
+
+    def _ended(self, rec: dict[str, Any], pending: list[dict[str, Any]], counted: dict[str, int], status: str,
+               source: RunIdSource) -> None:
+        """A run's end in telemetry (`rec`: its record as the store ended it): a failed span
+        for each of its tool calls never answered, its root span and its count."""
+        if self._tel is None:
+            return
+        totals = {"failures": 0, "tool_failures": 0, **read_whole(counted)}
+        stored = rec.get("trace")
+        caller = _run_caller(rec["tenant"], rec["run_id"], stored, source)
+        run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
+        now = time.time_ns()
+        for p in pending:
+            missing = ToolRecord(caller, p["name"], p["id"], p["arguments"], None, p["delivered_ns"], now,
+                                 is_error=True)
+            spans.tool_span(self._tel, missing, run_trace=run, link=_link(p))
+        spans.run_ended(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
 
     async def after_call(self, caller: Caller, *, end: bool) -> None:
         """After a call's bookkeeping: end its run when the caller asked to (X-Run-End), or
@@ -226,6 +254,11 @@ def pending_tools(outcome: Outcome, delivered_ns: int, ref: spans.SpanRef | None
         found.append({"id": tc.id, "name": tc.name, "arguments": args, "delivered_ns": delivered_ns, "link": link,
                       "sig": f"{tc.name}:{canonical_sha256(args)}"})
     return found
+
+
+def _missing(pending: list[dict[str, Any]]) -> dict[str, int]:
+    """What a run's tool calls never answered add to its totals when it ends: failed."""
+    return {"tool_failures": len(pending), "tool_results_missing": len(pending)}
 
 
 def results_ok(results: tuple[ToolResult, ...]) -> tuple[tuple[str, bool], ...]:

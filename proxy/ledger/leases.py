@@ -29,6 +29,7 @@ from proxy.ledger.store import (
     NO_TURN,
     Admission,
     Ask,
+    HeldEnd,
     Limits,
     Spend,
     Store,
@@ -721,6 +722,9 @@ class LeasedStore:
         await self.solos.settled(tenant, run_id)
         await self._flush_run(tenant, run_id)
         return await self.inner.run_totals(tenant, run_id)
+
+    def end_held(self, tenant: str, run_id: str) -> HeldEnd | None:
+        return self.solos.end_held(tenant, run_id)
 
     async def run_end(self, tenant: str, run_id: str) -> dict[str, Any] | None:
         if (tenant, run_id) in self.solos.live:

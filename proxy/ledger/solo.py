@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from proxy.ledger.store import RunRow, Spend, Store, WholeRun, run_record
+from proxy.ledger.store import HeldEnd, RunRow, Spend, Store, WholeRun, run_record
 
 __all__ = ["STALE_S", "WRITE_S", "Solo", "SoloRuns"]
 
@@ -90,6 +91,16 @@ class SoloRuns:
         self._ended.append(solo)
         self._schedule(WRITE_S)
         return solo.record()
+
+    def end_held(self, tenant: str, run_id: str) -> HeldEnd | None:
+        """End a run held here with its open tool calls taken (`Views.end_held`); None when
+        it is not held here or had ended already."""
+        record = self.end(tenant, run_id)
+        if record is None:
+            return None
+        solo = self.live[tenant, run_id]
+        tools, solo.tools = solo.tools, []
+        return HeldEnd(record, tools, partial(solo.add, tools=None))
 
     async def settled(self, tenant: str, run_id: str) -> None:
         """Wait until a run being written is in the store."""

@@ -32,6 +32,7 @@ __all__ = [
     "Ask",
     "Decision",
     "GuardRule",
+    "HeldEnd",
     "Ledger",
     "Limits",
     "Rate",
@@ -118,6 +119,17 @@ class WholeRun:
     settled: int  # micro-USD its calls cost: the run's own scope
     totals: Mapping[str, int]
     ended_at: float | None = None  # None: open, for the idle sweeper to end
+
+
+@frozen
+class HeldEnd:
+    """The end of a run this process held in memory (`Views.end_held`): its record as
+    `run_end` gives it, its open tool calls (taken), and how to add to its totals before
+    it is written (what ending it counts: its tool calls never answered)."""
+
+    record: dict[str, Any]
+    tools: list[dict[str, Any]]
+    add: Callable[[dict[str, int]], None]
 
 
 @frozen
@@ -596,6 +608,12 @@ class Views(Protocol):
         """Mark the run ended; the run record goes to the first caller only."""
         ...
 
+    def end_held(self, tenant: str, run_id: str) -> HeldEnd | None:
+        """End a run this process holds in memory (budget leases' runs of one call), here
+        and now: no store operation, nothing to wait for. None: the run is not held here
+        (end it with `run_end`); a backend of its own holds none."""
+        ...
+
     async def idle_runs(self, before: datetime) -> list[tuple[str, str]]: ...
 
     async def run_guard(self, tenant: str, run_id: str, state: tuple[str | None, int, int]) -> None:
@@ -631,6 +649,9 @@ class Store(Ledger, Views, Protocol):
 
 class DerivedOps:
     """Store operations both backends derive from their own primitives."""
+
+    def end_held(self, tenant: str, run_id: str) -> HeldEnd | None:
+        return None  # a backend holds every run in the store itself
 
     async def spend_detail(
         self, tenant: str, *, run_id: str | None = None, day: str | None = None, month: str | None = None,

@@ -174,10 +174,13 @@ def _on_settled(books: _Books, background: Background, key: tuple[str, str], set
 
 def _end_run(books: _Books, background: Background, key: tuple[str, str]) -> None:
     """After the span: the run's end, when it ends here (X-Run-End, or a run made for this
-    one call), in a task; otherwise `Runs.after_call` has nothing to wait for and is run in
+    one call), in a task, or at once for a run of one call the store holds in memory
+    (`Runs.end_held`); otherwise `Runs.after_call` has nothing to wait for and is run in
     place. The run's next call was held until here when it ends here."""
     caller = books.cs.caller
-    if books.end or caller.run_id_source == "generated":
+    if caller.run_id_source == "generated" and _end_held(books):
+        pass  # a run of one call held in memory: ended here and now (Runs.end_held)
+    elif books.end or caller.run_id_source == "generated":
         background.spawn(key, _after_call(books))
     else:
         try:
@@ -188,6 +191,14 @@ def _end_run(books: _Books, background: Background, key: tuple[str, str]) -> Non
             log.exception("bookkeeping after a call failed; the caller already has its answer")
     if books.end:
         background.release(key)
+
+
+def _end_held(books: _Books) -> bool:
+    try:
+        return books.app[RUNS].end_held(books.cs.caller)
+    except Exception:
+        log.exception("bookkeeping after a call failed; the caller already has its answer")
+        return True  # not ended twice: the sweeper ends what this could not
 
 
 async def _after_call(books: _Books, rest: Started | None = None) -> None:

@@ -200,3 +200,55 @@ async def test_a_run_reads_whole_though_its_calls_store_only_what_they_add(otlp_
                  A.SPANMETER_RUN_REPAIRS, A.SPANMETER_RUN_CACHE_READ_INPUT_TOKENS,
                  A.SPANMETER_RUN_COST_SAVED_USD, A.SPANMETER_RUN_COST_CACHE_NET_SAVED_USD):
         assert attrs[name] == 0, name
+
+
+# Per run, what differs between any two runs: its ids and its times.
+_VOLATILE = ("spanmeter.run.id", "gen_ai.conversation.id", "input.value")
+
+
+async def _runs_of_one_call(make_proxy, otlp_endpoint: str, *, leases: bool) -> list[dict[str, Any]]:
+    """Three calls without a run id, each answered with a tool call it never gets back; what
+    their runs' ends left: the root spans and missing-result spans, and the run rows."""
+    proxy = await make_proxy(otlp_endpoint=otlp_endpoint, ledger_leases=leases)
+    async with openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k") as client:
+        for _ in range(3):
+            await client.chat.completions.create(model="sim-small", tools=TOOLS,
+                                                 messages=[{"role": "user", "content": "SCENARIO:tool"}])
+            await proxy.settled()
+    return await proxy.app[STORE].list_runs(None)
+
+
+async def test_a_run_of_one_call_ends_the_same_held_in_memory_or_in_the_store(otlp_receiver, make_proxy):  # noqa: F811
+    """With budget leases, a run of one call after the tenant's first is held in memory and
+    ended there by the call's own bookkeeping (Runs.end_held: no ledger operation, no task);
+    without, the store ends it. Its root span, its unanswered tool call's span and its row
+    are the same either way."""
+    seen: dict[bool, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    for leases in (False, True):
+        before = len(otlp_receiver.spans())
+        rows = await _runs_of_one_call(make_proxy, otlp_receiver.endpoint, leases=leases)
+        spans = await asyncio.to_thread(otlp_receiver.wait_for_spans, before + 9)  # 3 calls, 3 runs, 3 tools
+        seen[leases] = (spans[before:], rows)
+    for leases, (spans, rows) in seen.items():
+        roots = [s for s in spans if s["name"] == "invoke_agent"]
+        missing = [s for s in spans if s["name"] == "execute_tool get_weather"]
+        assert len(roots) == 3 and len(missing) == 3, leases
+        for root in roots:
+            attrs = root["attributes"]
+            assert attrs["spanmeter.run.id_source"] == "generated"
+            assert (attrs["spanmeter.run.model_calls"], attrs["spanmeter.run.tool_calls"],
+                    attrs["spanmeter.run.tool_results_missing"], attrs["spanmeter.run.tool_failures"]) == (1, 1, 1, 1)
+            kin = [s for s in missing if s["trace_id"] == root["trace_id"]]
+            assert len(kin) == 1 and kin[0]["parent_span_id"] == root["span_id"]
+            assert kin[0]["attributes"]["error.type"] == "tool_result_missing"
+        assert len(rows) == 3 and all(r["ended"] and r["calls"] == 1 for r in rows), rows
+        assert all(r["totals"]["tool_results_missing"] == 1 and r["totals"]["tool_failures"] == 1 for r in rows)
+
+    def shape(leases: bool) -> list[dict[str, Any]]:
+        spans, _ = seen[leases]
+        return sorted(({k: v for k, v in s["attributes"].items() if k not in _VOLATILE}
+                       for s in spans if s["name"] == "invoke_agent"), key=repr)
+
+    assert shape(True) == shape(False)
+    totals = {leases: sorted(repr(r["totals"]) for r in rows) for leases, (_, rows) in seen.items()}
+    assert totals[True] == totals[False]

@@ -1159,6 +1159,44 @@ async def test_a_run_written_whole_adds_to_what_the_run_holds(store: Store, tena
     assert await store.run_calls(tenant, "r-open") == 1
 
 
+async def test_a_run_of_one_call_ends_the_same_whether_held_in_memory_or_not(store: Store, tenant: str) -> None:
+    """`end_held` ends a run this process holds in memory (budget leases' runs of one call
+    after the tenant's first) as `run_end` plus taking its tool calls would: the same record
+    and tool calls, once; what its end adds reaches its row. A store of its own holds none."""
+    from proxy.ledger.leases import LeasedStore
+
+    held = 0
+    for i in range(6):
+        run = f"one-{i}"
+        a = await admit(store, tenant, run, turn=Turn(trace={"ids": f"x{i}"}, solo=True))
+        await store.settle(a, 30, run_totals={"model_calls": 1, "cost_micros": 30},
+                           tools=[{"id": f"c{i}", "name": "search", "sig": "s"}])
+        end = store.end_held(tenant, run)
+        if end is None:
+            rec = await store.run_end(tenant, run)
+            assert rec is not None
+            tools = await store.tools_take(tenant, run, [f"c{i}"])
+            await store.run_add(tenant, run, {"tool_results_missing": 1})
+        else:
+            held += 1
+            rec, tools = end.record, end.tools
+            end.add({"tool_results_missing": 1})
+        assert (rec["run_id"], rec["calls"], rec["settled"], rec["ended"], rec["trace"]) == (
+            run, 1, 30, True, {"ids": f"x{i}"})
+        assert rec["totals"] == {"model_calls": 1, "cost_micros": 30}
+        assert [t["id"] for t in tools] == [f"c{i}"]
+        assert store.end_held(tenant, run) is None and await store.run_end(tenant, run) is None, "ended once"
+        assert await store.tools_pending(tenant, run) == []
+    if isinstance(store, LeasedStore):
+        assert held == 5, "every run of one call after the tenant's first is held"
+    else:
+        assert held == 0
+    rows = {r["run_id"]: r for r in await store.list_runs(tenant)}
+    assert sorted(rows) == [f"one-{i}" for i in range(6)]
+    assert all(r["ended"] and r["totals"] == {"model_calls": 1, "cost_micros": 30, "tool_results_missing": 1}
+               for r in rows.values())
+
+
 async def test_a_runs_guard_state_set_is_where_its_next_close_counts_from(store: Store, tenant: str) -> None:
     """What budget leases write back after closing tool calls in memory: the next close of the
     same call continues the streak from it, and the failures count on."""
