@@ -8,6 +8,9 @@
             marks its run ordered and awaits its settle, against a hold, a callback on the
             next turn that releases it and a callback on the settle's future (uvloop; runs of
             20 calls over 64 at a time). Needs this checkout (serve/background.py `hold`).
+  runend    a run of one call's end in telemetry: its root span (OTLP on: the span records'
+            path) and its count, for a run whose call declared 3 tools and called none
+            (`spans.run_ended`; before it, `end_run` and `record_run_end`)
 
 Run it against each checkout to compare (the code measured is the one on PYTHONPATH):
 
@@ -72,6 +75,38 @@ def tooldefs(n: int = 20_000) -> float:
     return best
 
 
+def runend(n: int = 20_000) -> float:
+    from proxy.model import Caller
+    from tracing import spans
+    from tracing.setup import TelemetryConfig, setup_telemetry
+
+    # An endpoint nobody answers: the spans are built and handed to the export child as served.
+    tel = setup_telemetry(TelemetryConfig(otlp_endpoint="http://127.0.0.1:9", export_timeout=0.1), environ={})
+    caller = Caller("acme", "gen-1", "generated")
+    totals = {"model_calls": 1, "input_tokens": 1830, "output_tokens": 96, "cost_micros": 332,
+              "anatomy|part|system|tokens": 120, "anatomy|part|system|micros": 30,
+              "anatomy|part|tools|tokens": 300, "anatomy|part|tools|micros": 75,
+              "anatomy|part|new|tokens": 1410, "anatomy|part|new|micros": 227,
+              **{f"anatomy|def|{name}|bytes": 200 + i for i, name in enumerate(("search", "fetch", "write"))}}
+    ended = getattr(spans, "run_ended", None)
+    best = float("inf")
+    try:
+        for _ in range(5):
+            runs = [spans.new_run_trace() for _ in range(n)]
+            t = time.thread_time()
+            for run in runs:
+                if ended is not None:
+                    ended(tel, caller, run, totals, "ended")
+                else:
+                    spans.end_run(tel, caller, run, totals, "ended")
+                    spans.record_run_end(tel, caller, totals)
+            best = min(best, (time.thread_time() - t) / n * 1e6)
+            time.sleep(0.5)  # the hand-off drains
+    finally:
+        tel.shutdown()
+    return best
+
+
 async def _books(mode: str, n: int = 64_000, at_once: int = 64) -> float:
     from proxy.serve.background import Background
 
@@ -113,7 +148,7 @@ async def _books(mode: str, n: int = 64_000, at_once: int = 64) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="access,tooldefs,books")
+    ap.add_argument("--only", default="access,tooldefs,books,runend")
     args = ap.parse_args()
     only = set(args.only.split(","))
     if "access" in only:
@@ -122,6 +157,8 @@ def main() -> None:
             print(f"access line ({fmt}): calling thread {loop_us:.2f} us, process {process_us:.2f} us (medians of 5)")
     if "tooldefs" in only:
         print(f"gen_ai.tool.definitions, 20 tools: {tooldefs():.2f} us a call (best of 5)")
+    if "runend" in only:
+        print(f"a run of one call's end (root span, count), OTLP on: {runend():.2f} us a run (best of 5)")
     if "books" in only:
         import uvloop
 

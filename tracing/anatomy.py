@@ -26,7 +26,6 @@ these back (`run_anatomy`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -161,6 +160,9 @@ def call_attrs(an: Anatomy) -> dict[str, AttributeValue]:
     return attrs
 
 
+_PART_FIELDS: Final = {"micros": "cost_usd", "tokens": "tokens", "cached": "cached_tokens"}
+
+
 def run_anatomy(totals: Mapping[str, int], *, fold: bool = True) -> dict[str, Any] | None:
     """A run's anatomy from its totals (module docstring), or None when it has none:
     `parts` (kind -> tokens, cached_tokens, cost_usd), `tools` (name -> results_cost_usd,
@@ -172,22 +174,26 @@ def run_anatomy(totals: Mapping[str, int], *, fold: bool = True) -> dict[str, An
     tools: dict[str, dict[str, float]] = {}
     top: dict[tuple[str, str], dict[str, int]] = {}
     def_bytes: dict[str, int] = {}
+    skip = len(_PREFIX)
     for key, value in totals.items():
         if not key.startswith(_PREFIX):
             continue
-        f = key[len(_PREFIX):].split("|")
-        if f[0] == "part" and len(f) == 3:
-            parts.setdefault(f[1], {"tokens": 0, "cached_tokens": 0, "cost_usd": 0.0})[
-                {"micros": "cost_usd", "tokens": "tokens", "cached": "cached_tokens"}[f[2]]] = (
-                value / 1e6 if f[2] == "micros" else value)
-        elif f[0] == "result" and len(f) == 3:
-            _tool(tools, f[1])["results_cost_usd"] = value / 1e6
-        elif f[0] == "def" and len(f) == 3:
+        f = key[skip:].split("|")
+        kind, n = f[0], len(f)
+        if kind == "part" and n == 3:
+            part = parts.get(f[1])
+            if part is None:
+                part = parts[f[1]] = {"tokens": 0, "cached_tokens": 0, "cost_usd": 0.0}
+            field = _PART_FIELDS[f[2]]
+            part[field] = value / 1e6 if field == "cost_usd" else value
+        elif kind == "def" and n == 3:
             _tool(tools, f[1])
             def_bytes[f[1]] = value
-        elif f[0] == "called" and len(f) == 2:
+        elif kind == "result" and n == 3:
+            _tool(tools, f[1])["results_cost_usd"] = value / 1e6
+        elif kind == "called" and n == 2:
             _tool(tools, f[1])["calls"] = value
-        elif f[0] == "top" and len(f) == 4:
+        elif kind == "top" and n == 4:
             top.setdefault((f[1], f[2]), {})[f[3]] = value
     if not parts:
         return None
@@ -257,13 +263,15 @@ def run_attrs(ra: dict[str, Any] | None) -> dict[str, AttributeValue]:
     if ra is None:
         return {}
     ra = folded_anatomy(ra)
-    attrs: dict[str, AttributeValue] = {A.SPANMETER_RUN_ANATOMY: json.dumps(ra)}
+    attrs: dict[str, AttributeValue] = {A.SPANMETER_RUN_ANATOMY: orjson.dumps(ra).decode()}
     for kind, p in ra["parts"].items():
         attrs[f"spanmeter.run.input.{kind}.cost_usd"] = p["cost_usd"]
         attrs[f"spanmeter.run.input.{kind}.tokens"] = int(p["tokens"])
-    attrs[A.SPANMETER_RUN_TOOLS_DECLARED] = ra["declared"]
-    attrs[A.SPANMETER_RUN_TOOLS_CALLED] = ra["called"]
-    attrs[A.SPANMETER_RUN_TOOLS_UNUSED] = ra["unused"]
+    # Tuples, as the SDK would store the lists: a span of plain values takes the lean path
+    # (tracing/lean.py `_kept`), not the SDK's cleaning of every attribute.
+    attrs[A.SPANMETER_RUN_TOOLS_DECLARED] = tuple(ra["declared"])
+    attrs[A.SPANMETER_RUN_TOOLS_CALLED] = tuple(ra["called"])
+    attrs[A.SPANMETER_RUN_TOOLS_UNUSED] = tuple(ra["unused"])
     attrs[A.SPANMETER_RUN_TOOLS_UNUSED_COST_USD] = ra["unused_cost_usd"]
     if ra["folded"]:
         attrs[A.SPANMETER_RUN_TOOLS_FOLDED] = ra["folded"]

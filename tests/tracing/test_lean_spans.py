@@ -206,6 +206,13 @@ def run_roots(tel: Telemetry, seen: Seen) -> None:
         seen.refs.append((run.trace_id, run.span_id))
     spans.end_run(tel, dataclasses.replace(CALLER, agent_name=None), spans.new_run_trace(start_ns=T0),
                   {"model_calls": 1}, "idle_timeout", end_ns=T0 + 1)
+    # With its anatomy: tools declared, called and unused are sequences.
+    anatomy = {"anatomy|part|tools|tokens": 40, "anatomy|part|tools|micros": 120, "anatomy|part|new|tokens": 9,
+               "anatomy|part|new|micros": 27, "anatomy|def|get_weather|bytes": 30, "anatomy|def|search|bytes": 10,
+               "anatomy|called|get_weather": 2}
+    run = spans.new_run_trace(start_ns=T0)
+    spans.end_run(tel, caller, run, {"model_calls": 1, **anatomy}, "ended", end_ns=T0 + 2)
+    seen.refs.append((run.trace_id, run.span_id))
 
 
 SCENARIOS: list[Scenario] = [json_call, stream_call_in_run, traceparent_call, unsampled_parent, refused_call,
@@ -272,7 +279,7 @@ def test_the_comparison_compares_spans(tel: tuple[Telemetry, Any], request: pyte
     telemetry, memory = tel
     counts = [len(_run(telemetry, memory, scenario, telemetry.lean)[1]) for scenario in SCENARIOS]
     setup = request.node.callspec.id
-    every = [1, 1, 1, 0, 1, 1, 3, 2, 3]  # the unsampled agent's run records nothing
+    every = [1, 1, 1, 0, 1, 1, 3, 2, 4]  # the unsampled agent's run records nothing
     if setup in ("defaults", "limits"):
         assert counts == every
     elif setup == "ratio sampler":

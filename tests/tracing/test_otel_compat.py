@@ -49,7 +49,7 @@ def test_both_paths_deliver_the_same_spans_over_otlp(tel: Telemetry, otlp_receiv
     public = _received(tel, otlp_receiver, scenario, SdkSpans(tel.tracer))
     bypass = _received(tel, otlp_receiver, scenario, lean)
     assert bypass == public
-    expected = {"unsampled_parent": 0, "tool_spans": 3, "mcp_requests": 2, "run_roots": 3}
+    expected = {"unsampled_parent": 0, "tool_spans": 3, "mcp_requests": 2, "run_roots": 4}
     assert len(public) == expected.get(scenario.__name__, 1)
 
 

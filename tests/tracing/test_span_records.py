@@ -133,7 +133,7 @@ def test_a_collector_receives_from_records_what_the_sdk_sends(receivers: tuple[R
 
     expected, got = _spans(shipped_at), _spans(records_at)
     assert got == expected
-    assert len(got) == {"unsampled_parent": 0, "tool_spans": 3, "mcp_requests": 2, "run_roots": 3,
+    assert len(got) == {"unsampled_parent": 0, "tool_spans": 3, "mcp_requests": 2, "run_roots": 4,
                         "direct_spans": 5}.get(scenario.__name__, 1)
 
 
@@ -150,7 +150,7 @@ def test_records_encode_to_the_exporters_bytes() -> None:
         spans = list(memory.get_finished_spans())
     finally:
         tel.shutdown()
-    assert len(spans) == 18
+    assert len(spans) == 19
     resource = spans[0].resource
     records = [encode_span(s, {}) for s in spans]
     encoder = otlp_wire.RecordEncoder(resource)
