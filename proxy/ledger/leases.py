@@ -259,7 +259,9 @@ class LeasedStore:
             await self._flush_run(ask.tenant, ask.run_id)
             most = turn.reserve[1]
             # The call's tool results are closed by the lease's admission, as its own would.
-            lease_turn = Turn(reserve=(most, most * calls), trace=turn.trace, key=turn.key, count=calls,
+            # All or nothing: a lease cut to what is left would hold the rest unused (a stale
+            # headroom, another process spending the same scope).
+            lease_turn = Turn(reserve=(most * calls, most * calls), trace=turn.trace, key=turn.key, count=calls,
                               results=turn.results, guard=turn.guard)
             try:
                 admission = await self.inner.admit(ask, lease_turn)
@@ -325,6 +327,11 @@ class LeasedStore:
         rid = f"lease-{next(self._ids)}"
         lease.inflight[rid] = amount
         self._by_id[rid] = lease
+        if lease.served >= lease.count and self._leases.get(lease.lkey) is lease:
+            # Used up: returned at its last call's settle, not held until it expires (a
+            # reading from another process counts its unused money until then).
+            del self._leases[lease.lkey]
+            lease.closing = True
         free = a.reserved - lease.used
         remaining = {s: None if v is None else v + free for s, v in a.remaining.items()}
         return Admission(rid, a.tenant, a.run_id, amount, lease.base + lease.served, remaining, a.day_key,

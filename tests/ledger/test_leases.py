@@ -88,6 +88,35 @@ async def test_concurrent_leased_calls_never_cross_a_cost_ceiling(pair: tuple[St
     assert spent == await plain.spend(tenant, run_id="hot") <= 20_000
 
 
+async def test_a_used_up_lease_goes_back_at_its_last_calls_settle(pair: tuple[Store, Store]) -> None:
+    """Not when it expires: until it goes back, another process reads its unused part as spent."""
+    leased, plain = pair
+    assert isinstance(leased, LeasedStore)
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(day_budget=10**9)
+    made = [await leased.admit(_ask(tenant, limits), Turn(reserve=(1, 100))) for _ in range(3 + LEASE_CALLS)]
+    assert [a.id.startswith("lease-") for a in made] == [False] * 3 + [True] * LEASE_CALLS
+    for a in made:
+        await leased.settle(a, 40)
+    # Every call of the lease served and settled: the ledger holds what they cost, no more.
+    assert await plain.spend_detail(tenant, day="2026-05-14") == Spend(40 * (3 + LEASE_CALLS), 0)
+    assert await plain.run_calls(tenant, "hot") == 3 + LEASE_CALLS
+
+
+async def test_a_lease_is_taken_whole_or_not_at_all(pair: tuple[Store, Store]) -> None:
+    """A run sized its lease from headroom another process has spent since: the lease the
+    ledger can no longer hold whole is not taken cut short (its rest would stand unused as
+    spent); the call takes the exact path."""
+    leased, plain = pair
+    tenant, limits = f"t-{uuid.uuid4().hex[:8]}", Limits(day_budget=100 * (3 + 8 * LEASE_CALLS + 10))
+    for _ in range(3):  # hot: its next call leases, sized from the headroom these left
+        await leased.settle(await leased.admit(_ask(tenant, limits), Turn(reserve=(100, 100))), 100)
+    other = await plain.admit(Ask(tenant, "other", T0, limits), Turn(reserve=(100, 100 * 8 * LEASE_CALLS)))
+    await plain.settle(other, other.reserved)  # what is left holds 10 calls, not a lease of 32
+    a = await leased.admit(_ask(tenant, limits), Turn(reserve=(100, 100)))
+    assert not a.id.startswith("lease-")
+    assert await plain.spend_detail(tenant, day="2026-05-14") == Spend(100 * (3 + 8 * LEASE_CALLS), 100)
+
+
 def test_kill_9_with_leases_only_over_counts(ledger: str) -> None:
     admitted, charged = _kill_mid_load(ledger)
 
