@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from proxy.errors import CeilingReached, LoopRefused, Refusal
@@ -50,7 +51,7 @@ __all__ = ["HOT_AFTER", "LEASE_CALLS", "LEASE_RUN", "LEASE_S", "MARGIN", "SOLO_C
 LEASE_S = 2.0  # a lease is returned this long after it was taken, at the latest
 LEASE_CALLS = 32  # calls one lease may serve
 MARGIN = 8  # lease only with this many leases' worth of headroom on every limited scope
-HOT_AFTER = 3  # exact admissions of a run in a row before it leases
+HOT_AFTER = 1  # exact admissions of a run before it leases (its first: docs/budgets.md)
 TRIES = 4  # times a call of a leased run looks for a lease before the exact path
 HEAT_KEPT = 4096  # runs whose latest admission is remembered (the least recent forgotten first)
 SOLO_CALLS = 32  # a tenant lease's first size, for runs of one call; doubled each time one is used up
@@ -196,7 +197,7 @@ class LeasedStore:
             if not size:
                 break
             try:
-                lease = await self._take(lkey, ask, turn, size)
+                lease = await self._take_for(lkey, ask, turn, size)
             except LoopRefused:
                 raise  # on the call's own closes: what its exact admission would have said
             except Refusal as refused:  # the lease's admission closed the results, then found no room
@@ -250,6 +251,28 @@ class LeasedStore:
         if heat is None or heat.streak < HOT_AFTER or heat.limits != ask.limits or heat.key != turn.key:
             return 0
         return _size(heat.calls, heat.remaining, ask.limits, turn.reserve[1], self.lease_calls)
+
+    async def _take_for(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
+        """`_take`, run to its end even when the call that asked goes away meanwhile: the lease
+        is then kept for the run's next calls (and given back as any), and the call that left
+        is counted from it and released at once, as the store counts and releases an exact
+        admission whose caller left (store.release_if_cancelled). Released by the store
+        instead, the lease would leave all its calls counted on the run."""
+        task = asyncio.ensure_future(self._take(lkey, ask, turn, calls))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(partial(self._left, ask, turn))
+            raise
+
+    def _left(self, ask: Ask, turn: Turn, task: asyncio.Task[_Lease | None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return  # refused, or the store failed: nothing was leased
+        lease = task.result()
+        if lease is not None and self._fits(lease, ask, turn):
+            release = asyncio.ensure_future(self.release(self._serve(lease, turn, lease.admission.closed)))
+            self._closing.add(release)
+            release.add_done_callback(self._closing.discard)
 
     async def _take(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
         taking: asyncio.Future[_Lease | None] = asyncio.get_running_loop().create_future()

@@ -15,9 +15,14 @@ from tracing.local import read_spans
 BODY = {"model": "sim-small", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def test_a_client_leaving_during_admission_ends_its_span_and_releases(make_proxy, sim, tmp_path):
+@pytest.mark.parametrize("leases", [True, False], ids=["leases", "exact"])
+async def test_a_client_leaving_during_admission_ends_its_span_and_releases(make_proxy, sim, tmp_path, leases):
+    """With budget leases the call that leaves is the one taking its run's lease (a run's
+    second call): the lease is kept, the call counted from it and released, the rest of the
+    lease given back; counted as without leases, never 32 calls."""
     ledger = tmp_path / "ledger.db"
-    proxy = await make_proxy(ledger_url=f"sqlite:///{ledger}", policy={"runs": {"max_cost_usd": 1.0}})
+    proxy = await make_proxy(ledger_url=f"sqlite:///{ledger}", policy={"runs": {"max_cost_usd": 1.0}},
+                             ledger_leases=leases)
     headers = {"Authorization": "Bearer k", "X-Run-Id": "leaver"}
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{proxy.url}/v1/chat/completions", json=BODY, headers=headers) as r:

@@ -580,14 +580,16 @@ async def test_the_same_run_id_in_two_tenants_shares_nothing(store: Store, tenan
 
 
 async def test_sqlite_spend_survives_a_reopen(tmp_path: Path, tenant: str) -> None:
+    # SQLite's own durability: a budget lease held at the close over-counts by design (its
+    # unused part stands until the call ttl: test_leases.py).
     url = f"sqlite:///{tmp_path}/ledger.db"
-    store = open_store(url)
+    store = open_store(url, leases=False)
     settled = await admit(store, tenant)
     await store.settle(settled, 64)
     in_flight = await admit(store, tenant)
     await store.aclose()
 
-    store = open_store(url)
+    store = open_store(url, leases=False)
     try:
         detail = await store.spend_detail(tenant, run_id="r-1")
         assert (detail.settled, detail.reserved) == (64, 100)
