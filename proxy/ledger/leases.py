@@ -258,7 +258,11 @@ class LeasedStore:
         is counted from it and released at once, as the store counts and releases an exact
         admission whose caller left (store.release_if_cancelled). Released by the store
         instead, the lease would leave all its calls counted on the run."""
-        task = asyncio.ensure_future(self._take(lkey, ask, turn, calls))
+        # Marked as being taken now, not when the task first runs: the run's next calls wait
+        # for it rather than take one of their own.
+        taking: asyncio.Future[_Lease | None] = asyncio.get_running_loop().create_future()
+        self._taking[lkey] = taking
+        task = asyncio.ensure_future(self._take(lkey, ask, turn, calls, taking))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -274,9 +278,8 @@ class LeasedStore:
             self._closing.add(release)
             release.add_done_callback(self._closing.discard)
 
-    async def _take(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
-        taking: asyncio.Future[_Lease | None] = asyncio.get_running_loop().create_future()
-        self._taking[lkey] = taking
+    async def _take(self, lkey: _Key, ask: Ask, turn: Turn, calls: int,
+                    taking: asyncio.Future[_Lease | None]) -> _Lease | None:
         lease: _Lease | None = None
         try:
             await self._flush_run(ask.tenant, ask.run_id)
