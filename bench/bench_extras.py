@@ -10,7 +10,7 @@
             20 calls over 64 at a time). Needs this checkout (serve/background.py `hold`).
   runend    a run of one call's end in telemetry: its root span (OTLP on: the span records'
             path) and its count, for a run whose call declared 3 tools and called none
-            (`spans.run_ended`; before it, `end_run` and `record_run_end`)
+            (`spans.end_run`; before it, `end_run` and `record_run_end`)
 
 Run it against each checkout to compare (the code measured is the one on PYTHONPATH):
 
@@ -88,18 +88,17 @@ def runend(n: int = 20_000) -> float:
               "anatomy|part|tools|tokens": 300, "anatomy|part|tools|micros": 75,
               "anatomy|part|new|tokens": 1410, "anatomy|part|new|micros": 227,
               **{f"anatomy|def|{name}|bytes": 200 + i for i, name in enumerate(("search", "fetch", "write"))}}
-    ended = getattr(spans, "run_ended", None)
+    # Before 2026-12-06 the count was a function of its own (and read the anatomy again).
+    count = getattr(spans, "record_run_end", None)
     best = float("inf")
     try:
         for _ in range(5):
             runs = [spans.new_run_trace() for _ in range(n)]
             t = time.thread_time()
             for run in runs:
-                if ended is not None:
-                    ended(tel, caller, run, totals, "ended")
-                else:
-                    spans.end_run(tel, caller, run, totals, "ended")
-                    spans.record_run_end(tel, caller, totals)
+                spans.end_run(tel, caller, run, totals, "ended")
+                if count is not None:
+                    count(tel, caller, totals)
             best = min(best, (time.thread_time() - t) / n * 1e6)
             time.sleep(0.5)  # the hand-off drains
     finally:

@@ -60,7 +60,6 @@ __all__ = [
     "record_ledger_overshoot",
     "record_remaining",
     "redact_keylike",
-    "run_ended",
     "run_span_name",
     "start_call",
     "tool_span",
@@ -713,18 +712,6 @@ def _record_tool_metrics(
 # --- runs --------------------------------------------------------------------------------
 
 
-def run_ended(tel: Telemetry, caller: Caller, run_trace: RunTrace, totals: Mapping[str, int], status: str) -> None:
-    """A run's end: its root span (`end_run`) and its count (`record_run_end`), from one
-    reading of its anatomy out of its totals."""
-    try:
-        ra = anatomy_attrs.run_anatomy(totals, fold=False)
-        _emit_run(tel, caller, run_trace, _run_attrs(caller, totals, status, ra), status, time.time_ns())
-    except Exception:
-        log.exception("run_ended failed")
-        ra = None
-    _count_run_end(tel, caller, totals, ra)
-
-
 def end_run(
     tel: Telemetry,
     caller: Caller,
@@ -735,7 +722,8 @@ def end_run(
     end_ns: int | None = None,
 ) -> None:
     """Emit the run's root span with the ids fixed at its start: the agent invocation the
-    run is (semconv v1.41.1, `invoke_agent {gen_ai.agent.name}`, INTERNAL).
+    run is (semconv v1.41.1, `invoke_agent {gen_ai.agent.name}`, INTERNAL); and count the
+    ended run (`_count_run_end`). Its anatomy is read out of `totals` once, for both.
 
     `totals` keys: model_calls, tool_calls, failures (failed model calls), tool_failures
     (failed tool results and tool calls never answered; tool_results_missing of them),
@@ -746,11 +734,14 @@ def end_run(
     `status`: e.g. ok | error | ceiling | idle_timeout; error/failed mark the span ERROR.
     `caller`: the run's agent name and conversation id, if its first call gave them.
     """
+    ra: dict[str, Any] | None = None
     try:
-        attrs = _run_attrs(caller, totals, status, anatomy_attrs.run_anatomy(totals, fold=False))
+        ra = anatomy_attrs.run_anatomy(totals, fold=False)
+        attrs = _run_attrs(caller, totals, status, ra)
         _emit_run(tel, caller, run_trace, attrs, status, time.time_ns() if end_ns is None else end_ns)
     except Exception:
         log.exception("end_run failed")
+    _count_run_end(tel, caller, totals, ra)
 
 
 def _run_attrs(caller: Caller, totals: Mapping[str, int], status: str, ra: dict[str, Any] | None) -> Attrs:
@@ -917,16 +908,6 @@ def run_outcome(totals: Mapping[str, int]) -> str:
     return "answered_after_notice" if noticed and totals.get("answers_after_notice", 0) > 0 else "other"
 
 
-def record_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int]) -> None:
-    """Count an ended run by its outcome (`_count_run_end`), its anatomy read from `totals`."""
-    try:
-        ra = anatomy_attrs.run_anatomy(totals, fold=False)  # the labels are bounded where they are made
-    except Exception:
-        log.exception("record_run_end failed")
-        return
-    _count_run_end(tel, caller, totals, ra)
-
-
 def _count_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int], ra: dict[str, Any] | None) -> None:
     """Count an ended run by its outcome, and what its unused tools' definitions cost
     (`ra`: its anatomy unfolded: the labels are bounded where they are made)."""
@@ -939,7 +920,7 @@ def _count_run_end(tel: Telemetry, caller: Caller, totals: Mapping[str, int], ra
                 tel.instruments.tool_unused_cost.add(usd, {**_tenant(caller),
                                                               A.GEN_AI_TOOL_NAME: tel.instruments.labels.tool(name)})
     except Exception:
-        log.exception("record_run_end failed")
+        log.exception("counting an ended run failed")
 
 
 # --- small helpers -----------------------------------------------------------------------

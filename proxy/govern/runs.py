@@ -198,7 +198,7 @@ class Runs:
             missing = ToolRecord(caller, p["name"], p["id"], p["arguments"], None, p["delivered_ns"], now,
                                  is_error=True)
             spans.tool_span(self._tel, missing, run_trace=run, link=_link(p))
-        spans.run_ended(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
+        spans.end_run(self._tel, caller, run, totals, "ceiling" if totals.get("ceilings_hit") else status)
 
     async def after_call(self, caller: Caller, *, end: bool) -> None:
         """After a call's bookkeeping: end its run when the caller asked to (X-Run-End), or

@@ -49,8 +49,9 @@ def exercise(tel: Telemetry) -> None:
     costly = an.__class__(an.kinds_of_units, an.tokens, an.cached, [1, 1, 1], an.input_tokens, 3,
                           {**an.kinds, "tools": (4, 0, 2)}, an.top, an.definitions)
     spans.record_flushed(tel, CALLER.tenant, Flushed([("t", 1)], [], [(("openai", "gpt-4o"), "tools", 4, 0, 2)]))
-    spans.record_run_end(tel, CALLER, {**anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]),
-                                       **anatomy_attrs.flush_totals(Flushed([], [], [((), "tools", 4, 0, 2)]))})
+    totals = {**anatomy_attrs.call_totals(costly, [ToolCall("x", "t", "{}")]),
+              **anatomy_attrs.flush_totals(Flushed([], [], [((), "tools", 4, 0, 2)]))}
+    spans.end_run(tel, CALLER, spans.new_run_trace(), totals, "ended")
     refuse(tel, CALLER, call, CeilingReached("too many calls", limit="run_calls"))
     spans.tool_span(tel, ToolRecord(CALLER, "t", "c", "{}", "ok", 1, 2, is_error=False))  # fmt: skip
     spans.record_guard_action(tel, CALLER, "remind", tool_name="t", repeats=3)
@@ -59,7 +60,7 @@ def exercise(tel: Telemetry) -> None:
                              server_port=8000, tool="get_weather", arguments="{}")
     mcp.record_request(tel, mcp.McpRecord(CALLER, request, mcp.McpOutcome(status=200, result="{}"), 1, 2))
     spans.record_wrap_up(tel, CALLER, "calls", cs=cs)
-    spans.record_run_end(tel, CALLER, {"wrap_up_notices": 1, "answers_after_notice": 1})
+    spans.end_run(tel, CALLER, spans.new_run_trace(), {"wrap_up_notices": 1, "answers_after_notice": 1}, "ended")
     tel.instruments.dropped_spans.add(1, {A.ERROR_TYPE: "queue_full"})
     tel.set_budget("acme", "day", 1_000, 2_000)
 
