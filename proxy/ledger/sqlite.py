@@ -134,7 +134,10 @@ CREATE TABLE IF NOT EXISTS rates (
 # Columns added after a ledger file may have been created: (table, column, declaration).
 _ADDED_COLUMNS = (("reservations", "key_id", "TEXT"), ("reservations", "tokens", "INTEGER NOT NULL DEFAULT 0"),
                   ("runs", "tokens_held", "INTEGER NOT NULL DEFAULT 0"),
-                  ("runs", "tokens_expired", "INTEGER NOT NULL DEFAULT 0"))
+                  ("runs", "tokens_expired", "INTEGER NOT NULL DEFAULT 0"),
+                  # A run written whole (a run of one call, held in memory by budget leases): its
+                  # totals as one JSON object, read with its run_totals rows (`_totals`).
+                  ("runs", "totals", "TEXT"))
 
 
 class SqliteStore(DerivedOps):
@@ -344,8 +347,7 @@ class SqliteStore(DerivedOps):
             if loop is not None:
                 return refused_with(loop, entry, trace)
             eff = with_budgets(limits, *budget)
-            count = int(_one(conn, "SELECT value FROM run_totals WHERE tenant=? AND run_id=? AND name=?",
-                             tenant, run_id, MCP_TOOL_CALLS) or 0)
+            count = _counter(conn, tenant, run_id, MCP_TOOL_CALLS)
             if turn.max_calls is not None and count >= turn.max_calls:
                 return refused_with(tool_ceiling(tenant, run_id, turn.max_calls), entry, trace)
             started = run.first_seen if run.first_seen is not None else ts
@@ -484,20 +486,35 @@ class SqliteStore(DerivedOps):
         await self._do(lambda conn: conn.execute(sql, (*state, tenant, run_id)))
 
     async def runs_record(self, runs: Sequence[WholeRun]) -> None:
-        rows = [(r.tenant, r.run_id, r.calls, _dumps(r.trace) if r.trace else None, r.first_seen, r.last_seen,
-                 0 if r.ended_at is None else 1, r.ended_at) for r in runs]
         spent: dict[tuple[str, str, str], list[int]] = {}
+        summed: dict[tuple[str, str], dict[str, int]] = {}
         for r in runs:
             spent.setdefault((r.tenant, "run", r.run_id), [0, 0])[0] += int(r.settled)
-        totals: dict[tuple[str, str, str], int] = {}
-        for r in runs:
+            into = summed.setdefault((r.tenant, r.run_id), {})
             for name, value in r.totals.items():
-                totals[r.tenant, r.run_id, name] = totals.get((r.tenant, r.run_id, name), 0) + int(value)
+                into[name] = into.get(name, 0) + int(value)
 
         def op(conn: sqlite3.Connection) -> None:
+            # A run the store does not hold yet gets its totals in its row, one JSON object:
+            # as run_totals rows (~10 a run of one call) they were 60% of the ledger thread's
+            # CPU at 64 connections of calls without a run id (bench/bench_percall.py
+            # --run-calls 0). A run it holds has them added to its rows.
+            held = _held_runs(conn, list(summed))
+            rows, added = [], {}
+            for r in runs:
+                run = (r.tenant, r.run_id)
+                totals = summed.pop(run, None)  # a run named twice in a batch: its totals once
+                blob = None
+                if totals and run not in held:
+                    blob = _dumps(totals)
+                elif totals:
+                    added |= {(*run, name): value for name, value in totals.items()}
+                held.add(run)  # its second row in the batch finds the first
+                rows.append((r.tenant, r.run_id, r.calls, _dumps(r.trace) if r.trace else None, r.first_seen,
+                             r.last_seen, 0 if r.ended_at is None else 1, r.ended_at, blob))
             conn.executemany(_RECORD_RUN, rows)
             _add(conn, spent)
-            _add_totals(conn, totals)
+            _add_totals(conn, added)
 
         # Durable soon: the money these runs spent is already counted on the tenant's scopes
         # (their lease's reservation, then its settle); a power cut loses only their rows.
@@ -780,8 +797,8 @@ class _Rows:
 
 
 _RECORD_RUN = (
-    "INSERT INTO runs (tenant, run_id, calls, trace, first_seen, last_seen, ended, ended_at) "
-    "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = calls + excluded.calls, "
+    "INSERT INTO runs (tenant, run_id, calls, trace, first_seen, last_seen, ended, ended_at, totals) "
+    "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO UPDATE SET calls = calls + excluded.calls, "
     "trace = COALESCE(trace, excluded.trace), first_seen = MIN(COALESCE(first_seen, excluded.first_seen), "
     "excluded.first_seen), last_seen = MAX(COALESCE(last_seen, excluded.last_seen), excluded.last_seen), "
     "ended = MAX(ended, excluded.ended), ended_at = COALESCE(ended_at, excluded.ended_at)")
@@ -960,8 +977,34 @@ def _reserved_on(run_id: str, day: str, month: str, key_id: str | None) -> list[
 
 
 def _run_tokens(conn: sqlite3.Connection, tenant: str, run_id: str) -> int:
-    return int(_one(conn, "SELECT COALESCE(SUM(value), 0) FROM run_totals WHERE tenant=? AND run_id=? "
+    rows = int(_one(conn, "SELECT COALESCE(SUM(value), 0) FROM run_totals WHERE tenant=? AND run_id=? "
                           "AND name IN ('input_tokens', 'output_tokens', 'estimated_tokens')", tenant, run_id))
+    whole = _whole_totals(conn, tenant, run_id)
+    return rows + sum(whole.get(name, 0) for name in _TOKEN_TOTALS)
+
+
+def _counter(conn: sqlite3.Connection, tenant: str, run_id: str, name: str) -> int:
+    """One of a run's totals: its run_totals row and what its row holds (`_whole_totals`)."""
+    row = int(_one(conn, "SELECT value FROM run_totals WHERE tenant=? AND run_id=? AND name=?",
+                   tenant, run_id, name) or 0)
+    return row + _whole_totals(conn, tenant, run_id).get(name, 0)
+
+
+def _whole_totals(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, int]:
+    """The totals a run written whole keeps in its row (`runs_record`); {} for any other."""
+    blob = _one(conn, "SELECT totals FROM runs WHERE tenant=? AND run_id=?", tenant, run_id)
+    return dict(json.loads(blob)) if blob else {}
+
+
+def _held_runs(conn: sqlite3.Connection, runs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of `runs` ((tenant, run id)) the store has a row of."""
+    held: set[tuple[str, str]] = set()
+    for i in range(0, len(runs), 400):  # two variables a run, well under SQLite's limit
+        part = runs[i:i + 400]
+        values = ",".join(["(?,?)"] * len(part))
+        held.update(conn.execute(f"SELECT tenant, run_id FROM runs WHERE (tenant, run_id) IN (VALUES {values})",  # noqa: S608
+                                 [v for run in part for v in run]).fetchall())
+    return held
 
 
 def _rates(conn: sqlite3.Connection, tenant: str, rates: tuple[Rate, ...], now_ms: int,
@@ -1206,18 +1249,24 @@ def _tools_put(conn: sqlite3.Connection, tenant: str, run_id: str, encoded: list
         )
 
 
-def _totals(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, int]:
-    rows = conn.execute("SELECT name, value FROM run_totals WHERE tenant=? AND run_id=?", (tenant, run_id))
-    return {name: int(value) for name, value in rows.fetchall()}
+def _totals(conn: sqlite3.Connection, tenant: str, run_id: str, whole: str | None = None) -> dict[str, int]:
+    """A run's totals: its run_totals rows, with what its row keeps (`whole`, when the
+    caller read the row already), by name."""
+    out = dict(json.loads(whole)) if whole else _whole_totals(conn, tenant, run_id)
+    for name, value in conn.execute("SELECT name, value FROM run_totals WHERE tenant=? AND run_id=?",
+                                    (tenant, run_id)).fetchall():
+        out[name] = out.get(name, 0) + int(value)
+    return dict(sorted(out.items()))  # by name, as the rows alone read
 
 
 def _record(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, Any] | None:
     row = conn.execute(
-        "SELECT calls, trace, first_seen, last_seen, ended FROM runs WHERE tenant=? AND run_id=?",
+        "SELECT calls, trace, first_seen, last_seen, ended, totals FROM runs WHERE tenant=? AND run_id=?",
         (tenant, run_id),
     ).fetchone()
     if row is None:
         return None
-    calls, trace, first_seen, last_seen, ended = row
+    calls, trace, first_seen, last_seen, ended, whole = row
     stored = RunRow(int(calls), first_seen, last_seen, bool(ended), json.loads(trace) if trace else None)
-    return run_record(tenant, run_id, stored, _spend(conn, tenant, "run", run_id), _totals(conn, tenant, run_id))
+    return run_record(tenant, run_id, stored, _spend(conn, tenant, "run", run_id),
+                      _totals(conn, tenant, run_id, whole or "{}"))

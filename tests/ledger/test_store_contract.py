@@ -1165,6 +1165,30 @@ async def test_a_run_written_whole_adds_to_what_the_run_holds(store: Store, tena
     assert await store.run_calls(tenant, "r-open") == 1
 
 
+async def test_a_run_written_whole_counts_its_totals_wherever_they_are_read(store: Store, tenant: str) -> None:
+    """A run written whole first, then added to (a late settle written whole onto it, a
+    run_add, a tool call's count): every reader sees the sum, and the run's token ceiling
+    counts what it was written with."""
+    t = T0.timestamp()
+    whole = {"model_calls": 1, "input_tokens": 600, "output_tokens": 100, "cost_micros": 70}
+    await store.runs_record([WholeRun(tenant, "w-1", 1, t, t, None, 70, whole),
+                             WholeRun(tenant, "w-1", 1, t, t + 1, None, 30, {"model_calls": 1, "cost_micros": 30})])
+    await store.runs_record([WholeRun(tenant, "w-1", 1, t + 2, t + 2, None, 5, {"output_tokens": 50})])
+    await store.run_add(tenant, "w-1", {"tool_results_missing": 1, "cost_micros": 1})
+    expected = {"model_calls": 2, "input_tokens": 600, "output_tokens": 150, "cost_micros": 101,
+                "tool_results_missing": 1}
+    assert await store.run_totals(tenant, "w-1") == expected
+    [run] = [r for r in await store.list_runs(tenant) if r["run_id"] == "w-1"]
+    assert (run["calls"], run["settled"], run["totals"]) == (3, 105, expected)
+    limits = Limits(run_max_tokens=1_000)  # 750 of them used: a call needing 300 does not fit
+    with pytest.raises(CeilingReached) as ei:
+        await admit(store, tenant, "w-1", limits=limits, turn=Turn(tokens=(300, 300)))
+    assert ei.value.limit == "run_tokens"
+    await admit(store, tenant, "w-1", limits=limits, turn=Turn(tokens=(200, 200)))
+    rec = await store.run_end(tenant, "w-1")
+    assert rec is not None and rec["totals"] == expected
+
+
 async def test_a_run_of_one_call_ends_the_same_whether_held_in_memory_or_not(store: Store, tenant: str) -> None:
     """`end_held` ends a run this process holds in memory (budget leases' runs of one call
     after the tenant's first) as `run_end` plus taking its tool calls would: the same record
