@@ -56,7 +56,7 @@ def _free_port() -> int:
 
 
 async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, concurrency: int,
-                 payload: str) -> None:
+                 payload: str, runs_by_connection: bool = False) -> None:
     import aiohttp
     import payloads
 
@@ -70,12 +70,14 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def worker(n: int) -> None:
+        async def worker(n: int, me: int) -> None:
             nonlocal sent
-            for _ in range(n):
+            for i in range(n):
                 # Runs of `run_calls` consecutive calls over all connections, as wrk.lua groups
-                # them; 0: no X-Run-Id, every call its own run (ended with it).
-                run = {"X-Run-Id": f"r-{os.getpid()}-{sent // run_calls}"} if run_calls else {}
+                # them; 0: no X-Run-Id, every call its own run (ended with it). By connection:
+                # each connection's calls one run after another, as an agent's loop sends them.
+                at = f"{me}-{i // run_calls}" if runs_by_connection and run_calls else sent // max(run_calls, 1)
+                run = {"X-Run-Id": f"r-{os.getpid()}-{warmup}-{at}"} if run_calls else {}
                 sent += 1
                 started = time.perf_counter()
                 async with session.post(url, data=body, headers=headers | run) as resp:
@@ -86,9 +88,10 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
 
         async def phase(total: int) -> None:
             share, extra = divmod(total, concurrency)
-            await asyncio.gather(*(worker(share + (i < extra)) for i in range(concurrency)))
+            await asyncio.gather(*(worker(share + (i < extra), i) for i in range(concurrency)))
 
         await phase(warmup)
+        warmup = -1  # the measured calls' runs are new runs
         print("warm", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         latencies.clear()
@@ -143,7 +146,7 @@ async def _serve_and_measure(args: argparse.Namespace, tmp: Path) -> dict[str, A
         client = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", str(port), "--key", key, "--warmup", str(args.warmup),
             "--calls", str(args.calls), "--run-calls", str(args.run_calls), "--concurrency", str(args.concurrency),
-            "--payload", args.payload,
+            "--payload", args.payload, *(["--runs-by-connection"] if args.runs_by_connection else []),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE)
         assert client.stdout is not None and client.stdin is not None
@@ -278,6 +281,9 @@ def main() -> None:
     p.add_argument("--run-calls", type=int, default=20,
                    help="calls per run (X-Run-Id), as make bench sends them; 0: no X-Run-Id, one run per call")
     p.add_argument("--payload", choices=sorted(PAYLOADS), default="json", help="what each call sends")
+    p.add_argument("--runs-by-connection", action="store_true",
+                   help="each connection sends its own runs, one call after another (an agent's loop), rather "
+                        "than runs of consecutive calls over all connections (make bench's wrk.lua)")
     p.add_argument("--pin", action="store_true",
                    help="this process's threads on CPU 0, the client and the upstream on CPU 1 (as bench/run.py)")
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)  # child mode: the proxy's port
@@ -287,11 +293,12 @@ def main() -> None:
 
     if args.client:
         uvloop.run(_drive(args.client, args.key, args.warmup, args.calls, args.run_calls, args.concurrency,
-                          args.payload))
+                          args.payload, args.runs_by_connection))
         return
     with tempfile.TemporaryDirectory(prefix="bench-percall-") as tmp:
         result = uvloop.run(_serve_and_measure(args, Path(tmp)))
-    print(f"{args.calls} {args.payload} calls at concurrency {args.concurrency}, runs of {args.run_calls or 1}: "
+    by = " by connection" if args.runs_by_connection and args.run_calls else ""
+    print(f"{args.calls} {args.payload} calls at concurrency {args.concurrency}, runs of {args.run_calls or 1}{by}: "
           f"CPU per call process {result['process_us']:.1f} us, "
           f"loop thread {result['loop_us']:.1f} us (wall {result['wall_us']:.1f} us per call)")
     print("  latency as the client saw it, us: p50 {:.0f}, p99 {:.0f}, p99.9 {:.0f}".format(*result["latency_us"]))
