@@ -163,6 +163,19 @@ def call_attrs(an: Anatomy) -> dict[str, AttributeValue]:
 _PART_FIELDS: Final = {"micros": "cost_usd", "tokens": "tokens", "cached": "cached_tokens"}
 
 
+# A total's name split into its fields (() for a name not of the anatomy): the same names,
+# run after run (they are made from the same few tool names and kinds).
+_PARSED: dict[str, tuple[str, ...]] = {}
+
+
+def _parsed(key: str) -> tuple[str, ...]:
+    found = tuple(key[len(_PREFIX):].split("|")) if key.startswith(_PREFIX) else ()
+    if len(_PARSED) > 8192:
+        _PARSED.clear()
+    _PARSED[key] = found
+    return found
+
+
 def run_anatomy(totals: Mapping[str, int], *, fold: bool = True) -> dict[str, Any] | None:
     """A run's anatomy from its totals (module docstring), or None when it has none:
     `parts` (kind -> tokens, cached_tokens, cost_usd), `tools` (name -> results_cost_usd,
@@ -174,11 +187,12 @@ def run_anatomy(totals: Mapping[str, int], *, fold: bool = True) -> dict[str, An
     tools: dict[str, dict[str, float]] = {}
     top: dict[tuple[str, str], dict[str, int]] = {}
     def_bytes: dict[str, int] = {}
-    skip = len(_PREFIX)
     for key, value in totals.items():
-        if not key.startswith(_PREFIX):
+        f = _PARSED.get(key)
+        if f is None:
+            f = _parsed(key)
+        if not f:
             continue
-        f = key[skip:].split("|")
         kind, n = f[0], len(f)
         if kind == "part" and n == 3:
             part = parts.get(f[1])

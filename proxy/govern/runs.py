@@ -56,6 +56,8 @@ class Runs:
         # Runs this process has begun: their ids never change, so only a run's first call
         # here needs the store (a cache; any replica may begin or end any run).
         self._known: OrderedDict[tuple[str, str], spans.RunTrace] = OrderedDict()
+        # Ids made for a run's first call here, until its admission says whether the store kept them.
+        self._fresh: OrderedDict[tuple[str, str], spans.RunTrace] = OrderedDict()
         # Tool-call ids whose results the ledger has admitted, per run (`unsent`), bounded as _known.
         self._sent: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
         # What must reach a run's totals before it ends (the cost anatomy's unflushed sums).
@@ -65,9 +67,13 @@ class Runs:
         """Trace ids for the run (starting at its first call's arrival), kept by the
         admission if the run has none yet, with what the run span says of the run's
         caller: how the run was named, its agent and conversation (the first call's)."""
-        known = self._known.get((caller.tenant, caller.run_id))
-        found: dict[str, str] = {"ids": (known or spans.new_run_trace(parent, start_ns=start_ns)).encode(),
-                                 "source": caller.run_id_source}
+        key = (caller.tenant, caller.run_id)
+        known = self._known.get(key)
+        if known is None:  # kept for `trace`, which would otherwise decode what the store kept of it
+            known = self._fresh[key] = spans.new_run_trace(parent, start_ns=start_ns)
+            if len(self._fresh) > KNOWN_RUNS:
+                self._fresh.popitem(last=False)
+        found: dict[str, str] = {"ids": known.encode(), "source": caller.run_id_source}
         if caller.agent_name is not None:
             found["agent"] = caller.agent_name
         if caller.conversation_id is not None:
@@ -82,13 +88,15 @@ class Runs:
         """The run's trace ids as the store fixed them (whichever replica saw the run first);
         fresh ones when the store had none to give (fail-open)."""
         key = (caller.tenant, caller.run_id)
+        fresh = self._fresh.pop(key, None)
         if stored is None:
-            return self._known.get(key) or spans.new_run_trace(parent)
+            return self._known.get(key) or fresh or spans.new_run_trace(parent)
         known = self._known.get(key)
         if known is not None and known.encode() == stored["ids"]:
             self._known.move_to_end(key)
             return known
-        run = self._known[key] = spans.RunTrace.decode(stored["ids"])
+        ids = stored["ids"]
+        run = self._known[key] = fresh if fresh is not None and fresh.encode() == ids else spans.RunTrace.decode(ids)
         if len(self._known) > KNOWN_RUNS:
             self._known.popitem(last=False)
         return run
@@ -138,7 +146,7 @@ class Runs:
 
     async def end(self, tenant: str, run_id: str, status: str = "ended",
                   source: RunIdSource = "header") -> bool:
-        self._known.pop((tenant, run_id), None)
+        known = self._known.pop((tenant, run_id), None)
         self._sent.pop((tenant, run_id), None)
         if self.before_end is not None:
             await self.before_end(tenant, run_id)
@@ -157,7 +165,7 @@ class Runs:
             # cost a ledger round trip on every ended run: with runs of one call (no
             # X-Run-Id), on every call.
             counted = rec["totals"]
-        self._ended(rec, pending, counted, status, source)
+        self._ended(rec, pending, counted, status, source, known)
         return True
 
     def end_held(self, caller: Caller) -> bool:
@@ -172,7 +180,7 @@ class Runs:
         if held is None:
             return False
         key = (caller.tenant, caller.run_id)
-        self._known.pop(key, None)
+        known = self._known.pop(key, None)
         self._sent.pop(key, None)
         pending = [p for p in held.tools if not p.get("mcp")]
         counted = held.record["totals"]
@@ -180,11 +188,11 @@ class Runs:
             missing = _missing(pending)
             held.add(missing)
             counted = {name: counted.get(name, 0) + missing.get(name, 0) for name in counted.keys() | missing}
-        self._ended(held.record, pending, counted, "ended", caller.run_id_source)
+        self._ended(held.record, pending, counted, "ended", caller.run_id_source, known)
         return True
 
     def _ended(self, rec: dict[str, Any], pending: list[dict[str, Any]], counted: dict[str, int], status: str,
-               source: RunIdSource) -> None:
+               source: RunIdSource, known: spans.RunTrace | None = None) -> None:
         """A run's end in telemetry (`rec`: its record as the store ended it): a failed span
         for each of its tool calls never answered, its root span and its count."""
         if self._tel is None:
@@ -192,7 +200,10 @@ class Runs:
         totals = {"failures": 0, "tool_failures": 0, **read_whole(counted)}
         stored = rec.get("trace")
         caller = _run_caller(rec["tenant"], rec["run_id"], stored, source)
-        run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
+        if stored and known is not None and known.encode() == stored["ids"]:
+            run = known  # the ids this process began the run with: nothing to decode
+        else:
+            run = spans.RunTrace.decode(stored["ids"]) if stored else spans.new_run_trace()
         now = time.time_ns()
         for p in pending:
             missing = ToolRecord(caller, p["name"], p["id"], p["arguments"], None, p["delivered_ns"], now,
