@@ -46,7 +46,8 @@ from proxy.ledger.store import (
 
 log = logging.getLogger("spanmeter.ledger")
 
-__all__ = ["HOT_AFTER", "LEASE_CALLS", "LEASE_RUN", "LEASE_S", "MARGIN", "SOLO_CALLS", "SOLO_CALLS_MAX", "LeasedStore"]
+__all__ = ["HOT_AFTER", "LEASE_CALLS", "LEASE_RUN", "LEASE_S", "MARGIN", "PACE", "SOLO_CALLS", "SOLO_CALLS_MAX",
+           "LeasedStore"]
 
 LEASE_S = 2.0  # a lease is returned this long after it was taken, at the latest
 LEASE_CALLS = 32  # calls one lease may serve
@@ -58,6 +59,11 @@ SOLO_CALLS = 32  # a tenant lease's first size, for runs of one call; doubled ea
 SOLO_CALLS_MAX = 1024
 SOLO_CALLS_MIN = 8
 RENEW_AT = 4  # a tenant lease's next is taken when 1/RENEW_AT of its calls or time is left
+# A run (or a tenant's runs of one call) leases only while its calls come at least this many to
+# a lease's life: an agent whose model answers in seconds sends its next call after its run's
+# lease expired, and a lease per call is three ledger writes (take, settle, give back the
+# unused) where the exact path is two, its calls counted and reserved 32 at a time meanwhile.
+PACE = 4
 # The run a process's tenant leases are admitted on (with a token of the process after it):
 # ended at once, so it is never swept as idle, and left out of every listing.
 LEASE_RUN = "~spanmeter-lease-"
@@ -112,11 +118,12 @@ class _Heat:
     """What this process last saw of a run's exact admissions: whether to lease next, and
     what the next lease is sized from (only that: thousands are kept)."""
 
-    __slots__ = ("calls", "key", "limits", "remaining", "streak")
+    __slots__ = ("calls", "key", "last_call", "limits", "remaining", "streak")
 
     def __init__(self) -> None:
         self.streak = 0
         self.calls = 0
+        self.last_call = 0.0  # time.monotonic() of the run's latest call admitted here, however
         self.remaining: dict[str, int | None] = {}
         self.key: str | None = None
         self.limits: Limits | None = None
@@ -142,6 +149,7 @@ class LeasedStore:
         self._lease_run = LEASE_RUN + secrets.token_hex(6)
         self._lease_runs_ended: set[str] = set()  # tenants whose lease run this process has ended
         self._tenant_heat: dict[tuple[str, str | None], tuple[Limits, Admission]] = {}  # (tenant, key) -> last seen
+        self._tenant_last: dict[tuple[str, str | None], float] = {}  # (tenant, key) -> its latest run of one call
         self._solo_taking: dict[_Key, asyncio.Future[_Lease | None]] = {}
         self._solo_size: dict[tuple[str, str | None], int] = {}
         self._solo_of: dict[str, tuple[str, str]] = {}  # a leased call of a run of one -> its run
@@ -171,6 +179,7 @@ class LeasedStore:
                     raise
                 return self._serve_solo(spare, ask, turn)
             self._tenant_heat[ask.tenant, turn.key] = (_tenant_limits(ask.limits), admission)
+            self._tenant_last[ask.tenant, turn.key] = time.monotonic()
             return admission
         lkey = _lease_key(ask, turn)
         if run not in self._runs and run not in self._returns and not self._hot(run):
@@ -229,7 +238,7 @@ class LeasedStore:
         """Remember the run's latest admission (exact or a lease): what the next lease is sized from."""
         heat = self._heat.pop((ask.tenant, ask.run_id), None) or _Heat()
         heat.streak, heat.calls, heat.remaining = heat.streak + 1, admission.calls, admission.remaining
-        heat.key, heat.limits = admission.key, ask.limits
+        heat.key, heat.limits, heat.last_call = admission.key, ask.limits, time.monotonic()
         self._heat[ask.tenant, ask.run_id] = heat  # most recent last
         if len(self._heat) > HEAT_KEPT:
             del self._heat[next(iter(self._heat))]
@@ -250,6 +259,8 @@ class LeasedStore:
         heat = self._heat.get((ask.tenant, ask.run_id))
         if heat is None or heat.streak < HOT_AFTER or heat.limits != ask.limits or heat.key != turn.key:
             return 0
+        if time.monotonic() - heat.last_call > self.lease_s / PACE:
+            return 0  # its calls come too far apart for a lease to serve several
         return _size(heat.calls, heat.remaining, ask.limits, turn.reserve[1], self.lease_calls)
 
     async def _take_for(self, lkey: _Key, ask: Ask, turn: Turn, calls: int) -> _Lease | None:
@@ -348,6 +359,9 @@ class LeasedStore:
 
     def _serve(self, lease: _Lease, turn: Turn, closed: tuple[dict[str, Any], ...] = ()) -> Admission:
         a, amount = lease.admission, turn.reserve[1]
+        heat = self._heat.get(lease.run)
+        if heat is not None:
+            heat.last_call = time.monotonic()
         lease.served += 1
         lease.used += amount
         rid = f"lease-{next(self._ids)}"
@@ -503,6 +517,8 @@ class LeasedStore:
         heat = self._tenant_heat.get((ask.tenant, turn.key))
         if heat is None or heat[0] != _tenant_limits(ask.limits):
             return 0  # the first: exact, and its headroom sizes the lease
+        if time.monotonic() - self._tenant_last.get((ask.tenant, turn.key), 0.0) > self.lease_s / PACE:
+            return 0  # its calls come too far apart for a lease to serve several
         calls, most = self._solo_size.get((ask.tenant, turn.key), SOLO_CALLS), turn.reserve[1]
         if most > 0:
             for scope, left in heat[1].remaining.items():
@@ -538,6 +554,7 @@ class LeasedStore:
         """Admit a run of one call from the tenant's lease: the run's own ceilings judged here
         (a fresh run: its first call, nothing spent), the tenant's by the lease."""
         a, limits = lease.admission, ask.limits
+        self._tenant_last[ask.tenant, turn.key] = time.monotonic()
         amount = turn.reserve[1] if limits.run_max_cost is None else min(turn.reserve[1], limits.run_max_cost)
         lease.served += 1
         lease.used += amount

@@ -97,8 +97,8 @@ FIELD_DOCS: dict[str, str] = {
                   "for a Redis Cluster (`rediss+cluster://` with TLS; Valkey works alike; docs/scale.md).",
     "ledger_leases": "Budget leases (on by default): calls are admitted in memory against headroom leased "
                      "ahead of need in one ledger write: a tenant's runs of one call (no X-Run-Id) from a lease "
-                     "of its day, month and key scopes, a run's calls after its first from a lease of the run. "
-                     "A crash or power cut can only over-count, by a lease's unused part; no ceiling is "
+                     "of its day, month and key scopes, a run's calls after its first from a lease of the run, "
+                     "while the calls come less than 0.5 s apart (slower ones are exact). A crash or power cut can only over-count, by a lease's unused part; no ceiling is "
                      "crossed (docs/budgets.md#budget-leases). `false`: every call is one exact ledger write.",
     "fail_open": "Ledger unreachable: refuse calls with 503 (false) or serve them unmetered, logged at ERROR "
                  "(true).",
