@@ -98,8 +98,9 @@ FIELD_DOCS: dict[str, str] = {
     "ledger_leases": "Budget leases (on by default): calls are admitted in memory against headroom leased "
                      "ahead of need in one ledger write: a tenant's runs of one call (no X-Run-Id) from a lease "
                      "of its day, month and key scopes, a run's calls after its first from a lease of the run, "
-                     "while the calls come less than 0.5 s apart (slower ones are exact). A crash or power cut can only over-count, by a lease's unused part; no ceiling is "
-                     "crossed (docs/budgets.md#budget-leases). `false`: every call is one exact ledger write.",
+                     "while the calls come less than 0.5 s apart (slower ones are exact). A crash or power cut "
+                     "can only over-count, by a lease's unused part; no ceiling is crossed "
+                     "(docs/budgets.md#budget-leases). `false`: every call is one exact ledger write.",
     "fail_open": "Ledger unreachable: refuse calls with 503 (false) or serve them unmetered, logged at ERROR "
                  "(true).",
     "timezone": "IANA timezone of the calendar days and months that daily and monthly budgets count in.",
