@@ -11,6 +11,9 @@
   runend    a run of one call's end in telemetry: its root span (OTLP on: the span records'
             path) and its count, for a run whose call declared 3 tools and called none
             (`spans.end_run`; before it, `end_run` and `record_run_end`)
+  paced     a run whose calls come 0.7 s apart, as an agent whose model answers in seconds
+            sends them: how many of its 6 calls leased, the most another process read as
+            reserved while a call was in flight, and the calls counted ahead (leases.py PACE)
 
 Run it against each checkout to compare (the code measured is the one on PYTHONPATH):
 
@@ -106,6 +109,32 @@ def runend(n: int = 20_000) -> float:
     return best
 
 
+async def paced(calls: int = 6, gap_s: float = 0.7) -> tuple[int, int, int]:
+    import tempfile
+    from datetime import UTC, datetime
+
+    from proxy.ledger.backends import open_store
+    from proxy.ledger.store import Ask, Limits, Turn
+
+    with tempfile.TemporaryDirectory(prefix="bench-paced-") as tmp:
+        url = f"sqlite:///{tmp}/ledger.db"
+        leased, plain = open_store(url, leases=True), open_store(url, leases=False)
+        leases = held = ahead = 0
+        try:
+            for i in range(calls):
+                a = await leased.admit(Ask("t", "agent", datetime.now(UTC), Limits(day_budget=10**9)),
+                                       Turn(reserve=(1, 1000)))
+                leases += a.id.startswith("lease-")
+                held = max(held, (await plain.spend_detail("t")).reserved)
+                ahead = max(ahead, await plain.run_calls("t", "agent") - (i + 1))
+                await asyncio.sleep(gap_s)  # the model answering
+                await leased.settle(a, 400)
+        finally:
+            await leased.aclose()
+            await plain.aclose()
+    return leases, held, ahead
+
+
 async def _books(mode: str, n: int = 64_000, at_once: int = 64) -> float:
     from proxy.serve.background import Background
 
@@ -147,7 +176,7 @@ async def _books(mode: str, n: int = 64_000, at_once: int = 64) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="access,tooldefs,books,runend")
+    ap.add_argument("--only", default="access,tooldefs,books,runend,paced")
     args = ap.parse_args()
     only = set(args.only.split(","))
     if "access" in only:
@@ -158,6 +187,10 @@ def main() -> None:
         print(f"gen_ai.tool.definitions, 20 tools: {tooldefs():.2f} us a call (best of 5)")
     if "runend" in only:
         print(f"a run of one call's end (root span, count), OTLP on: {runend():.2f} us a run (best of 5)")
+    if "paced" in only:
+        leases, held, ahead = asyncio.run(paced())
+        print(f"a run of 6 calls 0.7 s apart: {leases} leased; another process read up to {held} reserved (one "
+              f"call's worst case: 1000); {ahead} calls counted ahead")
     if "books" in only:
         import uvloop
 
