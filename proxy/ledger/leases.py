@@ -123,7 +123,7 @@ class _Heat:
     def __init__(self) -> None:
         self.streak = 0
         self.calls = 0
-        self.last_call = 0.0  # time.monotonic() of the run's latest call admitted here, however
+        self.last_call = 0.0  # time.monotonic() of the run's latest call admitted here, exact or leased
         self.remaining: dict[str, int | None] = {}
         self.key: str | None = None
         self.limits: Limits | None = None
