@@ -20,7 +20,7 @@ import pytest
 
 from proxy.errors import StoreUnavailable
 from proxy.ledger.sqlite import SqliteStore, _lazy_settle
-from proxy.ledger.store import Admission, Ask, Limits, Turn
+from proxy.ledger.store import Admission, Ask, Limits, Turn, WholeRun
 
 T0 = datetime(2026, 5, 14, 12, 0, tzinfo=UTC)
 
@@ -250,5 +250,34 @@ async def test_a_lock_held_past_the_patience_is_a_store_error_and_the_next_batch
         other.close()
         assert (await admit(store, "r-2")).reserved == 100
         assert await store.run_calls("acme", "r-1") == 0
+    finally:
+        await store.aclose()
+
+
+# --- a ledger file from an older spanmeter ---------------------------------------------------
+
+
+async def test_a_ledger_made_before_runs_kept_their_totals_in_their_row_opens_and_reads_the_same(
+        tmp_path: Path) -> None:
+    """A file without `runs.totals` (spanmeter before 2026-12-06) gets the column when opened:
+    its runs read their totals from their rows as before, and a run written whole after the
+    upgrade reads its own from its row."""
+    path = str(tmp_path / "ledger.db")
+    store = SqliteStore(path)
+    a = await store.admit(Ask("acme", "old", T0), Turn(reserve=(10, 100)))
+    await store.settle(a, 40, run_totals={"model_calls": 1, "cost_micros": 40})
+    await store.aclose()
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE runs DROP COLUMN totals")  # the file as an older spanmeter left it
+    conn.commit()
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        assert await store.run_totals("acme", "old") == {"cost_micros": 40, "model_calls": 1}
+        t = T0.timestamp()
+        await store.runs_record([WholeRun("acme", "new", 1, t, t, None, 30, {"model_calls": 1, "cost_micros": 30},
+                                          ended_at=t)])
+        runs = {r["run_id"]: r["totals"] for r in await store.list_runs("acme")}
+        assert runs == {"old": {"cost_micros": 40, "model_calls": 1}, "new": {"cost_micros": 30, "model_calls": 1}}
     finally:
         await store.aclose()
