@@ -347,7 +347,7 @@ class SqliteStore(DerivedOps):
             if loop is not None:
                 return refused_with(loop, entry, trace)
             eff = with_budgets(limits, *budget)
-            count = _counter(conn, tenant, run_id, MCP_TOOL_CALLS)
+            count = _counter(conn, tenant, run_id, MCP_TOOL_CALLS, run.whole)
             if turn.max_calls is not None and count >= turn.max_calls:
                 return refused_with(tool_ceiling(tenant, run_id, turn.max_calls), entry, trace)
             started = run.first_seen if run.first_seen is not None else ts
@@ -660,7 +660,7 @@ def _admission(ask: Ask, turn: Turn) -> _Admit:
         extra = context_micros(known, turn.input_rate)
         lo, hi = min_reserve + extra, max_reserve + extra
         calls, first_seen = run.calls, run.first_seen
-        run_tokens = (_run_tokens(conn, tenant, run_id) + run.tokens_expired
+        run_tokens = (_run_tokens(conn, tenant, run_id, run.whole) + run.tokens_expired
                       if eff.run_max_tokens is not None else 0)
         started = (first_seen if first_seen is not None else ts) if eff.run_max_seconds is not None else None
         elapsed = ts - started if started is not None else 0.0
@@ -752,7 +752,7 @@ class _Rows:
         self.saved[key] = (tenant, run_id, run.calls, first_seen, last_seen, run.trace, run.sig, run.streak,
                            run.failures, run.tokens_held)
         self.runs[key] = (run.calls, first_seen, last_seen, run.trace, run.sig, run.streak, run.failures,
-                          run.tokens_held, run.tokens_expired)
+                          run.tokens_held, run.tokens_expired, run.whole)
         run.first_seen, run.last_seen, run.changed = first_seen, last_seen, False
 
     def spends(self, tenant: str, keys: dict[str, tuple[str, str]]) -> dict[str, Spend]:
@@ -805,7 +805,7 @@ _RECORD_RUN = (
     "ended = MAX(ended, excluded.ended), ended_at = COALESCE(ended_at, excluded.ended_at)")
 
 _READ_RUN = ("SELECT b.day, b.month, r.calls, r.first_seen, r.last_seen, r.trace, r.sig, r.streak, r.failures, "
-             "r.tokens_held, r.tokens_expired "
+             "r.tokens_held, r.tokens_expired, r.totals "
              "FROM (SELECT 1) LEFT JOIN budgets b ON b.tenant = ?1 "
              "LEFT JOIN runs r ON r.tenant = ?1 AND r.run_id = ?2")
 
@@ -977,18 +977,19 @@ def _reserved_on(run_id: str, day: str, month: str, key_id: str | None) -> list[
     return rows
 
 
-def _run_tokens(conn: sqlite3.Connection, tenant: str, run_id: str) -> int:
+def _run_tokens(conn: sqlite3.Connection, tenant: str, run_id: str, whole: str | None) -> int:
+    """The tokens a run's totals count (`whole`: what its row keeps, as `_Run` read it)."""
     rows = int(_one(conn, "SELECT COALESCE(SUM(value), 0) FROM run_totals WHERE tenant=? AND run_id=? "
                           "AND name IN ('input_tokens', 'output_tokens', 'estimated_tokens')", tenant, run_id))
-    whole = _whole_totals(conn, tenant, run_id)
-    return rows + sum(whole.get(name, 0) for name in _TOKEN_TOTALS)
+    kept = json.loads(whole) if whole else {}
+    return rows + int(sum(kept.get(name, 0) for name in _TOKEN_TOTALS))
 
 
-def _counter(conn: sqlite3.Connection, tenant: str, run_id: str, name: str) -> int:
-    """One of a run's totals: its run_totals row and what its row holds (`_whole_totals`)."""
+def _counter(conn: sqlite3.Connection, tenant: str, run_id: str, name: str, whole: str | None) -> int:
+    """One of a run's totals: its run_totals row and what its row keeps (`whole`, as `_Run` read it)."""
     row = int(_one(conn, "SELECT value FROM run_totals WHERE tenant=? AND run_id=? AND name=?",
                    tenant, run_id, name) or 0)
-    return row + _whole_totals(conn, tenant, run_id).get(name, 0)
+    return row + int((json.loads(whole) if whole else {}).get(name, 0))
 
 
 def _whole_totals(conn: sqlite3.Connection, tenant: str, run_id: str) -> dict[str, int]:
@@ -1111,11 +1112,11 @@ class _Run:
     (`_Rows.save_run`): the op holds the write lock throughout, so nothing changes it between."""
 
     __slots__ = ("calls", "changed", "failures", "first_seen", "last_seen", "sig", "streak", "tokens_expired",
-                 "tokens_held", "trace")
+                 "tokens_held", "trace", "whole")
 
     def __init__(self, row: tuple[Any, ...] | None) -> None:
-        calls, self.first_seen, self.last_seen, self.trace, self.sig, streak, failures, held, expired = (
-            row or (0, *[None] * 8))
+        calls, self.first_seen, self.last_seen, self.trace, self.sig, streak, failures, held, expired, self.whole = (
+            row or (0, *[None] * 9))  # whole: the totals of a run written whole (`runs_record`), as JSON
         self.calls, self.streak, self.failures = int(calls or 0), int(streak or 0), int(failures or 0)
         self.tokens_held, self.tokens_expired = int(held or 0), int(expired or 0)
         self.changed = False
