@@ -70,14 +70,14 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def worker(n: int, me: int) -> None:
+        async def worker(n: int, me: int, name: str) -> None:
             nonlocal sent
             for i in range(n):
                 # Runs of `run_calls` consecutive calls over all connections, as wrk.lua groups
                 # them; 0: no X-Run-Id, every call its own run (ended with it). By connection:
                 # each connection's calls one run after another, as an agent's loop sends them.
                 at = f"{me}-{i // run_calls}" if runs_by_connection and run_calls else sent // max(run_calls, 1)
-                run = {"X-Run-Id": f"r-{os.getpid()}-{warmup}-{at}"} if run_calls else {}
+                run = {"X-Run-Id": f"r-{os.getpid()}-{name}-{at}"} if run_calls else {}
                 sent += 1
                 started = time.perf_counter()
                 async with session.post(url, data=body, headers=headers | run) as resp:
@@ -86,16 +86,15 @@ async def _drive(port: int, key: str, warmup: int, calls: int, run_calls: int, c
                         raise SystemExit(f"proxy answered {resp.status}: {await resp.text()}")
                 latencies.append(time.perf_counter() - started)
 
-        async def phase(total: int) -> None:
+        async def phase(total: int, name: str) -> None:  # each phase's runs its own
             share, extra = divmod(total, concurrency)
-            await asyncio.gather(*(worker(share + (i < extra), i) for i in range(concurrency)))
+            await asyncio.gather(*(worker(share + (i < extra), i, name) for i in range(concurrency)))
 
-        await phase(warmup)
-        warmup = -1  # the measured calls' runs are new runs
+        await phase(warmup, "warm")
         print("warm", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         latencies.clear()
-        await phase(calls)
+        await phase(calls, "measured")
         latencies.sort()
         quantiles = (latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e6 for q in (0.5, 0.99, 0.999))
         print("done", *(f"{x:.0f}" for x in quantiles), flush=True)
